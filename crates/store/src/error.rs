@@ -1,0 +1,76 @@
+//! The store's one error type. Normal outcomes of the scripts (replay, gap, fenced, held,
+//! corrupt verdicts of Lua) are values in `redis::store`, not errors; these are the failures.
+
+use crate::redis::watermark::CorruptCause;
+
+/// Errors of `tidemark-store`; [`Error::code`] is stable.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The Redis connection or a command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    /// `wm:{s}` does not exist (the shard was never initialised).
+    #[error("shard {shard}: no watermark (wm:{{{shard}}} does not exist; run `tidemark wm init`)")]
+    NoWatermark { shard: u32 },
+    /// The watermark failed Rust validation (`decode_lane_watermarks`).
+    #[error("shard {shard}: corrupt: {cause}")]
+    Corrupt { shard: u32, cause: CorruptCause },
+    /// A Lua script refused the watermark as corrupt.
+    #[error("shard {shard}: corrupt: {code}{} ({})", lane.map(|l| format!(" in lane {l}")).unwrap_or_default(), crate::redis::watermark::CorruptCause::describe_code(code))]
+    CorruptLua {
+        shard: u32,
+        code: String,
+        lane: Option<usize>,
+    },
+    /// `wm init` found a watermark and was not told to overwrite it.
+    #[error("shard {shard}: a watermark already exists (use --force to overwrite)")]
+    AlreadyExists { shard: u32 },
+    /// A script replied with something its wrapper does not understand.
+    #[error("unexpected reply from {script}: {detail}")]
+    UnexpectedReply {
+        script: &'static str,
+        detail: String,
+    },
+    /// A dispatch-log record could not be decoded.
+    #[error("dlog:{{{shard}}} record {offset}: {detail}")]
+    BadRecord {
+        shard: u32,
+        offset: u64,
+        detail: String,
+    },
+    /// The caller passed an argument outside its domain (e.g. an offset above u48).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl Error {
+    /// A stable, machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Redis(_) => "redis",
+            Error::NoWatermark { .. } => "no_watermark",
+            Error::Corrupt { .. } | Error::CorruptLua { .. } => "corrupt",
+            Error::AlreadyExists { .. } => "already_exists",
+            Error::UnexpectedReply { .. } => "unexpected_reply",
+            Error::BadRecord { .. } => "bad_record",
+            Error::InvalidArgument(_) => "invalid_argument",
+        }
+    }
+
+    /// True for a corrupt watermark, by either reader.
+    pub fn is_corrupt(&self) -> bool {
+        matches!(self, Error::Corrupt { .. } | Error::CorruptLua { .. })
+    }
+
+    /// The `(code, lane)` verdict of a corrupt watermark, by either reader.
+    pub fn corrupt_verdict(&self) -> Option<(String, Option<usize>)> {
+        match self {
+            Error::Corrupt { cause, .. } => Some((cause.code().to_string(), cause.lane())),
+            Error::CorruptLua { code, lane, .. } => Some((code.clone(), *lane)),
+            _ => None,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

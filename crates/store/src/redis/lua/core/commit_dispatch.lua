@@ -1,0 +1,24 @@
+-- commit_dispatch.lua — commits one message to one shard's dispatch log (core Redis).
+-- Dedupes on (sender, client id): a retried send returns the offset first assigned and adds
+-- nothing. Offsets are contiguous u48 from 1; the stream id of offset o is "o-0".
+--
+-- KEYS[1]  dlog:{s}                      stream  the dispatch log
+-- KEYS[2]  head:{s}                      string  last assigned offset
+-- KEYS[3]  dd:{s}:<sender>\0<client id>  string  dedupe record -> offset
+-- ARGV[1]  sender        string
+-- ARGV[2]  client id     string
+-- ARGV[3]  recipients    bytes, recipients of this shard (u8 length + bytes, repeated)
+-- ARGV[4]  body          bytes
+-- ARGV[5]  sent_at_us    decimal u64
+-- ARGV[6]  dedupe_ttl_s  decimal, seconds the dedupe record lives
+--
+-- Returns {0, offset} committed | {1, offset} duplicate (nothing written).
+-- Publishes nothing (the materializer reads the log with XREAD BLOCK).
+local dup = redis.call('GET', KEYS[3])
+if dup then return {1, tonumber(dup)} end
+local off = redis.call('INCR', KEYS[2])
+local o = string.format('%d', off)
+redis.call('XADD', KEYS[1], o .. '-0', 'p', string.format('%d', off - 1), 'f', ARGV[1],
+  'c', ARGV[2], 'r', ARGV[3], 'b', ARGV[4], 't', ARGV[5])
+redis.call('SET', KEYS[3], o, 'EX', ARGV[6])
+return {0, off}

@@ -1,0 +1,5 @@
+//! Everything that touches Redis bytes: the watermark codec, the scripts, the store.
+
+pub mod scripts;
+pub mod store;
+pub mod watermark;

@@ -1,0 +1,816 @@
+//! Typed access to the mailbox Redis: one wrapper per script, EVALSHA with NOSCRIPT
+//! recovery, and the only call site of [`decode_lane_watermarks`] [ADR-0015].
+//!
+//! Scripts are loaded with `SCRIPT LOAD` when a [`Store`] connects. A Redis restart empties
+//! the script cache; a call that meets `NOSCRIPT` reloads the whole set and repeats. For a
+//! pipeline the *whole* pipeline is repeated in its original order: every watermark script is a
+//! CAS on `W` and every entry write is idempotent, so the commands that had already applied
+//! come back as replays and nothing is ever applied out of order.
+//!
+//! Script replies are turned into values ([`Materialized`], [`Advance`], …); only failures
+//! that must stop the caller (Redis down, missing watermark) are [`Error`]s. A corrupt verdict
+//! from Lua is a value too ([`Verdict`]), so callers handle it explicitly (fail closed).
+
+use redis::aio::ConnectionManager;
+use redis::{Cmd, Value};
+
+use super::scripts::{self, Script, ScriptSet};
+use super::watermark::{
+    decode_lane_watermarks, encode_blob, LaneRecord, LaneWatermarks, Layout, ShardWatermark,
+    FIELD_BLOB, FIELD_EPOCH, FIELD_LAYOUT, LANES, U48_MAX,
+};
+use crate::error::{Error, Result};
+use crate::keys;
+
+/// A corrupt verdict returned by a Lua script: the cause code of
+/// [`super::watermark::CorruptCause`] and the lane, when lane-level.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Stable cause code (`field_count`, `bad_length`, …).
+    pub code: String,
+    /// Lane concerned, for lane-level causes.
+    pub lane: Option<usize>,
+}
+
+/// Outcome of the hot path for one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Materialized {
+    /// Entry written, all lanes at `offset`.
+    Applied { offset: u64 },
+    /// The record is at or below W: nothing written.
+    Replay { w: u64 },
+    /// `expected_previous` is not W: nothing written; re-read from W.
+    Gap { w: u64 },
+    /// The watermark is not uniform (or is packed-v1): use the chunked path.
+    NotUniform,
+    /// Another owner holds the shard.
+    Fenced { current_epoch: Option<u64> },
+    /// The watermark is corrupt: fail closed.
+    Corrupt(Verdict),
+}
+
+/// Per-call counts of an advance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AdvanceCounts {
+    /// Lane moves made (summed over records).
+    pub advanced: u32,
+    /// Lanes held back by a chunk that is not durable.
+    pub held: u32,
+    /// Lanes whose CAS failed (W below expected_previous).
+    pub gaps: u32,
+    /// Lowest W of present lanes after the call.
+    pub min_w: Option<u64>,
+    /// Highest W of present lanes after the call.
+    pub max_w: Option<u64>,
+}
+
+/// Outcome of `advance_log_watermark(s)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Advance {
+    /// At least one lane moved.
+    Moved(AdvanceCounts),
+    /// Every present lane was already at or above the record(s).
+    Replay(AdvanceCounts),
+    /// Nothing moved and some lane's CAS failed.
+    Gap(AdvanceCounts),
+    /// Nothing moved and some lane's chunk is not durable.
+    Held(AdvanceCounts),
+    /// Another owner holds the shard.
+    Fenced { current_epoch: Option<u64> },
+    /// The watermark is corrupt.
+    Corrupt(Verdict),
+}
+
+/// Outcome of a lane chunk write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChunkWritten {
+    /// Entries written (or already there) and the lane marked durable.
+    Done { entries: u32 },
+    /// Another owner holds the shard; nothing written.
+    Fenced { current_epoch: Option<u64> },
+}
+
+/// Outcome of `gc_completed_dispatch`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gc {
+    /// Staging state of `deleted` records at or below `min_w` removed.
+    Done { min_w: Option<u64>, deleted: u32 },
+    /// Corrupt watermark: nothing deleted.
+    Corrupt(Verdict),
+}
+
+/// Outcome of an epoch compare-and-set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fence {
+    /// The epoch is now `epoch`.
+    Raised { epoch: u64 },
+    /// The epoch was not the expected one.
+    Lost { current_epoch: Option<u64> },
+}
+
+/// One record for the hot path.
+#[derive(Debug, Clone)]
+pub struct SingleItem {
+    /// Log offset (= MailboxSeq).
+    pub offset: u64,
+    /// The record's prev offset.
+    pub prev: u64,
+    /// Recipient id.
+    pub recipient: String,
+    /// Encoded mailbox entry.
+    pub entry: Vec<u8>,
+}
+
+/// One record for `advance_log_watermark(s)`.
+#[derive(Debug, Clone)]
+pub struct AdvanceRecord {
+    /// Log offset.
+    pub offset: u64,
+    /// The record's prev offset.
+    pub prev: u64,
+    /// Lanes that have recipients in this record (their chunk must be durable).
+    pub needed: [bool; LANES],
+}
+
+impl AdvanceRecord {
+    fn needed_mask(&self) -> Vec<u8> {
+        self.needed
+            .iter()
+            .map(|&b| if b { b'1' } else { b'0' })
+            .collect()
+    }
+}
+
+/// Connection to one mailbox Redis with the script set of one layout.
+#[derive(Clone)]
+pub struct Store {
+    conn: ConnectionManager,
+    set: &'static ScriptSet,
+}
+
+fn check_u48(what: &str, v: u64) -> Result<()> {
+    if v > U48_MAX {
+        return Err(Error::InvalidArgument(format!("{what} {v} exceeds u48")));
+    }
+    Ok(())
+}
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSCRIPT")
+}
+
+fn as_i64(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn as_string(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+fn opt_u64(v: Option<&Value>) -> Option<u64> {
+    v.and_then(as_i64)
+        .and_then(|i| if i < 0 { None } else { Some(i as u64) })
+}
+
+/// The common shape of script replies: `{status, ...}`.
+struct Reply<'a> {
+    script: &'static str,
+    items: &'a [Value],
+}
+
+impl<'a> Reply<'a> {
+    fn new(script: &'static str, v: &'a Value) -> Result<Reply<'a>> {
+        match v {
+            Value::Array(items) if !items.is_empty() => Ok(Reply { script, items }),
+            other => Err(Error::UnexpectedReply {
+                script,
+                detail: format!("{other:?}"),
+            }),
+        }
+    }
+    fn status(&self) -> Result<i64> {
+        as_i64(&self.items[0]).ok_or_else(|| self.bad())
+    }
+    fn u64_at(&self, i: usize) -> Result<u64> {
+        opt_u64(self.items.get(i)).ok_or_else(|| self.bad())
+    }
+    fn opt_w(&self, i: usize) -> Option<u64> {
+        opt_u64(self.items.get(i))
+    }
+    fn epoch(&self) -> Option<u64> {
+        self.items
+            .get(1)
+            .and_then(as_string)
+            .and_then(|s| super::watermark::parse_epoch(s.as_bytes()))
+    }
+    fn verdict(&self) -> Verdict {
+        let code = self
+            .items
+            .get(1)
+            .and_then(as_string)
+            .unwrap_or_else(|| "unknown".into());
+        let lane = self
+            .items
+            .get(2)
+            .and_then(as_i64)
+            .and_then(|l| usize::try_from(l).ok());
+        Verdict { code, lane }
+    }
+    fn counts(&self) -> Result<AdvanceCounts> {
+        let n = |i| self.u64_at(i).map(|v| v as u32);
+        Ok(AdvanceCounts {
+            advanced: n(1)?,
+            held: n(2)?,
+            gaps: n(3)?,
+            min_w: self.opt_w(4),
+            max_w: self.opt_w(5),
+        })
+    }
+    fn bad(&self) -> Error {
+        Error::UnexpectedReply {
+            script: self.script,
+            detail: format!("{:?}", self.items),
+        }
+    }
+}
+
+impl Store {
+    /// Connects to `url`, loads the script set of `layout`.
+    pub async fn connect(url: &str, layout: Layout) -> Result<Store> {
+        let client = redis::Client::open(url)?;
+        let cfg = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(std::time::Duration::from_secs(30)))
+            .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
+            .set_number_of_retries(3);
+        let conn = ConnectionManager::new_with_config(client, cfg).await?;
+        let mut s = Store {
+            conn,
+            set: scripts::for_layout(layout),
+        };
+        s.load_scripts().await?;
+        Ok(s)
+    }
+
+    /// The layout this store writes.
+    pub fn layout(&self) -> Layout {
+        self.set.layout
+    }
+
+    /// The script set in use.
+    pub fn scripts(&self) -> &'static ScriptSet {
+        self.set
+    }
+
+    /// A clone of the underlying connection, for plain commands.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// `SCRIPT LOAD` of every script of the set.
+    pub async fn load_scripts(&mut self) -> Result<()> {
+        let mut pipe = redis::pipe();
+        for s in self.set.all() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(&s.source);
+        }
+        let shas: Vec<String> = pipe.query_async(&mut self.conn).await?;
+        for (s, sha) in self.set.all().iter().zip(shas) {
+            if sha != s.sha {
+                return Err(Error::UnexpectedReply {
+                    script: s.name,
+                    detail: format!("SCRIPT LOAD returned {sha}, expected {}", s.sha),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn evalsha(script: &Script, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(&script.sha).arg(keys.len());
+        for k in keys {
+            c.arg(*k);
+        }
+        for a in args {
+            c.arg(*a);
+        }
+        c
+    }
+
+    async fn invoke(&mut self, cmd: &Cmd) -> Result<Value> {
+        match cmd.query_async::<Value>(&mut self.conn).await {
+            Err(e) if is_noscript(&e) => {
+                self.load_scripts().await?;
+                Ok(cmd.query_async::<Value>(&mut self.conn).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// Runs `cmds` as one pipeline. On NOSCRIPT anywhere, reloads and repeats the whole
+    /// pipeline in order (safe: every command is a CAS or idempotent).
+    async fn invoke_pipeline(&mut self, cmds: &[Cmd]) -> Result<Vec<Value>> {
+        for attempt in 0..2 {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for c in cmds {
+                pipe.add_command(c.clone());
+            }
+            let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut self.conn).await?;
+            let mut noscript = false;
+            let mut out = Vec::with_capacity(replies.len());
+            for r in replies {
+                match r {
+                    Ok(v) => out.push(v),
+                    Err(e) if is_noscript(&e) => {
+                        noscript = true;
+                        out.push(Value::Nil);
+                    }
+                    Err(e) => {
+                        if !noscript {
+                            return Err(e.into());
+                        }
+                        out.push(Value::Nil);
+                    }
+                }
+            }
+            if !noscript {
+                return Ok(out);
+            }
+            if attempt == 0 {
+                self.load_scripts().await?;
+            }
+        }
+        Err(Error::UnexpectedReply {
+            script: "pipeline",
+            detail: "NOSCRIPT persisted after SCRIPT LOAD".into(),
+        })
+    }
+
+    // ---- read_log_watermarks.lua + decode_lane_watermarks (its only call site) ----
+
+    /// Reads and decodes the watermarks of `shards` through `read_log_watermarks.lua`.
+    /// Each entry is the shard's decoded watermark or its error (missing / corrupt).
+    pub async fn read_watermarks(&mut self, shards: &[u32]) -> Result<Vec<Result<ShardWatermark>>> {
+        let cmd = self.read_watermarks_cmd(shards);
+        let v = self.invoke(&cmd).await?;
+        Self::decode_read_reply(shards, &v)
+    }
+
+    fn read_watermarks_cmd(&self, shards: &[u32]) -> Cmd {
+        let keys: Vec<String> = shards.iter().map(|&s| keys::wm(s)).collect();
+        let key_refs: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+        Self::evalsha(&self.set.read_log_watermarks, &key_refs, &[])
+    }
+
+    fn decode_read_reply(shards: &[u32], v: &Value) -> Result<Vec<Result<ShardWatermark>>> {
+        let bad = || Error::UnexpectedReply {
+            script: "read_log_watermarks",
+            detail: format!("{v:?}"),
+        };
+        let Value::Array(per_shard) = v else {
+            return Err(bad());
+        };
+        if per_shard.len() != shards.len() {
+            return Err(bad());
+        }
+        let mut out = Vec::with_capacity(shards.len());
+        for (&shard, raw) in shards.iter().zip(per_shard) {
+            let Value::Array(flat) = raw else {
+                return Err(bad());
+            };
+            if flat.is_empty() {
+                out.push(Err(Error::NoWatermark { shard }));
+                continue;
+            }
+            let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(flat.len() / 2);
+            for pair in flat.chunks(2) {
+                match pair {
+                    [Value::BulkString(k), Value::BulkString(val)] => {
+                        fields.push((k.as_slice(), val.as_slice()))
+                    }
+                    _ => return Err(bad()),
+                }
+            }
+            out.push(
+                decode_lane_watermarks(&fields).map_err(|cause| Error::Corrupt { shard, cause }),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Reads one shard's watermark; missing and corrupt are errors.
+    pub async fn read_watermark(&mut self, shard: u32) -> Result<ShardWatermark> {
+        self.read_watermarks(&[shard])
+            .await?
+            .pop()
+            .expect("one shard asked, one answer")
+    }
+
+    /// Reads the shard's watermark and a page of a mailbox in one pipeline (watermark first,
+    /// so every entry at or below the lane's W is already in the page's range). Returns the
+    /// watermark and `(seq, entry)` pairs after `after`; the caller filters by the lane's W.
+    pub async fn read_watermark_and_mailbox(
+        &mut self,
+        shard: u32,
+        user: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<(ShardWatermark, Vec<(u64, Vec<u8>)>)> {
+        let wm_cmd = self.read_watermarks_cmd(&[shard]);
+        let mut range = redis::cmd("ZRANGEBYSCORE");
+        range
+            .arg(keys::mailbox(shard, user))
+            .arg(format!("({after}"))
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit);
+        let replies = self.invoke_pipeline(&[wm_cmd, range]).await?;
+        let wm = Self::decode_read_reply(&[shard], &replies[0])?
+            .pop()
+            .expect("one shard")?;
+        let entries = parse_withscores(&replies[1])?;
+        Ok((wm, entries))
+    }
+
+    // ---- initialisation, fencing, downgrade ----
+
+    /// Creates `wm:{s}` with all 64 lanes present at `w` (floor `w`), uniform, in `layout`.
+    /// Refuses an existing watermark unless `force`.
+    pub async fn init_watermark(
+        &mut self,
+        shard: u32,
+        layout: Layout,
+        epoch: u64,
+        w: u64,
+        force: bool,
+    ) -> Result<()> {
+        check_u48("w", w)?;
+        let lanes = LaneWatermarks::uniform(LaneRecord::at(w, w));
+        let blob = encode_blob(layout, &lanes);
+        let key = keys::wm(shard);
+        // One atomic step: refuse if present (unless forced), else write all three fields.
+        let script = redis::Script::new(
+            "if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end \
+             redis.call('DEL', KEYS[1]) \
+             redis.call('HSET', KEYS[1], 'wm_layout', ARGV[1], 'wm_epoch', ARGV[2], 'wm_blob', ARGV[3]) \
+             return 1",
+        );
+        let created: i64 = script
+            .key(&key)
+            .arg(layout.as_str())
+            .arg(epoch.to_string())
+            .arg(blob)
+            .arg(if force { "1" } else { "0" })
+            .invoke_async(&mut self.conn)
+            .await?;
+        if created == 0 {
+            return Err(Error::AlreadyExists { shard });
+        }
+        Ok(())
+    }
+
+    /// Compare-and-set of the epoch (`fence_epoch.lua`).
+    pub async fn fence_epoch(&mut self, shard: u32, expected: u64, new: u64) -> Result<Fence> {
+        let key = keys::wm(shard);
+        let (e, n) = (expected.to_string(), new.to_string());
+        let cmd = Self::evalsha(
+            &self.set.fence_epoch,
+            &[key.as_bytes()],
+            &[e.as_bytes(), n.as_bytes()],
+        );
+        let v = self.invoke(&cmd).await?;
+        let r = Reply::new("fence_epoch", &v)?;
+        match r.status()? {
+            0 => Ok(Fence::Raised { epoch: new }),
+            3 => Ok(Fence::Lost {
+                current_epoch: r.epoch(),
+            }),
+            5 => Err(Error::NoWatermark { shard }),
+            _ => Err(r.bad()),
+        }
+    }
+
+    /// Reads the epoch (validating the whole watermark) and raises it by one: what a new owner
+    /// does when it starts, and what `tidemark shard fence` does. Returns the new epoch.
+    pub async fn claim(&mut self, shard: u32) -> Result<u64> {
+        loop {
+            let wm = self.read_watermark(shard).await?;
+            let new = wm.epoch.checked_add(1).ok_or_else(|| {
+                Error::InvalidArgument(format!("shard {shard}: epoch cannot be raised above u64"))
+            })?;
+            match self.fence_epoch(shard, wm.epoch, new).await? {
+                Fence::Raised { epoch } => return Ok(epoch),
+                Fence::Lost { .. } => continue,
+            }
+        }
+    }
+
+    /// The ADR's offline downgrade: validates, then rewrites the blob as 1216 bytes with layout
+    /// `packed-v1` (WATCH/MULTI, so a concurrent write aborts it). Owners must be stopped.
+    /// Returns the watermark as it was.
+    pub async fn downgrade_to_v1(&mut self, shard: u32) -> Result<ShardWatermark> {
+        let key = keys::wm(shard);
+        // A dedicated connection: WATCH state must not be shared with other users.
+        redis::cmd("WATCH")
+            .arg(&key)
+            .query_async::<()>(&mut self.conn)
+            .await?;
+        let wm = match self.read_watermark(shard).await {
+            Ok(wm) => wm,
+            Err(e) => {
+                let _: redis::RedisResult<()> =
+                    redis::cmd("UNWATCH").query_async(&mut self.conn).await;
+                return Err(e);
+            }
+        };
+        let blob = encode_blob(Layout::PackedV1, &wm.lanes);
+        let res: Option<()> = redis::pipe()
+            .atomic()
+            .cmd("HSET")
+            .arg(&key)
+            .arg(FIELD_LAYOUT)
+            .arg(Layout::PackedV1.as_str())
+            .arg(FIELD_BLOB)
+            .arg(blob)
+            .arg(FIELD_EPOCH)
+            .arg(wm.epoch.to_string())
+            .ignore()
+            .query_async(&mut self.conn)
+            .await?;
+        if res.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "shard {shard}: watermark changed during downgrade (is an owner still running?)"
+            )));
+        }
+        Ok(wm)
+    }
+
+    // ---- materialize_fresh_single_recipient.lua ----
+
+    fn materialize_cmd(&self, shard: u32, epoch: &str, item: &SingleItem) -> Cmd {
+        let wm = keys::wm(shard);
+        let mb = keys::mailbox(shard, &item.recipient);
+        let (o, p) = (item.offset.to_string(), item.prev.to_string());
+        Self::evalsha(
+            &self.set.materialize_fresh_single_recipient,
+            &[wm.as_bytes(), mb.as_bytes()],
+            &[epoch.as_bytes(), o.as_bytes(), p.as_bytes(), &item.entry],
+        )
+    }
+
+    fn parse_materialized(v: &Value) -> Result<Option<Materialized>> {
+        let r = Reply::new("materialize_fresh_single_recipient", v)?;
+        Ok(Some(match r.status()? {
+            0 => Materialized::Applied {
+                offset: r.u64_at(1)?,
+            },
+            1 => Materialized::Replay { w: r.u64_at(1)? },
+            2 => Materialized::Gap { w: r.u64_at(1)? },
+            3 => Materialized::Fenced {
+                current_epoch: r.epoch(),
+            },
+            4 => Materialized::NotUniform,
+            5 => return Ok(None),
+            -1 => Materialized::Corrupt(r.verdict()),
+            _ => return Err(r.bad()),
+        }))
+    }
+
+    /// The hot path for one record.
+    pub async fn materialize_single(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        item: &SingleItem,
+    ) -> Result<Materialized> {
+        Ok(self
+            .materialize_batch(shard, epoch, std::slice::from_ref(item))
+            .await?
+            .pop()
+            .expect("one item"))
+    }
+
+    /// The hot path for consecutive records of one shard, pipelined in log order. Each
+    /// command CASes on W, so after the first non-applied outcome the rest report gaps.
+    pub async fn materialize_batch(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        items: &[SingleItem],
+    ) -> Result<Vec<Materialized>> {
+        let e = epoch.to_string();
+        let mut cmds = Vec::with_capacity(items.len());
+        for it in items {
+            check_u48("offset", it.offset)?;
+            cmds.push(self.materialize_cmd(shard, &e, it));
+        }
+        let replies = self.invoke_pipeline(&cmds).await?;
+        replies
+            .iter()
+            .map(|v| Self::parse_materialized(v)?.ok_or(Error::NoWatermark { shard }))
+            .collect()
+    }
+
+    // ---- write_lane_chunk.lua ----
+
+    /// Writes one lane's chunk of record `offset` (`entries`: recipient, encoded entry).
+    pub async fn write_lane_chunk(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        offset: u64,
+        lane: usize,
+        entries: &[(&str, &[u8])],
+    ) -> Result<ChunkWritten> {
+        check_u48("offset", offset)?;
+        let wm = keys::wm(shard);
+        let stg = keys::staging(shard, offset);
+        let idx = keys::staging_index(shard);
+        let mbs: Vec<String> = entries
+            .iter()
+            .map(|(r, _)| keys::mailbox(shard, r))
+            .collect();
+        let mut ks: Vec<&[u8]> = vec![wm.as_bytes(), stg.as_bytes(), idx.as_bytes()];
+        ks.extend(mbs.iter().map(|m| m.as_bytes()));
+        let (e, o, l) = (epoch.to_string(), offset.to_string(), lane.to_string());
+        let mut args: Vec<&[u8]> = vec![e.as_bytes(), o.as_bytes(), l.as_bytes()];
+        args.extend(entries.iter().map(|(_, en)| *en));
+        let cmd = Self::evalsha(&self.set.write_lane_chunk, &ks, &args);
+        let v = self.invoke(&cmd).await?;
+        let r = Reply::new("write_lane_chunk", &v)?;
+        match r.status()? {
+            0 => Ok(ChunkWritten::Done {
+                entries: r.u64_at(1)? as u32,
+            }),
+            3 => Ok(ChunkWritten::Fenced {
+                current_epoch: r.epoch(),
+            }),
+            5 => Err(Error::NoWatermark { shard }),
+            _ => Err(r.bad()),
+        }
+    }
+
+    // ---- advance_log_watermark(s).lua ----
+
+    fn parse_advance(shard: u32, script: &'static str, v: &Value) -> Result<Advance> {
+        let r = Reply::new(script, v)?;
+        Ok(match r.status()? {
+            0 => Advance::Moved(r.counts()?),
+            1 => Advance::Replay(r.counts()?),
+            2 => Advance::Gap(r.counts()?),
+            6 => Advance::Held(r.counts()?),
+            3 => Advance::Fenced {
+                current_epoch: r.epoch(),
+            },
+            5 => return Err(Error::NoWatermark { shard }),
+            -1 => Advance::Corrupt(r.verdict()),
+            _ => return Err(r.bad()),
+        })
+    }
+
+    /// `advance_log_watermark.lua` for one record.
+    pub async fn advance(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        rec: &AdvanceRecord,
+    ) -> Result<Advance> {
+        check_u48("offset", rec.offset)?;
+        let wm = keys::wm(shard);
+        let stg = keys::staging(shard, rec.offset);
+        let (e, o, p) = (
+            epoch.to_string(),
+            rec.offset.to_string(),
+            rec.prev.to_string(),
+        );
+        let mask = rec.needed_mask();
+        let cmd = Self::evalsha(
+            &self.set.advance_log_watermark,
+            &[wm.as_bytes(), stg.as_bytes()],
+            &[e.as_bytes(), o.as_bytes(), p.as_bytes(), &mask],
+        );
+        let v = self.invoke(&cmd).await?;
+        Self::parse_advance(shard, "advance_log_watermark", &v)
+    }
+
+    /// `advance_log_watermarks.lua` for many records of one shard, in log order.
+    pub async fn advance_many(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        recs: &[AdvanceRecord],
+    ) -> Result<Advance> {
+        let wm = keys::wm(shard);
+        let stgs: Vec<String> = recs
+            .iter()
+            .map(|r| keys::staging(shard, r.offset))
+            .collect();
+        let mut ks: Vec<&[u8]> = vec![wm.as_bytes()];
+        ks.extend(stgs.iter().map(|s| s.as_bytes()));
+        let e = epoch.to_string();
+        let mut owned: Vec<Vec<u8>> = Vec::with_capacity(recs.len() * 3);
+        for r in recs {
+            check_u48("offset", r.offset)?;
+            owned.push(r.offset.to_string().into_bytes());
+            owned.push(r.prev.to_string().into_bytes());
+            owned.push(r.needed_mask());
+        }
+        let mut args: Vec<&[u8]> = vec![e.as_bytes()];
+        args.extend(owned.iter().map(|a| a.as_slice()));
+        let cmd = Self::evalsha(&self.set.advance_log_watermarks, &ks, &args);
+        let v = self.invoke(&cmd).await?;
+        Self::parse_advance(shard, "advance_log_watermarks", &v)
+    }
+
+    // ---- gc_completed_dispatch.lua ----
+
+    /// Drops staging state at or below the lowest present W (at most `limit` records).
+    pub async fn gc_completed(&mut self, shard: u32, limit: u32) -> Result<Gc> {
+        let wm = keys::wm(shard);
+        let idx = keys::staging_index(shard);
+        let prefix = keys::staging_prefix(shard);
+        let lim = limit.clamp(1, 5000).to_string();
+        let cmd = Self::evalsha(
+            &self.set.gc_completed_dispatch,
+            &[wm.as_bytes(), idx.as_bytes()],
+            &[prefix.as_bytes(), lim.as_bytes()],
+        );
+        let v = self.invoke(&cmd).await?;
+        let r = Reply::new("gc_completed_dispatch", &v)?;
+        match r.status()? {
+            0 => Ok(Gc::Done {
+                min_w: r.opt_w(1),
+                deleted: r.u64_at(2)? as u32,
+            }),
+            5 => Err(Error::NoWatermark { shard }),
+            -1 => Ok(Gc::Corrupt(r.verdict())),
+            _ => Err(r.bad()),
+        }
+    }
+
+    // ---- mailboxes ----
+
+    /// Records `user`'s ack of `seq` (monotonic) and trims entries at or below it.
+    /// Returns the acked seq after the call.
+    pub async fn ack_mailbox(&mut self, shard: u32, user: &str, seq: u64) -> Result<u64> {
+        check_u48("seq", seq)?;
+        let a = keys::acks(shard);
+        let mb = keys::mailbox(shard, user);
+        let s = seq.to_string();
+        let cmd = Self::evalsha(
+            &self.set.ack_mailbox,
+            &[a.as_bytes(), mb.as_bytes()],
+            &[user.as_bytes(), s.as_bytes()],
+        );
+        let v = self.invoke(&cmd).await?;
+        let r = Reply::new("ack_mailbox", &v)?;
+        r.u64_at(1)
+    }
+
+    /// `user`'s acked seq (0 when never acked).
+    pub async fn acked(&mut self, shard: u32, user: &str) -> Result<u64> {
+        let v: Option<u64> = redis::cmd("HGET")
+            .arg(keys::acks(shard))
+            .arg(user)
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(v.unwrap_or(0))
+    }
+}
+
+/// Parses a `ZRANGEBYSCORE … WITHSCORES` reply into `(seq, member)` pairs.
+pub fn parse_withscores(v: &Value) -> Result<Vec<(u64, Vec<u8>)>> {
+    let bad = || Error::UnexpectedReply {
+        script: "ZRANGEBYSCORE",
+        detail: format!("{v:?}"),
+    };
+    let Value::Array(items) = v else {
+        return Err(bad());
+    };
+    let mut out = Vec::with_capacity(items.len() / 2);
+    for pair in items.chunks(2) {
+        match pair {
+            [Value::BulkString(m), score] => {
+                let s = match score {
+                    Value::Double(d) => *d as u64,
+                    other => as_i64(other).ok_or_else(bad)? as u64,
+                };
+                out.push((s, m.clone()));
+            }
+            _ => return Err(bad()),
+        }
+    }
+    Ok(out)
+}

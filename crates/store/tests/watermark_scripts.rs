@@ -1,0 +1,711 @@
+//! The five watermark scripts against a real redis-server: Rust and Lua verdicts agree on one
+//! table of vectors and on every blob length 0..=2500; each script's behaviour (uniform path,
+//! divergence and convergence, CAS gaps, replays, fencing, v1 → v2, old code failing closed).
+
+use redis::aio::ConnectionManager;
+use redis::AsyncCommands;
+use tidemark_redis_proc::RedisProcess;
+use tidemark_store::keys;
+use tidemark_store::redis::store::{
+    Advance, AdvanceRecord, ChunkWritten, Gc, Materialized, SingleItem, Store,
+};
+use tidemark_store::redis::watermark::{
+    decode_lane_watermarks, encode_packed_v1, encode_packed_v2, LaneRecord, LaneWatermarks, Layout,
+    FULL_BLOB_BYTES, LANES, LANE_BYTES,
+};
+
+type Fields = Vec<(Vec<u8>, Vec<u8>)>;
+
+struct Env {
+    _redis: RedisProcess,
+    raw: ConnectionManager,
+    v2: Store,
+    v1: Store,
+}
+
+async fn env() -> Env {
+    let redis = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
+    let client = redis::Client::open(redis.url()).unwrap();
+    let raw = ConnectionManager::new(client).await.unwrap();
+    let v2 = Store::connect(&redis.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    let v1 = Store::connect(&redis.url(), Layout::PackedV1)
+        .await
+        .unwrap();
+    Env {
+        _redis: redis,
+        raw,
+        v2,
+        v1,
+    }
+}
+
+fn f(layout: &str, epoch: &str, blob: Vec<u8>) -> Fields {
+    vec![
+        (b"wm_layout".to_vec(), layout.as_bytes().to_vec()),
+        (b"wm_epoch".to_vec(), epoch.as_bytes().to_vec()),
+        (b"wm_blob".to_vec(), blob),
+    ]
+}
+
+fn uni(w: u64, floor: u64) -> LaneWatermarks {
+    LaneWatermarks::uniform(LaneRecord::at(w, floor))
+}
+
+async fn put(raw: &mut ConnectionManager, shard: u32, fields: &Fields) {
+    let k = keys::wm(shard);
+    let _: () = raw.del(&k).await.unwrap();
+    if !fields.is_empty() {
+        let _: () = raw.hset_multiple(&k, fields).await.unwrap();
+    }
+}
+
+async fn snapshot(raw: &mut ConnectionManager, shard: u32) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut v: Vec<(Vec<u8>, Vec<u8>)> = raw.hgetall(keys::wm(shard)).await.unwrap();
+    v.sort();
+    v
+}
+
+async fn blob(raw: &mut ConnectionManager, shard: u32) -> Vec<u8> {
+    raw.hget(keys::wm(shard), "wm_blob").await.unwrap()
+}
+
+type V = Option<(String, Option<usize>)>;
+
+fn rust_verdict(fields: &Fields) -> V {
+    decode_lane_watermarks(fields)
+        .err()
+        .map(|c| (c.code().to_string(), c.lane()))
+}
+
+/// What pre-ADR-0015 code says of these fields: v2 layout is unknown, only 1216 bytes legal.
+fn old_code_verdict(fields: &Fields) -> V {
+    let v = rust_verdict(fields);
+    if let Some((code, _)) = &v {
+        if code == "field_count" || code == "missing_field" || code == "unknown_layout" {
+            return v;
+        }
+    }
+    let layout = fields.iter().find(|(k, _)| k == b"wm_layout").unwrap();
+    if layout.1 != b"packed-v1" {
+        return Some(("unknown_layout".into(), None));
+    }
+    v
+}
+
+fn epoch_of(fields: &Fields) -> u64 {
+    fields
+        .iter()
+        .find(|(k, _)| k == b"wm_epoch")
+        .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Verdicts of every wm_blob-reading script of `store` on the watermark of shard 0.
+async fn lua_verdicts(store: &mut Store, epoch: u64) -> Vec<(&'static str, V)> {
+    let mut out = Vec::new();
+    let g = store.gc_completed(0, 10).await.unwrap();
+    out.push((
+        "gc_completed_dispatch",
+        match g {
+            Gc::Corrupt(v) => Some((v.code, v.lane)),
+            Gc::Done { .. } => None,
+        },
+    ));
+    let rec = AdvanceRecord {
+        offset: 1,
+        prev: 0,
+        needed: [true; LANES], // nothing staged: held, never written
+    };
+    let adv = |a: Advance| match a {
+        Advance::Corrupt(v) => Some((v.code, v.lane)),
+        _ => None,
+    };
+    out.push((
+        "advance_log_watermark",
+        adv(store.advance(0, epoch, &rec).await.unwrap()),
+    ));
+    out.push((
+        "advance_log_watermarks",
+        adv(store
+            .advance_many(0, epoch, std::slice::from_ref(&rec))
+            .await
+            .unwrap()),
+    ));
+    // hot path with a wrong epoch: validates, then is fenced; never writes
+    let m = store
+        .materialize_single(
+            0,
+            epoch.wrapping_add(1),
+            &SingleItem {
+                offset: 1,
+                prev: 0,
+                recipient: "x".into(),
+                entry: b"e".to_vec(),
+            },
+        )
+        .await
+        .unwrap();
+    out.push((
+        "materialize_fresh_single_recipient",
+        match m {
+            Materialized::Corrupt(v) => Some((v.code, v.lane)),
+            _ => None,
+        },
+    ));
+    out
+}
+
+fn lane_bytes(p: u8, w: u64, fl: u64, wr: u64) -> Vec<u8> {
+    let mut v = vec![p];
+    v.extend_from_slice(&w.to_be_bytes()[2..]);
+    v.extend_from_slice(&fl.to_be_bytes()[2..]);
+    v.extend_from_slice(&wr.to_be_bytes()[2..]);
+    v
+}
+
+fn vectors() -> Vec<(&'static str, Fields)> {
+    let good19 = encode_packed_v2(&uni(5, 1));
+    let good1216 = encode_packed_v1(&uni(5, 1));
+    let mut diverged = uni(5, 1);
+    diverged.0[17] = LaneRecord::at(4, 1);
+    diverged.0[40] = LaneRecord::EMPTY;
+    let div = encode_packed_v2(&diverged);
+    let mut v: Vec<(&'static str, Fields)> = vec![
+        ("v2 uniform", f("packed-v2", "7", good19.clone())),
+        ("v2 full uniform", f("packed-v2", "7", good1216.clone())),
+        ("v2 diverged", f("packed-v2", "7", div.clone())),
+        ("v1 full", f("packed-v1", "7", good1216.clone())),
+        ("v1 diverged", f("packed-v1", "0", div.clone())),
+        ("v2 empty uniform", f("packed-v2", "7", vec![0; LANE_BYTES])),
+        (
+            "epoch max",
+            f("packed-v2", "18446744073709551615", good19.clone()),
+        ),
+        (
+            "epoch overflow",
+            f("packed-v2", "18446744073709551616", good19.clone()),
+        ),
+        ("epoch leading zero", f("packed-v2", "07", good19.clone())),
+        ("epoch negative", f("packed-v2", "-7", good19.clone())),
+        ("epoch empty", f("packed-v2", "", good19.clone())),
+        ("epoch space", f("packed-v2", "7 ", good19.clone())),
+        ("epoch hex", f("packed-v2", "0x7", good19.clone())),
+        ("layout case", f("Packed-V2", "7", good19.clone())),
+        ("layout v3", f("packed-v3", "7", good19.clone())),
+        (
+            "layout trailing space",
+            f("packed-v2 ", "7", good19.clone()),
+        ),
+        ("v1 with 19 bytes", f("packed-v1", "7", good19.clone())),
+        ("v2 with 20 bytes", f("packed-v2", "7", vec![0; 20])),
+        ("v2 with 0 bytes", f("packed-v2", "7", vec![])),
+        (
+            "v2 with 1215 bytes",
+            f("packed-v2", "7", good1216[..1215].to_vec()),
+        ),
+        (
+            "v2 with 1217 bytes",
+            f("packed-v2", "7", [good1216.clone(), vec![0]].concat()),
+        ),
+        (
+            "v2 with 38 bytes",
+            f("packed-v2", "7", [good19.clone(), good19.clone()].concat()),
+        ),
+        ("presence 2", f("packed-v2", "7", lane_bytes(2, 5, 1, 5))),
+        ("presence ff", f("packed-v2", "7", lane_bytes(255, 0, 0, 0))),
+        ("nonzero empty", f("packed-v2", "7", lane_bytes(0, 0, 0, 1))),
+        ("w mismatch", f("packed-v2", "7", lane_bytes(1, 5, 1, 6))),
+        ("w below floor", f("packed-v2", "7", lane_bytes(1, 5, 6, 5))),
+        (
+            "w max",
+            f(
+                "packed-v2",
+                "7",
+                lane_bytes(1, (1 << 48) - 1, 0, (1 << 48) - 1),
+            ),
+        ),
+        (
+            "mismatch and below floor",
+            f("packed-v2", "7", lane_bytes(1, 5, 9, 6)),
+        ),
+        (
+            "four fields",
+            [
+                f("packed-v2", "7", good19.clone()),
+                vec![(b"x".to_vec(), b"y".to_vec())],
+            ]
+            .concat(),
+        ),
+        (
+            "two fields",
+            f("packed-v2", "7", good19.clone())[..2].to_vec(),
+        ),
+        (
+            "blob renamed",
+            vec![
+                (b"wm_layout".to_vec(), b"packed-v2".to_vec()),
+                (b"wm_epoch".to_vec(), b"7".to_vec()),
+                (b"wm_blobs".to_vec(), good19.clone()),
+            ],
+        ),
+        (
+            "layout renamed",
+            vec![
+                (b"layout".to_vec(), b"packed-v2".to_vec()),
+                (b"wm_epoch".to_vec(), b"7".to_vec()),
+                (b"wm_blob".to_vec(), good19.clone()),
+            ],
+        ),
+        ("bad length and bad epoch", f("packed-v2", "x", vec![1; 3])),
+        ("unknown layout and bad length", f("nope", "7", vec![1; 3])),
+    ];
+    // a fault in every lane position of a full blob, of every kind
+    for lane in [0usize, 1, 31, 62, 63] {
+        for (kind, rec) in [
+            ("presence", lane_bytes(3, 5, 1, 5)),
+            ("empty", lane_bytes(0, 1, 0, 0)),
+            ("mismatch", lane_bytes(1, 5, 1, 4)),
+            ("floor", lane_bytes(1, 5, 7, 5)),
+        ] {
+            for layout in ["packed-v1", "packed-v2"] {
+                let mut b = good1216.clone();
+                b[lane * LANE_BYTES..(lane + 1) * LANE_BYTES].copy_from_slice(&rec);
+                let name: &'static str =
+                    Box::leak(format!("{layout} lane {lane} {kind}").into_boxed_str());
+                v.push((name, f(layout, "7", b)));
+            }
+        }
+    }
+    v
+}
+
+#[tokio::test]
+async fn rust_and_lua_give_identical_verdicts() {
+    let mut e = env().await;
+    for (name, fields) in vectors() {
+        let expect = rust_verdict(&fields);
+        let expect_old = old_code_verdict(&fields);
+        put(&mut e.raw, 0, &fields).await;
+        let before = snapshot(&mut e.raw, 0).await;
+        let ep = epoch_of(&fields);
+        for (script, got) in lua_verdicts(&mut e.v2, ep).await {
+            assert_eq!(got, expect, "v2 {script} on {name}");
+        }
+        for (script, got) in lua_verdicts(&mut e.v1, ep).await {
+            assert_eq!(got, expect_old, "v1 {script} on {name}");
+        }
+        // store.rs reads through read_log_watermarks.lua + decode_lane_watermarks
+        let read = e.v2.read_watermark(0).await;
+        assert_eq!(
+            read.err().and_then(|x| x.corrupt_verdict()),
+            expect,
+            "read_watermark on {name}"
+        );
+        assert_eq!(
+            snapshot(&mut e.raw, 0).await,
+            before,
+            "{name}: nothing written"
+        );
+    }
+}
+
+#[tokio::test]
+async fn every_blob_length_both_layouts() {
+    let mut e = env().await;
+    let pattern = encode_packed_v1(&uni(9, 3));
+    for layout in ["packed-v1", "packed-v2"] {
+        // pipelined: write the hash and run gc (full validation) for each length
+        for chunk in (0..=2500usize).collect::<Vec<_>>().chunks(250) {
+            let mut expected = Vec::new();
+            for &len in chunk {
+                let blob: Vec<u8> = pattern.iter().cycle().take(len).copied().collect();
+                let fields = f(layout, "1", blob);
+                expected.push((len, rust_verdict(&fields)));
+                put(&mut e.raw, 0, &fields).await;
+                let got = match e.v2.gc_completed(0, 1).await.unwrap() {
+                    Gc::Corrupt(v) => Some((v.code, v.lane)),
+                    Gc::Done { .. } => None,
+                };
+                let legal = if layout == "packed-v1" {
+                    len == FULL_BLOB_BYTES
+                } else {
+                    len == LANE_BYTES || len == FULL_BLOB_BYTES
+                };
+                assert_eq!(got, rust_verdict(&fields), "{layout} len {len}");
+                assert_eq!(got.is_none(), legal, "{layout} len {len}");
+                if !legal {
+                    assert_eq!(got.unwrap().0, "bad_length");
+                }
+                let old = match e.v1.gc_completed(0, 1).await.unwrap() {
+                    Gc::Corrupt(v) => Some((v.code, v.lane)),
+                    Gc::Done { .. } => None,
+                };
+                assert_eq!(
+                    old,
+                    old_code_verdict(&fields),
+                    "old code {layout} len {len}"
+                );
+            }
+        }
+    }
+}
+
+fn item(offset: u64, to: &str) -> SingleItem {
+    SingleItem {
+        offset,
+        prev: offset - 1,
+        recipient: to.into(),
+        entry: format!("{offset}:{to}").into_bytes(),
+    }
+}
+
+#[tokio::test]
+async fn hot_path_writes_19_bytes_and_replays_write_nothing() {
+    let mut e = env().await;
+    e.v2.init_watermark(0, Layout::PackedV2, 4, 0, false)
+        .await
+        .unwrap();
+    assert_eq!(blob(&mut e.raw, 0).await.len(), 19);
+    let out =
+        e.v2.materialize_batch(0, 4, &[item(1, "bob"), item(2, "ann"), item(3, "bob")])
+            .await
+            .unwrap();
+    assert_eq!(
+        out,
+        vec![
+            Materialized::Applied { offset: 1 },
+            Materialized::Applied { offset: 2 },
+            Materialized::Applied { offset: 3 }
+        ]
+    );
+    assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(3, 0)));
+    let mb: Vec<(Vec<u8>, f64)> = e
+        .raw
+        .zrange_withscores(keys::mailbox(0, "bob"), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(mb, vec![(b"1:bob".to_vec(), 1.0), (b"3:bob".to_vec(), 3.0)]);
+    // replay: nothing written
+    let before = snapshot(&mut e.raw, 0).await;
+    let r =
+        e.v2.materialize_single(0, 4, &item(2, "ann"))
+            .await
+            .unwrap();
+    assert_eq!(r, Materialized::Replay { w: 3 });
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    // gap: expected_previous above W
+    let r =
+        e.v2.materialize_single(0, 4, &item(6, "ann"))
+            .await
+            .unwrap();
+    assert_eq!(r, Materialized::Gap { w: 3 });
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    let n: usize = e.raw.zcard(keys::mailbox(0, "ann")).await.unwrap();
+    assert_eq!(n, 1, "a gap writes no entry");
+    // stale epoch: fenced, nothing written
+    let r =
+        e.v2.materialize_single(0, 3, &item(4, "ann"))
+            .await
+            .unwrap();
+    assert_eq!(
+        r,
+        Materialized::Fenced {
+            current_epoch: Some(4)
+        }
+    );
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    let n: usize = e.raw.zcard(keys::mailbox(0, "ann")).await.unwrap();
+    assert_eq!(n, 1, "a fenced call writes no entry");
+}
+
+#[tokio::test]
+async fn held_lane_diverges_to_1216_and_converges_to_19() {
+    let mut e = env().await;
+    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
+        .await
+        .unwrap();
+    let mut needed = [false; LANES];
+    needed[3] = true;
+    needed[9] = true;
+    let rec = AdvanceRecord {
+        offset: 1,
+        prev: 0,
+        needed,
+    };
+    // only lane 3's chunk is durable: lane 9 holds back, the rest move
+    let c =
+        e.v2.write_lane_chunk(0, 1, 1, 3, &[("u3", b"1:u3".as_slice())])
+            .await
+            .unwrap();
+    assert_eq!(c, ChunkWritten::Done { entries: 1 });
+    match e.v2.advance(0, 1, &rec).await.unwrap() {
+        Advance::Moved(c) => {
+            assert_eq!(
+                (c.advanced, c.held, c.min_w, c.max_w),
+                (63, 1, Some(0), Some(1))
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    let b = blob(&mut e.raw, 0).await;
+    assert_eq!(b.len(), 1216);
+    let wm = e.v2.read_watermark(0).await.unwrap();
+    assert_eq!(wm.lanes.lane(9).w, 0);
+    assert_eq!(wm.lanes.lane(3).w, 1);
+    // the hot path refuses a diverged watermark
+    assert_eq!(
+        e.v2.materialize_single(0, 1, &item(2, "x")).await.unwrap(),
+        Materialized::NotUniform
+    );
+    // record 2 (no recipients in lane 9) advances the other lanes; lane 9 is a gap for it
+    let rec2 = AdvanceRecord {
+        offset: 2,
+        prev: 1,
+        needed: [false; LANES],
+    };
+    match e.v2.advance(0, 1, &rec2).await.unwrap() {
+        Advance::Moved(c) => assert_eq!((c.advanced, c.gaps), (63, 1)),
+        other => panic!("{other:?}"),
+    }
+    // retry: lane 9's chunk lands, catch-up over both records converges to 19 bytes
+    e.v2.write_lane_chunk(0, 1, 1, 9, &[("u9", b"1:u9".as_slice())])
+        .await
+        .unwrap();
+    match e
+        .v2
+        .advance_many(0, 1, &[rec.clone(), rec2.clone()])
+        .await
+        .unwrap()
+    {
+        Advance::Moved(c) => assert_eq!((c.advanced, c.min_w, c.max_w), (2, Some(2), Some(2))),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(2, 0)));
+    // replaying the catch-up writes nothing
+    let before = snapshot(&mut e.raw, 0).await;
+    assert!(matches!(
+        e.v2.advance_many(0, 1, &[rec, rec2]).await.unwrap(),
+        Advance::Replay(_)
+    ));
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    // gc removes staging at or below the lowest W only
+    e.v2.write_lane_chunk(0, 1, 3, 5, &[("u5", b"3:u5".as_slice())])
+        .await
+        .unwrap();
+    assert_eq!(
+        e.v2.gc_completed(0, 100).await.unwrap(),
+        Gc::Done {
+            min_w: Some(2),
+            deleted: 1
+        }
+    );
+    let left: Vec<u64> = e.raw.zrange(keys::staging_index(0), 0, -1).await.unwrap();
+    assert_eq!(left, vec![3]);
+    let gone: bool = e.raw.exists(keys::staging(0, 1)).await.unwrap();
+    assert!(!gone);
+    let kept: bool = e.raw.exists(keys::staging(0, 3)).await.unwrap();
+    assert!(kept);
+}
+
+#[tokio::test]
+async fn cas_gap_does_not_advance_and_stale_epoch_is_refused() {
+    let mut e = env().await;
+    e.v2.init_watermark(0, Layout::PackedV2, 2, 10, false)
+        .await
+        .unwrap();
+    let before = snapshot(&mut e.raw, 0).await;
+    let rec = AdvanceRecord {
+        offset: 13,
+        prev: 12,
+        needed: [false; LANES],
+    };
+    assert!(matches!(e.v2.advance(0, 2, &rec).await.unwrap(), Advance::Gap(c) if c.gaps == 64));
+    assert!(matches!(
+        e.v2.advance_many(0, 2, std::slice::from_ref(&rec))
+            .await
+            .unwrap(),
+        Advance::Gap(_)
+    ));
+    assert_eq!(
+        e.v2.advance(0, 1, &rec).await.unwrap(),
+        Advance::Fenced {
+            current_epoch: Some(2)
+        }
+    );
+    assert_eq!(
+        e.v2.write_lane_chunk(0, 1, 11, 0, &[("a", b"11:a".as_slice())])
+            .await
+            .unwrap(),
+        ChunkWritten::Fenced {
+            current_epoch: Some(2)
+        }
+    );
+    let n: usize = e.raw.zcard(keys::mailbox(0, "a")).await.unwrap();
+    assert_eq!(n, 0);
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    // a new owner claims: the old epoch is fenced from then on
+    let new = e.v2.claim(0).await.unwrap();
+    assert_eq!(new, 3);
+    assert!(matches!(
+        e.v2.materialize_single(0, 2, &item(11, "a")).await.unwrap(),
+        Materialized::Fenced {
+            current_epoch: Some(3)
+        }
+    ));
+    assert_eq!(
+        e.v2.materialize_single(0, 3, &item(11, "a")).await.unwrap(),
+        Materialized::Applied { offset: 11 }
+    );
+}
+
+#[tokio::test]
+async fn v1_data_is_read_and_rewritten_as_v2() {
+    let mut e = env().await;
+    e.v2.init_watermark(0, Layout::PackedV1, 1, 0, false)
+        .await
+        .unwrap();
+    assert_eq!(blob(&mut e.raw, 0).await.len(), 1216);
+    // the hot path hands v1 data to the chunked path
+    assert_eq!(
+        e.v2.materialize_single(0, 1, &item(1, "x")).await.unwrap(),
+        Materialized::NotUniform
+    );
+    let rec = AdvanceRecord {
+        offset: 1,
+        prev: 0,
+        needed: [false; LANES],
+    };
+    assert!(matches!(
+        e.v2.advance(0, 1, &rec).await.unwrap(),
+        Advance::Moved(_)
+    ));
+    let layout: String = e.raw.hget(keys::wm(0), "wm_layout").await.unwrap();
+    assert_eq!(layout, "packed-v2");
+    assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(1, 0)));
+    // and the hot path takes it from there
+    assert_eq!(
+        e.v2.materialize_single(0, 1, &item(2, "x")).await.unwrap(),
+        Materialized::Applied { offset: 2 }
+    );
+}
+
+#[tokio::test]
+async fn old_code_refuses_v2_by_layout_and_by_length_without_writing() {
+    let mut e = env().await;
+    // path 1: the layout check
+    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
+        .await
+        .unwrap();
+    let before = snapshot(&mut e.raw, 0).await;
+    let r = e.v1.materialize_single(0, 1, &item(1, "x")).await.unwrap();
+    assert!(
+        matches!(r, Materialized::Corrupt(ref v) if v.code == "unknown_layout"),
+        "{r:?}"
+    );
+    for (s, v) in lua_verdicts(&mut e.v1, 1).await {
+        assert_eq!(v.unwrap().0, "unknown_layout", "{s}");
+    }
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    // path 2: the length check, even with the layout string of v1
+    let _: () = e
+        .raw
+        .hset(keys::wm(0), "wm_layout", "packed-v1")
+        .await
+        .unwrap();
+    let before = snapshot(&mut e.raw, 0).await;
+    let r = e.v1.materialize_single(0, 1, &item(1, "x")).await.unwrap();
+    assert!(
+        matches!(r, Materialized::Corrupt(ref v) if v.code == "bad_length"),
+        "{r:?}"
+    );
+    for (s, v) in lua_verdicts(&mut e.v1, 1).await {
+        assert_eq!(v.unwrap().0, "bad_length", "{s}");
+    }
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    let n: usize = e.raw.zcard(keys::mailbox(0, "x")).await.unwrap();
+    assert_eq!(n, 0);
+}
+
+#[tokio::test]
+async fn v1_scripts_work_on_v1_data() {
+    let mut e = env().await;
+    e.v1.init_watermark(0, Layout::PackedV1, 1, 0, false)
+        .await
+        .unwrap();
+    let r =
+        e.v1.materialize_batch(0, 1, &[item(1, "a"), item(2, "b")])
+            .await
+            .unwrap();
+    assert_eq!(r[1], Materialized::Applied { offset: 2 });
+    assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v1(&uni(2, 0)));
+}
+
+#[tokio::test]
+async fn hlen_not_3_refused_by_every_script() {
+    let mut e = env().await;
+    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
+        .await
+        .unwrap();
+    let _: () = e.raw.hset(keys::wm(0), "extra", "1").await.unwrap();
+    let before = snapshot(&mut e.raw, 0).await;
+    for (s, v) in lua_verdicts(&mut e.v2, 1).await {
+        assert_eq!(v.unwrap().0, "field_count", "{s}");
+    }
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+}
+
+#[tokio::test]
+async fn noscript_recovery_after_script_flush() {
+    let mut e = env().await;
+    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    let r =
+        e.v2.materialize_batch(0, 1, &[item(1, "a"), item(2, "a")])
+            .await
+            .unwrap();
+    assert_eq!(r[1], Materialized::Applied { offset: 2 });
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    assert_eq!(e.v2.read_watermark(0).await.unwrap().lanes, uni(2, 0));
+}
+
+#[tokio::test]
+async fn init_refuses_overwrite_and_downgrade_expands() {
+    let mut e = env().await;
+    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
+        .await
+        .unwrap();
+    let err =
+        e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap_err();
+    assert_eq!(err.code(), "already_exists");
+    e.v2.materialize_single(0, 1, &item(1, "a")).await.unwrap();
+    let wm = e.v2.downgrade_to_v1(0).await.unwrap();
+    assert_eq!(wm.layout, Layout::PackedV2);
+    let after = e.v2.read_watermark(0).await.unwrap();
+    assert_eq!(
+        (after.layout, after.blob_len, after.epoch),
+        (Layout::PackedV1, 1216, 1)
+    );
+    assert_eq!(after.lanes, uni(1, 0));
+    // old code runs again on the downgraded data
+    assert_eq!(
+        e.v1.materialize_single(0, 1, &item(2, "a")).await.unwrap(),
+        Materialized::Applied { offset: 2 }
+    );
+    // corrupt input is refused
+    let _: () = e.raw.hset(keys::wm(0), "wm_epoch", "x").await.unwrap();
+    assert!(e.v2.downgrade_to_v1(0).await.unwrap_err().is_corrupt());
+}

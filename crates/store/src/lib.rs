@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod keys;
+pub mod ops;
 pub mod redis;
 pub mod routing;
 

@@ -1,1 +1,48 @@
-//! placeholder
+//! Tidemark's client protocol, version 1: everything a client and the gateway must agree on,
+//! with no I/O and no Redis in it.
+//!
+//! - [`frames`]: the WebSocket frames (`/v1/ws`, one JSON object per text frame), their
+//!   [`Limits`], and [`parse_client_frame`], the one entry point for untrusted client input.
+//! - [`http`]: the same operations over HTTP (`POST /v1/messages`, `GET /v1/mailbox`,
+//!   `POST /v1/mailbox/ack`): request/response bodies and their parsers.
+//! - [`token`]: HMAC-SHA256 bearer tokens (`v1.<payload>.<mac>`) naming a user and an expiry.
+//! - [`entry`]: the binary mailbox entry stored as a sorted-set member in the mailbox Redis.
+//! - [`error`]: the crate's [`Error`] and the wire-level [`ErrorCode`]s (stable strings,
+//!   HTTP status, retryable or not).
+//!
+//! The normative description of the protocol is `docs/protocol.md`; this crate implements it
+//! and its tests check the two agree on the error-code table.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod entry;
+pub mod error;
+pub mod frames;
+pub mod http;
+pub mod token;
+
+pub use entry::{decode_entry, encode_entry, Entry};
+pub use error::{Error, ErrorCode};
+pub use frames::{parse_client_frame, ClientFrame, FrameError, Limits, ServerFrame};
+pub use http::{
+    parse_ack_request, parse_mailbox_query, parse_send_request, AckRequest, AckResponse, ErrorBody,
+    ErrorDetail, MailboxPage, MailboxQuery, SendRequest, SendResponse,
+};
+pub use token::{sign, verify, Claims, TokenError};
+
+/// Largest mailbox seq / dispatch-log offset: seqs are u48 (ADR-0015 keeps the low 48 bits;
+/// the high 16 are reserved). Every u48 fits a JSON number (an IEEE double) exactly.
+pub const MAX_SEQ: u64 = (1 << 48) - 1;
+
+/// Longest user (recipient, sender) id in bytes. Ids are UTF-8, 1..=128 bytes; the limit is
+/// what lets an [`entry`] store the sender's length in one byte.
+pub const MAX_USER_ID_BYTES: usize = 128;
+
+/// Whether `id` is a valid user id: 1..=[`MAX_USER_ID_BYTES`] bytes (a `&str` is always UTF-8).
+///
+/// The same rule applies to recipients in `send`, to the user in a token and to the sender
+/// stored in a mailbox entry, so any id accepted anywhere is accepted everywhere.
+pub fn is_valid_user_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_USER_ID_BYTES
+}

@@ -1,1 +1,5 @@
-//! placeholder
+//! Tidemark's service: the materializers that copy dispatch logs into mailboxes, the gateway
+//! that clients talk to, and the code that runs them together (`tidemark serve`, `tidemark up`).
+
+pub mod config;
+pub mod materializer;

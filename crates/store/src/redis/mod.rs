@@ -1,5 +1,6 @@
 //! Everything that touches Redis bytes: the watermark codec, the scripts, the store.
 
+pub mod dlog;
 pub mod scripts;
 pub mod store;
 pub mod watermark;

@@ -121,6 +121,17 @@ pub struct SingleItem {
     pub entry: Vec<u8>,
 }
 
+/// One lane's chunk of a record: its recipients in that lane and their entries.
+#[derive(Debug, Clone)]
+pub struct LaneChunk {
+    /// Record offset.
+    pub offset: u64,
+    /// Lane 0..64.
+    pub lane: usize,
+    /// (recipient, encoded entry).
+    pub entries: Vec<(String, Vec<u8>)>,
+}
+
 /// One record for `advance_log_watermark(s)`.
 #[derive(Debug, Clone)]
 pub struct AdvanceRecord {
@@ -623,6 +634,34 @@ impl Store {
             .collect()
     }
 
+    /// Hot-path batches of several shards (all on this instance) in one pipeline; each
+    /// shard's items stay in log order. Returns one outcome list per batch.
+    pub async fn materialize_batches(
+        &mut self,
+        batches: &[(u32, u64, Vec<SingleItem>)],
+    ) -> Result<Vec<Vec<Materialized>>> {
+        let mut cmds = Vec::new();
+        for (shard, epoch, items) in batches {
+            let e = epoch.to_string();
+            for it in items {
+                check_u48("offset", it.offset)?;
+                cmds.push(self.materialize_cmd(*shard, &e, it));
+            }
+        }
+        let replies = self.invoke_pipeline(&cmds).await?;
+        let mut it = replies.iter();
+        let mut out = Vec::with_capacity(batches.len());
+        for (shard, _, items) in batches {
+            let mut v = Vec::with_capacity(items.len());
+            for _ in items {
+                let r = it.next().expect("one reply per command");
+                v.push(Self::parse_materialized(r)?.ok_or(Error::NoWatermark { shard: *shard })?);
+            }
+            out.push(v);
+        }
+        Ok(out)
+    }
+
     // ---- write_lane_chunk.lua ----
 
     /// Writes one lane's chunk of record `offset` (`entries`: recipient, encoded entry).
@@ -660,6 +699,52 @@ impl Store {
             5 => Err(Error::NoWatermark { shard }),
             _ => Err(r.bad()),
         }
+    }
+
+    /// Many lane chunks (any records of one shard) in one pipeline. Returns one outcome per
+    /// chunk, in order.
+    pub async fn write_lane_chunks(
+        &mut self,
+        shard: u32,
+        epoch: u64,
+        chunks: &[LaneChunk],
+    ) -> Result<Vec<ChunkWritten>> {
+        let wm = keys::wm(shard);
+        let idx = keys::staging_index(shard);
+        let e = epoch.to_string();
+        let mut cmds = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            check_u48("offset", c.offset)?;
+            let stg = keys::staging(shard, c.offset);
+            let mbs: Vec<String> = c
+                .entries
+                .iter()
+                .map(|(r, _)| keys::mailbox(shard, r))
+                .collect();
+            let mut ks: Vec<&[u8]> = vec![wm.as_bytes(), stg.as_bytes(), idx.as_bytes()];
+            ks.extend(mbs.iter().map(|m| m.as_bytes()));
+            let (o, l) = (c.offset.to_string(), c.lane.to_string());
+            let mut args: Vec<&[u8]> = vec![e.as_bytes(), o.as_bytes(), l.as_bytes()];
+            args.extend(c.entries.iter().map(|(_, en)| en.as_slice()));
+            cmds.push(Self::evalsha(&self.set.write_lane_chunk, &ks, &args));
+        }
+        let replies = self.invoke_pipeline(&cmds).await?;
+        replies
+            .iter()
+            .map(|v| {
+                let r = Reply::new("write_lane_chunk", v)?;
+                match r.status()? {
+                    0 => Ok(ChunkWritten::Done {
+                        entries: r.u64_at(1)? as u32,
+                    }),
+                    3 => Ok(ChunkWritten::Fenced {
+                        current_epoch: r.epoch(),
+                    }),
+                    5 => Err(Error::NoWatermark { shard }),
+                    _ => Err(r.bad()),
+                }
+            })
+            .collect()
     }
 
     // ---- advance_log_watermark(s).lua ----

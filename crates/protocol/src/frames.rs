@@ -1,0 +1,817 @@
+//! WebSocket frames of client protocol version 1: one JSON object per text frame, tagged by
+//! `"type"`.
+//!
+//! Client → server: `send`, `ack`, `sync`. Server → client: `ready`, `send_ack`, `deliver`,
+//! `error`. Untrusted client text goes through [`parse_client_frame`], which enforces
+//! [`Limits`] and maps every rejection to a stable [`ErrorCode`]; it never panics.
+//!
+//! Unknown fields in a client frame are ignored (so a newer client can add optional fields);
+//! if a key appears twice in one object, the last occurrence wins.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::entry::Entry;
+use crate::error::ErrorCode;
+use crate::http::SendRequest;
+use crate::{is_valid_user_id, MAX_SEQ, MAX_USER_ID_BYTES};
+
+/// Size limits applied to untrusted client input.
+///
+/// Exists so every entry point (WebSocket and HTTP) rejects oversized input the same way and
+/// before doing any work for it; a deployment may tighten or loosen them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest accepted frame (or HTTP body) in bytes, as received. Default 65536.
+    pub max_frame_bytes: usize,
+    /// Longest accepted message `body` in UTF-8 bytes, after JSON unescaping. Default 16384.
+    pub max_body_bytes: usize,
+    /// Most recipients in one `send`. Default 100.
+    pub max_recipients: usize,
+    /// Longest client message `id` in bytes. Default 128.
+    pub max_id_bytes: usize,
+    /// Largest `limit` of `GET /v1/mailbox`. Default 1000.
+    pub max_page_entries: u32,
+    /// `limit` of `GET /v1/mailbox` when the query names none. Default 100.
+    pub default_page_entries: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: 65_536,
+            max_body_bytes: 16_384,
+            max_recipients: 100,
+            max_id_bytes: 128,
+            max_page_entries: 1000,
+            default_page_entries: 100,
+        }
+    }
+}
+
+/// A frame a client sends.
+///
+/// The serde derives give the exact wire shape (for clients that build frames); a server must
+/// read untrusted input with [`parse_client_frame`], which also enforces [`Limits`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientFrame {
+    /// `{"type":"send","id":"c-1","to":["bob"],"body":"hi"}`: commit a message to every
+    /// recipient; answered by `send_ack` (or `error` with the same `id`).
+    Send(SendRequest),
+    /// `{"type":"ack","seq":3471}`: every entry at or below `seq` is processed; the server may
+    /// trim them. Not answered (except by `error`).
+    Ack {
+        /// Highest processed mailbox seq (u48).
+        seq: u64,
+    },
+    /// `{"type":"sync","after":3400}`: restart the delivery stream after `after`, then keep
+    /// streaming live entries.
+    Sync {
+        /// The seq the stream restarts after (u48).
+        after: u64,
+    },
+}
+
+/// A frame the server sends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ServerFrame {
+    /// `{"type":"ready","user":"alice","after":3400}`: sent once, first, after the connection
+    /// is authenticated. Delivery resumes after `after` (the mailbox's acked cursor).
+    Ready {
+        /// The authenticated user, whose mailbox this connection streams.
+        user: String,
+        /// The seq delivery resumes after.
+        after: u64,
+    },
+    /// `{"type":"send_ack","id":"c-1","offsets":{"12":3471}}`: the `send` with this `id` is
+    /// durably committed. `offsets` maps each shard the recipients fall in to the dispatch-log
+    /// offset assigned there, which is also the seq of the entry in each of those mailboxes.
+    SendAck {
+        /// The client message id of the `send`.
+        id: String,
+        /// Shard number → log offset (JSON object with decimal-string keys).
+        #[serde(with = "crate::http::shard_offsets")]
+        offsets: BTreeMap<u32, u64>,
+    },
+    /// `{"type":"deliver","seq":3471,"from":"alice","body":"hi","sent_at_us":1764489600000000}`:
+    /// one mailbox entry, in seq order.
+    Deliver(Entry),
+    /// `{"type":"error","code":"bad_request","message":"…","id":"c-1"}`: a frame was rejected
+    /// or a send failed. `id` is present when the client id is known.
+    Error {
+        /// Stable code.
+        code: ErrorCode,
+        /// Human-readable detail; not stable, do not parse.
+        message: String,
+        /// The client message id the error refers to, when known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+    },
+}
+
+impl ServerFrame {
+    /// The frame as the JSON text of one WebSocket text frame.
+    pub fn to_json(&self) -> String {
+        // Serialising these types cannot fail: all map keys are integers, no custom impls.
+        serde_json::to_string(self).expect("ServerFrame always serialises")
+    }
+}
+
+impl ClientFrame {
+    /// The frame as the JSON text of one WebSocket text frame.
+    pub fn to_json(&self) -> String {
+        // Serialising these types cannot fail: no maps, no custom impls.
+        serde_json::to_string(self).expect("ClientFrame always serialises")
+    }
+}
+
+/// Why a client frame (or HTTP request) was rejected.
+///
+/// Carries the stable [`ErrorCode`], a human-readable message and — when it could be read
+/// from the input — the client message `id`, so the `error` frame can echo it and the client
+/// can match the failure to its `send`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct FrameError {
+    code: ErrorCode,
+    message: String,
+    id: Option<String>,
+}
+
+impl FrameError {
+    /// A rejection with no known client id.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        FrameError {
+            code,
+            message: message.into(),
+            id: None,
+        }
+    }
+
+    /// The stable code string, e.g. `"bad_recipient"`.
+    pub fn code(&self) -> &'static str {
+        self.code.as_str()
+    }
+
+    /// The code as an [`ErrorCode`].
+    pub fn error_code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// Human-readable detail (never echoes message bodies).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The client message id, when it could be recovered from the input.
+    pub fn id(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+
+    /// The `error` frame that answers this rejection.
+    pub fn to_server_frame(&self) -> ServerFrame {
+        ServerFrame::Error {
+            code: self.code,
+            message: self.message.clone(),
+            id: self.id.clone(),
+        }
+    }
+}
+
+/// A rejection before the client id is attached.
+pub(crate) type Reject = (ErrorCode, String);
+
+pub(crate) fn reject<T>(code: ErrorCode, message: impl Into<String>) -> Result<T, Reject> {
+    Err((code, message.into()))
+}
+
+/// Parses and validates one WebSocket text frame from a client.
+///
+/// Checks, in order: size (`frame_too_large`), JSON object (`bad_json`), `type`
+/// (`bad_request` if missing or not a string, `unknown_type`), then the fields of that type.
+/// For `send`: `id` (`bad_request`, `bad_id`), `to` (`bad_request` when not a non-empty array
+/// of strings, `too_many_recipients`, `bad_recipient` for an empty, over-128-byte or duplicate
+/// recipient), `body` (`bad_request`, `body_too_large`). For `ack`/`sync`: the seq must be a
+/// JSON integer (`bad_request`) in `0..=2^48-1` (`seq_out_of_range`; any number outside that
+/// range, including negative ones, gets this code).
+///
+/// The returned error carries the client `id` whenever the object has a string `id` of
+/// 1..=`max_id_bytes` bytes. Never panics.
+pub fn parse_client_frame(text: &str, limits: &Limits) -> Result<ClientFrame, FrameError> {
+    let map = parse_object(text.as_bytes(), limits)?;
+    let result = client_frame_from_map(&map, limits);
+    result.map_err(|(code, message)| FrameError {
+        code,
+        message,
+        id: recover_id(&map, limits),
+    })
+}
+
+/// Size check and JSON parse shared by the WebSocket and HTTP parsers.
+pub(crate) fn parse_object(
+    bytes: &[u8],
+    limits: &Limits,
+) -> Result<Map<String, Value>, FrameError> {
+    if bytes.len() > limits.max_frame_bytes {
+        return Err(FrameError::new(
+            ErrorCode::FrameTooLarge,
+            format!(
+                "frame is {} bytes, limit is {}",
+                bytes.len(),
+                limits.max_frame_bytes
+            ),
+        ));
+    }
+    // serde_json bounds nesting depth (128), so hostile nesting cannot overflow the stack.
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(FrameError::new(
+            ErrorCode::BadJson,
+            "frame is not a JSON object",
+        )),
+        Err(e) => Err(FrameError::new(
+            ErrorCode::BadJson,
+            format!("invalid JSON: {e}"),
+        )),
+    }
+}
+
+/// Attaches the recoverable client id (if any) to a rejection.
+pub(crate) fn with_id(map: &Map<String, Value>, limits: &Limits, r: Reject) -> FrameError {
+    FrameError {
+        code: r.0,
+        message: r.1,
+        id: recover_id(map, limits),
+    }
+}
+
+fn recover_id(map: &Map<String, Value>, limits: &Limits) -> Option<String> {
+    match map.get("id") {
+        Some(Value::String(id)) if valid_client_id(id, limits) => Some(id.clone()),
+        _ => None,
+    }
+}
+
+fn valid_client_id(id: &str, limits: &Limits) -> bool {
+    !id.is_empty() && id.len() <= limits.max_id_bytes
+}
+
+fn client_frame_from_map(map: &Map<String, Value>, limits: &Limits) -> Result<ClientFrame, Reject> {
+    let ty = match map.get("type") {
+        None => return reject(ErrorCode::BadRequest, "missing field `type`"),
+        Some(Value::String(t)) => t.as_str(),
+        Some(_) => return reject(ErrorCode::BadRequest, "`type` must be a string"),
+    };
+    match ty {
+        "send" => send_from_map(map, limits).map(ClientFrame::Send),
+        "ack" => Ok(ClientFrame::Ack {
+            seq: seq_field(map, "seq")?,
+        }),
+        "sync" => Ok(ClientFrame::Sync {
+            after: seq_field(map, "after")?,
+        }),
+        _ => reject(ErrorCode::UnknownType, "unknown frame type"),
+    }
+}
+
+/// Validates the fields of a send (`id`, `to`, `body`), shared with `POST /v1/messages`.
+pub(crate) fn send_from_map(
+    map: &Map<String, Value>,
+    limits: &Limits,
+) -> Result<SendRequest, Reject> {
+    let id = string_field(map, "id")?;
+    if !valid_client_id(id, limits) {
+        return reject(
+            ErrorCode::BadId,
+            format!("`id` must be 1..={} bytes", limits.max_id_bytes),
+        );
+    }
+
+    let to = match map.get("to") {
+        None => return reject(ErrorCode::BadRequest, "missing field `to`"),
+        Some(Value::Array(to)) => to,
+        Some(_) => return reject(ErrorCode::BadRequest, "`to` must be an array of strings"),
+    };
+    if to.is_empty() {
+        return reject(
+            ErrorCode::BadRequest,
+            "`to` must name at least one recipient",
+        );
+    }
+    if to.len() > limits.max_recipients {
+        return reject(
+            ErrorCode::TooManyRecipients,
+            format!(
+                "`to` has {} recipients, limit is {}",
+                to.len(),
+                limits.max_recipients
+            ),
+        );
+    }
+    let mut seen = HashSet::with_capacity(to.len());
+    let mut recipients = Vec::with_capacity(to.len());
+    for (i, r) in to.iter().enumerate() {
+        let Value::String(r) = r else {
+            return reject(ErrorCode::BadRequest, "`to` must be an array of strings");
+        };
+        if !is_valid_user_id(r) {
+            return reject(
+                ErrorCode::BadRecipient,
+                format!("recipient #{i} must be 1..={MAX_USER_ID_BYTES} bytes"),
+            );
+        }
+        if !seen.insert(r.as_str()) {
+            return reject(
+                ErrorCode::BadRecipient,
+                format!("recipient #{i} is a duplicate"),
+            );
+        }
+        recipients.push(r.clone());
+    }
+
+    let body = string_field(map, "body")?;
+    if body.len() > limits.max_body_bytes {
+        return reject(
+            ErrorCode::BodyTooLarge,
+            format!(
+                "`body` is {} bytes, limit is {}",
+                body.len(),
+                limits.max_body_bytes
+            ),
+        );
+    }
+
+    Ok(SendRequest {
+        id: id.to_owned(),
+        to: recipients,
+        body: body.to_owned(),
+    })
+}
+
+fn string_field<'a>(map: &'a Map<String, Value>, key: &str) -> Result<&'a str, Reject> {
+    match map.get(key) {
+        None => reject(ErrorCode::BadRequest, format!("missing field `{key}`")),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => reject(ErrorCode::BadRequest, format!("`{key}` must be a string")),
+    }
+}
+
+/// Reads a u48 seq field: a JSON integer in `0..=MAX_SEQ`.
+pub(crate) fn seq_field(map: &Map<String, Value>, key: &str) -> Result<u64, Reject> {
+    match map.get(key) {
+        None => reject(ErrorCode::BadRequest, format!("missing field `{key}`")),
+        Some(Value::Number(n)) => {
+            if let Some(v) = n.as_u64() {
+                check_seq(key, v)
+            } else if n.as_i64().is_some() {
+                // Only negative integers are i64 but not u64.
+                reject(ErrorCode::SeqOutOfRange, format!("`{key}` is negative"))
+            } else {
+                // A float, or an integer too large for u64. Out of range by value first, then
+                // "not an integer" for in-range non-integers such as 3471.0 or 1e3.
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                if !(0.0..=MAX_SEQ as f64).contains(&f) {
+                    reject(
+                        ErrorCode::SeqOutOfRange,
+                        format!("`{key}` must be in 0..={MAX_SEQ}"),
+                    )
+                } else {
+                    reject(ErrorCode::BadRequest, format!("`{key}` must be an integer"))
+                }
+            }
+        }
+        Some(_) => reject(ErrorCode::BadRequest, format!("`{key}` must be an integer")),
+    }
+}
+
+pub(crate) fn check_seq(key: &str, v: u64) -> Result<u64, Reject> {
+    if v > MAX_SEQ {
+        reject(
+            ErrorCode::SeqOutOfRange,
+            format!("`{key}` must be in 0..={MAX_SEQ}"),
+        )
+    } else {
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(text: &str) -> Result<ClientFrame, FrameError> {
+        parse_client_frame(text, &Limits::default())
+    }
+
+    fn send(id: &str, to: &[&str], body: &str) -> ClientFrame {
+        ClientFrame::Send(SendRequest {
+            id: id.into(),
+            to: to.iter().map(|s| s.to_string()).collect(),
+            body: body.into(),
+        })
+    }
+
+    #[test]
+    fn parses_valid_client_frames() {
+        assert_eq!(
+            parse(r#"{"type":"send","id":"c-1","to":["bob"],"body":"hi"}"#).unwrap(),
+            send("c-1", &["bob"], "hi")
+        );
+        assert_eq!(
+            parse(r#"{"type":"ack","seq":3471}"#).unwrap(),
+            ClientFrame::Ack { seq: 3471 }
+        );
+        assert_eq!(
+            parse(r#"{"type":"sync","after":3400}"#).unwrap(),
+            ClientFrame::Sync { after: 3400 }
+        );
+        // Edges that are accepted.
+        assert_eq!(
+            parse(r#"{"type":"ack","seq":0}"#).unwrap(),
+            ClientFrame::Ack { seq: 0 }
+        );
+        assert_eq!(
+            parse(&format!(r#"{{"type":"sync","after":{MAX_SEQ}}}"#)).unwrap(),
+            ClientFrame::Sync { after: MAX_SEQ }
+        );
+        assert_eq!(
+            parse(r#"{"type":"send","id":"x","to":["a","b"],"body":""}"#).unwrap(),
+            send("x", &["a", "b"], "")
+        );
+        // Unknown fields are ignored; key order does not matter.
+        assert_eq!(
+            parse(r#"{"body":"hi","to":["bob"],"v":2,"id":"c-1","type":"send"}"#).unwrap(),
+            send("c-1", &["bob"], "hi")
+        );
+    }
+
+    #[test]
+    fn limits_are_inclusive() {
+        let l = Limits::default();
+        let id = "i".repeat(l.max_id_bytes);
+        let r = "r".repeat(MAX_USER_ID_BYTES);
+        let body = "é".repeat(l.max_body_bytes / 2);
+        let to: Vec<String> = (0..l.max_recipients).map(|i| format!("u{i}")).collect();
+        let frame = json!({"type":"send","id":id,"to":[r],"body":body}).to_string();
+        assert!(parse(&frame).is_ok());
+        let frame = json!({"type":"send","id":"c","to":to,"body":"b"}).to_string();
+        assert!(parse(&frame).is_ok());
+        // Exactly max_frame_bytes is accepted.
+        let pad = l.max_frame_bytes - r#"{"type":"ack","seq":1,"p":""}"#.len();
+        let frame = format!(r#"{{"type":"ack","seq":1,"p":"{}"}}"#, " ".repeat(pad));
+        assert_eq!(frame.len(), l.max_frame_bytes);
+        assert!(parse(&frame).is_ok());
+        assert_eq!(
+            parse(&format!("{frame} ")).unwrap_err().code(),
+            "frame_too_large"
+        );
+    }
+
+    #[test]
+    fn body_limit_counts_utf8_bytes() {
+        let l = Limits::default();
+        // 8193 two-byte characters = 16386 bytes.
+        let body = "é".repeat(l.max_body_bytes / 2 + 1);
+        let frame = json!({"type":"send","id":"c-9","to":["bob"],"body":body}).to_string();
+        let e = parse(&frame).unwrap_err();
+        assert_eq!(e.code(), "body_too_large");
+        assert_eq!(e.id(), Some("c-9"));
+    }
+
+    #[test]
+    fn custom_limits_apply() {
+        let l = Limits {
+            max_recipients: 1,
+            max_body_bytes: 2,
+            max_id_bytes: 3,
+            ..Limits::default()
+        };
+        let p = |t: &str| parse_client_frame(t, &l).unwrap_err().code();
+        assert_eq!(
+            p(r#"{"type":"send","id":"c","to":["a","b"],"body":""}"#),
+            "too_many_recipients"
+        );
+        assert_eq!(
+            p(r#"{"type":"send","id":"c","to":["a"],"body":"abc"}"#),
+            "body_too_large"
+        );
+        assert_eq!(
+            p(r#"{"type":"send","id":"abcd","to":["a"],"body":""}"#),
+            "bad_id"
+        );
+    }
+
+    #[test]
+    fn error_echoes_id_when_recoverable() {
+        let e = parse(r#"{"type":"send","id":"c-7","to":["bob","bob"],"body":"hi"}"#).unwrap_err();
+        assert_eq!(e.code(), "bad_recipient");
+        assert_eq!(e.id(), Some("c-7"));
+        assert_eq!(
+            e.to_server_frame(),
+            ServerFrame::Error {
+                code: ErrorCode::BadRecipient,
+                message: e.message().to_owned(),
+                id: Some("c-7".into())
+            }
+        );
+        // Unknown type from a newer client: id still echoed.
+        let e = parse(r#"{"type":"edit","id":"c-8"}"#).unwrap_err();
+        assert_eq!((e.code(), e.id()), ("unknown_type", Some("c-8")));
+        // Invalid ids are not echoed.
+        let e = parse(r#"{"type":"send","id":"","to":["b"],"body":""}"#).unwrap_err();
+        assert_eq!((e.code(), e.id()), ("bad_id", None));
+        let e = parse(r#"{"type":"send","id":7,"to":["b"],"body":""}"#).unwrap_err();
+        assert_eq!((e.code(), e.id()), ("bad_request", None));
+        // Nothing to recover from non-objects.
+        assert_eq!(parse("[1]").unwrap_err().id(), None);
+    }
+
+    #[test]
+    fn server_frames_match_the_wire_examples() {
+        let cases = [
+            (
+                ServerFrame::Ready {
+                    user: "alice".into(),
+                    after: 3400,
+                },
+                r#"{"type":"ready","user":"alice","after":3400}"#,
+            ),
+            (
+                ServerFrame::SendAck {
+                    id: "c-1".into(),
+                    offsets: BTreeMap::from([(12, 3471)]),
+                },
+                r#"{"type":"send_ack","id":"c-1","offsets":{"12":3471}}"#,
+            ),
+            (
+                ServerFrame::Deliver(Entry {
+                    seq: 3471,
+                    from: "alice".into(),
+                    body: "hi".into(),
+                    sent_at_us: 1_764_489_600_000_000,
+                }),
+                r#"{"type":"deliver","seq":3471,"from":"alice","body":"hi","sent_at_us":1764489600000000}"#,
+            ),
+            (
+                ServerFrame::Error {
+                    code: ErrorCode::BadRequest,
+                    message: "…".into(),
+                    id: Some("c-1".into()),
+                },
+                r#"{"type":"error","code":"bad_request","message":"…","id":"c-1"}"#,
+            ),
+            (
+                ServerFrame::Error {
+                    code: ErrorCode::Overloaded,
+                    message: "m".into(),
+                    id: None,
+                },
+                r#"{"type":"error","code":"overloaded","message":"m"}"#,
+            ),
+        ];
+        for (frame, json) in cases {
+            assert_eq!(frame.to_json(), json);
+            assert_eq!(serde_json::from_str::<ServerFrame>(json).unwrap(), frame);
+        }
+    }
+
+    #[test]
+    fn client_frames_serialise_to_the_wire_examples() {
+        let cases = [
+            (
+                send("c-1", &["bob"], "hi"),
+                r#"{"type":"send","id":"c-1","to":["bob"],"body":"hi"}"#,
+            ),
+            (
+                ClientFrame::Ack { seq: 3471 },
+                r#"{"type":"ack","seq":3471}"#,
+            ),
+            (
+                ClientFrame::Sync { after: 3400 },
+                r#"{"type":"sync","after":3400}"#,
+            ),
+        ];
+        for (frame, json) in cases {
+            assert_eq!(frame.to_json(), json);
+            assert_eq!(parse(json).unwrap(), frame);
+        }
+    }
+
+    /// Hostile frames and the exact code each must get.
+    #[test]
+    fn hostile_frames_get_stable_codes() {
+        let huge_body =
+            json!({"type":"send","id":"c","to":["b"],"body":"x".repeat(16_385)}).to_string();
+        // 10,000 recipients fit in one frame only when short; the count is checked before
+        // the recipients themselves, so duplicates do not change the code.
+        let many_recipients =
+            json!({"type":"send","id":"c","to":vec!["b"; 10_000],"body":""}).to_string();
+        let many: Vec<String> = (0..10_000).map(|i| format!("u{i}")).collect();
+        let many_distinct = json!({"type":"send","id":"c","to":many,"body":""}).to_string();
+        let oversize = format!(r#"{{"type":"ack","seq":1,"p":"{}"}}"#, "x".repeat(70_000));
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let deep_obj = format!(
+            r#"{{"type":"ack","seq":1,"x":{}1{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
+        let long_recipient =
+            json!({"type":"send","id":"c","to":["r".repeat(129)],"body":""}).to_string();
+        let long_id = json!({"type":"send","id":"i".repeat(129),"to":["b"],"body":""}).to_string();
+
+        let table: &[(&str, &str, &str)] = &[
+            // not JSON / not an object
+            ("empty input", "", "bad_json"),
+            ("garbage", "hello", "bad_json"),
+            ("truncated", r#"{"type":"ack","seq":1"#, "bad_json"),
+            ("trailing garbage", r#"{"type":"ack","seq":1}x"#, "bad_json"),
+            ("two objects", r#"{"type":"ack","seq":1}{}"#, "bad_json"),
+            ("array", r#"[{"type":"ack","seq":1}]"#, "bad_json"),
+            ("string", r#""send""#, "bad_json"),
+            ("number", "3471", "bad_json"),
+            ("null", "null", "bad_json"),
+            (
+                "lone surrogate",
+                r#"{"type":"send","id":"c","to":["b"],"body":"\ud800"}"#,
+                "bad_json",
+            ),
+            ("deep nesting", &deep, "bad_json"),
+            ("deep nesting inside object", &deep_obj, "bad_json"),
+            ("single quotes", "{'type':'ack','seq':1}", "bad_json"),
+            // type
+            ("missing type", r#"{"seq":1}"#, "bad_request"),
+            ("type not a string", r#"{"type":1,"seq":1}"#, "bad_request"),
+            ("type null", r#"{"type":null}"#, "bad_request"),
+            ("unknown type", r#"{"type":"edit"}"#, "unknown_type"),
+            (
+                "server frame type",
+                r#"{"type":"deliver","seq":1}"#,
+                "unknown_type",
+            ),
+            (
+                "type wrong case",
+                r#"{"type":"SEND","id":"c","to":["b"],"body":""}"#,
+                "unknown_type",
+            ),
+            ("empty object", "{}", "bad_request"),
+            // send fields
+            (
+                "send missing id",
+                r#"{"type":"send","to":["b"],"body":""}"#,
+                "bad_request",
+            ),
+            (
+                "send missing to",
+                r#"{"type":"send","id":"c","body":""}"#,
+                "bad_request",
+            ),
+            (
+                "send missing body",
+                r#"{"type":"send","id":"c","to":["b"]}"#,
+                "bad_request",
+            ),
+            (
+                "id not a string",
+                r#"{"type":"send","id":1,"to":["b"],"body":""}"#,
+                "bad_request",
+            ),
+            (
+                "empty id",
+                r#"{"type":"send","id":"","to":["b"],"body":""}"#,
+                "bad_id",
+            ),
+            ("id too long", &long_id, "bad_id"),
+            (
+                "to a string",
+                r#"{"type":"send","id":"c","to":"bob","body":""}"#,
+                "bad_request",
+            ),
+            (
+                "to of numbers",
+                r#"{"type":"send","id":"c","to":[1],"body":""}"#,
+                "bad_request",
+            ),
+            (
+                "to with null",
+                r#"{"type":"send","id":"c","to":["b",null],"body":""}"#,
+                "bad_request",
+            ),
+            (
+                "to empty",
+                r#"{"type":"send","id":"c","to":[],"body":""}"#,
+                "bad_request",
+            ),
+            ("10,000 recipients", &many_recipients, "too_many_recipients"),
+            (
+                "10,000 distinct recipients",
+                &many_distinct,
+                "frame_too_large",
+            ),
+            (
+                "101 recipients",
+                &json!({"type":"send","id":"c","to":vec!["b"; 101],"body":""}).to_string(),
+                "too_many_recipients",
+            ),
+            (
+                "empty recipient",
+                r#"{"type":"send","id":"c","to":[""],"body":""}"#,
+                "bad_recipient",
+            ),
+            ("recipient too long", &long_recipient, "bad_recipient"),
+            (
+                "duplicate recipient",
+                r#"{"type":"send","id":"c","to":["b","a","b"],"body":""}"#,
+                "bad_recipient",
+            ),
+            (
+                "body a number",
+                r#"{"type":"send","id":"c","to":["b"],"body":1}"#,
+                "bad_request",
+            ),
+            (
+                "body an object",
+                r#"{"type":"send","id":"c","to":["b"],"body":{"t":"hi"}}"#,
+                "bad_request",
+            ),
+            (
+                "body null",
+                r#"{"type":"send","id":"c","to":["b"],"body":null}"#,
+                "bad_request",
+            ),
+            ("huge body", &huge_body, "body_too_large"),
+            // seqs
+            ("ack missing seq", r#"{"type":"ack"}"#, "bad_request"),
+            (
+                "sync missing after",
+                r#"{"type":"sync","seq":1}"#,
+                "bad_request",
+            ),
+            (
+                "seq a string",
+                r#"{"type":"ack","seq":"3471"}"#,
+                "bad_request",
+            ),
+            ("seq null", r#"{"type":"ack","seq":null}"#, "bad_request"),
+            ("seq bool", r#"{"type":"ack","seq":true}"#, "bad_request"),
+            ("float seq", r#"{"type":"ack","seq":3471.5}"#, "bad_request"),
+            (
+                "integral float seq",
+                r#"{"type":"ack","seq":3471.0}"#,
+                "bad_request",
+            ),
+            (
+                "exponent seq",
+                r#"{"type":"sync","after":1e3}"#,
+                "bad_request",
+            ),
+            (
+                "seq 2^48",
+                r#"{"type":"ack","seq":281474976710656}"#,
+                "seq_out_of_range",
+            ),
+            (
+                "seq u64 max",
+                r#"{"type":"ack","seq":18446744073709551615}"#,
+                "seq_out_of_range",
+            ),
+            (
+                "seq beyond u64",
+                r#"{"type":"sync","after":100000000000000000000000}"#,
+                "seq_out_of_range",
+            ),
+            (
+                "seq huge exponent",
+                r#"{"type":"ack","seq":1e300}"#,
+                "seq_out_of_range",
+            ),
+            (
+                "negative seq",
+                r#"{"type":"ack","seq":-1}"#,
+                "seq_out_of_range",
+            ),
+            (
+                "negative after",
+                r#"{"type":"sync","after":-3400}"#,
+                "seq_out_of_range",
+            ),
+            (
+                "negative float seq",
+                r#"{"type":"ack","seq":-0.5}"#,
+                "seq_out_of_range",
+            ),
+            // size
+            ("oversize frame", &oversize, "frame_too_large"),
+        ];
+        for (name, frame, code) in table {
+            match parse(frame) {
+                Ok(f) => panic!("{name}: accepted as {f:?}"),
+                Err(e) => assert_eq!(e.code(), *code, "{name}: {e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! `docs/protocol.md` is the normative protocol description: its error-code table must list
+//! exactly the codes of [`ErrorCode`], with the same retry policy and HTTP status.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use tidemark_protocol::{ErrorCode, Limits};
+
+fn protocol_md() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/protocol.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn error_table_matches_error_code() {
+    let doc = protocol_md();
+    let table = doc
+        .split("## Error codes")
+        .nth(1)
+        .expect("docs/protocol.md has an `## Error codes` section");
+    let mut rows = HashMap::new();
+    for line in table.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        assert_eq!(cells.len(), 4, "row: {line}");
+        let code = cells[0].trim_matches('`');
+        let retryable = match cells[2] {
+            "yes" => true,
+            "no" => false,
+            other => panic!("{code}: retryable must be yes/no, got {other}"),
+        };
+        let status: u16 = cells[3].parse().expect("HTTP status");
+        assert!(
+            rows.insert(code.to_owned(), (retryable, status)).is_none(),
+            "{code} listed twice"
+        );
+    }
+    assert_eq!(
+        rows.len(),
+        ErrorCode::ALL.len(),
+        "codes in the table: {rows:?}"
+    );
+    for code in ErrorCode::ALL {
+        let (retryable, status) = rows
+            .get(code.as_str())
+            .unwrap_or_else(|| panic!("{code} missing from docs/protocol.md"));
+        assert_eq!(*retryable, code.retryable(), "{code} retryable");
+        assert_eq!(*status, code.http_status(), "{code} HTTP status");
+    }
+}
+
+#[test]
+fn documented_limits_are_the_defaults() {
+    let doc = protocol_md();
+    let l = Limits::default();
+    for n in [
+        l.max_frame_bytes,
+        l.max_body_bytes,
+        l.max_recipients,
+        l.max_page_entries as usize,
+        l.default_page_entries as usize,
+    ] {
+        assert!(doc.contains(&n.to_string()), "{n} not in docs/protocol.md");
+    }
+    assert!(doc.contains(&format!("1–{} bytes", l.max_id_bytes)));
+}

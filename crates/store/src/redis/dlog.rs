@@ -1,0 +1,375 @@
+//! The commit side: per-shard dispatch logs `dlog:{s}` on core Redis.
+//!
+//! A message is committed to every shard it touches by `commit_dispatch.lua`: dedupe on
+//! (sender, client id), next contiguous u48 offset, one stream entry with id `<offset>-0`:
+//!
+//! ```text
+//! dlog:{s}  stream entry "<offset>-0"
+//!   p  decimal   prev offset (offset - 1; offsets are contiguous from 1)
+//!   f  utf-8     sender
+//!   c  utf-8     client message id
+//!   r  bytes     recipients of this shard: repeated [len u8 (1..=128)][id bytes]
+//!   b  utf-8     body
+//!   t  decimal   sent_at, µs since the Unix epoch (gateway clock at commit)
+//! ```
+//!
+//! Materializers read the log in order with [`LogReader`] (XREAD BLOCK on a connection of its
+//! own, without response timeout) and trim it with [`CoreStore::trim`] once every lane's W has
+//! passed a record.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::Value;
+
+use super::scripts::COMMIT_DISPATCH;
+use crate::error::{Error, Result};
+use crate::keys;
+
+/// How long a dedupe record (sender, client id) → offset lives.
+pub const DEFAULT_DEDUPE_TTL_S: u64 = 24 * 3600;
+
+/// One record of a dispatch log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatchRecord {
+    /// Offset in `dlog:{s}` (u48, contiguous from 1) = the entries' MailboxSeq.
+    pub offset: u64,
+    /// Previous record's offset: the `expected_previous` of the watermark CAS.
+    pub prev: u64,
+    /// Sender user id.
+    pub sender: String,
+    /// Client-chosen message id (dedupe key with the sender).
+    pub client_id: String,
+    /// Recipients of this shard, in the order given by the sender.
+    pub recipients: Vec<String>,
+    /// Message body.
+    pub body: String,
+    /// Commit time, µs since the Unix epoch.
+    pub sent_at_us: u64,
+}
+
+/// Result of a commit on one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// The offset assigned (the first one, for a duplicate).
+    pub offset: u64,
+    /// True when (sender, client id) had already been committed: nothing was added.
+    pub duplicate: bool,
+}
+
+/// Encodes recipients as `[len u8][bytes]…`.
+pub fn encode_recipients(rs: &[&str]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rs.iter().map(|r| r.len() + 1).sum());
+    for r in rs {
+        debug_assert!(!r.is_empty() && r.len() <= 128);
+        out.push(r.len() as u8);
+        out.extend_from_slice(r.as_bytes());
+    }
+    out
+}
+
+/// Decodes `[len u8][bytes]…`; `None` when truncated, empty-named or not UTF-8.
+pub fn decode_recipients(b: &[u8]) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let n = b[i] as usize;
+        if n == 0 || i + 1 + n > b.len() {
+            return None;
+        }
+        out.push(String::from_utf8(b[i + 1..i + 1 + n].to_vec()).ok()?);
+        i += 1 + n;
+    }
+    Some(out)
+}
+
+/// Connection to one core Redis (commit side).
+#[derive(Clone)]
+pub struct CoreStore {
+    conn: ConnectionManager,
+    url: String,
+}
+
+fn offset_of_id(id: &str) -> Option<u64> {
+    id.strip_suffix("-0")?.parse().ok()
+}
+
+fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
+    let bad = |detail: String| Error::BadRecord {
+        shard,
+        offset: 0,
+        detail,
+    };
+    let Value::Array(entries) = v else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let Value::Array(pair) = e else {
+            return Err(bad(format!("{e:?}")));
+        };
+        let [Value::BulkString(id), Value::Array(kv)] = pair.as_slice() else {
+            return Err(bad(format!("{pair:?}")));
+        };
+        let id = String::from_utf8_lossy(id);
+        let offset = offset_of_id(&id).ok_or_else(|| bad(format!("stream id {id}")))?;
+        let mut fields: HashMap<&[u8], &[u8]> = HashMap::with_capacity(6);
+        for f in kv.chunks(2) {
+            if let [Value::BulkString(k), Value::BulkString(v)] = f {
+                fields.insert(k, v);
+            }
+        }
+        let rb = |detail: &str| Error::BadRecord {
+            shard,
+            offset,
+            detail: detail.to_string(),
+        };
+        let text = |k: &[u8]| -> Result<String> {
+            let v = fields.get(k).ok_or_else(|| rb("missing field"))?;
+            String::from_utf8(v.to_vec()).map_err(|_| rb("field is not UTF-8"))
+        };
+        let num = |k: &[u8]| -> Result<u64> {
+            text(k)?
+                .parse::<u64>()
+                .map_err(|_| rb("field is not a number"))
+        };
+        out.push(DispatchRecord {
+            offset,
+            prev: num(b"p")?,
+            sender: text(b"f")?,
+            client_id: text(b"c")?,
+            recipients: decode_recipients(fields.get(b"r".as_slice()).ok_or_else(|| rb("no r"))?)
+                .ok_or_else(|| rb("bad recipients"))?,
+            body: text(b"b")?,
+            sent_at_us: num(b"t")?,
+        });
+    }
+    Ok(out)
+}
+
+impl CoreStore {
+    /// Connects to a core Redis and loads the commit script.
+    pub async fn connect(url: &str) -> Result<CoreStore> {
+        let client = redis::Client::open(url)?;
+        let cfg = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(30)))
+            .set_connection_timeout(Some(Duration::from_secs(5)))
+            .set_number_of_retries(3);
+        let mut conn = ConnectionManager::new_with_config(client, cfg).await?;
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&COMMIT_DISPATCH.source)
+            .query_async(&mut conn)
+            .await?;
+        Ok(CoreStore {
+            conn,
+            url: url.to_string(),
+        })
+    }
+
+    /// The instance URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A clone of the connection, for plain commands.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    /// Commits one message to one shard (`commit_dispatch.lua`).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn commit(
+        &mut self,
+        shard: u32,
+        sender: &str,
+        client_id: &str,
+        recipients: &[&str],
+        body: &str,
+        sent_at_us: u64,
+        dedupe_ttl_s: u64,
+    ) -> Result<Committed> {
+        let mut dd = keys::dedupe_prefix(shard).into_bytes();
+        dd.extend_from_slice(sender.as_bytes());
+        dd.push(0);
+        dd.extend_from_slice(client_id.as_bytes());
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&COMMIT_DISPATCH.sha)
+            .arg(3)
+            .arg(keys::dlog(shard))
+            .arg(keys::head(shard))
+            .arg(dd)
+            .arg(sender)
+            .arg(client_id)
+            .arg(encode_recipients(recipients))
+            .arg(body)
+            .arg(sent_at_us)
+            .arg(dedupe_ttl_s.max(1));
+        let v: Value = match cmd.query_async(&mut self.conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(&COMMIT_DISPATCH.source)
+                    .query_async(&mut self.conn)
+                    .await?;
+                cmd.query_async(&mut self.conn).await?
+            }
+            other => other?,
+        };
+        match &v {
+            Value::Array(a) if a.len() == 2 => match (&a[0], &a[1]) {
+                (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => Ok(Committed {
+                    offset: *o as u64,
+                    duplicate: *s == 1,
+                }),
+                _ => Err(Error::UnexpectedReply {
+                    script: "commit_dispatch",
+                    detail: format!("{v:?}"),
+                }),
+            },
+            _ => Err(Error::UnexpectedReply {
+                script: "commit_dispatch",
+                detail: format!("{v:?}"),
+            }),
+        }
+    }
+
+    /// Records of `dlog:{s}` with offset > `after`, at most `count`, in order.
+    pub async fn read_after(
+        &mut self,
+        shard: u32,
+        after: u64,
+        count: usize,
+    ) -> Result<Vec<DispatchRecord>> {
+        let v: Value = redis::cmd("XRANGE")
+            .arg(keys::dlog(shard))
+            .arg(format!("({after}-0"))
+            .arg("+")
+            .arg("COUNT")
+            .arg(count)
+            .query_async(&mut self.conn)
+            .await?;
+        parse_entries(shard, &v)
+    }
+
+    /// Last offset assigned in the shard (0 when none).
+    pub async fn head(&mut self, shard: u32) -> Result<u64> {
+        let v: Option<u64> = redis::cmd("GET")
+            .arg(keys::head(shard))
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(v.unwrap_or(0))
+    }
+
+    /// Trims `dlog:{s}` to records above `upto` (they are fully materialised).
+    pub async fn trim(&mut self, shard: u32, upto: u64) -> Result<u64> {
+        let n: u64 = redis::cmd("XTRIM")
+            .arg(keys::dlog(shard))
+            .arg("MINID")
+            .arg(format!("{}-0", upto + 1))
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(n)
+    }
+
+    /// Number of records currently kept in `dlog:{s}`.
+    pub async fn log_len(&mut self, shard: u32) -> Result<u64> {
+        Ok(redis::cmd("XLEN")
+            .arg(keys::dlog(shard))
+            .query_async(&mut self.conn)
+            .await?)
+    }
+}
+
+/// Blocking reader of several shards' logs on one core Redis: its own connection, no
+/// response timeout (XREAD BLOCK would otherwise be cut off).
+pub struct LogReader {
+    conn: MultiplexedConnection,
+}
+
+impl LogReader {
+    /// Opens a dedicated connection for blocking reads.
+    pub async fn connect(url: &str) -> Result<LogReader> {
+        let client = redis::Client::open(url)?;
+        let cfg = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(None)
+            .set_connection_timeout(Some(Duration::from_secs(5)));
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&cfg)
+            .await?;
+        Ok(LogReader { conn })
+    }
+
+    /// `XREAD BLOCK block COUNT count STREAMS dlog:{s}… after…`: records after each shard's
+    /// position, per shard in log order. Empty when nothing arrived within `block`.
+    pub async fn read(
+        &mut self,
+        positions: &[(u32, u64)],
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(count)
+            .arg("BLOCK")
+            .arg(block.as_millis() as u64)
+            .arg("STREAMS");
+        for (s, _) in positions {
+            cmd.arg(keys::dlog(*s));
+        }
+        for (_, after) in positions {
+            cmd.arg(format!("{after}-0"));
+        }
+        let v: Value = cmd.query_async(&mut self.conn).await?;
+        let mut out = Vec::new();
+        let streams: Vec<&Value> = match &v {
+            Value::Nil => return Ok(out),
+            Value::Array(a) => a.iter().collect(),
+            Value::Map(m) => {
+                // RESP3 shape: key => entries
+                for (k, entries) in m {
+                    let name = match k {
+                        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                        _ => continue,
+                    };
+                    if let Some(s) = shard_of_dlog_key(&name) {
+                        out.push((s, parse_entries(s, entries)?));
+                    }
+                }
+                return Ok(out);
+            }
+            _ => return Ok(out),
+        };
+        for st in streams {
+            if let Value::Array(pair) = st {
+                if let [Value::BulkString(k), entries] = pair.as_slice() {
+                    if let Some(s) = shard_of_dlog_key(&String::from_utf8_lossy(k)) {
+                        out.push((s, parse_entries(s, entries)?));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn shard_of_dlog_key(k: &str) -> Option<u32> {
+    k.strip_prefix("dlog:{")?.strip_suffix('}')?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recipients_round_trip() {
+        let rs = ["a", "bob", "ü"];
+        assert_eq!(
+            decode_recipients(&encode_recipients(&rs)).unwrap(),
+            rs.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+        );
+        assert!(decode_recipients(&[3, b'a']).is_none());
+        assert!(decode_recipients(&[0]).is_none());
+    }
+}

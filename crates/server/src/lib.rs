@@ -2,4 +2,6 @@
 //! that clients talk to, and the code that runs them together (`tidemark serve`, `tidemark up`).
 
 pub mod config;
+pub mod gateway;
 pub mod materializer;
+pub mod telemetry;

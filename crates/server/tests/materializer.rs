@@ -1,0 +1,348 @@
+//! The materializer against real core and mailbox redis-servers: log order, exactly once,
+//! held lanes and convergence, fencing, GC, resume after restart.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use tidemark_protocol::entry::decode_entry;
+use tidemark_redis_proc::RedisProcess;
+use tidemark_server::materializer::{
+    ChunkFault, HealthBoard, MaterializerOptions, ShardStatus, Worker,
+};
+use tidemark_store::keys;
+use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::store::Store;
+use tidemark_store::redis::watermark::Layout;
+use tidemark_store::routing::route;
+use tokio_util::sync::CancellationToken;
+
+const SHARDS: u32 = 4;
+
+struct Env {
+    core: RedisProcess,
+    _mailbox: RedisProcess,
+    core_store: CoreStore,
+    mb_store: Store,
+}
+
+async fn env() -> Env {
+    let core = RedisProcess::start().unwrap();
+    let mailbox = RedisProcess::start().unwrap();
+    let core_store = CoreStore::connect(&core.url()).await.unwrap();
+    let mut mb_store = Store::connect(&mailbox.url(), Layout::PackedV2).await.unwrap();
+    for s in 0..SHARDS {
+        mb_store
+            .init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    Env {
+        core,
+        _mailbox: mailbox,
+        core_store,
+        mb_store,
+    }
+}
+
+fn fast_opts() -> MaterializerOptions {
+    MaterializerOptions {
+        block: Duration::from_millis(50),
+        gc_interval: Duration::from_millis(100),
+        ..Default::default()
+    }
+}
+
+async fn start_worker(
+    e: &Env,
+    opts: MaterializerOptions,
+) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<HealthBoard>) {
+    let health = Arc::new(HealthBoard::default());
+    let shards: Vec<(u32, usize)> = (0..SHARDS).map(|s| (s, 0)).collect();
+    let w = Worker::start(
+        SHARDS,
+        &e.core.url(),
+        vec![e.mb_store.clone()],
+        &shards,
+        opts,
+        health.clone(),
+    )
+    .await
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    let h = tokio::spawn(async move {
+        w.run(c).await.unwrap();
+    });
+    (cancel, h, health)
+}
+
+/// Commits `to` from `from` per shard; returns offsets by shard.
+async fn send(e: &mut Env, from: &str, id: &str, to: &[&str], body: &str) -> BTreeMap<u32, u64> {
+    let mut by_shard: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for r in to {
+        by_shard.entry(route(r, SHARDS).shard).or_default().push(r);
+    }
+    let mut out = BTreeMap::new();
+    for (s, rs) in by_shard {
+        let c = e
+            .core_store
+            .commit(s, from, id, &rs, body, 1, DEFAULT_DEDUPE_TTL_S)
+            .await
+            .unwrap();
+        out.insert(s, c.offset);
+    }
+    out
+}
+
+async fn mailbox(e: &Env, user: &str) -> Vec<(u64, String)> {
+    let mut c = e.mb_store.connection();
+    let s = route(user, SHARDS).shard;
+    let v: Vec<(Vec<u8>, f64)> = c
+        .zrange_withscores(keys::mailbox(s, user), 0, -1)
+        .await
+        .unwrap();
+    v.into_iter()
+        .map(|(m, sc)| {
+            let en = decode_entry(&m).unwrap();
+            assert_eq!(en.seq, sc as u64);
+            (en.seq, en.body)
+        })
+        .collect()
+}
+
+async fn wait_until<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(start.elapsed() < Duration::from_secs(20), "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn min_w(e: &Env, s: u32) -> u64 {
+    let mut st = e.mb_store.clone();
+    st.read_watermark(s).await.unwrap().lanes.min_present_w().unwrap()
+}
+
+async fn all_caught_up(e: &Env) -> bool {
+    let mut core = e.core_store.clone();
+    for s in 0..SHARDS {
+        if min_w(e, s).await < core.head(s).await.unwrap() {
+            return false;
+        }
+    }
+    true
+}
+
+fn users(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("user-{i}")).collect()
+}
+
+#[tokio::test]
+async fn single_and_multi_recipient_exactly_once_in_log_order() {
+    let mut e = env().await;
+    let (cancel, h, _health) = start_worker(&e, fast_opts()).await;
+    let us = users(30);
+    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for i in 0..300usize {
+        let n = if i % 3 == 0 { 1 + i % 17 } else { 1 };
+        let to: Vec<&str> = (0..n).map(|k| us[(i * 7 + k * 3) % us.len()].as_str()).collect();
+        let mut to = to;
+        to.sort();
+        to.dedup();
+        let offs = send(&mut e, "sender", &format!("m{i}"), &to, &format!("body {i}")).await;
+        for r in &to {
+            expected
+                .entry(r.to_string())
+                .or_default()
+                .push(offs[&route(r, SHARDS).shard]);
+        }
+    }
+    wait_until("caught up", || all_caught_up(&e)).await;
+    for (u, seqs) in &expected {
+        let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
+        assert_eq!(&got, seqs, "mailbox of {u}: every message once, in log order");
+    }
+    // uniform again: 19 bytes
+    let mut c = e.mb_store.connection();
+    for s in 0..SHARDS {
+        let b: Vec<u8> = c.hget(keys::wm(s), "wm_blob").await.unwrap();
+        assert_eq!(b.len(), 19, "shard {s}");
+    }
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+struct FailLaneOnce {
+    lane: usize,
+    shard: u32,
+    fails: u32,
+    seen: AtomicU32,
+}
+
+impl ChunkFault for FailLaneOnce {
+    fn fail(&self, shard: u32, _offset: u64, lane: usize, attempt: u32) -> bool {
+        if shard == self.shard && lane == self.lane && attempt < self.fails {
+            self.seen.fetch_add(1, Ordering::SeqCst);
+            return true;
+        }
+        false
+    }
+}
+
+#[tokio::test]
+async fn failed_chunk_holds_only_its_lane_and_converges() {
+    let mut e = env().await;
+    // two recipients of shard 0 in different lanes
+    let us = users(400);
+    let in0: Vec<&String> = us.iter().filter(|u| route(u, SHARDS).shard == 0).collect();
+    let a = in0[0];
+    let b = in0
+        .iter()
+        .find(|u| route(u, SHARDS).lane != route(a, SHARDS).lane)
+        .unwrap();
+    let held_lane = route(a, SHARDS).lane;
+    let fault = Arc::new(FailLaneOnce {
+        lane: held_lane,
+        shard: 0,
+        fails: 1_000_000, // until we lift it below
+        seen: AtomicU32::new(0),
+    });
+    // a fault whose failures we can end: wrap in a switch
+    struct Switch(Arc<FailLaneOnce>, Arc<std::sync::atomic::AtomicBool>);
+    impl ChunkFault for Switch {
+        fn fail(&self, s: u32, o: u64, l: usize, at: u32) -> bool {
+            self.1.load(Ordering::SeqCst) && self.0.fail(s, o, l, at)
+        }
+    }
+    let on = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let opts = MaterializerOptions {
+        fault: Some(Arc::new(Switch(fault.clone(), on.clone()))),
+        ..fast_opts()
+    };
+    let (cancel, h, _health) = start_worker(&e, opts).await;
+    let offs = send(&mut e, "s", "x1", &[a.as_str(), b.as_str()], "both").await;
+    let o = offs[&0];
+    // b's lane moves, a's lane is held: the blob diverges
+    wait_until("b delivered", || async { !mailbox(&e, b).await.is_empty() }).await;
+    wait_until("lane of b at o", || async {
+        let mut st = e.mb_store.clone();
+        let wm = st.read_watermark(0).await.unwrap();
+        wm.lanes.lane(route(b, SHARDS).lane).w >= o
+    })
+    .await;
+    let mut st = e.mb_store.clone();
+    let wm = st.read_watermark(0).await.unwrap();
+    assert_eq!(wm.blob_len, 1216);
+    assert!(wm.lanes.lane(held_lane).w < o, "held lane stays below o");
+    assert!(mailbox(&e, a).await.is_empty(), "a's chunk never landed");
+    // a later single-recipient message to b still flows (chunked path while diverged)
+    let offs2 = send(&mut e, "s", "x2", &[b.as_str()], "later").await;
+    wait_until("b got later", || async { mailbox(&e, b).await.len() == 2 }).await;
+    assert!(fault.seen.load(Ordering::SeqCst) > 0);
+    // lift the fault: the retry lands, lanes meet, 19 bytes again
+    on.store(false, Ordering::SeqCst);
+    wait_until("converged", || async {
+        let mut st = e.mb_store.clone();
+        let wm = st.read_watermark(0).await.unwrap();
+        wm.blob_len == 19 && wm.lanes.min_present_w() == Some(offs2[&0])
+    })
+    .await;
+    assert_eq!(mailbox(&e, a).await, vec![(o, "both".to_string())]);
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+#[tokio::test]
+async fn older_owner_is_fenced_and_writes_nothing() {
+    let mut e = env().await;
+    let (c1, h1, health1) = start_worker(&e, fast_opts()).await;
+    send(&mut e, "s", "a1", &["zed"], "one").await;
+    wait_until("first delivered", || async { mailbox(&e, "zed").await.len() == 1 }).await;
+    // stop the first owner's reading without letting it know, by starting a second owner
+    let (c2, h2, _health2) = start_worker(&e, fast_opts()).await;
+    // first owner is now a zombie with the old epoch; new messages reach it too
+    send(&mut e, "s", "a2", &["zed"], "two").await;
+    wait_until("second delivered once", || async { mailbox(&e, "zed").await.len() == 2 })
+        .await;
+    let s = route("zed", SHARDS).shard;
+    wait_until("zombie fenced", || async {
+        matches!(
+            health1.snapshot().get(&s).map(|h| h.status.clone()),
+            Some(ShardStatus::Fenced { .. })
+        )
+    })
+    .await;
+    assert_eq!(
+        mailbox(&e, "zed")
+            .await
+            .into_iter()
+            .map(|(_, b)| b)
+            .collect::<Vec<_>>(),
+        vec!["one", "two"]
+    );
+    c1.cancel();
+    c2.cancel();
+    h1.await.unwrap();
+    h2.await.unwrap();
+}
+
+#[tokio::test]
+async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
+    let mut e = env().await;
+    let (cancel, h, _) = start_worker(&e, fast_opts()).await;
+    let us = users(20);
+    for i in 0..100 {
+        let to = [us[i % 20].as_str(), us[(i + 5) % 20].as_str()];
+        send(&mut e, "s", &format!("g{i}"), &to, "x").await;
+    }
+    wait_until("caught up", || all_caught_up(&e)).await;
+    // GC: staging and core log at or below W are gone
+    wait_until("gc done", || async {
+        let mut core = e.core_store.clone();
+        let mut c = e.mb_store.connection();
+        let mut ok = true;
+        for s in 0..SHARDS {
+            let n: u64 = c.zcard(keys::staging_index(s)).await.unwrap();
+            ok &= n == 0 && core.log_len(s).await.unwrap() == 0;
+        }
+        ok
+    })
+    .await;
+    cancel.cancel();
+    h.await.unwrap();
+    // while stopped, more messages are committed; a new owner resumes from W
+    for i in 100..150 {
+        send(&mut e, "s", &format!("g{i}"), &[us[i % 20].as_str()], "y").await;
+    }
+    let mut core = e.core_store.clone();
+    let lens: u64 = {
+        let mut t = 0;
+        for s in 0..SHARDS {
+            t += core.log_len(s).await.unwrap();
+        }
+        t
+    };
+    assert_eq!(lens, 50, "records above W are kept");
+    let (cancel, h, _) = start_worker(&e, fast_opts()).await;
+    wait_until("caught up after restart", || all_caught_up(&e)).await;
+    let mut total = 0;
+    for u in &us {
+        let m = mailbox(&e, u).await;
+        let seqs: Vec<u64> = m.iter().map(|x| x.0).collect();
+        let mut sorted = seqs.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(seqs, sorted, "in order, no duplicates");
+        total += m.len();
+    }
+    assert_eq!(total, 100 * 2 + 50);
+    cancel.cancel();
+    h.await.unwrap();
+}

@@ -3,7 +3,11 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use tidemark_server::config::Topology;
+use tidemark_server::gateway::GatewayOptions;
+use tidemark_server::run;
 use tidemark_store::ops;
+use tokio_util::sync::CancellationToken;
 use tidemark_store::redis::watermark::Layout;
 
 /// Exit status for a corrupt watermark (scripts rely on it).
@@ -29,6 +33,69 @@ enum Cmd {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Run Tidemark locally: starts its own redis-server processes, gateway and materializers.
+    Up(UpArgs),
+    /// Run the gateway and materializers against Redis instances started elsewhere.
+    Serve(ServeArgs),
+}
+
+#[derive(Args)]
+struct UpArgs {
+    /// Mailbox Redis instances.
+    #[arg(long, default_value_t = 1)]
+    mailbox: usize,
+    /// Core Redis instances.
+    #[arg(long, default_value_t = 1)]
+    core: usize,
+    /// Shards (fixed for a data dir).
+    #[arg(long, default_value_t = 64)]
+    shards: u32,
+    /// Gateway listen address.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    listen: std::net::SocketAddr,
+    /// Data directory (AOF files, deployment file, token secret).
+    #[arg(long, default_value = "./data")]
+    data_dir: std::path::PathBuf,
+    /// Accept `?user=NAME` without a token (development only).
+    #[arg(long)]
+    dev_auth: bool,
+    /// Watermark layout to write.
+    #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
+    layout: Layout,
+    /// appendfsync of every instance: always (default: nothing acknowledged is lost), everysec.
+    #[arg(long, default_value = "always")]
+    appendfsync: String,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// Core Redis URLs.
+    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
+    core: Vec<String>,
+    /// Mailbox Redis URLs.
+    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
+    mailbox: Vec<String>,
+    /// Shards.
+    #[arg(long, required_unless_present = "config")]
+    shards: Option<u32>,
+    /// TOML deployment file (shards, layout, instances, static shard tables).
+    #[arg(long, conflicts_with_all = ["core", "mailbox", "shards"])]
+    config: Option<std::path::PathBuf>,
+    /// Gateway listen address.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    listen: std::net::SocketAddr,
+    /// Accept `?user=NAME` without a token (development only).
+    #[arg(long)]
+    dev_auth: bool,
+    /// Watermark layout to write (without --config).
+    #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
+    layout: Layout,
+    /// File holding the token secret (else env TIDEMARK_TOKEN_SECRET).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+    /// Own only these shards (comma-separated); default all.
+    #[arg(long, value_delimiter = ',')]
+    own_shards: Option<Vec<u32>>,
 }
 
 #[derive(Subcommand)]
@@ -187,6 +254,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Err(e) => Ok(store_exit(&e)),
         },
+        Cmd::Up(a) => run_up(a).await,
+        Cmd::Serve(a) => run_serve(a).await,
         Cmd::Bench(BenchCmd::Lua(a)) => {
             let _ = a;
             anyhow::bail!("bench lua: not wired yet")
@@ -194,8 +263,125 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+fn shutdown_token() -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("stopping...");
+        c.cancel();
+    });
+    cancel
+}
+
+async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
+    if !tidemark_redis_proc::redis_server_available() {
+        eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
+        return Ok(ExitCode::FAILURE);
+    }
+    let secret = run::load_or_create_secret(&a.data_dir)?;
+    let cancel = shutdown_token();
+    let up = run::up(
+        run::UpOptions {
+            mailbox: a.mailbox,
+            core: a.core,
+            shards: a.shards,
+            layout: a.layout,
+            listen: a.listen,
+            data_dir: a.data_dir.clone(),
+            gateway: GatewayOptions {
+                dev_auth: a.dev_auth,
+                token_secret: Some(secret),
+                ..Default::default()
+            },
+            materializer: Default::default(),
+            appendfsync: a.appendfsync,
+        },
+        cancel,
+    )
+    .await?;
+    for line in up.endpoint_lines() {
+        println!("{line}");
+    }
+    println!(
+        "token secret in {}; mint a token with: tidemark token --user NAME --secret-file {}",
+        a.data_dir.join("token.secret").display(),
+        a.data_dir.join("token.secret").display()
+    );
+    println!("Ctrl-C stops Tidemark and its redis-servers.");
+    let run::Up {
+        core,
+        mailbox,
+        running,
+        ..
+    } = up;
+    let res = running.wait().await;
+    drop(core);
+    drop(mailbox);
+    res?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let topology = match &a.config {
+        Some(path) => Topology::from_file(path)?,
+        None => Topology::new(
+            a.shards.expect("clap requires --shards"),
+            a.layout,
+            a.core.clone(),
+            a.mailbox.clone(),
+        ),
+    };
+    let secret = match &a.secret_file {
+        Some(p) => Some(std::fs::read_to_string(p)?.trim_end().as_bytes().to_vec()),
+        None => std::env::var("TIDEMARK_TOKEN_SECRET")
+            .ok()
+            .map(|s| s.into_bytes()),
+    };
+    if secret.is_none() && !a.dev_auth {
+        anyhow::bail!("no token secret: give --secret-file or TIDEMARK_TOKEN_SECRET (or --dev-auth)");
+    }
+    let cancel = shutdown_token();
+    let running = run::serve(
+        run::ServeOptions {
+            topology: topology.clone(),
+            listen: a.listen,
+            gateway: GatewayOptions {
+                dev_auth: a.dev_auth,
+                token_secret: secret,
+                ..Default::default()
+            },
+            materializer: Default::default(),
+            owned_shards: a.own_shards,
+        },
+        cancel,
+    )
+    .await?;
+    println!("gateway  {}", running.ws_url());
+    for (i, u) in topology.core.iter().enumerate() {
+        println!("core     {i} {u}");
+    }
+    for (i, u) in topology.mailbox.iter().enumerate() {
+        println!("mailbox  {i} {u}");
+    }
+    running.wait().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,tidemark_server=info,tidemark_store=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(code) => code,

@@ -4,4 +4,5 @@
 pub mod config;
 pub mod gateway;
 pub mod materializer;
+pub mod run;
 pub mod telemetry;

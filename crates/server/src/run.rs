@@ -1,0 +1,339 @@
+//! Running Tidemark: [`serve`] runs the gateway and the materializers against Redis
+//! instances it did not start; [`up`] starts its own redis-server processes (AOF on, data under
+//! a directory), then serves. Both stop cleanly on cancellation and join every task.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tidemark_redis_proc::{RedisOptions, RedisProcess};
+use tidemark_store::redis::store::Store;
+use tidemark_store::redis::watermark::Layout;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{ConfigError, Topology};
+use crate::gateway::{self, GatewayError, GatewayOptions};
+use crate::materializer::{self, HealthBoard, MaterializerOptions, Worker};
+
+/// Errors of running the service.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Storage failure.
+    #[error(transparent)]
+    Store(#[from] tidemark_store::Error),
+    /// Materializer failure.
+    #[error(transparent)]
+    Materializer(#[from] materializer::Error),
+    /// Gateway failure.
+    #[error(transparent)]
+    Gateway(#[from] GatewayError),
+    /// redis-server could not be started.
+    #[error(transparent)]
+    Redis(#[from] tidemark_redis_proc::Error),
+    /// Files, sockets.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// Stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Config(_) => "config",
+            Error::Store(e) => e.code(),
+            Error::Materializer(e) => e.code(),
+            Error::Gateway(_) => "gateway",
+            Error::Redis(e) => e.code(),
+            Error::Io(_) => "io",
+        }
+    }
+}
+
+/// What `serve` runs.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// Instances and tables.
+    pub topology: Topology,
+    /// Gateway listen address.
+    pub listen: SocketAddr,
+    /// Gateway settings.
+    pub gateway: GatewayOptions,
+    /// Materializer settings.
+    pub materializer: MaterializerOptions,
+    /// Shards this process owns (None: all). Each shard must have exactly one owner.
+    pub owned_shards: Option<Vec<u32>>,
+}
+
+/// A running service: its address and its health board.
+pub struct Running {
+    /// The gateway's bound address.
+    pub addr: SocketAddr,
+    /// Shard health, shared with `/healthz`.
+    pub health: Arc<HealthBoard>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+    errors: tokio::sync::mpsc::UnboundedReceiver<Error>,
+}
+
+impl Running {
+    /// The WebSocket URL of the gateway.
+    pub fn ws_url(&self) -> String {
+        format!("ws://{}/v1/ws", self.addr)
+    }
+
+    /// Waits until `cancel` fires (or a task fails), then stops and joins every task.
+    pub async fn wait(mut self) -> Result<(), Error> {
+        let first = tokio::select! {
+            _ = self.cancel.cancelled() => None,
+            e = self.errors.recv() => e,
+        };
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops and joins every task.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        self.cancel.cancel();
+        self.wait().await
+    }
+}
+
+/// Initialises the watermark of every shard that has none (never overwrites one).
+pub async fn init_missing(topology: &Topology) -> Result<u32, Error> {
+    let table = topology.mailbox_table();
+    let mut created = 0;
+    for (i, url) in topology.mailbox.iter().enumerate() {
+        let mut store = Store::connect(url, topology.layout).await?;
+        for s in (0..topology.shards).filter(|&s| table[s as usize] == i) {
+            match store.init_watermark(s, topology.layout, 1, 0, false).await {
+                Ok(()) => created += 1,
+                Err(tidemark_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// Starts the materializers and the gateway. Returns once the gateway is listening.
+pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Running, Error> {
+    let t = &opts.topology;
+    t.validate()?;
+    init_missing(t).await?;
+    let health = Arc::new(HealthBoard::default());
+    let mut mailboxes = Vec::new();
+    for url in &t.mailbox {
+        mailboxes.push(Store::connect(url, t.layout).await?);
+    }
+    let core_table = t.core_table();
+    let mb_table = t.mailbox_table();
+    let owned: Vec<u32> = opts
+        .owned_shards
+        .clone()
+        .unwrap_or_else(|| (0..t.shards).collect());
+    let tracker = TaskTracker::new();
+    let (err_tx, errors) = tokio::sync::mpsc::unbounded_channel();
+    for (ci, core_url) in t.core.iter().enumerate() {
+        let shards: Vec<(u32, usize)> = owned
+            .iter()
+            .filter(|&&s| core_table[s as usize] == ci)
+            .map(|&s| (s, mb_table[s as usize]))
+            .collect();
+        if shards.is_empty() {
+            continue;
+        }
+        let worker = Worker::start(
+            t.shards,
+            core_url,
+            mailboxes.clone(),
+            &shards,
+            opts.materializer.clone(),
+            health.clone(),
+        )
+        .await?;
+        let (c, tx) = (cancel.clone(), err_tx.clone());
+        tracker.spawn(async move {
+            if let Err(e) = worker.run(c).await {
+                let _ = tx.send(e.into());
+            }
+        });
+    }
+    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
+    let addr = listener.local_addr()?;
+    let (c, tx, h, topo, gw) = (
+        cancel.clone(),
+        err_tx.clone(),
+        health.clone(),
+        t.clone(),
+        opts.gateway.clone(),
+    );
+    tracker.spawn(async move {
+        if let Err(e) = gateway::serve(listener, topo, gw, h, c).await {
+            let _ = tx.send(e.into());
+        }
+    });
+    Ok(Running {
+        addr,
+        health,
+        tracker,
+        cancel,
+        errors,
+    })
+}
+
+/// What `up` starts.
+#[derive(Clone)]
+pub struct UpOptions {
+    /// Mailbox Redis instances.
+    pub mailbox: usize,
+    /// Core Redis instances.
+    pub core: usize,
+    /// Shards (fixed at creation; a later `up` on the same data dir must agree).
+    pub shards: u32,
+    /// Watermark layout written.
+    pub layout: Layout,
+    /// Gateway listen address.
+    pub listen: SocketAddr,
+    /// Where Redis data (AOF) and the deployment file live.
+    pub data_dir: PathBuf,
+    /// Gateway settings (dev auth, token secret…).
+    pub gateway: GatewayOptions,
+    /// Materializer settings.
+    pub materializer: MaterializerOptions,
+    /// `appendfsync` of every instance (`always`: nothing acknowledged is lost on a crash).
+    pub appendfsync: String,
+}
+
+/// A local deployment: its redis-server processes (killed with it) and the running service.
+pub struct Up {
+    /// The core instances.
+    pub core: Vec<RedisProcess>,
+    /// The mailbox instances.
+    pub mailbox: Vec<RedisProcess>,
+    /// The service.
+    pub running: Running,
+    /// The topology in use.
+    pub topology: Topology,
+}
+
+impl Up {
+    /// One line per endpoint: the gateway URL, then every Redis instance.
+    pub fn endpoint_lines(&self) -> Vec<String> {
+        let mut v = vec![format!("gateway  {}", self.running.ws_url())];
+        for (i, p) in self.core.iter().enumerate() {
+            v.push(format!("core     {i} {}", p.url()));
+        }
+        for (i, p) in self.mailbox.iter().enumerate() {
+            v.push(format!("mailbox  {i} {}", p.url()));
+        }
+        v
+    }
+}
+
+/// The deployment file in a data dir: shards and instance counts are fixed at creation.
+#[derive(serde::Serialize, serde::Deserialize, PartialEq, Eq, Debug)]
+struct Deployment {
+    shards: u32,
+    core: usize,
+    mailbox: usize,
+    layout: Layout,
+}
+
+fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
+    let path = dir.join("deployment.toml");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let have: Deployment = toml::from_str(&text).map_err(ConfigError::from)?;
+        if have.shards != want.shards || have.core != want.core || have.mailbox != want.mailbox {
+            return Err(ConfigError::Invalid(format!(
+                "{} was created with --shards {} --core {} --mailbox {}; shards and instance \
+                 counts are fixed for a data dir (use another --data-dir)",
+                dir.display(),
+                have.shards,
+                have.core,
+                have.mailbox
+            ))
+            .into());
+        }
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let text = toml::to_string(want).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    std::fs::write(path, text)?;
+    Ok(())
+}
+
+/// Starts `core + mailbox` redis-server processes under `data_dir`, initialises the shards
+/// and serves. Must be called from the thread that will outlive the processes (the
+/// parent-death signal is bound to the spawning thread): call it from `main`'s `block_on`.
+pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error> {
+    check_deployment(
+        &opts.data_dir,
+        &Deployment {
+            shards: opts.shards,
+            core: opts.core,
+            mailbox: opts.mailbox,
+            layout: opts.layout,
+        },
+    )?;
+    let start = |name: String| {
+        RedisProcess::start_with(RedisOptions {
+            data_dir: Some(opts.data_dir.join(name)),
+            appendonly: true,
+            appendfsync: opts.appendfsync.clone(),
+            ..Default::default()
+        })
+    };
+    let core: Vec<RedisProcess> = (0..opts.core)
+        .map(|i| start(format!("core-{i}")))
+        .collect::<Result<_, _>>()?;
+    let mailbox: Vec<RedisProcess> = (0..opts.mailbox)
+        .map(|i| start(format!("mailbox-{i}")))
+        .collect::<Result<_, _>>()?;
+    let topology = Topology::new(
+        opts.shards,
+        opts.layout,
+        core.iter().map(|p| p.url()).collect(),
+        mailbox.iter().map(|p| p.url()).collect(),
+    );
+    let running = serve(
+        ServeOptions {
+            topology: topology.clone(),
+            listen: opts.listen,
+            gateway: opts.gateway.clone(),
+            materializer: opts.materializer.clone(),
+            owned_shards: None,
+        },
+        cancel,
+    )
+    .await?;
+    Ok(Up {
+        core,
+        mailbox,
+        running,
+        topology,
+    })
+}
+
+/// Reads `<data_dir>/token.secret`, creating it (32 random bytes, hex) when missing.
+pub fn load_or_create_secret(data_dir: &Path) -> Result<Vec<u8>, Error> {
+    use std::io::Read;
+    let path = data_dir.join("token.secret");
+    if let Ok(s) = std::fs::read_to_string(&path) {
+        return Ok(s.trim_end().as_bytes().to_vec());
+    }
+    std::fs::create_dir_all(data_dir)?;
+    let mut raw = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::write(&path, &hex)?;
+    Ok(hex.into_bytes())
+}

@@ -565,3 +565,60 @@ mod tests {
         }
     }
 }
+
+/// Fuzzing support shared by the `cargo fuzz` target and the corpus replay test.
+#[doc(hidden)]
+pub mod fuzzing {
+    use super::*;
+
+    /// Turns arbitrary bytes into hash fields: byte 0 picks how many fields (0..=4), then each
+    /// field is `[name len u8][name][value len u16 BE][value]` (truncated input ends early).
+    /// A name byte of `0xF0 | i` stands for the real field name number `i`, so the fuzzer
+    /// reaches deep checks quickly.
+    pub fn fields_from_input(data: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let mut out = Vec::new();
+        let Some((&n, mut rest)) = data.split_first() else {
+            return out;
+        };
+        for _ in 0..(n % 5) {
+            let Some((&nl, r)) = rest.split_first() else {
+                break;
+            };
+            let nl = (nl as usize).min(r.len());
+            let (name, r) = r.split_at(nl);
+            let name = match name {
+                [b] if b & 0xF0 == 0xF0 => match b & 0x0F {
+                    0 => FIELD_LAYOUT.as_bytes().to_vec(),
+                    1 => FIELD_EPOCH.as_bytes().to_vec(),
+                    _ => FIELD_BLOB.as_bytes().to_vec(),
+                },
+                other => other.to_vec(),
+            };
+            if r.len() < 2 {
+                out.push((name, Vec::new()));
+                break;
+            }
+            let vl = (u16::from_be_bytes([r[0], r[1]]) as usize).min(r.len() - 2);
+            out.push((name, r[2..2 + vl].to_vec()));
+            rest = &r[2 + vl..];
+        }
+        out
+    }
+
+    /// Decodes and checks the codec's invariants; panics when one breaks.
+    pub fn check(data: &[u8]) {
+        let fields = fields_from_input(data);
+        if let Ok(wm) = decode_lane_watermarks(&fields) {
+            let v2 = encode_packed_v2(&wm.lanes);
+            assert_eq!(v2.len() == LANE_BYTES, wm.lanes.is_uniform());
+            let again = decode_lane_watermarks(&[
+                (FIELD_LAYOUT.as_bytes(), Layout::PackedV2.as_str().as_bytes()),
+                (FIELD_EPOCH.as_bytes(), wm.epoch.to_string().as_bytes()),
+                (FIELD_BLOB.as_bytes(), v2.as_slice()),
+            ])
+            .expect("canonical re-encoding decodes");
+            assert_eq!(again.lanes, wm.lanes);
+            assert_eq!(encode_packed_v1(&wm.lanes).len(), FULL_BLOB_BYTES);
+        }
+    }
+}

@@ -1,0 +1,366 @@
+//! The library side of the `tidemark` CLI's client commands: tokens, secrets, one-shot send,
+//! tail, entry formatting and message ids.
+
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tidemark_protocol::Entry;
+
+use crate::client::{Auth, Client, Event, Offsets};
+use crate::dedup::SeqDedup;
+use crate::error::Error;
+
+/// How long [`send_once`] waits for the `send_ack`.
+pub const SEND_ONCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The environment variable holding the token secret, when no secret file is given.
+pub const SECRET_ENV_VAR: &str = "TIDEMARK_TOKEN_SECRET";
+
+fn now_since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// Signs a bearer token for `user`, valid for `ttl` from now (rounded up to whole seconds).
+///
+/// # Panics
+///
+/// If `user` is not a valid user id (1..=128 bytes), like
+/// [`tidemark_protocol::token::sign`]; check with [`tidemark_protocol::is_valid_user_id`]
+/// first when the name comes from a user.
+pub fn make_token(secret: &[u8], user: &str, ttl: Duration) -> String {
+    let ttl_secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    let exp = now_since_epoch().as_secs().saturating_add(ttl_secs);
+    tidemark_protocol::token::sign(secret, user, exp)
+}
+
+/// Reads the token secret: the contents of `secret_file` when given (an unreadable file is
+/// an error, no fallback), else the value of the environment variable `env_var` (normally
+/// [`SECRET_ENV_VAR`]). Trailing `\n`/`\r` are trimmed from either. A missing or empty secret
+/// is [`Error::NoSecret`].
+pub fn read_secret(secret_file: Option<&Path>, env_var: &str) -> Result<Vec<u8>, Error> {
+    let (mut secret, source) = match secret_file {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|source| Error::SecretFile {
+                path: path.to_owned(),
+                source,
+            })?;
+            (bytes, format!("secret file {}", path.display()))
+        }
+        None => match std::env::var_os(env_var) {
+            Some(v) => (v.into_encoded_bytes(), format!("${env_var}")),
+            None => {
+                return Err(Error::NoSecret(format!(
+                    "give a secret file or set the environment variable {env_var}"
+                )))
+            }
+        },
+    };
+    while matches!(secret.last(), Some(b'\n' | b'\r')) {
+        secret.pop();
+    }
+    if secret.is_empty() {
+        return Err(Error::NoSecret(format!("{source} is empty")));
+    }
+    Ok(secret)
+}
+
+/// A fresh client message id, `cli-<unix_ms>-<16 hex digits>`.
+///
+/// The hex part hashes the time in nanoseconds, the process id and a process-wide counter
+/// with std's randomly keyed SipHash, so ids differ across calls, processes and machines
+/// with overwhelming probability.
+pub fn new_message_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = now_since_epoch();
+    let mut h = RandomState::new().build_hasher();
+    h.write_u128(now.as_nanos());
+    h.write_u32(std::process::id());
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    format!("cli-{}-{:016x}", now.as_millis(), h.finish())
+}
+
+/// Connects, sends one message, waits for its `send_ack` ([`SEND_ONCE_TIMEOUT`]), closes,
+/// and returns the shard offsets. `id` defaults to [`new_message_id`]; pass one explicitly
+/// to be able to print it or retry with it (a retry after [`Error::retryable`] errors must
+/// reuse the id).
+pub async fn send_once(
+    ws_url: &str,
+    auth: &Auth,
+    to: Vec<String>,
+    body: String,
+    id: Option<String>,
+) -> Result<Offsets, Error> {
+    let id = id.unwrap_or_else(new_message_id);
+    let client = Client::connect(ws_url, auth).await?;
+    let result = client
+        .send_and_wait(&id, &to, &body, SEND_ONCE_TIMEOUT)
+        .await;
+    client.close().await;
+    result
+}
+
+/// Connects and streams the mailbox: every delivered entry is passed to `out` once (repeats
+/// are dropped with [`SeqDedup`]), in arrival order. With `after`, sends `sync` first so
+/// entries above `after` are delivered again (even below `ready.after`); with `ack`, acks
+/// each entry's seq after `out` returns. Returns `Ok(())` when the connection closes, or
+/// [`Error::Server`] if the server rejects one of its frames.
+pub async fn tail(
+    ws_url: &str,
+    auth: &Auth,
+    after: Option<u64>,
+    ack: bool,
+    mut out: impl FnMut(&Entry),
+) -> Result<(), Error> {
+    let mut client = Client::connect(ws_url, auth).await?;
+    let mut dedup = match after {
+        Some(after) => {
+            client.sync(after).await?;
+            SeqDedup::new(after)
+        }
+        None => SeqDedup::new(client.ready_after()),
+    };
+    while let Some(event) = client.next_event().await {
+        match event {
+            Event::Deliver(entry) => {
+                if !dedup.admit(entry.seq) {
+                    continue;
+                }
+                out(&entry);
+                if ack {
+                    // A failed ack means the connection is gone: the loop ends with Closed.
+                    let _ = client.ack(entry.seq).await;
+                }
+            }
+            Event::Error { code, message, .. } => {
+                client.close().await;
+                return Err(Error::Server { code, message });
+            }
+            Event::SendAck { .. } => {}
+            Event::Closed => break,
+        }
+    }
+    Ok(())
+}
+
+/// One human-readable line for an entry: `#<seq> <UTC time> <from>: <body>`, e.g.
+/// `#3471 2025-11-30T08:00:00.000000Z alice: hi`. Control characters in `from` and `body`
+/// (newlines, tabs, escapes) are shown escaped (`\n`, `\u{1b}`) so the line stays one line.
+pub fn format_entry(e: &Entry) -> String {
+    format!(
+        "#{} {} {}: {}",
+        e.seq,
+        format_unix_us(e.sent_at_us),
+        one_line(&e.from),
+        one_line(&e.body)
+    )
+}
+
+/// Unix microseconds as `YYYY-MM-DDTHH:MM:SS.ffffffZ` (UTC, proleptic Gregorian).
+pub fn format_unix_us(us: u64) -> String {
+    const US_PER_DAY: u64 = 86_400_000_000;
+    let days = us / US_PER_DAY;
+    let in_day = us % US_PER_DAY;
+    let (y, m, d) = civil_from_days(days);
+    let secs = in_day / 1_000_000;
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:06}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60,
+        in_day % 1_000_000
+    )
+}
+
+/// Year, month (1..=12), day (1..=31) of the day `days` after 1970-01-01. Howard Hinnant's
+/// `civil_from_days`, for non-negative day counts only.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Shift the epoch to 0000-03-01 so leap days fall at the end of a year.
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097; // day of era, 0..=146096
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365; // 0..=399
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100); // 0..=365, from March 1
+    let mp = (5 * doy + 2) / 153; // 0..=11, March = 0
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + u64::from(m <= 2);
+    (y, m, d)
+}
+
+fn one_line(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tidemark_protocol::token::verify;
+
+    fn entry(seq: u64, sent_at_us: u64, from: &str, body: &str) -> Entry {
+        Entry {
+            seq,
+            from: from.into(),
+            body: body.into(),
+            sent_at_us,
+        }
+    }
+
+    #[test]
+    fn format_entry_line() {
+        assert_eq!(
+            format_entry(&entry(3471, 1_764_489_600_000_000, "alice", "hi")),
+            "#3471 2025-11-30T08:00:00.000000Z alice: hi"
+        );
+        assert_eq!(
+            format_entry(&entry(
+                1,
+                1_764_489_600_123_456,
+                "bob",
+                "two\nlines\tand \u{1b}[31m"
+            )),
+            "#1 2025-11-30T08:00:00.123456Z bob: two\\nlines\\tand \\u{1b}[31m"
+        );
+        assert_eq!(
+            format_entry(&entry(0, 0, "Ünï", "")),
+            "#0 1970-01-01T00:00:00.000000Z Ünï: "
+        );
+    }
+
+    #[test]
+    fn time_formatting_edges() {
+        let day = 86_400_000_000u64;
+        for (us, want) in [
+            (0, "1970-01-01T00:00:00.000000Z"),
+            (day - 1, "1970-01-01T23:59:59.999999Z"),
+            (951_782_400_000_000, "2000-02-29T00:00:00.000000Z"), // leap day, /400 year
+            (951_868_800_000_000, "2000-03-01T00:00:00.000000Z"),
+            (4_107_456_000_000_000, "2100-02-28T00:00:00.000000Z"), // 2100 is not leap
+            (4_107_542_400_000_000, "2100-03-01T00:00:00.000000Z"),
+            (1_709_251_199_000_000, "2024-02-29T23:59:59.000000Z"),
+            (1_735_689_599_999_999, "2024-12-31T23:59:59.999999Z"),
+            (1_735_689_600_000_000, "2025-01-01T00:00:00.000000Z"),
+            (253_402_300_799_000_000, "9999-12-31T23:59:59.000000Z"),
+        ] {
+            assert_eq!(format_unix_us(us), want, "{us}");
+        }
+        // Never panics, even far beyond year 9999.
+        assert!(format_unix_us(u64::MAX).ends_with('Z'));
+    }
+
+    #[test]
+    fn civil_from_days_matches_a_day_by_day_walk() {
+        let (mut y, mut m, mut d) = (1970u64, 1u64, 1u64);
+        for days in 0..200_000u64 {
+            assert_eq!(civil_from_days(days), (y, m, d), "day {days}");
+            let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+            let len = match m {
+                2 if leap => 29,
+                2 => 28,
+                4 | 6 | 9 | 11 => 30,
+                _ => 31,
+            };
+            d += 1;
+            if d > len {
+                d = 1;
+                m += 1;
+                if m > 12 {
+                    m = 1;
+                    y += 1;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn make_token_verifies() {
+        let secret = b"client test secret";
+        let now = now_since_epoch().as_secs();
+        let t = make_token(secret, "alice", Duration::from_secs(3600));
+        let claims = verify(secret, &t, now).unwrap();
+        assert_eq!(claims.user, "alice");
+        assert!((now + 3600..=now + 3602).contains(&claims.expires_at_unix));
+        // Expired once the ttl has passed; wrong secret never verifies.
+        assert_eq!(
+            verify(secret, &t, claims.expires_at_unix)
+                .unwrap_err()
+                .code(),
+            "token_expired"
+        );
+        assert_eq!(
+            verify(b"other", &t, now).unwrap_err().code(),
+            "token_bad_signature"
+        );
+        // A sub-second ttl rounds up: still valid right now.
+        let t = make_token(secret, "bob", Duration::from_millis(1));
+        assert!(verify(secret, &t, now).is_ok());
+    }
+
+    #[test]
+    #[should_panic(expected = "token user")]
+    fn make_token_refuses_empty_user() {
+        make_token(b"s", "", Duration::from_secs(1));
+    }
+
+    #[test]
+    fn read_secret_sources() {
+        let dir = std::env::temp_dir().join(format!("tidemark-client-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("secret");
+        std::fs::write(&file, b"s3cret \n\r\n").unwrap();
+        // Unique variable names: tests run in parallel threads.
+        let var = "TIDEMARK_CLIENT_TEST_SECRET_A";
+        std::env::set_var(var, "from-env\n");
+        assert_eq!(read_secret(Some(&file), var).unwrap(), b"s3cret ");
+        assert_eq!(read_secret(None, var).unwrap(), b"from-env");
+
+        let missing = dir.join("missing");
+        let e = read_secret(Some(&missing), var).unwrap_err();
+        assert_eq!(e.code(), "secret_file");
+        assert!(e.to_string().contains("missing"), "{e}");
+
+        let e = read_secret(None, "TIDEMARK_CLIENT_TEST_SECRET_UNSET").unwrap_err();
+        assert_eq!(e.code(), "no_secret");
+        assert!(
+            e.to_string().contains("TIDEMARK_CLIENT_TEST_SECRET_UNSET"),
+            "{e}"
+        );
+
+        std::fs::write(&file, b"\n").unwrap();
+        assert_eq!(
+            read_secret(Some(&file), var).unwrap_err().code(),
+            "no_secret"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn message_ids_are_fresh() {
+        let ids: std::collections::HashSet<String> = (0..1000).map(|_| new_message_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        for id in &ids {
+            let parts: Vec<&str> = id.split('-').collect();
+            assert_eq!(parts.len(), 3, "{id}");
+            assert_eq!(parts[0], "cli");
+            assert!(parts[1].parse::<u64>().unwrap() > 1_700_000_000_000);
+            assert_eq!(parts[2].len(), 16);
+            assert!(parts[2].chars().all(|c| c.is_ascii_hexdigit()));
+            assert!(id.len() <= 128);
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! The crate's one error type.
+
+use std::path::PathBuf;
+
+use tokio_tungstenite::tungstenite;
+
+/// Every error this crate returns.
+///
+/// Each variant has a stable [`code`](Error::code) for logs, metrics and exit messages. For
+/// [`Error::Server`] and [`Error::Rejected`] the code is the server's own protocol error code
+/// (`unauthorized`, `overloaded`, …; see `docs/protocol.md`), so a caller can decide whether
+/// to retry with [`Error::retryable`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The WebSocket URL could not be parsed or turned into an upgrade request. Code
+    /// `invalid_url`.
+    #[error("invalid WebSocket URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL as given.
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The TCP connection or the WebSocket handshake failed (no HTTP answer to judge). Code
+    /// `connect_failed`.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        /// The URL connected to (without credentials in the query).
+        url: String,
+        /// The underlying error.
+        #[source]
+        source: tungstenite::Error,
+    },
+    /// The server answered the upgrade request with an HTTP error (e.g. 401). Code: the
+    /// server's error code from the body when there is one, else `upgrade_rejected`.
+    #[error("WebSocket upgrade refused with HTTP {status}: {code}: {message}")]
+    Rejected {
+        /// The HTTP status.
+        status: u16,
+        /// The protocol error code from the body (`{"error":{"code":…}}`), or
+        /// `upgrade_rejected` when the body has none.
+        code: String,
+        /// The server's message, or the raw body.
+        message: String,
+    },
+    /// The server answered with an `error` frame (for [`send_and_wait`](crate::Client::send_and_wait):
+    /// one carrying the send's id; while connecting: instead of `ready`). Code: the server's
+    /// code, e.g. `bad_recipient`.
+    #[error("server error {code}: {message}")]
+    Server {
+        /// The stable protocol error code.
+        code: String,
+        /// The server's human-readable message.
+        message: String,
+    },
+    /// Waiting for `ready` or for a `send_ack` took longer than allowed. Code `timeout`.
+    /// For a send, the message may or may not be committed: retry with the same id.
+    #[error("timed out after {0:?} waiting for {1}")]
+    Timeout(std::time::Duration, &'static str),
+    /// The connection is closed (by either side, or it failed) before the operation could
+    /// complete. Code `closed`. For a send, retry with the same id on a new connection.
+    #[error("connection closed")]
+    Closed,
+    /// The server broke the protocol (e.g. its first frame was not `ready`). Code `protocol`.
+    #[error("protocol violation by the server: {0}")]
+    Protocol(String),
+    /// [`send_and_wait`](crate::Client::send_and_wait) was called with an id that already has
+    /// a waiter on this connection. Code `id_in_flight`.
+    #[error("a send with id {0:?} is already waiting for its ack on this connection")]
+    IdInFlight(String),
+    /// The token secret file could not be read. Code `secret_file`.
+    #[error("cannot read token secret file {path}: {source}")]
+    SecretFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No token secret was found, or it is empty. Code `no_secret`.
+    #[error("no token secret: {0}")]
+    NoSecret(String),
+}
+
+impl Error {
+    /// The stable code string, e.g. `"timeout"`, or the server's protocol code for
+    /// [`Error::Server`] and [`Error::Rejected`].
+    pub fn code(&self) -> &str {
+        match self {
+            Error::InvalidUrl { .. } => "invalid_url",
+            Error::Connect { .. } => "connect_failed",
+            Error::Rejected { code, .. } => code,
+            Error::Server { code, .. } => code,
+            Error::Timeout(..) => "timeout",
+            Error::Closed => "closed",
+            Error::Protocol(_) => "protocol",
+            Error::IdInFlight(_) => "id_in_flight",
+            Error::SecretFile { .. } => "secret_file",
+            Error::NoSecret(_) => "no_secret",
+        }
+    }
+
+    /// Whether the same request may be tried again unchanged (a send with the **same id**),
+    /// after a backoff: a server code the protocol marks retryable (`overloaded`,
+    /// `rate_limited`, `internal`), a timeout, a closed connection or a failed connect.
+    pub fn retryable(&self) -> bool {
+        match self {
+            Error::Server { code, .. } | Error::Rejected { code, .. } => code
+                .parse::<tidemark_protocol::ErrorCode>()
+                .is_ok_and(|c| c.retryable()),
+            Error::Timeout(..) | Error::Closed | Error::Connect { .. } => true,
+            _ => false,
+        }
+    }
+}

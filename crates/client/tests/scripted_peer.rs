@@ -1,0 +1,795 @@
+//! The client against a scripted peer: a tiny in-test WebSocket server (tokio-tungstenite
+//! `accept_hdr_async` on 127.0.0.1:0) that plays the server side of protocol v1 frame by
+//! frame. It is a protocol fixture, not a stand-in for the real gateway (tested elsewhere):
+//! each test scripts exactly the frames it needs and checks what the client sent.
+
+// tungstenite's handshake `Callback` fixes the closure's error type (an HTTP response).
+#![allow(clippy::result_large_err)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use futures::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tidemark_client::{
+    make_token, send_once, tail, Auth, Client, Entry, Error, Event, BAD_SERVER_FRAME,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::StatusCode;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{accept_hdr_async, WebSocketStream};
+
+type PeerWs = WebSocketStream<TcpStream>;
+
+/// What the peer saw of the upgrade request.
+#[derive(Debug, Clone)]
+struct Seen {
+    uri: String,
+    authorization: Option<String>,
+}
+
+/// Listens on 127.0.0.1:0, accepts one WebSocket connection and runs `script` on it.
+/// Returns the `ws://…/v1/ws` URL and the script's task.
+async fn peer<T, F, Fut>(script: F) -> (String, JoinHandle<T>)
+where
+    F: FnOnce(PeerWs, Seen) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/v1/ws", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let mut seen = None;
+        let ws = accept_hdr_async(tcp, |req: &Request, resp: Response| {
+            seen = Some(Seen {
+                uri: req.uri().to_string(),
+                authorization: req
+                    .headers()
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_owned()),
+            });
+            Ok(resp)
+        })
+        .await
+        .unwrap();
+        script(ws, seen.unwrap()).await
+    });
+    (url, task)
+}
+
+/// The next text frame as JSON; `None` once the client closed the connection.
+async fn recv(ws: &mut PeerWs) -> Option<Value> {
+    recv_raw(ws)
+        .await
+        .map(|m| serde_json::from_str(m.to_text().unwrap()).unwrap())
+}
+
+/// The next text or binary frame as sent; `None` once the client closed the connection.
+async fn recv_raw(ws: &mut PeerWs) -> Option<Message> {
+    loop {
+        match ws.next().await {
+            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return None,
+            Some(Ok(m @ (Message::Text(_) | Message::Binary(_)))) => return Some(m),
+            Some(Ok(_)) => {}
+        }
+    }
+}
+
+async fn send(ws: &mut PeerWs, frame: Value) {
+    ws.send(Message::text(frame.to_string())).await.unwrap();
+}
+
+fn ready(user: &str, after: u64) -> Value {
+    json!({"type": "ready", "user": user, "after": after})
+}
+
+fn deliver(seq: u64, from: &str, body: &str) -> Value {
+    json!({"type": "deliver", "seq": seq, "from": from, "body": body, "sent_at_us": 1_764_489_600_000_000u64 + seq})
+}
+
+fn entry(seq: u64, from: &str, body: &str) -> Entry {
+    Entry {
+        seq,
+        from: from.into(),
+        body: body.into(),
+        sent_at_us: 1_764_489_600_000_000 + seq,
+    }
+}
+
+fn dev(user: &str) -> Auth {
+    Auth::DevUser(user.into())
+}
+
+fn to(users: &[&str]) -> Vec<String> {
+    users.iter().map(|u| u.to_string()).collect()
+}
+
+/// Bounds every test: a hang is a failure, not a stuck CI job.
+async fn within<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(20), f)
+        .await
+        .expect("test timed out")
+}
+
+const WAIT: Duration = Duration::from_secs(5);
+
+#[tokio::test]
+async fn token_goes_in_the_authorization_header() {
+    within(async {
+        let secret = b"scripted peer secret";
+        let token = make_token(secret, "alice", Duration::from_secs(60));
+        let (url, peer) = peer(|mut ws, seen| async move {
+            send(&mut ws, ready("alice", 3400)).await;
+            assert!(recv(&mut ws).await.is_none());
+            seen
+        })
+        .await;
+        let client = Client::connect(&url, &Auth::Token(token.clone()))
+            .await
+            .unwrap();
+        assert_eq!(client.user(), "alice");
+        assert_eq!(client.ready_after(), 3400);
+        client.close().await;
+
+        let seen = peer.await.unwrap();
+        assert_eq!(seen.uri, "/v1/ws");
+        assert_eq!(seen.authorization, Some(format!("Bearer {token}")));
+        let bearer = seen.authorization.unwrap();
+        let claims =
+            tidemark_protocol::token::verify(secret, bearer.strip_prefix("Bearer ").unwrap(), 1)
+                .unwrap();
+        assert_eq!(claims.user, "alice");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn dev_user_goes_in_the_query() {
+    within(async {
+        let (url, peer) = peer(|mut ws, seen| async move {
+            send(&mut ws, ready("bob smith", 0)).await;
+            recv(&mut ws).await;
+            seen
+        })
+        .await;
+        let client = Client::connect(&url, &dev("bob smith")).await.unwrap();
+        assert_eq!(client.user(), "bob smith");
+        assert_eq!(client.ready_after(), 0);
+        client.close().await;
+        let seen = peer.await.unwrap();
+        assert_eq!(seen.uri, "/v1/ws?user=bob+smith");
+        assert_eq!(seen.authorization, None);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn frames_are_sent_as_the_protocol_spells_them() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            let mut got = Vec::new();
+            while let Some(m) = recv_raw(&mut ws).await {
+                got.push(m);
+            }
+            got
+        })
+        .await;
+        let client = Client::connect(&url, &dev("alice")).await.unwrap();
+        client
+            .send("c-1", &to(&["bob", "carol"]), "hi \"there\"\n")
+            .await
+            .unwrap();
+        client.ack(3471).await.unwrap();
+        client.sync(3400).await.unwrap();
+        client.send_raw_text("{not json").await.unwrap();
+        client.send_raw_binary(vec![1, 2, 3]).await.unwrap();
+        client.close().await;
+
+        let got = peer.await.unwrap();
+        let texts: Vec<Value> = got[..3]
+            .iter()
+            .map(|m| serde_json::from_str(m.to_text().unwrap()).unwrap())
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                json!({"type":"send","id":"c-1","to":["bob","carol"],"body":"hi \"there\"\n"}),
+                json!({"type":"ack","seq":3471}),
+                json!({"type":"sync","after":3400}),
+            ]
+        );
+        assert_eq!(got[3], Message::text("{not json"));
+        assert_eq!(got[4], Message::binary(vec![1, 2, 3]));
+        assert_eq!(got.len(), 5);
+    })
+    .await
+}
+
+/// Many sends outstanding at once; the peer answers in reverse order with unrelated frames
+/// in between, and every waiter gets its own offsets.
+#[tokio::test]
+async fn send_and_wait_matches_acks_by_id_out_of_order() {
+    within(async {
+        const N: u64 = 16;
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            let mut sends = Vec::new();
+            for _ in 0..N {
+                let f = recv(&mut ws).await.unwrap();
+                assert_eq!(f["type"], "send");
+                sends.push(f);
+            }
+            for (i, f) in sends.iter().enumerate().rev() {
+                let id = f["id"].as_str().unwrap();
+                let n: u64 = id.strip_prefix("m-").unwrap().parse().unwrap();
+                assert_eq!(f["body"], format!("body {n}"));
+                send(
+                    &mut ws,
+                    json!({"type":"send_ack","id":id,"offsets":{(n % 3).to_string(): 100 + n, "7": n}}),
+                )
+                .await;
+                if i == 5 {
+                    send(&mut ws, deliver(42, "bob", "meanwhile")).await;
+                    send(&mut ws, json!({"type":"send_ack","id":"nobody-waits","offsets":{"1":1}})).await;
+                }
+            }
+            recv(&mut ws).await;
+        })
+        .await;
+        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let want = |n: u64| BTreeMap::from([((n % 3) as u32, 100 + n), (7, n)]);
+
+        // Half from spawned tasks through handles, half concurrently on the client itself.
+        let handle = client.handle();
+        let spawned: Vec<_> = (0..N / 2)
+            .map(|n| {
+                let h = handle.clone();
+                tokio::spawn(async move {
+                    h.send_and_wait(&format!("m-{n}"), &["bob".into()], &format!("body {n}"), WAIT)
+                        .await
+                })
+            })
+            .collect();
+        let recipients = to(&["bob"]);
+        let ids: Vec<(u64, String, String)> = (N / 2..N)
+            .map(|n| (n, format!("m-{n}"), format!("body {n}")))
+            .collect();
+        let local = join_all(
+            ids.iter()
+                .map(|(_, id, body)| client.send_and_wait(id, &recipients, body, WAIT)),
+        )
+        .await;
+        for (n, result) in (N / 2..N).zip(local) {
+            assert_eq!(result.unwrap(), want(n), "m-{n}");
+        }
+        for (n, task) in spawned.into_iter().enumerate() {
+            assert_eq!(task.await.unwrap().unwrap(), want(n as u64), "m-{n}");
+        }
+
+        // Only the frames no waiter took reach the event stream.
+        assert_eq!(
+            client.next_event().await,
+            Some(Event::Deliver(entry(42, "bob", "meanwhile")))
+        );
+        assert_eq!(
+            client.next_event().await,
+            Some(Event::SendAck {
+                id: "nobody-waits".into(),
+                offsets: BTreeMap::from([(1, 1)])
+            })
+        );
+        client.close().await;
+        peer.await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn error_frame_with_the_id_fails_that_send() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            let mut ids = [recv(&mut ws).await.unwrap(), recv(&mut ws).await.unwrap()]
+                .map(|f| f["id"].as_str().unwrap().to_owned());
+            ids.sort();
+            assert_eq!(ids, ["a", "b"]);
+            send(&mut ws, json!({"type":"error","code":"bad_json","message":"invalid JSON"})).await;
+            send(&mut ws, json!({"type":"error","code":"overloaded","message":"later","id":"b"})).await;
+            send(&mut ws, json!({"type":"error","code":"bad_recipient","message":"recipient #1 is a duplicate","id":"a"})).await;
+            send(&mut ws, json!({"type":"error","code":"bad_id","message":"stray","id":"unknown-id"})).await;
+            recv(&mut ws).await;
+        })
+        .await;
+        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let dup = to(&["bob", "bob"]);
+        let ok = to(&["bob"]);
+        let (a, b) = tokio::join!(
+            client.send_and_wait("a", &dup, "x", WAIT),
+            client.send_and_wait("b", &ok, "y", WAIT)
+        );
+        match a.unwrap_err() {
+            e @ Error::Server { .. } => {
+                assert_eq!(e.code(), "bad_recipient");
+                assert!(!e.retryable());
+                assert!(e.to_string().contains("duplicate"), "{e}");
+            }
+            e => panic!("want Error::Server, got {e:?}"),
+        }
+        let b = b.unwrap_err();
+        assert!(matches!(&b, Error::Server { code, message } if code == "overloaded" && message == "later"));
+        assert!(b.retryable());
+
+        assert_eq!(
+            client.next_event().await,
+            Some(Event::Error {
+                code: "bad_json".into(),
+                message: "invalid JSON".into(),
+                id: None
+            })
+        );
+        assert_eq!(
+            client.next_event().await,
+            Some(Event::Error {
+                code: "bad_id".into(),
+                message: "stray".into(),
+                id: Some("unknown-id".into())
+            })
+        );
+        client.close().await;
+        peer.await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn deliveries_and_odd_frames_become_events_then_closed() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 5)).await;
+            send(&mut ws, deliver(6, "bob", "one")).await;
+            send(&mut ws, deliver(7, "carol", "two\nlines")).await;
+            send(&mut ws, json!({"type":"from_a_newer_server","x":1})).await;
+            ws.send(Message::text("not json at all")).await.unwrap();
+            send(&mut ws, json!({"type":"deliver","seq":"8"})).await;
+            ws.send(Message::binary(vec![0u8; 3])).await.unwrap();
+            send(&mut ws, ready("alice", 5)).await;
+            send(&mut ws, deliver(9, "bob", "three")).await;
+            ws.close(None).await.unwrap();
+            // Drain until the client's close reply.
+            while ws.next().await.is_some() {}
+        })
+        .await;
+        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        assert_eq!(client.ready_after(), 5);
+        let mut events = Vec::new();
+        while let Some(e) = client.next_event().await {
+            events.push(e);
+        }
+        let bad = |events: &[Event]| {
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Error { code, id: None, .. } if code == BAD_SERVER_FRAME))
+                .count()
+        };
+        assert_eq!(bad(&events), 4, "{events:#?}");
+        let rest: Vec<&Event> = events
+            .iter()
+            .filter(|e| !matches!(e, Event::Error { .. }))
+            .collect();
+        assert_eq!(
+            rest,
+            [
+                &Event::Deliver(entry(6, "bob", "one")),
+                &Event::Deliver(entry(7, "carol", "two\nlines")),
+                &Event::Deliver(entry(9, "bob", "three")),
+                &Event::Closed,
+            ]
+        );
+        assert_eq!(client.next_event().await, None);
+        peer.await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn server_close_fails_pending_and_later_sends() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            assert_eq!(recv(&mut ws).await.unwrap()["id"], "pending");
+            ws.close(None).await.unwrap();
+            while ws.next().await.is_some() {}
+        })
+        .await;
+        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let handle = client.handle();
+        let e = client
+            .send_and_wait("pending", &to(&["bob"]), "x", WAIT)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Closed), "{e:?}");
+        assert!(e.retryable());
+        assert_eq!(client.next_event().await, Some(Event::Closed));
+        assert_eq!(client.next_event().await, None);
+        let e = handle
+            .send_and_wait("after", &to(&["bob"]), "x", WAIT)
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "closed");
+        peer.await.unwrap();
+        // The writer stops soon after the reader saw the end; then plain sends fail too.
+        while !handle.is_closed() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(matches!(handle.ack(1).await, Err(Error::Closed)));
+        drop(client);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn client_close_does_the_close_handshake() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            let first = recv(&mut ws).await;
+            // A close frame, then a clean end of the stream (not an error).
+            let close = ws.next().await.unwrap().unwrap();
+            let end = ws.next().await;
+            (first, close, end.map(|r| r.map_err(|e| e.to_string())))
+        })
+        .await;
+        let client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let handle = client.handle();
+        client.ack(7).await.unwrap();
+        client.close().await;
+        let (first, close, end) = peer.await.unwrap();
+        assert_eq!(first, Some(json!({"type":"ack","seq":7})));
+        assert!(close.is_close(), "{close:?}");
+        assert!(end.is_none(), "{end:?}");
+        assert!(matches!(handle.sync(0).await, Err(Error::Closed)));
+    })
+    .await
+}
+
+#[tokio::test]
+async fn timed_out_send_and_late_ack() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            assert_eq!(recv(&mut ws).await.unwrap()["id"], "slow");
+            // Answer only after the client has given up and says so with a sync.
+            assert_eq!(recv(&mut ws).await.unwrap()["type"], "sync");
+            send(
+                &mut ws,
+                json!({"type":"send_ack","id":"slow","offsets":{"0":1}}),
+            )
+            .await;
+            recv(&mut ws).await;
+        })
+        .await;
+        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let e = client
+            .send_and_wait("slow", &to(&["bob"]), "x", Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Timeout(..)), "{e:?}");
+        assert_eq!(e.code(), "timeout");
+        client.sync(0).await.unwrap();
+        assert_eq!(
+            client.next_event().await,
+            Some(Event::SendAck {
+                id: "slow".into(),
+                offsets: BTreeMap::from([(0, 1)])
+            })
+        );
+        client.close().await;
+        peer.await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn one_waiter_per_id() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            for n in 1..=2 {
+                let f = recv(&mut ws).await.unwrap();
+                assert_eq!(f["id"], "dup");
+                send(
+                    &mut ws,
+                    json!({"type":"send_ack","id":"dup","offsets":{"0":n}}),
+                )
+                .await;
+            }
+            recv(&mut ws).await;
+        })
+        .await;
+        let client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let bob = to(&["bob"]);
+        let first = client.start_send("dup", &bob, "x").await.unwrap();
+        assert_eq!(first.id(), "dup");
+        let e = client.start_send("dup", &bob, "x").await.unwrap_err();
+        assert!(matches!(&e, Error::IdInFlight(id) if id == "dup"), "{e:?}");
+        assert_eq!(first.wait(WAIT).await.unwrap(), BTreeMap::from([(0, 1)]));
+        // Answered: the id may wait again (a retry with the same id).
+        let again = client.send_and_wait("dup", &bob, "x", WAIT).await.unwrap();
+        assert_eq!(again, BTreeMap::from([(0, 2)]));
+        client.close().await;
+        peer.await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn upgrade_refused_with_http_error() {
+    within(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/v1/ws", listener.local_addr().unwrap());
+        let peer = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let refused = accept_hdr_async(tcp, |_: &Request, _: Response| {
+                let mut resp = ErrorResponse::new(Some(
+                    r#"{"error":{"code":"token_expired","message":"token expired"}}"#.into(),
+                ));
+                *resp.status_mut() = StatusCode::UNAUTHORIZED;
+                Err(resp)
+            })
+            .await;
+            assert!(refused.is_err());
+        });
+        let e = Client::connect(&url, &Auth::Token("v1.x.y".into()))
+            .await
+            .unwrap_err();
+        match &e {
+            Error::Rejected {
+                status,
+                code,
+                message,
+            } => {
+                assert_eq!((*status, code.as_str()), (401, "token_expired"));
+                assert_eq!(message, "token expired");
+            }
+            e => panic!("want Rejected, got {e:?}"),
+        }
+        assert_eq!(e.code(), "token_expired");
+        assert!(!e.retryable());
+        peer.await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn connect_failures() {
+    within(async {
+        // An error frame instead of ready.
+        let (url, peer1) = peer(|mut ws, _| async move {
+            send(
+                &mut ws,
+                json!({"type":"error","code":"forbidden","message":"no"}),
+            )
+            .await;
+            let _ = ws.close(None).await;
+        })
+        .await;
+        let e = Client::connect(&url, &dev("alice")).await.unwrap_err();
+        assert!(
+            matches!(&e, Error::Server { code, .. } if code == "forbidden"),
+            "{e:?}"
+        );
+        peer1.await.unwrap();
+
+        // A deliver before ready.
+        let (url, peer2) = peer(|mut ws, _| async move {
+            send(&mut ws, deliver(1, "a", "b")).await;
+            let _ = recv(&mut ws).await;
+        })
+        .await;
+        let e = Client::connect(&url, &dev("alice")).await.unwrap_err();
+        assert_eq!(e.code(), "protocol");
+        peer2.await.unwrap();
+
+        // Closed before ready.
+        let (url, peer3) = peer(|mut ws, _| async move {
+            let _ = ws.close(None).await;
+        })
+        .await;
+        let e = Client::connect(&url, &dev("alice")).await.unwrap_err();
+        assert_eq!(e.code(), "closed");
+        peer3.await.unwrap();
+
+        // No ready at all.
+        let (url, peer4) = peer(|mut ws, _| async move {
+            let _ = recv(&mut ws).await;
+        })
+        .await;
+        let e = Client::connect_with_timeout(&url, &dev("alice"), Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Timeout(..)), "{e:?}");
+        peer4.await.unwrap();
+
+        // Nobody listening.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("ws://{}/v1/ws", listener.local_addr().unwrap());
+        drop(listener);
+        let e = Client::connect(&url, &dev("alice")).await.unwrap_err();
+        assert_eq!(e.code(), "connect_failed", "{e:?}");
+        assert!(e.retryable());
+
+        let e = Client::connect("http://127.0.0.1:1/v1/ws", &dev("a"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_url");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn send_once_returns_the_offsets() {
+    within(async {
+        let ids = Arc::new(Mutex::new(Vec::new()));
+        for explicit in [None, Some("my-id".to_string())] {
+            let ids2 = ids.clone();
+            let (url, peer) = peer(|mut ws, _| async move {
+                send(&mut ws, ready("alice", 0)).await;
+                let f = recv(&mut ws).await.unwrap();
+                assert_eq!(f["to"], json!(["bob", "carol"]));
+                assert_eq!(f["body"], "hello");
+                ids2.lock()
+                    .unwrap()
+                    .push(f["id"].as_str().unwrap().to_owned());
+                send(
+                    &mut ws,
+                    json!({"type":"send_ack","id":f["id"],"offsets":{"3":17,"12":3471}}),
+                )
+                .await;
+                assert!(recv(&mut ws).await.is_none());
+            })
+            .await;
+            let offsets = send_once(
+                &url,
+                &dev("alice"),
+                to(&["bob", "carol"]),
+                "hello".into(),
+                explicit,
+            )
+            .await
+            .unwrap();
+            assert_eq!(offsets, BTreeMap::from([(3, 17), (12, 3471)]));
+            peer.await.unwrap();
+        }
+        let ids = ids.lock().unwrap();
+        assert!(ids[0].starts_with("cli-"), "{}", ids[0]);
+        assert_eq!(ids[1], "my-id");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn send_once_reports_a_server_error() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            let f = recv(&mut ws).await.unwrap();
+            send(
+                &mut ws,
+                json!({"type":"error","code":"body_too_large","message":"too big","id":f["id"]}),
+            )
+            .await;
+            recv(&mut ws).await;
+        })
+        .await;
+        let e = send_once(
+            &url,
+            &dev("alice"),
+            to(&["bob"]),
+            "x".into(),
+            Some("c-9".into()),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), "body_too_large");
+        peer.await.unwrap();
+    })
+    .await
+}
+
+/// `tail --after 2 --ack`: sync first; entries of the old stream still in flight arrive
+/// before the restarted stream, repeats are dropped, every new entry is printed and acked.
+#[tokio::test]
+async fn tail_syncs_dedupes_and_acks() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 5)).await;
+            // In flight before the sync arrives: the stream after ready.after.
+            send(&mut ws, deliver(8, "bob", "eight")).await;
+            assert_eq!(recv(&mut ws).await, Some(json!({"type":"sync","after":2})));
+            for seq in [3, 4, 4, 8, 9] {
+                send(&mut ws, deliver(seq, "bob", "x")).await;
+            }
+            let mut acks = Vec::new();
+            for _ in 0..4 {
+                let f = recv(&mut ws).await.unwrap();
+                assert_eq!(f["type"], "ack");
+                acks.push(f["seq"].as_u64().unwrap());
+            }
+            ws.close(None).await.unwrap();
+            while ws.next().await.is_some() {}
+            acks
+        })
+        .await;
+        let mut printed = Vec::new();
+        tail(&url, &dev("alice"), Some(2), true, |e| {
+            printed.push((e.seq, tidemark_client::format_entry(e)))
+        })
+        .await
+        .unwrap();
+        let seqs: Vec<u64> = printed.iter().map(|(s, _)| *s).collect();
+        assert_eq!(seqs, [8, 3, 4, 9]);
+        assert_eq!(printed[0].1, "#8 2025-11-30T08:00:00.000008Z bob: eight");
+        assert_eq!(peer.await.unwrap(), [8, 3, 4, 9]);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn tail_without_after_starts_at_ready_and_does_not_ack() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 5)).await;
+            for seq in [5, 6, 6, 7] {
+                send(&mut ws, deliver(seq, "bob", "x")).await;
+            }
+            ws.close(None).await.unwrap();
+            let mut got = Vec::new();
+            while let Some(Ok(m)) = ws.next().await {
+                if m.is_text() {
+                    got.push(m);
+                }
+            }
+            got
+        })
+        .await;
+        let mut seqs = Vec::new();
+        tail(&url, &dev("alice"), None, false, |e| seqs.push(e.seq))
+            .await
+            .unwrap();
+        assert_eq!(seqs, [6, 7]);
+        assert!(peer.await.unwrap().is_empty(), "no sync, no acks");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn tail_stops_on_a_server_error() {
+    within(async {
+        let (url, peer) = peer(|mut ws, _| async move {
+            send(&mut ws, ready("alice", 0)).await;
+            send(&mut ws, deliver(1, "bob", "x")).await;
+            send(
+                &mut ws,
+                json!({"type":"error","code":"seq_out_of_range","message":"no"}),
+            )
+            .await;
+            recv(&mut ws).await;
+        })
+        .await;
+        let mut seqs = Vec::new();
+        let e = tail(&url, &dev("alice"), None, false, |e| seqs.push(e.seq))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "seq_out_of_range");
+        assert_eq!(seqs, [1]);
+        peer.await.unwrap();
+    })
+    .await
+}

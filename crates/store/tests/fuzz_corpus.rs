@@ -5,7 +5,10 @@ use tidemark_store::redis::watermark::fuzzing::check;
 
 #[test]
 fn corpus_replays_without_panic() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/decode_lane_watermarks");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/corpus/decode_lane_watermarks"
+    );
     let mut n = 0;
     for entry in std::fs::read_dir(dir).expect("corpus dir") {
         let path = entry.unwrap().path();
@@ -18,7 +21,10 @@ fn corpus_replays_without_panic() {
 #[test]
 fn seed_format_reaches_the_decoder() {
     use tidemark_store::redis::watermark::{decode_lane_watermarks, fuzzing::fields_from_input};
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/corpus/decode_lane_watermarks/");
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/fuzz/corpus/decode_lane_watermarks/"
+    );
     let read = |name: &str| std::fs::read(format!("{dir}{name}")).unwrap();
     assert!(decode_lane_watermarks(&fields_from_input(&read("v2_uniform"))).is_ok());
     assert!(decode_lane_watermarks(&fields_from_input(&read("v1_full"))).is_ok());

@@ -582,11 +582,14 @@ impl Store {
     }
 
     fn parse_materialized(v: &Value) -> Result<Option<Materialized>> {
+        // applied is a bare integer (the offset): the cheapest reply for the hot path
+        if let Value::Int(off) = v {
+            return Ok(Some(Materialized::Applied {
+                offset: *off as u64,
+            }));
+        }
         let r = Reply::new("materialize_fresh_single_recipient", v)?;
         Ok(Some(match r.status()? {
-            0 => Materialized::Applied {
-                offset: r.u64_at(1)?,
-            },
             1 => Materialized::Replay { w: r.u64_at(1)? },
             2 => Materialized::Gap { w: r.u64_at(1)? },
             3 => Materialized::Fenced {

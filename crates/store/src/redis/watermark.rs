@@ -612,7 +612,10 @@ pub mod fuzzing {
             let v2 = encode_packed_v2(&wm.lanes);
             assert_eq!(v2.len() == LANE_BYTES, wm.lanes.is_uniform());
             let again = decode_lane_watermarks(&[
-                (FIELD_LAYOUT.as_bytes(), Layout::PackedV2.as_str().as_bytes()),
+                (
+                    FIELD_LAYOUT.as_bytes(),
+                    Layout::PackedV2.as_str().as_bytes(),
+                ),
                 (FIELD_EPOCH.as_bytes(), wm.epoch.to_string().as_bytes()),
                 (FIELD_BLOB.as_bytes(), v2.as_slice()),
             ])

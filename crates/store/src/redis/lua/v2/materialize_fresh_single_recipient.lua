@@ -2,34 +2,90 @@
 -- One log record, one recipient, uniform watermark: writes the mailbox entry and advances all
 -- 64 lanes to the record's offset in one atomic step (19 bytes written).
 --
+-- Self-contained (no shared prelude): straight-line code, no closures built per call. Rules
+-- and codes are those of common/_lanes.lua and redis/watermark.rs.
+--
 -- KEYS[1]  wm:{s}              hash  the shard's watermark
 -- KEYS[2]  mb:{s}:<recipient>  zset  the recipient's mailbox (score = MailboxSeq)
--- ARGV[1]  epoch               decimal u64, must equal wm_epoch
+-- ARGV[1]  epoch               decimal u64 (canonical), must equal wm_epoch
 -- ARGV[2]  offset              decimal u48, the record's log offset (= MailboxSeq)
 -- ARGV[3]  expected_previous   decimal u48, the record's prev offset; CAS against W
 -- ARGV[4]  entry               bytes, the mailbox member (starts with the seq, so unique)
 --
--- Returns {0, offset} applied | {1, W} replay | {2, W} gap | {3, epoch} fenced
---         | {4} not uniform (use the chunked path) | {5} missing | {-1, cause, lane} corrupt.
--- Writes nothing unless it returns {0, ...}. Publishes nothing (the materializer publishes
+-- Returns offset (integer) applied | {1, W} replay | {2, W} gap | {3, epoch} fenced
+--   | {4} not uniform: the blob is 1216 bytes or packed-v1, or the lane is empty (the
+--     chunked path, which validates every lane, takes over) | {5} missing
+--   | {-1, cause, lane} corrupt: header checks (field count, fields, layout, length, epoch)
+--     always; lane checks on the 19-byte record.
+-- Writes nothing unless it returns the offset. Publishes nothing (the materializer publishes
 -- one wake-up per batch).
-local layout, epoch, blob = wm_read(KEYS[1])
-if not layout then return epoch end
-if not stored_uniform(blob) or layout ~= 'packed-v2' then
-  -- diverged or packed-v1 data: validate it all, then hand over to the chunked path
-  local P, W = lanes_decode(blob)
-  if not P then return W end
-  if epoch ~= ARGV[1] then return {3, epoch} end
+local raw = redis.call('HGETALL', KEYS[1])
+local n = #raw
+if n == 0 then return {5} end
+if n ~= 6 then return {-1, 'field_count', -1} end
+local layout, epoch, blob
+for i = 1, 5, 2 do
+  local f = raw[i]
+  if f == 'wm_layout' then layout = raw[i + 1]
+  elseif f == 'wm_epoch' then epoch = raw[i + 1]
+  elseif f == 'wm_blob' then blob = raw[i + 1] end
+end
+if not layout or not epoch or not blob then return {-1, 'missing_field', -1} end
+local len = #blob
+if layout == 'packed-v2' then
+  if len ~= 19 and len ~= 1216 then return {-1, 'bad_length', -1} end
+elseif layout == 'packed-v1' then
+  if len ~= 1216 then return {-1, 'bad_length', -1} end
+else
+  return {-1, 'unknown_layout', -1}
+end
+-- ARGV[1] is canonical, so equality proves wm_epoch valid; otherwise check its syntax.
+local same_epoch = epoch == ARGV[1]
+if not same_epoch then
+  local e = #epoch
+  local bad = e == 0 or e > 20 or not string.find(epoch, '^[0-9]+$')
+    or (e > 1 and string.byte(epoch, 1) == 48)
+  if not bad and e == 20 then
+    local max = '18446744073709551615'
+    for i = 1, 20 do
+      local a, b = string.byte(epoch, i), string.byte(max, i)
+      if a ~= b then bad = a > b; break end
+    end
+  end
+  if bad then return {-1, 'bad_epoch', -1} end
+end
+-- uniform is decided by the length alone
+if len ~= 19 or layout ~= 'packed-v2' then
+  if not same_epoch then return {3, epoch} end
   return {4}
 end
-local p, w = lane_at(blob, 0)
-if not p then return corrupt(w, 0) end
-if epoch ~= ARGV[1] then return {3, epoch} end
-if p == 0 then return {4} end
+local p, a1, a2, a3, a4, a5, a6, f1, f2, f3, f4, f5, f6, r1, r2, r3, r4, r5, r6 =
+  string.byte(blob, 1, 19)
+if p ~= 1 then
+  if p ~= 0 then return {-1, 'bad_presence', 0} end
+  if a1 + a2 + a3 + a4 + a5 + a6 + f1 + f2 + f3 + f4 + f5 + f6 + r1 + r2 + r3 + r4 + r5 + r6 ~= 0
+  then return {-1, 'nonzero_empty_lane', 0} end
+  if not same_epoch then return {3, epoch} end
+  return {4}
+end
+local w = ((((a1 * 256 + a2) * 256 + a3) * 256 + a4) * 256 + a5) * 256 + a6
+if w ~= ((((r1 * 256 + r2) * 256 + r3) * 256 + r4) * 256 + r5) * 256 + r6 then
+  return {-1, 'w_mismatch', 0}
+end
+if w < ((((f1 * 256 + f2) * 256 + f3) * 256 + f4) * 256 + f5) * 256 + f6 then
+  return {-1, 'w_below_floor', 0}
+end
+if not same_epoch then return {3, epoch} end
 local off = tonumber(ARGV[2])
 if off <= w then return {1, w} end
 if tonumber(ARGV[3]) ~= w then return {2, w} end
-redis.call('ZADD', KEYS[2], off, ARGV[4])
-local os = u48s(off)
-redis.call('HSET', KEYS[1], 'wm_blob', '\1' .. os .. ssub(blob, 8, 13) .. os)
-return {0, off}
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4])
+local x = off
+local b6 = x % 256; x = (x - b6) / 256
+local b5 = x % 256; x = (x - b5) / 256
+local b4 = x % 256; x = (x - b4) / 256
+local b3 = x % 256; x = (x - b3) / 256
+local b2 = x % 256; x = (x - b2) / 256
+local os = string.char(x, b2, b3, b4, b5, b6)
+redis.call('HSET', KEYS[1], 'wm_blob', '\1' .. os .. string.sub(blob, 8, 13) .. os)
+return off

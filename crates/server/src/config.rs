@@ -99,7 +99,11 @@ impl Topology {
         }
         for (name, table, n) in [
             ("core_of_shard", &self.core_of_shard, self.core.len()),
-            ("mailbox_of_shard", &self.mailbox_of_shard, self.mailbox.len()),
+            (
+                "mailbox_of_shard",
+                &self.mailbox_of_shard,
+                self.mailbox.len(),
+            ),
         ] {
             if let Some(t) = table {
                 if t.len() != self.shards as usize {

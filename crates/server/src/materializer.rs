@@ -175,7 +175,10 @@ impl Pending {
     fn new(rec: DispatchRecord, shards: u32) -> Pending {
         let mut lanes: BTreeMap<usize, Vec<String>> = BTreeMap::new();
         for r in &rec.recipients {
-            lanes.entry(route(r, shards).lane).or_default().push(r.clone());
+            lanes
+                .entry(route(r, shards).lane)
+                .or_default()
+                .push(r.clone());
         }
         Pending {
             rec,
@@ -263,7 +266,13 @@ impl Worker {
             let epoch = store.claim(s).await?;
             let wm = store.read_watermark(s).await?;
             let min_w = wm.lanes.min_present_w().unwrap_or(0);
-            tracing::info!(shard = s, epoch, min_w, uniform = wm.lanes.is_uniform(), "claimed shard");
+            tracing::info!(
+                shard = s,
+                epoch,
+                min_w,
+                uniform = wm.lanes.is_uniform(),
+                "claimed shard"
+            );
             w.rts.insert(
                 s,
                 ShardRt {
@@ -302,8 +311,12 @@ impl Worker {
         }
         tracing::error!(shard, ?status, "shard stopped");
         match &status {
-            ShardStatus::Fenced { .. } => metrics::counter!("tidemark_shard_fenced_total").increment(1),
-            ShardStatus::Corrupt(_) => metrics::counter!("tidemark_shard_corrupt_total").increment(1),
+            ShardStatus::Fenced { .. } => {
+                metrics::counter!("tidemark_shard_fenced_total").increment(1)
+            }
+            ShardStatus::Corrupt(_) => {
+                metrics::counter!("tidemark_shard_corrupt_total").increment(1)
+            }
             _ => {}
         }
         self.health.update(shard, |h| h.status = status);
@@ -416,7 +429,12 @@ impl Worker {
                 }
                 if rec.prev != rt.read_pos {
                     // a hole in what we read (log trimmed above W?): re-read from W
-                    tracing::warn!(shard = s, prev = rec.prev, read_pos = rt.read_pos, "log discontinuity");
+                    tracing::warn!(
+                        shard = s,
+                        prev = rec.prev,
+                        read_pos = rt.read_pos,
+                        "log discontinuity"
+                    );
                     break;
                 }
                 rt.read_pos = rec.offset;
@@ -482,7 +500,12 @@ impl Worker {
                     break;
                 }
                 Materialized::Gap { w } => {
-                    tracing::warn!(shard = s, w, offset = items[i].offset, "gap: re-reading from W");
+                    tracing::warn!(
+                        shard = s,
+                        w,
+                        offset = items[i].offset,
+                        "gap: re-reading from W"
+                    );
                     metrics::counter!("tidemark_gaps_total").increment(1);
                     self.resync(s).await?;
                     break;
@@ -562,7 +585,8 @@ impl Worker {
                         continue;
                     }
                 }
-                let entry = encode_entry(p.rec.offset, p.rec.sent_at_us, &p.rec.sender, &p.rec.body);
+                let entry =
+                    encode_entry(p.rec.offset, p.rec.sent_at_us, &p.rec.sender, &p.rec.body);
                 chunks.push(LaneChunk {
                     offset: p.rec.offset,
                     lane: *lane,
@@ -572,7 +596,9 @@ impl Worker {
             }
         }
         if !chunks.is_empty() {
-            let outs = self.mailboxes[mb].write_lane_chunks(s, epoch, &chunks).await?;
+            let outs = self.mailboxes[mb]
+                .write_lane_chunks(s, epoch, &chunks)
+                .await?;
             for ((pi, lane), out) in chunk_refs.into_iter().zip(outs) {
                 match out {
                     ChunkWritten::Done { .. } => {

@@ -146,22 +146,26 @@ async fn users_exchange_messages_exactly_once_in_log_order() {
         })
         .collect();
     let started = Instant::now();
-    let results: Vec<(Vec<String>, BTreeMap<u32, u64>)> = futures::stream::iter(
-        plan.into_iter().enumerate(),
-    )
-    .map(|(i, (from, to))| {
-        let h = handles[from].clone();
-        async move {
-            let offs = h
-                .send_and_wait(&format!("m-{i}"), &to, &format!("body {i}"), Duration::from_secs(30))
-                .await
-                .unwrap_or_else(|e| panic!("send {i}: {e}"));
-            (to, offs)
-        }
-    })
-    .buffer_unordered(64)
-    .collect()
-    .await;
+    let results: Vec<(Vec<String>, BTreeMap<u32, u64>)> =
+        futures::stream::iter(plan.into_iter().enumerate())
+            .map(|(i, (from, to))| {
+                let h = handles[from].clone();
+                async move {
+                    let offs = h
+                        .send_and_wait(
+                            &format!("m-{i}"),
+                            &to,
+                            &format!("body {i}"),
+                            Duration::from_secs(30),
+                        )
+                        .await
+                        .unwrap_or_else(|e| panic!("send {i}: {e}"));
+                    (to, offs)
+                }
+            })
+            .buffer_unordered(64)
+            .collect()
+            .await;
     let mut expected: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
     let mut deliveries = 0usize;
     for (to, offs) in &results {
@@ -204,7 +208,10 @@ async fn users_exchange_messages_exactly_once_in_log_order() {
         let s = seen[i].lock().await;
         let want = expected.get(u.as_str()).cloned().unwrap_or_default();
         assert_eq!(s.backwards, 0, "{u} saw seq go backwards");
-        assert_eq!(s.seqs, want, "{u}: every message exactly once, in log order");
+        assert_eq!(
+            s.seqs, want,
+            "{u}: every message exactly once, in log order"
+        );
     }
     // and from Redis directly: each mailbox holds exactly the expected entries
     let client = redis::Client::open(up.mailbox[0].url()).unwrap();
@@ -255,11 +262,19 @@ async fn resend_is_deduplicated_and_sync_resumes_exactly() {
         .unwrap();
     assert_eq!(o1, o2, "a resend returns the offsets first assigned");
     let first = next_deliver(&mut bob).await;
-    assert_eq!((first.from.as_str(), first.body.as_str()), ("alice", "once"));
+    assert_eq!(
+        (first.from.as_str(), first.body.as_str()),
+        ("alice", "once")
+    );
     let mut seqs = vec![first.seq];
     for i in 0..5 {
         alice
-            .send_and_wait(&format!("n-{i}"), &["bob".to_string()], &format!("n{i}"), Duration::from_secs(10))
+            .send_and_wait(
+                &format!("n-{i}"),
+                &["bob".to_string()],
+                &format!("n{i}"),
+                Duration::from_secs(10),
+            )
             .await
             .unwrap();
         seqs.push(next_deliver(&mut bob).await.seq);
@@ -299,7 +314,12 @@ async fn up_twice_on_one_data_dir_loses_nothing() {
         for i in 0..50 {
             let to = vec![format!("r{}", i % 7), format!("r{}", (i + 3) % 7)];
             let offs = alice
-                .send_and_wait(&format!("p-{i}"), &to, &format!("b{i}"), Duration::from_secs(10))
+                .send_and_wait(
+                    &format!("p-{i}"),
+                    &to,
+                    &format!("b{i}"),
+                    Duration::from_secs(10),
+                )
                 .await
                 .unwrap();
             for r in to {
@@ -327,7 +347,10 @@ async fn up_twice_on_one_data_dir_loses_nothing() {
         while got.len() < want.len() {
             got.push(next_deliver(&mut c).await.seq);
         }
-        assert_eq!(got, want, "{user}: everything acknowledged before the restart");
+        assert_eq!(
+            got, want,
+            "{user}: everything acknowledged before the restart"
+        );
     }
     // a second `up` with other counts is refused
     let err = run::up(

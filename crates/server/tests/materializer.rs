@@ -32,7 +32,9 @@ async fn env() -> Env {
     let core = RedisProcess::start().unwrap();
     let mailbox = RedisProcess::start().unwrap();
     let core_store = CoreStore::connect(&core.url()).await.unwrap();
-    let mut mb_store = Store::connect(&mailbox.url(), Layout::PackedV2).await.unwrap();
+    let mut mb_store = Store::connect(&mailbox.url(), Layout::PackedV2)
+        .await
+        .unwrap();
     for s in 0..SHARDS {
         mb_store
             .init_watermark(s, Layout::PackedV2, 1, 0, false)
@@ -58,7 +60,11 @@ fn fast_opts() -> MaterializerOptions {
 async fn start_worker(
     e: &Env,
     opts: MaterializerOptions,
-) -> (CancellationToken, tokio::task::JoinHandle<()>, Arc<HealthBoard>) {
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<()>,
+    Arc<HealthBoard>,
+) {
     let health = Arc::new(HealthBoard::default());
     let shards: Vec<(u32, usize)> = (0..SHARDS).map(|s| (s, 0)).collect();
     let w = Worker::start(
@@ -120,14 +126,22 @@ where
 {
     let start = Instant::now();
     while !f().await {
-        assert!(start.elapsed() < Duration::from_secs(20), "timed out: {what}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 async fn min_w(e: &Env, s: u32) -> u64 {
     let mut st = e.mb_store.clone();
-    st.read_watermark(s).await.unwrap().lanes.min_present_w().unwrap()
+    st.read_watermark(s)
+        .await
+        .unwrap()
+        .lanes
+        .min_present_w()
+        .unwrap()
 }
 
 async fn all_caught_up(e: &Env) -> bool {
@@ -152,11 +166,20 @@ async fn single_and_multi_recipient_exactly_once_in_log_order() {
     let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for i in 0..300usize {
         let n = if i % 3 == 0 { 1 + i % 17 } else { 1 };
-        let to: Vec<&str> = (0..n).map(|k| us[(i * 7 + k * 3) % us.len()].as_str()).collect();
+        let to: Vec<&str> = (0..n)
+            .map(|k| us[(i * 7 + k * 3) % us.len()].as_str())
+            .collect();
         let mut to = to;
         to.sort();
         to.dedup();
-        let offs = send(&mut e, "sender", &format!("m{i}"), &to, &format!("body {i}")).await;
+        let offs = send(
+            &mut e,
+            "sender",
+            &format!("m{i}"),
+            &to,
+            &format!("body {i}"),
+        )
+        .await;
         for r in &to {
             expected
                 .entry(r.to_string())
@@ -167,7 +190,10 @@ async fn single_and_multi_recipient_exactly_once_in_log_order() {
     wait_until("caught up", || all_caught_up(&e)).await;
     for (u, seqs) in &expected {
         let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
-        assert_eq!(&got, seqs, "mailbox of {u}: every message once, in log order");
+        assert_eq!(
+            &got, seqs,
+            "mailbox of {u}: every message once, in log order"
+        );
     }
     // uniform again: 19 bytes
     let mut c = e.mb_store.connection();
@@ -264,13 +290,18 @@ async fn older_owner_is_fenced_and_writes_nothing() {
     let mut e = env().await;
     let (c1, h1, health1) = start_worker(&e, fast_opts()).await;
     send(&mut e, "s", "a1", &["zed"], "one").await;
-    wait_until("first delivered", || async { mailbox(&e, "zed").await.len() == 1 }).await;
+    wait_until("first delivered", || async {
+        mailbox(&e, "zed").await.len() == 1
+    })
+    .await;
     // stop the first owner's reading without letting it know, by starting a second owner
     let (c2, h2, _health2) = start_worker(&e, fast_opts()).await;
     // first owner is now a zombie with the old epoch; new messages reach it too
     send(&mut e, "s", "a2", &["zed"], "two").await;
-    wait_until("second delivered once", || async { mailbox(&e, "zed").await.len() == 2 })
-        .await;
+    wait_until("second delivered once", || async {
+        mailbox(&e, "zed").await.len() == 2
+    })
+    .await;
     let s = route("zed", SHARDS).shard;
     wait_until("zombie fenced", || async {
         matches!(

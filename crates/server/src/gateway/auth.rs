@@ -1,0 +1,216 @@
+//! Who is calling: a bearer token (`Authorization: Bearer …`, or `?token=` on the WebSocket
+//! URL only), or — with `dev_auth` — `?user=NAME`. Checked once, before anything else.
+//!
+//! A token, when given, must verify (a bad token is never overridden by `?user=`). Without a
+//! token, `?user=` counts only with `dev_auth`; otherwise it is ignored and the request is
+//! `unauthorized`. The user found here is the only mailbox the caller can read or ack.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::http::{header, HeaderMap};
+use tidemark_protocol::{is_valid_user_id, token, ErrorCode};
+
+use super::GatewayOptions;
+
+/// Where the credentials may come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `/v1/ws`: also `?token=`.
+    WebSocket,
+    /// The HTTP endpoints: the header only.
+    Http,
+}
+
+/// A refusal: the code (`unauthorized` or `token_expired`) and a message.
+pub(crate) type Refusal = (ErrorCode, String);
+
+fn unauthorized(msg: impl Into<String>) -> Refusal {
+    (ErrorCode::Unauthorized, msg.into())
+}
+
+/// The authenticated user of a request.
+pub(crate) fn authenticate(
+    opts: &GatewayOptions,
+    headers: &HeaderMap,
+    query: Option<&str>,
+    endpoint: Endpoint,
+) -> Result<String, Refusal> {
+    let query = query.unwrap_or("");
+    let mut tokens = headers.get_all(header::AUTHORIZATION).iter();
+    let header_token = match (tokens.next(), tokens.next()) {
+        (None, _) => None,
+        (Some(_), Some(_)) => return Err(unauthorized("more than one Authorization header")),
+        (Some(v), None) => {
+            let v = v
+                .to_str()
+                .map_err(|_| unauthorized("Authorization header is not ASCII"))?;
+            let (scheme, rest) = v.split_once(' ').unwrap_or((v, ""));
+            if !scheme.eq_ignore_ascii_case("bearer") {
+                return Err(unauthorized("Authorization must be `Bearer <token>`"));
+            }
+            Some(rest.trim().to_string())
+        }
+    };
+    let query_token = match endpoint {
+        Endpoint::WebSocket => query_param(query, "token")?,
+        Endpoint::Http => None,
+    };
+    let token = match (header_token, query_token) {
+        (Some(_), Some(_)) => return Err(unauthorized("token given twice (header and query)")),
+        (Some(t), None) | (None, Some(t)) => Some(t),
+        (None, None) => None,
+    };
+    if let Some(t) = token {
+        let Some(secret) = &opts.token_secret else {
+            return Err(unauthorized("this gateway accepts no tokens"));
+        };
+        return match token::verify(secret, &t, now_unix()) {
+            Ok(claims) => Ok(claims.user),
+            Err(e) => Err((e.error_code(), e.to_string())),
+        };
+    }
+    if opts.dev_auth {
+        if let Some(user) = query_param(query, "user")? {
+            if !is_valid_user_id(&user) {
+                return Err(unauthorized("`user` must be 1..=128 bytes"));
+            }
+            return Ok(user);
+        }
+    }
+    Err(unauthorized("missing credentials"))
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The percent-decoded value of `key` in a query string (other parameters are ignored); a
+/// repeated or undecodable one is refused.
+fn query_param(query: &str, key: &str) -> Result<Option<String>, Refusal> {
+    let mut found = None;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if k != key {
+            continue;
+        }
+        if found.is_some() {
+            return Err(unauthorized(format!("`{key}` given twice")));
+        }
+        let value = percent_decode(value)
+            .ok_or_else(|| unauthorized(format!("`{key}` is not valid percent-encoded UTF-8")))?;
+        found = Some(value);
+    }
+    Ok(found)
+}
+
+/// Decodes `%XX` escapes and `+` (space), as in `application/x-www-form-urlencoded`.
+fn percent_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = b.get(i + 1..i + 3)?;
+                let hex = std::str::from_utf8(hex).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    const SECRET: &[u8] = b"unit secret";
+
+    fn opts(dev: bool) -> GatewayOptions {
+        GatewayOptions {
+            token_secret: Some(SECRET.to_vec()),
+            dev_auth: dev,
+            ..GatewayOptions::default()
+        }
+    }
+
+    fn bearer(t: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {t}")).unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn tokens_and_dev_users() {
+        let good = token::sign(SECRET, "alice", now_unix() + 60);
+        let none = HeaderMap::new();
+        let ws = Endpoint::WebSocket;
+        let http = Endpoint::Http;
+        // header token, any endpoint; `?user=` never overrides it
+        assert_eq!(
+            authenticate(&opts(true), &bearer(&good), Some("user=bob"), http).unwrap(),
+            "alice"
+        );
+        // query token: WebSocket only
+        let q = format!("token={good}");
+        assert_eq!(
+            authenticate(&opts(false), &none, Some(&q), ws).unwrap(),
+            "alice"
+        );
+        assert_eq!(
+            authenticate(&opts(false), &none, Some(&q), http)
+                .unwrap_err()
+                .0,
+            ErrorCode::Unauthorized
+        );
+        // expired, forged
+        let old = token::sign(SECRET, "alice", 1);
+        assert_eq!(
+            authenticate(&opts(true), &bearer(&old), Some("user=alice"), http)
+                .unwrap_err()
+                .0,
+            ErrorCode::TokenExpired
+        );
+        let forged = token::sign(b"other", "alice", now_unix() + 60);
+        assert_eq!(
+            authenticate(&opts(true), &bearer(&forged), None, http)
+                .unwrap_err()
+                .0,
+            ErrorCode::Unauthorized
+        );
+        // dev users
+        assert_eq!(
+            authenticate(&opts(true), &none, Some("user=b%C3%B6b+x"), http).unwrap(),
+            "böb x"
+        );
+        assert!(authenticate(&opts(false), &none, Some("user=bob"), http).is_err());
+        assert!(authenticate(&opts(true), &none, Some("user="), http).is_err());
+        assert!(authenticate(&opts(true), &none, Some("user=a&user=b"), http).is_err());
+        assert!(authenticate(&opts(true), &none, Some("user=%FF"), http).is_err());
+        assert!(authenticate(&opts(true), &none, None, http).is_err());
+        // `user` is not looked at when a token is given or dev auth is off
+        assert_eq!(
+            authenticate(&opts(false), &bearer(&good), Some("user=a&user=%FF"), http).unwrap(),
+            "alice"
+        );
+        // no secret: tokens refused
+        let no_secret = GatewayOptions::default();
+        assert!(authenticate(&no_secret, &bearer(&good), None, http).is_err());
+    }
+}

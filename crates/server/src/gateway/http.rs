@@ -1,0 +1,241 @@
+//! The router and the HTTP endpoints: `POST /v1/messages`, `GET /v1/mailbox`,
+//! `POST /v1/mailbox/ack`, `GET /metrics`, `GET /healthz`.
+//!
+//! Request bodies go through the same parsers and limits as WebSocket frames; every failure
+//! is an `ErrorBody` with the code's HTTP status.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use tidemark_protocol::{
+    parse_ack_request, parse_mailbox_query, parse_send_request, AckResponse, ErrorBody, ErrorCode,
+    FrameError, MailboxPage, SendResponse,
+};
+
+use super::auth::{authenticate, Endpoint};
+use super::send;
+use super::state::Shared;
+use super::ws;
+use crate::materializer::ShardStatus;
+
+/// `/healthz` reports a shard whose lag has not moved for this long.
+const STUCK_AFTER: Duration = Duration::from_secs(10);
+
+/// The gateway's routes.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/ws", get(ws::handler))
+        .route("/v1/messages", post(send_message))
+        .route("/v1/mailbox", get(read_mailbox))
+        .route("/v1/mailbox/ack", post(ack_mailbox))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+/// An error response: `{"error":{"code":…,"message":…}}` with the code's status.
+pub(crate) fn error_response(code: ErrorCode, message: impl Into<String>) -> Response {
+    metrics::counter!("tidemark_errors_total", "code" => code.as_str()).increment(1);
+    let body = ErrorBody::new(code, message);
+    let status =
+        StatusCode::from_u16(body.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(body)).into_response()
+}
+
+fn frame_error(e: &FrameError) -> Response {
+    error_response(e.error_code(), e.message())
+}
+
+fn internal(what: &str, e: &tidemark_store::Error) -> Response {
+    tracing::warn!(error = %e, "{what} failed");
+    error_response(ErrorCode::Internal, format!("{what} failed; retry"))
+}
+
+async fn not_found() -> Response {
+    error_response(ErrorCode::NotFound, "no such endpoint")
+}
+
+/// Authenticates an HTTP request (header token, or `?user=` with dev auth).
+#[allow(clippy::result_large_err)]
+fn user_of(shared: &Shared, headers: &HeaderMap, uri: &Uri) -> Result<String, Response> {
+    authenticate(&shared.opts, headers, uri.query(), Endpoint::Http)
+        .map_err(|(code, message)| error_response(code, message))
+}
+
+/// Reads a request body, refusing (without reading on) one above `max` bytes.
+async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<Vec<u8>, Response> {
+    let too_large = || {
+        error_response(
+            ErrorCode::FrameTooLarge,
+            format!("request body exceeds {max} bytes"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max as u64) {
+        return Err(too_large());
+    }
+    let mut out = Vec::with_capacity(declared.map_or(0, |n| n as usize));
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|_| {
+            error_response(ErrorCode::BadRequest, "the request body could not be read")
+        })?;
+        if out.len() + chunk.len() > max {
+            return Err(too_large());
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
+}
+
+async fn send_message(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let received = Instant::now();
+    let user = match user_of(&shared, &headers, &uri) {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    let limits = &shared.opts.limits;
+    let bytes = match read_body(&headers, body, limits.max_frame_bytes).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let req = match parse_send_request(&bytes, limits) {
+        Ok(r) => r,
+        Err(e) => return frame_error(&e),
+    };
+    let permit = match send::reserve(&shared, &req).await {
+        Ok(p) => p,
+        Err((code, message)) => return error_response(code, message),
+    };
+    let res = send::commit(&shared, &user, &req).await;
+    drop(permit);
+    match res {
+        Ok(offsets) => {
+            metrics::histogram!("tidemark_send_ack_seconds")
+                .record(received.elapsed().as_secs_f64());
+            Json(SendResponse {
+                id: req.id,
+                offsets,
+            })
+            .into_response()
+        }
+        Err((code, message)) => error_response(code, message),
+    }
+}
+
+async fn read_mailbox(State(shared): State<Arc<Shared>>, uri: Uri, headers: HeaderMap) -> Response {
+    let user = match user_of(&shared, &headers, &uri) {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    let q = match parse_mailbox_query(uri.query().unwrap_or(""), &shared.opts.limits) {
+        Ok(q) => q,
+        Err(e) => return frame_error(&e),
+    };
+    let mut mailbox = shared.mailbox(&user);
+    let after = match q.after {
+        Some(a) => a,
+        None => match mailbox.acked().await {
+            Ok(a) => a,
+            Err(e) => return internal("reading the acked cursor", &e),
+        },
+    };
+    let page = match mailbox.read_visible(after, q.limit as usize).await {
+        Ok(p) => p,
+        Err(e) => return internal("reading the mailbox", &e),
+    };
+    let mut entries = Vec::with_capacity(page.entries.len());
+    for e in page.entries {
+        match e {
+            Ok(e) => entries.push(e),
+            Err(seq) => {
+                return error_response(
+                    ErrorCode::Internal,
+                    format!("mailbox entry {seq} is unreadable"),
+                )
+            }
+        }
+    }
+    Json(MailboxPage::new(entries, after)).into_response()
+}
+
+async fn ack_mailbox(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let user = match user_of(&shared, &headers, &uri) {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    let limits = &shared.opts.limits;
+    let bytes = match read_body(&headers, body, limits.max_frame_bytes).await {
+        Ok(b) => b,
+        Err(r) => return r,
+    };
+    let req = match parse_ack_request(&bytes, limits) {
+        Ok(r) => r,
+        Err(e) => return frame_error(&e),
+    };
+    let mut mailbox = shared.mailbox(&user);
+    // Never trim above the lane's W: those entries have not been visible to anyone.
+    let w = match mailbox.visible_w().await {
+        Ok(w) => w,
+        Err(e) => return internal("reading the watermark", &e),
+    };
+    match mailbox.ack(req.seq.min(w)).await {
+        Ok(acked) => {
+            metrics::counter!("tidemark_acks_total").increment(1);
+            Json(AckResponse { acked }).into_response()
+        }
+        Err(e) => internal("ack", &e),
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    for (s, h) in shared.health.snapshot() {
+        let shard = s.to_string();
+        metrics::gauge!("tidemark_shard_min_w", "shard" => shard.clone()).set(h.min_w as f64);
+        metrics::gauge!("tidemark_shard_head", "shard" => shard.clone()).set(h.head as f64);
+        metrics::gauge!("tidemark_shard_epoch", "shard" => shard.clone()).set(h.epoch as f64);
+        let running = matches!(h.status, ShardStatus::Running);
+        metrics::gauge!("tidemark_shard_running", "shard" => shard).set(if running {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        shared.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
+    let problems = shared.health.problems(STUCK_AFTER);
+    if problems.is_empty() {
+        (StatusCode::OK, "ok").into_response()
+    } else {
+        let mut text = problems.join("\n");
+        text.push('\n');
+        (StatusCode::SERVICE_UNAVAILABLE, text).into_response()
+    }
+}

@@ -1,0 +1,122 @@
+//! Committing a send: recipients grouped by shard, one `commit_dispatch` per shard on the
+//! shard's core instance, all concurrently; the send is acked when every shard committed.
+//!
+//! Failure of any shard is `internal` (retryable): the client resends the same id and the
+//! (sender, id) dedupe of each shard returns the offsets it first assigned, so shards that
+//! did commit are not committed twice.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tidemark_protocol::{ErrorCode, SendRequest};
+use tidemark_store::redis::dlog::DEFAULT_DEDUPE_TTL_S;
+use tidemark_store::routing::route;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::state::Shared;
+
+/// How long a send waits for room among the commits in flight before `overloaded`.
+pub(crate) const PERMIT_WAIT: Duration = Duration::from_millis(100);
+
+/// Upper bound on one send's commits (the store's own response timeout is longer).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A send's failure: the code for the client and a message.
+pub(crate) type SendFailure = (ErrorCode, String);
+
+/// Recipients by shard, in the order given.
+pub(crate) fn group_by_shard(to: &[String], shards: u32) -> BTreeMap<u32, Vec<&str>> {
+    let mut by: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for r in to {
+        by.entry(route(r, shards).shard)
+            .or_default()
+            .push(r.as_str());
+    }
+    by
+}
+
+/// Reserves room for `req`'s commits (one permit per shard touched, capped at the total), or
+/// `overloaded` if none frees up within [`PERMIT_WAIT`].
+pub(crate) async fn reserve(
+    shared: &Shared,
+    req: &SendRequest,
+) -> Result<OwnedSemaphorePermit, SendFailure> {
+    let shards = group_by_shard(&req.to, shared.topology.shards).len();
+    let n = shards.clamp(1, shared.commit_permits()) as u32;
+    let sem = Arc::clone(&shared.commits);
+    let permit = match sem.clone().try_acquire_many_owned(n) {
+        Ok(p) => Ok(p),
+        Err(_) => tokio::time::timeout(PERMIT_WAIT, sem.acquire_many_owned(n))
+            .await
+            .map_err(|_| ())
+            .and_then(|r| r.map_err(|_| ())),
+    };
+    permit.map_err(|()| {
+        (
+            ErrorCode::Overloaded,
+            "too many commits in flight; retry with the same id".to_string(),
+        )
+    })
+}
+
+/// Commits `req` from `sender` to every shard it touches. Returns shard → offset.
+pub(crate) async fn commit(
+    shared: &Shared,
+    sender: &str,
+    req: &SendRequest,
+) -> Result<BTreeMap<u32, u64>, SendFailure> {
+    let sent_at_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0);
+    let groups = group_by_shard(&req.to, shared.topology.shards);
+    let commits = groups.iter().map(|(&shard, rcpts)| {
+        let mut core = shared.core(shard);
+        async move {
+            let r = core
+                .commit(
+                    shard,
+                    sender,
+                    &req.id,
+                    rcpts,
+                    &req.body,
+                    sent_at_us,
+                    DEFAULT_DEDUPE_TTL_S,
+                )
+                .await;
+            (shard, r)
+        }
+    });
+    let results = tokio::time::timeout(COMMIT_TIMEOUT, futures::future::join_all(commits))
+        .await
+        .map_err(|_| {
+            tracing::warn!(sender, id = %req.id, "commit timed out");
+            (
+                ErrorCode::Internal,
+                "commit timed out; retry with the same id".to_string(),
+            )
+        })?;
+    let mut offsets = BTreeMap::new();
+    let mut duplicates = 0u64;
+    for (shard, r) in results {
+        match r {
+            Ok(c) => {
+                duplicates += u64::from(c.duplicate);
+                offsets.insert(shard, c.offset);
+            }
+            Err(e) => {
+                tracing::warn!(shard, sender, id = %req.id, error = %e, "commit failed");
+                return Err((
+                    ErrorCode::Internal,
+                    format!("commit to shard {shard} failed; retry with the same id"),
+                ));
+            }
+        }
+    }
+    metrics::counter!("tidemark_commits_total").increment(1);
+    if duplicates > 0 {
+        metrics::counter!("tidemark_commit_duplicates_total").increment(1);
+    }
+    Ok(offsets)
+}

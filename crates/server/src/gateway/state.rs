@@ -1,0 +1,93 @@
+//! What every handler shares: the topology, one connection per Redis instance (each a
+//! multiplexed `ConnectionManager`, cloned per task), the commit semaphore and the wake hub.
+
+use std::sync::Arc;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tidemark_store::redis::dlog::CoreStore;
+use tidemark_store::redis::store::Store;
+use tidemark_store::routing::route;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::mailbox::Mailbox;
+use super::wake::WakeHub;
+use super::{GatewayError, GatewayOptions};
+use crate::config::Topology;
+use crate::materializer::HealthBoard;
+
+/// State shared by every request and connection.
+pub(crate) struct Shared {
+    pub topology: Topology,
+    pub opts: GatewayOptions,
+    pub health: Arc<HealthBoard>,
+    /// One per core instance (index = instance).
+    cores: Vec<CoreStore>,
+    /// One per mailbox instance (index = instance).
+    mailboxes: Vec<Store>,
+    core_of_shard: Vec<usize>,
+    mailbox_of_shard: Vec<usize>,
+    /// Permits = commits that may be in flight (or queued on a connection) gateway-wide.
+    pub commits: Arc<Semaphore>,
+    pub hub: Arc<WakeHub>,
+    /// Cancelled when the gateway stops.
+    pub stop: CancellationToken,
+    /// Every task the gateway spawns.
+    pub tracker: TaskTracker,
+    pub metrics: PrometheusHandle,
+}
+
+impl Shared {
+    pub(crate) async fn connect(
+        topology: Topology,
+        opts: GatewayOptions,
+        health: Arc<HealthBoard>,
+        stop: CancellationToken,
+        tracker: TaskTracker,
+    ) -> Result<Arc<Shared>, GatewayError> {
+        let metrics = crate::telemetry::metrics_handle();
+        let mut cores = Vec::with_capacity(topology.core.len());
+        for url in &topology.core {
+            cores.push(CoreStore::connect(url).await?);
+        }
+        let mut mailboxes = Vec::with_capacity(topology.mailbox.len());
+        for url in &topology.mailbox {
+            mailboxes.push(Store::connect(url, topology.layout).await?);
+        }
+        let permits = opts.max_inflight_commits.clamp(1, Semaphore::MAX_PERMITS);
+        Ok(Arc::new(Shared {
+            core_of_shard: topology.core_table(),
+            mailbox_of_shard: topology.mailbox_table(),
+            topology,
+            opts,
+            health,
+            cores,
+            mailboxes,
+            commits: Arc::new(Semaphore::new(permits)),
+            hub: Arc::new(WakeHub::default()),
+            stop,
+            tracker,
+            metrics,
+        }))
+    }
+
+    /// Total permits of the commit semaphore.
+    pub(crate) fn commit_permits(&self) -> usize {
+        self.opts
+            .max_inflight_commits
+            .clamp(1, Semaphore::MAX_PERMITS)
+    }
+
+    /// A connection to the core instance of `shard`.
+    pub(crate) fn core(&self, shard: u32) -> CoreStore {
+        self.cores[self.core_of_shard[shard as usize]].clone()
+    }
+
+    /// `user`'s mailbox (its shard, lane and a connection to its mailbox instance).
+    pub(crate) fn mailbox(&self, user: &str) -> Mailbox {
+        let r = route(user, self.topology.shards);
+        let store = self.mailboxes[self.mailbox_of_shard[r.shard as usize]].clone();
+        Mailbox::new(user.to_string(), r, store)
+    }
+}

@@ -1,0 +1,195 @@
+//! The wake hub: materializers publish `wake:{s}` = `"<min_w>\n<recipient>\n…"` on the
+//! mailbox Redis after W moves; one subscriber task per mailbox instance (`PSUBSCRIBE wake:*`)
+//! wakes the connections of the users named.
+//!
+//! A hint is only a hint: the data path is always the mailbox read (never above the lane's
+//! W), and every connection also re-checks periodically, so a lost hint (a reconnect, a user
+//! id containing a newline) only delays delivery. Waking uses `Notify::notify_one`, which
+//! stores a permit when the connection is busy reading, so a hint is never lost between
+//! reads.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// How often the subscriber pings its connection (a silent dead connection is replaced).
+const PING_EVERY: Duration = Duration::from_secs(5);
+const PING_TIMEOUT: Duration = Duration::from_secs(3);
+const RECONNECT_AFTER: Duration = Duration::from_millis(500);
+
+/// The registered connections of one user: (registration id, its notifier).
+type Waiters = Vec<(u64, Arc<Notify>)>;
+
+/// Connections waiting for hints, by user.
+#[derive(Default)]
+pub(crate) struct WakeHub {
+    users: Mutex<HashMap<String, Waiters>>,
+    next_id: AtomicU64,
+}
+
+/// A connection's registration; unregisters when dropped.
+pub(crate) struct Registration {
+    hub: Arc<WakeHub>,
+    user: String,
+    id: u64,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut users = self.hub.users.lock().expect("wake hub lock");
+        if let Some(list) = users.get_mut(&self.user) {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                users.remove(&self.user);
+            }
+        }
+    }
+}
+
+impl WakeHub {
+    /// Registers `notify` to be woken by hints naming `user`.
+    pub(crate) fn register(self: &Arc<Self>, user: &str, notify: Arc<Notify>) -> Registration {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.users
+            .lock()
+            .expect("wake hub lock")
+            .entry(user.to_string())
+            .or_default()
+            .push((id, notify));
+        Registration {
+            hub: Arc::clone(self),
+            user: user.to_string(),
+            id,
+        }
+    }
+
+    /// Wakes the connections of every user named in a hint payload. Returns how many.
+    pub(crate) fn wake_payload(&self, payload: &[u8]) -> usize {
+        let Ok(text) = std::str::from_utf8(payload) else {
+            return 0;
+        };
+        let users = self.users.lock().expect("wake hub lock");
+        let mut woken = 0;
+        // First line: the shard's lowest W (not needed: every read checks the lane's W).
+        for user in text.split('\n').skip(1) {
+            if let Some(list) = users.get(user) {
+                for (_, n) in list {
+                    n.notify_one();
+                    woken += 1;
+                }
+            }
+        }
+        woken
+    }
+
+    /// Wakes every connection (after a subscriber (re)connects: hints may have been missed).
+    pub(crate) fn wake_all(&self) {
+        let users = self.users.lock().expect("wake hub lock");
+        for list in users.values() {
+            for (_, n) in list {
+                n.notify_one();
+            }
+        }
+    }
+}
+
+/// Subscribes to `wake:*` on the mailbox instance `url` until `cancel`, reconnecting on
+/// failure.
+pub(crate) async fn run_subscriber(hub: Arc<WakeHub>, url: String, cancel: CancellationToken) {
+    loop {
+        let res = tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = subscribe_once(&hub, &url, &cancel) => r,
+        };
+        if cancel.is_cancelled() {
+            return;
+        }
+        match res {
+            Ok(()) => tracing::warn!(%url, "wake subscription ended; reconnecting"),
+            Err(e) => tracing::warn!(%url, error = %e, "wake subscription failed; reconnecting"),
+        }
+        metrics::counter!("tidemark_wake_reconnects_total").increment(1);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(RECONNECT_AFTER) => {}
+        }
+    }
+}
+
+async fn subscribe_once(
+    hub: &WakeHub,
+    url: &str,
+    cancel: &CancellationToken,
+) -> redis::RedisResult<()> {
+    let client = redis::Client::open(url)?;
+    let pubsub = tokio::time::timeout(Duration::from_secs(5), client.get_async_pubsub())
+        .await
+        .map_err(|_| {
+            redis::RedisError::from((redis::ErrorKind::Io, "pub/sub connect timed out"))
+        })??;
+    let (mut sink, mut stream) = pubsub.split();
+    sink.psubscribe("wake:*").await?;
+    tracing::debug!(%url, "wake subscription up");
+    // Anything published while we were away is lost: let every connection re-read once.
+    hub.wake_all();
+    let mut ping = tokio::time::interval(PING_EVERY);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ping.tick().await;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            msg = stream.next() => {
+                let Some(msg) = msg else { return Ok(()) };
+                metrics::counter!("tidemark_wake_hints_total").increment(1);
+                hub.wake_payload(msg.get_payload_bytes());
+            }
+            _ = ping.tick() => {
+                match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => return Err(e),
+                    Err(_) => {
+                        return Err(redis::RedisError::from((
+                            redis::ErrorKind::Io,
+                            "pub/sub ping timed out",
+                        )))
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn hints_wake_named_users_only() {
+        let hub = Arc::new(WakeHub::default());
+        let a = Arc::new(Notify::new());
+        let b = Arc::new(Notify::new());
+        let ra = hub.register("alice", a.clone());
+        let _rb = hub.register("bob", b.clone());
+        assert_eq!(hub.wake_payload(b"17\nalice\ncarol"), 1);
+        // The permit was stored: a later wait returns at once.
+        tokio::time::timeout(Duration::from_millis(100), a.notified())
+            .await
+            .expect("alice woken");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(20), b.notified())
+                .await
+                .is_err(),
+            "bob not woken"
+        );
+        // The min_w line is not a user.
+        assert_eq!(hub.wake_payload(b"alice"), 0);
+        drop(ra);
+        assert_eq!(hub.wake_payload(b"1\nalice"), 0);
+        assert!(hub.users.lock().unwrap().get("alice").is_none());
+    }
+}

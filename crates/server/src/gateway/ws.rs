@@ -1,0 +1,602 @@
+//! `GET /v1/ws`: one WebSocket connection = one authenticated user.
+//!
+//! Tasks of a connection (all on the gateway's `TaskTracker`):
+//!
+//! ```text
+//!   reader (this task) ── parse ──┬─ send ──▶ sender task (commits in order) ──┐
+//!                                 ├─ sync ──▶ delivery task ◀── wake hub,     │
+//!                                 └─ ack: capped, ack_mailbox    re-check tick │
+//!   every task ── Out (bounded channel) ──▶ writer task (owns the sink) ◀─────┘
+//! ```
+//!
+//! The writer is the only owner of the sink. The delivery task waits for room in the channel
+//! (backpressure: a slow client slows its own delivery, nothing else). An `ack` is capped at
+//! the highest seq this connection has written to the socket, so nothing undelivered is ever
+//! trimmed.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::State;
+use axum::http::{HeaderMap, Uri};
+use axum::response::{IntoResponse, Response};
+use futures::stream::{SplitSink, SplitStream};
+use futures::{SinkExt, StreamExt};
+use tidemark_protocol::{parse_client_frame, ClientFrame, ErrorCode, SendRequest, ServerFrame};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{authenticate, Endpoint};
+use super::http::error_response;
+use super::mailbox::Mailbox;
+use super::send;
+use super::state::Shared;
+
+/// Frames queued for the writer per connection.
+const OUT_CAPACITY: usize = 1024;
+/// Sends queued (permit held) for the sender task per connection.
+const SEND_QUEUE: usize = 64;
+/// Mailbox page size of the delivery loop.
+const PAGE: usize = 256;
+/// Most frames written before a flush.
+const WRITE_BATCH: usize = 64;
+/// How long a closing connection may take to flush its last frames.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+const CLOSE_NORMAL: u16 = 1000;
+const CLOSE_GOING_AWAY: u16 = 1001;
+const CLOSE_TOO_BIG: u16 = 1009;
+const CLOSE_ERROR: u16 = 1011;
+
+/// What the writer sends.
+enum Out {
+    /// A server frame (already JSON).
+    Text(String),
+    /// A `deliver` frame of `seq`.
+    Deliver { seq: u64, text: String },
+    /// Close the socket after what is queued before.
+    Close { code: u16, reason: &'static str },
+}
+
+fn text(frame: &ServerFrame) -> Out {
+    Out::Text(frame.to_json())
+}
+
+fn error_frame(code: ErrorCode, message: impl Into<String>, id: Option<String>) -> Out {
+    metrics::counter!("tidemark_errors_total", "code" => code.as_str()).increment(1);
+    text(&ServerFrame::Error {
+        code,
+        message: message.into(),
+        id,
+    })
+}
+
+/// The upgrade handler: authenticate first (401 and no WebSocket on failure), then upgrade.
+pub(crate) async fn handler(
+    State(shared): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Response {
+    let user = match authenticate(&shared.opts, &headers, uri.query(), Endpoint::WebSocket) {
+        Ok(u) => u,
+        Err((code, message)) => return error_response(code, message),
+    };
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(rejection) => return rejection.into_response(),
+    };
+    // Above the protocol's frame limit, so a moderately oversized frame reaches the parser
+    // and gets its `frame_too_large` error frame; only a huge one is cut by the socket.
+    let max = shared
+        .opts
+        .limits
+        .max_frame_bytes
+        .saturating_mul(2)
+        .max(shared.opts.limits.max_frame_bytes.saturating_add(64 * 1024));
+    // Counts as a task of the tracker until the connection ends (or the upgrade fails).
+    let token = shared.tracker.token();
+    ws.max_message_size(max)
+        .max_frame_size(max)
+        .on_upgrade(move |socket| async move {
+            let _token = token;
+            if shared.stop.is_cancelled() {
+                return;
+            }
+            run(shared, user, socket).await;
+        })
+}
+
+struct ConnectedGauge;
+
+impl ConnectedGauge {
+    fn new() -> Self {
+        metrics::gauge!("tidemark_connected_clients").increment(1.0);
+        ConnectedGauge
+    }
+}
+
+impl Drop for ConnectedGauge {
+    fn drop(&mut self) {
+        metrics::gauge!("tidemark_connected_clients").decrement(1.0);
+    }
+}
+
+/// One connection, from upgrade to close.
+async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
+    let _gauge = ConnectedGauge::new();
+    let conn = shared.stop.child_token();
+    let kill = CancellationToken::new();
+    let (sink, stream) = socket.split();
+    let (tx, rx) = mpsc::channel::<Out>(OUT_CAPACITY);
+    // Highest seq handed to the socket: the cap of this connection's acks.
+    let written = Arc::new(AtomicU64::new(0));
+    let mut writer = shared.tracker.spawn(writer(
+        sink,
+        rx,
+        written.clone(),
+        conn.clone(),
+        kill.clone(),
+    ));
+
+    // Register before the first read, so no hint falls between the read and the wait.
+    let notify = Arc::new(Notify::new());
+    let _registration = shared.hub.register(&user, notify.clone());
+    let mut mailbox = shared.mailbox(&user);
+    tracing::debug!(%user, shard = mailbox.route.shard, "client connected");
+
+    let acked = tokio::select! {
+        _ = conn.cancelled() => None,
+        r = mailbox.acked() => match r {
+            Ok(a) => Some(a),
+            Err(e) => {
+                tracing::warn!(%user, error = %e, "reading the acked cursor failed");
+                let _ = tx
+                    .send(error_frame(ErrorCode::Internal, "mailbox unavailable; reconnect later", None))
+                    .await;
+                None
+            }
+        }
+    };
+    let Some(acked) = acked else {
+        let code = if conn.is_cancelled() {
+            CLOSE_GOING_AWAY
+        } else {
+            CLOSE_ERROR
+        };
+        close(tx, Out::Close { code, reason: "" }, &mut writer, &kill).await;
+        return;
+    };
+    written.fetch_max(acked, Ordering::Relaxed);
+    let _ = tx
+        .send(text(&ServerFrame::Ready {
+            user: user.clone(),
+            after: acked,
+        }))
+        .await;
+
+    let (sync_tx, sync_rx) = mpsc::channel::<u64>(16);
+    let delivery = shared.tracker.spawn(delivery_loop(
+        shared.clone(),
+        shared.mailbox(&user),
+        acked,
+        notify,
+        sync_rx,
+        tx.clone(),
+        conn.clone(),
+    ));
+    let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
+    let sender = shared.tracker.spawn(send_loop(
+        shared.clone(),
+        user.clone(),
+        send_rx,
+        tx.clone(),
+        conn.clone(),
+    ));
+
+    let mut reader = Reader {
+        shared: &shared,
+        mailbox,
+        tx: &tx,
+        sync_tx,
+        send_tx,
+        written,
+        last_ack: acked,
+        conn: conn.clone(),
+    };
+    let (code, reason) = reader.run(stream, &conn).await;
+    drop(reader);
+
+    conn.cancel();
+    let _ = delivery.await;
+    let _ = sender.await;
+    close(tx, Out::Close { code, reason }, &mut writer, &kill).await;
+    tracing::debug!(%user, code, "client disconnected");
+}
+
+/// Queues the close frame behind what is queued and lets the writer finish, all within
+/// [`CLOSE_GRACE`]; then aborts the writer (a client that does not read).
+async fn close(
+    tx: mpsc::Sender<Out>,
+    frame: Out,
+    writer: &mut tokio::task::JoinHandle<()>,
+    kill: &CancellationToken,
+) {
+    let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
+    let _ = tokio::time::timeout_at(deadline, tx.send(frame)).await;
+    drop(tx);
+    if tokio::time::timeout_at(deadline, &mut *writer)
+        .await
+        .is_err()
+    {
+        kill.cancel();
+        let _ = writer.await;
+    }
+}
+
+struct Reader<'a> {
+    shared: &'a Shared,
+    mailbox: Mailbox,
+    tx: &'a mpsc::Sender<Out>,
+    sync_tx: mpsc::Sender<u64>,
+    send_tx: mpsc::Sender<(SendRequest, OwnedSemaphorePermit, Instant)>,
+    written: Arc<AtomicU64>,
+    last_ack: u64,
+    conn: CancellationToken,
+}
+
+impl Reader<'_> {
+    /// Reads frames until the client leaves or the connection is cancelled; returns the
+    /// close code and reason to send.
+    async fn run(
+        &mut self,
+        mut stream: SplitStream<WebSocket>,
+        conn: &CancellationToken,
+    ) -> (u16, &'static str) {
+        loop {
+            let msg = tokio::select! {
+                _ = conn.cancelled() => return (CLOSE_GOING_AWAY, "server shutting down"),
+                m = stream.next() => m,
+            };
+            let ok = match msg {
+                None | Some(Ok(Message::Close(_))) => return (CLOSE_NORMAL, ""),
+                Some(Err(e)) => {
+                    let e = e.to_string();
+                    if e.contains("Space limit exceeded") {
+                        let max = self.shared.opts.limits.max_frame_bytes;
+                        self.reply(error_frame(
+                            ErrorCode::FrameTooLarge,
+                            format!("frame exceeds {max} bytes by far; closing"),
+                            None,
+                        ))
+                        .await;
+                        return (CLOSE_TOO_BIG, "frame too large");
+                    }
+                    tracing::debug!(error = %e, "websocket read failed");
+                    return (CLOSE_ERROR, "read error");
+                }
+                Some(Ok(Message::Text(t))) => self.on_text(t.as_str(), conn).await,
+                Some(Ok(Message::Binary(_))) => {
+                    self.reply(error_frame(
+                        ErrorCode::BadRequest,
+                        "binary frames are not part of the protocol; send JSON text frames",
+                        None,
+                    ))
+                    .await
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => true,
+            };
+            if !ok {
+                return (CLOSE_ERROR, "connection failed");
+            }
+        }
+    }
+
+    /// Queues a frame for the writer (waiting for room); false when the connection is gone.
+    async fn reply(&self, out: Out) -> bool {
+        until_cancelled(&self.conn, self.tx.send(out)).await
+    }
+
+    /// Handles one text frame; false when the connection is gone.
+    async fn on_text(&mut self, frame: &str, conn: &CancellationToken) -> bool {
+        let received = Instant::now();
+        match parse_client_frame(frame, &self.shared.opts.limits) {
+            Err(e) => {
+                metrics::counter!("tidemark_errors_total", "code" => e.code()).increment(1);
+                self.reply(text(&e.to_server_frame())).await
+            }
+            Ok(ClientFrame::Send(req)) => {
+                let permit = tokio::select! {
+                    _ = conn.cancelled() => return false,
+                    p = send::reserve(self.shared, &req) => p,
+                };
+                match permit {
+                    Ok(permit) => {
+                        until_cancelled(conn, self.send_tx.send((req, permit, received))).await
+                    }
+                    Err((code, message)) => {
+                        self.reply(error_frame(code, message, Some(req.id))).await
+                    }
+                }
+            }
+            Ok(ClientFrame::Ack { seq }) => {
+                // Never trim what this connection has not written to the socket.
+                let capped = seq.min(self.written.load(Ordering::Relaxed));
+                if capped <= self.last_ack {
+                    return true;
+                }
+                let r = tokio::select! {
+                    _ = conn.cancelled() => return false,
+                    r = self.mailbox.ack(capped) => r,
+                };
+                match r {
+                    Ok(cursor) => {
+                        self.last_ack = cursor;
+                        metrics::counter!("tidemark_acks_total").increment(1);
+                        true
+                    }
+                    Err(e) => {
+                        tracing::warn!(user = %self.mailbox.user, error = %e, "ack failed");
+                        self.reply(error_frame(
+                            ErrorCode::Internal,
+                            "ack failed; send it again",
+                            None,
+                        ))
+                        .await
+                    }
+                }
+            }
+            Ok(ClientFrame::Sync { after }) => {
+                until_cancelled(conn, self.sync_tx.send(after)).await
+            }
+        }
+    }
+}
+
+/// Runs a channel send unless the connection is cancelled first; true when it was sent.
+async fn until_cancelled<E>(
+    conn: &CancellationToken,
+    send: impl std::future::Future<Output = Result<(), E>>,
+) -> bool {
+    tokio::select! {
+        _ = conn.cancelled() => false,
+        r = send => r.is_ok(),
+    }
+}
+
+/// Commits the connection's sends one after another (a client's sends to one mailbox keep
+/// their order) and answers each with `send_ack` or `error`.
+async fn send_loop(
+    shared: Arc<Shared>,
+    user: String,
+    mut rx: mpsc::Receiver<(SendRequest, OwnedSemaphorePermit, Instant)>,
+    tx: mpsc::Sender<Out>,
+    conn: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = conn.cancelled() => return,
+            n = rx.recv() => n,
+        };
+        let Some((req, permit, received)) = next else {
+            return;
+        };
+        let res = tokio::select! {
+            // Dropped mid-commit: the client resends the same id; dedupe makes that safe.
+            _ = conn.cancelled() => return,
+            r = send::commit(&shared, &user, &req) => r,
+        };
+        drop(permit);
+        let out = match res {
+            Ok(offsets) => {
+                metrics::histogram!("tidemark_send_ack_seconds")
+                    .record(received.elapsed().as_secs_f64());
+                text(&ServerFrame::SendAck {
+                    id: req.id,
+                    offsets,
+                })
+            }
+            Err((code, message)) => error_frame(code, message, Some(req.id)),
+        };
+        if !until_cancelled(&conn, tx.send(out)).await {
+            return;
+        }
+    }
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// Pushes the mailbox to the client: every visible entry after the cursor, in seq order,
+/// then waits for a hint, the re-check tick or a `sync`.
+async fn delivery_loop(
+    shared: Arc<Shared>,
+    mut mailbox: Mailbox,
+    mut cursor: u64,
+    notify: Arc<Notify>,
+    mut sync_rx: mpsc::Receiver<u64>,
+    tx: mpsc::Sender<Out>,
+    conn: CancellationToken,
+) {
+    let mut tick =
+        tokio::time::interval(shared.opts.recheck_interval.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    // Highest seq pushed so far (latency is measured once per entry and connection).
+    let mut highest = cursor;
+    let mut failing = false;
+    let push = |out: Out| until_cancelled(&conn, tx.send(out));
+    loop {
+        // Read until caught up with what is visible.
+        'read: loop {
+            if let Some(after) = latest_sync(&mut sync_rx) {
+                cursor = after;
+            }
+            let page = tokio::select! {
+                _ = conn.cancelled() => return,
+                p = mailbox.read_visible(cursor, PAGE) => p,
+            };
+            let page = match page {
+                Ok(p) => {
+                    failing = false;
+                    p
+                }
+                Err(e) => {
+                    tracing::warn!(user = %mailbox.user, error = %e, "mailbox read failed; retrying on the next tick");
+                    if !failing {
+                        failing = true;
+                        if !push(error_frame(
+                            ErrorCode::Internal,
+                            "mailbox read failed; delivery resumes by itself",
+                            None,
+                        ))
+                        .await
+                        {
+                            return;
+                        }
+                    }
+                    break 'read;
+                }
+            };
+            for entry in page.entries {
+                let out = match entry {
+                    Ok(e) => {
+                        let seq = e.seq;
+                        if seq > highest {
+                            highest = seq;
+                            let lat = now_us().saturating_sub(e.sent_at_us) as f64 / 1e6;
+                            metrics::histogram!("tidemark_delivery_latency_seconds").record(lat);
+                        }
+                        metrics::counter!("tidemark_deliveries_total").increment(1);
+                        (
+                            seq,
+                            Out::Deliver {
+                                seq,
+                                text: ServerFrame::Deliver(e).to_json(),
+                            },
+                        )
+                    }
+                    Err(seq) => (
+                        seq,
+                        error_frame(
+                            ErrorCode::Internal,
+                            format!("mailbox entry {seq} is unreadable and was skipped"),
+                            None,
+                        ),
+                    ),
+                };
+                if !push(out.1).await {
+                    return;
+                }
+                cursor = out.0;
+                if !sync_rx.is_empty() {
+                    continue 'read; // restart after the seq the client named
+                }
+            }
+            if !page.more {
+                break 'read;
+            }
+        }
+        tokio::select! {
+            _ = conn.cancelled() => return,
+            _ = notify.notified() => {}
+            _ = tick.tick() => {}
+            s = sync_rx.recv() => match s {
+                Some(after) => cursor = latest_sync(&mut sync_rx).unwrap_or(after),
+                None => return,
+            },
+        }
+    }
+}
+
+/// The last of the queued `sync`s, if any.
+fn latest_sync(rx: &mut mpsc::Receiver<u64>) -> Option<u64> {
+    let mut last = None;
+    while let Ok(a) = rx.try_recv() {
+        last = Some(a);
+    }
+    last
+}
+
+/// Owns the sink: writes queued frames (batched, one flush per batch) until the channel
+/// closes or a `Close` is queued; `kill` aborts it.
+async fn writer(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut rx: mpsc::Receiver<Out>,
+    written: Arc<AtomicU64>,
+    conn: CancellationToken,
+    kill: CancellationToken,
+) {
+    let mut close = None;
+    'outer: loop {
+        let first = tokio::select! {
+            biased;
+            _ = kill.cancelled() => return,
+            o = rx.recv() => o,
+        };
+        let Some(first) = first else {
+            break;
+        };
+        let mut next = Some(first);
+        let mut batch = 0;
+        while let Some(out) = next.take() {
+            let msg = match out {
+                Out::Text(t) => Message::Text(t.into()),
+                Out::Deliver { seq, text } => {
+                    // Handed to the socket: from now on the client may ack it.
+                    written.fetch_max(seq, Ordering::Relaxed);
+                    Message::Text(text.into())
+                }
+                Out::Close { code, reason } => {
+                    close = Some((code, reason));
+                    break;
+                }
+            };
+            let fed = tokio::select! {
+                biased;
+                _ = kill.cancelled() => return,
+                r = sink.feed(msg) => r,
+            };
+            if fed.is_err() {
+                conn.cancel();
+                return;
+            }
+            batch += 1;
+            if batch < WRITE_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        let flushed = tokio::select! {
+            biased;
+            _ = kill.cancelled() => return,
+            r = sink.flush() => r,
+        };
+        if flushed.is_err() {
+            conn.cancel();
+            return;
+        }
+        if close.is_some() {
+            break 'outer;
+        }
+    }
+    let (code, reason) = close.unwrap_or((CLOSE_NORMAL, ""));
+    let frame = Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }));
+    tokio::select! {
+        biased;
+        _ = kill.cancelled() => {}
+        _ = async {
+            let _ = sink.send(frame).await;
+            let _ = sink.close().await;
+        } => {}
+    }
+}

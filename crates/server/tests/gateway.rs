@@ -1,0 +1,781 @@
+//! The gateway against a real deployment (redis-server processes, the materializer, real
+//! WebSocket and HTTP): send → commit → materialize → deliver, dedupe, acks and resume, sync,
+//! auth, mailbox isolation, hostile frames, HTTP, metrics, health and shutdown.
+
+mod gateway_support;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gateway_support::{
+    encode, shard_of, start, start_with, token_for, users_in_distinct_shards, Deployment, SECRET,
+    WAIT,
+};
+use serde_json::{json, Value};
+use tidemark_protocol::token;
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+fn offset_of(offsets: &serde_json::Map<String, Value>, user: &str) -> u64 {
+    offsets[&shard_of(user).to_string()].as_u64().unwrap()
+}
+
+/// Polls `GET /v1/mailbox` of `user` (dev auth) until it holds `n` entries after `after`.
+async fn mailbox_with(d: &Deployment, user: &str, after: u64, n: usize) -> Value {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (status, page) = d
+            .http_json(
+                "GET",
+                &format!("/v1/mailbox?after={after}&user={}", encode(user)),
+                &[],
+                None,
+            )
+            .await;
+        assert_eq!(status, 200, "{page}");
+        if page["entries"].as_array().unwrap().len() >= n {
+            return page;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "mailbox of {user} never reached {n} entries: {page}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn send_ack_then_deliver_to_connected_and_late_recipients() {
+    let d = start().await;
+    let rcpts = users_in_distinct_shards("r", 3);
+    let (early, late, other) = (&rcpts[0], &rcpts[1], &rcpts[2]);
+
+    let mut e = d.ws_user(early).await;
+    let ready = e.recv().await;
+    assert_eq!(ready, json!({"type":"ready","user":early,"after":0}));
+
+    let mut alice = d.ws_user("alice").await;
+    assert_eq!(alice.recv().await["type"], "ready");
+    let before = now_us();
+    let offsets = alice
+        .send_ok(
+            "c-1",
+            &[early.as_str(), late.as_str(), other.as_str()],
+            "hi",
+        )
+        .await;
+    assert_eq!(
+        offsets.len(),
+        3,
+        "one offset per shard touched: {offsets:?}"
+    );
+
+    let m = e.deliver().await;
+    assert_eq!(m["seq"].as_u64().unwrap(), offset_of(&offsets, early));
+    assert_eq!(m["from"], "alice");
+    assert_eq!(m["body"], "hi");
+    let sent_at = m["sent_at_us"].as_u64().unwrap();
+    assert!(sent_at >= before && sent_at <= now_us(), "{m}");
+
+    // Connected after the message was committed: ready first, then the entry.
+    let mut l = d.ws_user(late).await;
+    assert_eq!(
+        l.recv().await,
+        json!({"type":"ready","user":late,"after":0})
+    );
+    let m = l.recv().await;
+    assert_eq!(m["type"], "deliver");
+    assert_eq!(m["seq"].as_u64().unwrap(), offset_of(&offsets, late));
+    assert_eq!(
+        (m["from"].as_str(), m["body"].as_str()),
+        (Some("alice"), Some("hi"))
+    );
+
+    // Unicode and an empty body survive the round trip.
+    let offsets = alice.send_ok("c-2", &[early.as_str()], "").await;
+    let m = e.deliver().await;
+    assert_eq!(m["seq"].as_u64().unwrap(), offset_of(&offsets, early));
+    assert_eq!(m["body"], "");
+    alice
+        .send_ok("c-3", &[early.as_str()], "Grüße, 世界 \"\n")
+        .await;
+    assert_eq!(e.deliver().await["body"], "Grüße, 世界 \"\n");
+
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_resent_id_returns_the_same_offsets_and_is_delivered_once() {
+    let d = start().await;
+    let mut bob = d.ws_user("bob").await;
+    bob.recv().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+
+    let first = alice.send_ok("dup-1", &["bob"], "once").await;
+    let again = alice.send_ok("dup-1", &["bob"], "once").await;
+    assert_eq!(first, again);
+    // Same id from another connection of the same sender: still the same.
+    let mut alice2 = d.ws_user("alice").await;
+    alice2.recv().await;
+    assert_eq!(alice2.send_ok("dup-1", &["bob"], "once").await, first);
+    // Over HTTP too.
+    let (status, r) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=alice",
+            &[],
+            Some(br#"{"id":"dup-1","to":["bob"],"body":"once"}"#),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(r["offsets"], Value::Object(first.clone()));
+
+    let next = alice.send_ok("dup-2", &["bob"], "twice?").await;
+    let m1 = bob.deliver().await;
+    assert_eq!(m1["seq"].as_u64().unwrap(), offset_of(&first, "bob"));
+    let m2 = bob.deliver().await;
+    assert_eq!(m2["seq"].as_u64().unwrap(), offset_of(&next, "bob"));
+    assert_eq!(m2["body"], "twice?");
+
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn ack_then_reconnect_resumes_after_the_acked_seq() {
+    let d = start().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    let mut bob = d.ws_user("bob").await;
+    bob.recv().await;
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        let o = alice
+            .send_ok(&format!("m{i}"), &["bob"], &format!("n{i}"))
+            .await;
+        seqs.push(offset_of(&o, "bob"));
+    }
+    for s in &seqs {
+        assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), *s);
+    }
+    bob.send_json(&json!({"type":"ack","seq":seqs[1]})).await;
+    bob.barrier().await;
+    bob.close().await;
+
+    let mut bob = d.ws_user("bob").await;
+    assert_eq!(
+        bob.recv().await,
+        json!({"type":"ready","user":"bob","after":seqs[1]})
+    );
+    let m = bob.deliver().await;
+    assert_eq!(m["seq"].as_u64().unwrap(), seqs[2]);
+    assert_eq!(m["body"], "n2");
+
+    // An ack above what this connection has delivered is capped at it.
+    bob.send_json(&json!({"type":"ack","seq":1_000_000_000u64}))
+        .await;
+    bob.barrier().await;
+    let o = alice.send_ok("m3", &["bob"], "n3").await;
+    let s3 = offset_of(&o, "bob");
+    assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), s3);
+    bob.close().await;
+    let mut bob = d.ws_user("bob").await;
+    assert_eq!(
+        bob.recv().await,
+        json!({"type":"ready","user":"bob","after":seqs[2]})
+    );
+    assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), s3);
+
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn sync_restarts_the_stream_exactly_after_the_seq() {
+    let d = start().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    let mut bob = d.ws_user("bob").await;
+    bob.recv().await;
+    let mut seqs = Vec::new();
+    for i in 0..4 {
+        let o = alice
+            .send_ok(&format!("s{i}"), &["bob"], &format!("b{i}"))
+            .await;
+        seqs.push(offset_of(&o, "bob"));
+    }
+    for s in &seqs {
+        assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), *s);
+    }
+    bob.send_json(&json!({"type":"sync","after":seqs[1]})).await;
+    assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), seqs[2]);
+    assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), seqs[3]);
+    bob.send_json(&json!({"type":"sync","after":0})).await;
+    for s in &seqs {
+        assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), *s);
+    }
+    // Then live entries keep streaming.
+    let o = alice.send_ok("s4", &["bob"], "live").await;
+    let m = bob.deliver().await;
+    assert_eq!(m["seq"].as_u64().unwrap(), offset_of(&o, "bob"));
+    assert_eq!(m["body"], "live");
+
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn more_than_a_page_is_delivered_in_order() {
+    let d = start().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    // Pipelined sends: all frames first, then the acks.
+    let n = 300;
+    for i in 0..n {
+        alice
+            .send_json(
+                &json!({"type":"send","id":format!("p{i}"),"to":["bob"],"body":format!("{i}")}),
+            )
+            .await;
+    }
+    let mut last = 0;
+    for _ in 0..n {
+        let a = alice.recv_type("send_ack").await;
+        let s = a["offsets"][shard_of("bob").to_string()].as_u64().unwrap();
+        assert!(s > last, "a connection's sends commit in order");
+        last = s;
+    }
+    let mut bob = d.ws_user("bob").await;
+    bob.recv().await;
+    let mut prev = 0;
+    for i in 0..n {
+        let m = bob.deliver().await;
+        let s = m["seq"].as_u64().unwrap();
+        assert!(s > prev, "ascending seqs");
+        assert_eq!(m["body"], i.to_string());
+        prev = s;
+    }
+    assert_eq!(prev, last);
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn token_auth() {
+    let d = start_with(|o| o.dev_auth = false).await;
+    let good = token_for("alice");
+
+    // Valid: header or query.
+    let mut ws = d
+        .ws("", &[("Authorization", &format!("Bearer {good}"))])
+        .await;
+    assert_eq!(
+        ws.recv().await,
+        json!({"type":"ready","user":"alice","after":0})
+    );
+    let mut ws = d.ws(&format!("token={good}"), &[]).await;
+    assert_eq!(ws.recv().await["user"], "alice");
+
+    let expect = |r: Result<_, (u16, String)>, code: &str| {
+        let Err((status, body)) = r else {
+            panic!("upgrade accepted, expected {code}")
+        };
+        assert_eq!(status, 401);
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["code"], code, "{body}");
+    };
+    let expired = token::sign(SECRET, "alice", gateway_support::now_unix() - 1);
+    expect(
+        d.try_ws(&format!("token={expired}"), &[]).await,
+        "token_expired",
+    );
+    let forged = token::sign(b"not the secret", "alice", gateway_support::now_unix() + 60);
+    expect(
+        d.try_ws(&format!("token={forged}"), &[]).await,
+        "unauthorized",
+    );
+    expect(d.try_ws("token=garbage", &[]).await, "unauthorized");
+    expect(d.try_ws("", &[]).await, "unauthorized");
+    // Dev users are refused without --dev-auth.
+    expect(d.try_ws("user=alice", &[]).await, "unauthorized");
+
+    // HTTP: header only.
+    let (status, v) = d
+        .http_json("GET", "/v1/mailbox?user=alice", &[], None)
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let (status, v) = d
+        .http_json("GET", &format!("/v1/mailbox?token={good}"), &[], None)
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let (status, v) = d
+        .http_json(
+            "GET",
+            "/v1/mailbox",
+            &[("Authorization", &format!("Bearer {expired}"))],
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (401, Some("token_expired"))
+    );
+    let (status, v) = d
+        .http_json(
+            "POST",
+            "/v1/messages",
+            &[("Authorization", &format!("Bearer {forged}"))],
+            Some(br#"{"id":"x","to":["bob"],"body":""}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (401, Some("unauthorized"))
+    );
+    let (status, _) = d
+        .http_json(
+            "GET",
+            "/v1/mailbox",
+            &[("Authorization", &format!("Bearer {good}"))],
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_reads_only_their_own_mailbox() {
+    let d = start().await;
+    let alice_token = token_for("alice");
+    let auth = format!("Bearer {alice_token}");
+
+    let (status, _) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=carol",
+            &[],
+            Some(br#"{"id":"secret-1","to":["bob"],"body":"for bob only"}"#),
+        )
+        .await;
+    assert_eq!(status, 200);
+    mailbox_with(&d, "bob", 0, 1).await;
+
+    // A token wins over ?user= (even with dev auth on): alice's mailbox, empty.
+    let (status, page) = d
+        .http_json(
+            "GET",
+            "/v1/mailbox?user=bob",
+            &[("Authorization", &auth)],
+            None,
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(page, json!({"entries":[],"next_after":0}));
+    let mut ws = d.ws(&format!("token={alice_token}&user=bob"), &[]).await;
+    assert_eq!(
+        ws.recv().await,
+        json!({"type":"ready","user":"alice","after":0})
+    );
+    // The first delivery is alice's own message, nothing of bob's.
+    let (status, _) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=carol",
+            &[],
+            Some(br#"{"id":"for-alice","to":["alice"],"body":"for alice"}"#),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let m = ws.recv().await;
+    assert_eq!(
+        (m["type"].as_str(), m["body"].as_str()),
+        (Some("deliver"), Some("for alice"))
+    );
+    // alice's ack cannot touch bob's mailbox.
+    let (status, _) = d
+        .http_json(
+            "POST",
+            "/v1/mailbox/ack?user=bob",
+            &[("Authorization", &auth)],
+            Some(br#"{"seq":100}"#),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let page = mailbox_with(&d, "bob", 0, 1).await;
+    assert_eq!(page["entries"][0]["body"], "for bob only");
+
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn hostile_frames_get_error_frames_and_the_socket_keeps_working() {
+    let d = start().await;
+    let mut ws = d.ws_user("alice").await;
+    ws.recv().await;
+
+    let mut expect = async |frame: String, code: &str, id: Option<&str>| {
+        ws.send_text(&frame).await;
+        let e = ws.recv().await;
+        assert_eq!(e["type"], "error", "{frame:.80}: {e}");
+        assert_eq!(e["code"], code, "{frame:.80}: {e}");
+        assert!(e["message"].is_string());
+        match id {
+            Some(id) => assert_eq!(e["id"], id),
+            None => assert!(e.get("id").is_none(), "{e}"),
+        }
+    };
+    expect("{not json".into(), "bad_json", None).await;
+    expect("[1,2]".into(), "bad_json", None).await;
+    expect(
+        r#"{"type":"edit","id":"e-1"}"#.into(),
+        "unknown_type",
+        Some("e-1"),
+    )
+    .await;
+    expect(r#"{"id":"x"}"#.into(), "bad_request", Some("x")).await;
+    let oversized = format!(
+        r#"{{"type":"send","id":"big","to":["bob"],"body":"{}"}}"#,
+        "x".repeat(70_000)
+    );
+    expect(oversized, "frame_too_large", None).await;
+    let body_too_large = json!({"type":"send","id":"b-1","to":["bob"],"body":"y".repeat(16_385)});
+    expect(body_too_large.to_string(), "body_too_large", Some("b-1")).await;
+    let many: Vec<String> = (0..101).map(|i| format!("u{i}")).collect();
+    let too_many = json!({"type":"send","id":"t-1","to":many,"body":""});
+    expect(too_many.to_string(), "too_many_recipients", Some("t-1")).await;
+    expect(
+        r#"{"type":"send","id":"d-1","to":["bob","bob"],"body":""}"#.into(),
+        "bad_recipient",
+        Some("d-1"),
+    )
+    .await;
+    expect(
+        r#"{"type":"send","id":"","to":["bob"],"body":""}"#.into(),
+        "bad_id",
+        None,
+    )
+    .await;
+    expect(
+        r#"{"type":"ack","seq":281474976710656}"#.into(),
+        "seq_out_of_range",
+        None,
+    )
+    .await;
+    expect(
+        r#"{"type":"sync","after":-1}"#.into(),
+        "seq_out_of_range",
+        None,
+    )
+    .await;
+    expect(r#"{"type":"ack","seq":1.5}"#.into(), "bad_request", None).await;
+
+    ws.send_binary(b"\x00\x01").await;
+    let e = ws.recv().await;
+    assert_eq!(
+        (e["type"].as_str(), e["code"].as_str()),
+        (Some("error"), Some("bad_request"))
+    );
+
+    // Still usable: a valid send is acked and delivered.
+    let o = ws.send_ok("after-errors", &["alice"], "still here").await;
+    let m = ws.deliver().await;
+    assert_eq!(m["seq"].as_u64().unwrap(), offset_of(&o, "alice"));
+    assert_eq!(m["body"], "still here");
+
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn http_send_read_ack_round_trip() {
+    let d = start().await;
+    let (status, r) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=alice",
+            &[],
+            Some(br#"{"id":"h-1","to":["bob"],"body":"over http"}"#),
+        )
+        .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(r["id"], "h-1");
+    let seq = r["offsets"][shard_of("bob").to_string()].as_u64().unwrap();
+    let (_, r2) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=alice",
+            &[],
+            Some(br#"{"id":"h-2","to":["bob"],"body":"second"}"#),
+        )
+        .await;
+    let seq2 = r2["offsets"][shard_of("bob").to_string()].as_u64().unwrap();
+
+    let page = mailbox_with(&d, "bob", 0, 2).await;
+    assert_eq!(page["entries"][0]["seq"].as_u64().unwrap(), seq);
+    assert_eq!(page["entries"][0]["from"], "alice");
+    assert_eq!(page["entries"][0]["body"], "over http");
+    assert!(page["entries"][0]["sent_at_us"].as_u64().unwrap() > 0);
+    assert_eq!(page["next_after"].as_u64().unwrap(), seq2);
+
+    // Paging: limit=1.
+    let (status, p1) = d
+        .http_json("GET", "/v1/mailbox?user=bob&limit=1", &[], None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(p1["entries"].as_array().unwrap().len(), 1);
+    assert_eq!(p1["next_after"].as_u64().unwrap(), seq);
+
+    // Ack the first; the default `after` is now the acked cursor.
+    let (status, a) = d
+        .http_json(
+            "POST",
+            "/v1/mailbox/ack?user=bob",
+            &[],
+            Some(format!(r#"{{"seq":{seq}}}"#).as_bytes()),
+        )
+        .await;
+    assert_eq!((status, a), (200, json!({"acked":seq})));
+    let (_, p) = d.http_json("GET", "/v1/mailbox?user=bob", &[], None).await;
+    assert_eq!(p["entries"].as_array().unwrap().len(), 1);
+    assert_eq!(p["entries"][0]["seq"].as_u64().unwrap(), seq2);
+    // An ack never moves back, and never passes the lane's W.
+    let (_, a) = d
+        .http_json(
+            "POST",
+            "/v1/mailbox/ack?user=bob",
+            &[],
+            Some(br#"{"seq":1}"#),
+        )
+        .await;
+    assert_eq!(a, json!({"acked":seq}));
+    let (_, a) = d
+        .http_json(
+            "POST",
+            "/v1/mailbox/ack?user=bob",
+            &[],
+            Some(br#"{"seq":1000000000}"#),
+        )
+        .await;
+    let acked = a["acked"].as_u64().unwrap();
+    assert!(acked >= seq2 && acked < 1_000_000_000, "{a}");
+    let (_, p) = d.http_json("GET", "/v1/mailbox?user=bob", &[], None).await;
+    assert_eq!(p, json!({"entries":[],"next_after":acked}));
+
+    // Errors: JSON error bodies with the code's status.
+    // (method, path, body, status, code)
+    type Case = (
+        &'static str,
+        &'static str,
+        Option<Vec<u8>>,
+        u16,
+        &'static str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "POST",
+            "/v1/messages?user=alice",
+            Some(b"{".to_vec()),
+            400,
+            "bad_json",
+        ),
+        (
+            "POST",
+            "/v1/messages?user=alice",
+            Some(br#"{"id":"x","to":[],"body":""}"#.to_vec()),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/messages?user=alice",
+            Some(vec![b' '; 70_000]),
+            413,
+            "frame_too_large",
+        ),
+        (
+            "GET",
+            "/v1/mailbox?user=bob&limit=0",
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/v1/mailbox?user=bob&after=-1",
+            None,
+            400,
+            "seq_out_of_range",
+        ),
+        (
+            "GET",
+            "/v1/mailbox?user=bob&after=1&after=2",
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/mailbox/ack?user=bob",
+            Some(br#"{"seq":"1"}"#.to_vec()),
+            400,
+            "bad_request",
+        ),
+        ("GET", "/v1/nope?user=bob", None, 404, "not_found"),
+    ];
+    for (method, path, body, want_status, want_code) in cases {
+        let (status, v) = d.http_json(method, path, &[], body.as_deref()).await;
+        assert_eq!(status, want_status, "{method} {path}: {v}");
+        assert_eq!(v["error"]["code"], want_code, "{method} {path}: {v}");
+    }
+
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn metrics_healthz_and_shutdown_closes_sockets() {
+    let d = start().await;
+    let mut ws = d.ws_user("alice").await;
+    ws.recv().await;
+    ws.send_ok("m-1", &["alice"], "x").await;
+    ws.deliver().await;
+
+    let (status, text) = d.http("GET", "/metrics", &[], None).await;
+    assert_eq!(status, 200);
+    for name in [
+        "tidemark_commits_total",
+        "tidemark_send_ack_seconds",
+        "tidemark_delivery_latency_seconds",
+        "tidemark_connected_clients",
+        "tidemark_shard_min_w",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics:\n{text}");
+    }
+    let (status, text) = d.http("GET", "/healthz", &[], None).await;
+    assert_eq!((status, text.as_str()), (200, "ok"));
+
+    // Shutdown: the socket is closed with 1001 and serve() returns after joining its tasks.
+    d.cancel.cancel();
+    assert_eq!(ws.closed().await, Some(1001));
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn live_delivery_is_woken_by_hints_not_the_recheck() {
+    // A re-check far beyond the wait: only a wake hint can deliver in time.
+    let d = start_with(|o| o.recheck_interval = Duration::from_secs(60)).await;
+    let mut bob = d.ws_user("bob").await;
+    bob.recv().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    for i in 0..5 {
+        let o = alice.send_ok(&format!("w{i}"), &["bob"], "ping").await;
+        let m = bob.deliver().await;
+        assert_eq!(m["seq"].as_u64().unwrap(), offset_of(&o, "bob"));
+    }
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_full_commit_pipeline_answers_overloaded_and_the_retry_succeeds() {
+    let d = start_with(|o| o.max_inflight_commits = 1).await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    let mut carol = d.ws_user("carol").await;
+    carol.recv().await;
+
+    // Pause the core: alice's commit holds the only permit until it resumes.
+    let client = redis::Client::open(d.core_url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("ALL")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    alice
+        .send_json(&json!({"type":"send","id":"a-1","to":["bob"],"body":"first"}))
+        .await;
+    alice.barrier().await; // alice's send holds the permit now
+    let r = carol.send_msg("c-1", &["bob"], "second").await;
+    assert_eq!(r["type"], "error", "{r}");
+    assert_eq!(r["code"], "overloaded");
+    assert_eq!(r["id"], "c-1");
+    // HTTP too: 503.
+    let (status, v) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=carol",
+            &[],
+            Some(br#"{"id":"c-1","to":["bob"],"body":"second"}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (503, Some("overloaded"))
+    );
+
+    // Once the core resumes, alice is acked and carol's retry (same id) goes through.
+    let a = alice.recv_type("send_ack").await;
+    assert_eq!(a["id"], "a-1");
+    let o = carol.send_ok("c-1", &["bob"], "second").await;
+    assert!(offset_of(&o, "bob") > a["offsets"][shard_of("bob").to_string()].as_u64().unwrap());
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_client_that_never_reads() {
+    let d = start().await;
+    let bob = d.ws_user("bob").await; // never reads
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    // Enough to fill bob's socket buffers and his connection's frame queue.
+    let body = "z".repeat(16_000);
+    let n = 1500;
+    for i in 0..n {
+        alice
+            .send_json(&json!({"type":"send","id":format!("f{i}"),"to":["bob"],"body":body}))
+            .await;
+        if i % 100 == 99 {
+            alice.barrier().await;
+        }
+    }
+    let mut last = 0;
+    for _ in 0..n {
+        let a = alice.recv_type("send_ack").await;
+        last = a["offsets"][shard_of("bob").to_string()].as_u64().unwrap();
+    }
+    // Materialized (so bob's delivery loop is pushing into a full queue).
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, page) = d
+            .http_json(
+                "GET",
+                &format!("/v1/mailbox?user=bob&limit=1&after={}", last - 1),
+                &[],
+                None,
+            )
+            .await;
+        if !page["entries"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never materialized");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = std::time::Instant::now();
+    d.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(bob);
+}

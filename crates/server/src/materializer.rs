@@ -677,11 +677,9 @@ impl Worker {
             let mb = rt.mb;
             if rt.moved {
                 rt.moved = false;
-                let mut payload = rt.min_w.to_string();
-                for r in std::mem::take(&mut rt.touched) {
-                    payload.push('\n');
-                    payload.push_str(&r);
-                }
+                let touched = std::mem::take(&mut rt.touched);
+                let names: Vec<&str> = touched.iter().map(String::as_str).collect();
+                let payload = tidemark_store::wake::encode(rt.min_w, &names);
                 let min_w = rt.min_w;
                 let mut conn = self.mailboxes[mb].connection();
                 let _: Result<i64, _> = redis::cmd("PUBLISH")

@@ -12,5 +12,6 @@ pub mod keys;
 pub mod ops;
 pub mod redis;
 pub mod routing;
+pub mod wake;
 
 pub use error::Error;

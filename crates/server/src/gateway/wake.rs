@@ -70,14 +70,14 @@ impl WakeHub {
 
     /// Wakes the connections of every user named in a hint payload. Returns how many.
     pub(crate) fn wake_payload(&self, payload: &[u8]) -> usize {
-        let Ok(text) = std::str::from_utf8(payload) else {
+        // The shard's lowest W is not needed: every read checks the lane's W.
+        let Some((_, named)) = tidemark_store::wake::decode(payload) else {
             return 0;
         };
         let users = self.users.lock().expect("wake hub lock");
         let mut woken = 0;
-        // First line: the shard's lowest W (not needed: every read checks the lane's W).
-        for user in text.split('\n').skip(1) {
-            if let Some(list) = users.get(user) {
+        for user in &named {
+            if let Some(list) = users.get(user.as_str()) {
                 for (_, n) in list {
                     n.notify_one();
                     woken += 1;
@@ -175,7 +175,8 @@ mod tests {
         let b = Arc::new(Notify::new());
         let ra = hub.register("alice", a.clone());
         let _rb = hub.register("bob", b.clone());
-        assert_eq!(hub.wake_payload(b"17\nalice\ncarol"), 1);
+        let hint = tidemark_store::wake::encode(17, &["alice", "carol"]);
+        assert_eq!(hub.wake_payload(&hint), 1);
         // The permit was stored: a later wait returns at once.
         tokio::time::timeout(Duration::from_millis(100), a.notified())
             .await
@@ -189,7 +190,10 @@ mod tests {
         // The min_w line is not a user.
         assert_eq!(hub.wake_payload(b"alice"), 0);
         drop(ra);
-        assert_eq!(hub.wake_payload(b"1\nalice"), 0);
+        assert_eq!(
+            hub.wake_payload(&tidemark_store::wake::encode(1, &["alice"])),
+            0
+        );
         assert!(hub.users.lock().unwrap().get("alice").is_none());
     }
 }

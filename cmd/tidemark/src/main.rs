@@ -7,8 +7,8 @@ use tidemark_server::config::Topology;
 use tidemark_server::gateway::GatewayOptions;
 use tidemark_server::run;
 use tidemark_store::ops;
-use tokio_util::sync::CancellationToken;
 use tidemark_store::redis::watermark::Layout;
+use tokio_util::sync::CancellationToken;
 
 /// Exit status for a corrupt watermark (scripts rely on it).
 const EXIT_CORRUPT: u8 = 3;
@@ -16,7 +16,11 @@ const EXIT_CORRUPT: u8 = 3;
 const EXIT_MISSING: u8 = 4;
 
 #[derive(Parser)]
-#[command(name = "tidemark", version, about = "Tidemark: gap-free mailbox delivery on Redis")]
+#[command(
+    name = "tidemark",
+    version,
+    about = "Tidemark: gap-free mailbox delivery on Redis"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -37,6 +41,85 @@ enum Cmd {
     Up(UpArgs),
     /// Run the gateway and materializers against Redis instances started elsewhere.
     Serve(ServeArgs),
+    /// Mint a bearer token (HMAC-SHA256, user + expiry).
+    Token(TokenArgs),
+    /// Send one message and print its offsets.
+    Send(SendArgs),
+    /// Print deliveries as they arrive.
+    Tail(TailArgs),
+}
+
+#[derive(Args)]
+struct TokenArgs {
+    #[arg(long)]
+    user: String,
+    /// Lifetime: e.g. 3600, 90s, 15m, 24h, 7d.
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    ttl: std::time::Duration,
+    /// File holding the secret (else env TIDEMARK_TOKEN_SECRET).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Clone)]
+struct ClientAuthArgs {
+    /// Gateway WebSocket URL.
+    #[arg(long, default_value = "ws://127.0.0.1:7400/v1/ws")]
+    url: String,
+    /// Bearer token.
+    #[arg(long, env = "TIDEMARK_TOKEN", conflicts_with = "dev_user")]
+    token: Option<String>,
+    /// Connect as this user without a token (server must run with --dev-auth).
+    #[arg(long, alias = "user")]
+    dev_user: Option<String>,
+}
+
+#[derive(Args)]
+struct SendArgs {
+    #[command(flatten)]
+    auth: ClientAuthArgs,
+    /// Recipients (repeat or comma-separate).
+    #[arg(long, value_delimiter = ',', required = true)]
+    to: Vec<String>,
+    /// Client message id (default: generated). Resending with the same id is deduplicated.
+    #[arg(long)]
+    id: Option<String>,
+    /// Message body.
+    body: String,
+}
+
+#[derive(Args)]
+struct TailArgs {
+    #[command(flatten)]
+    auth: ClientAuthArgs,
+    /// Restart the stream after this seq (default: after the last acked one).
+    #[arg(long)]
+    after: Option<u64>,
+    /// Acknowledge each delivered message (lets the server trim the mailbox).
+    #[arg(long)]
+    ack: bool,
+}
+
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (num, mul) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86400),
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (e.g. 90s, 15m, 24h, 7d)"))?;
+    Ok(std::time::Duration::from_secs(n * mul))
+}
+
+fn client_auth(a: &ClientAuthArgs) -> anyhow::Result<tidemark_client::Auth> {
+    match (&a.token, &a.dev_user) {
+        (Some(t), _) => Ok(tidemark_client::Auth::Token(t.clone())),
+        (None, Some(u)) => Ok(tidemark_client::Auth::DevUser(u.clone())),
+        (None, None) => anyhow::bail!("give --token (or TIDEMARK_TOKEN) or --dev-user NAME"),
+    }
 }
 
 #[derive(Args)]
@@ -239,7 +322,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             for f in &findings {
                 println!("{} shard {}: {}", f.url, f.shard, f.problem);
             }
-            println!("{checked} watermark(s) checked, {} problem(s)", findings.len());
+            println!(
+                "{checked} watermark(s) checked, {} problem(s)",
+                findings.len()
+            );
             Ok(if findings.is_empty() {
                 ExitCode::SUCCESS
             } else {
@@ -254,6 +340,38 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Err(e) => Ok(store_exit(&e)),
         },
+        Cmd::Token(a) => {
+            if !tidemark_protocol::is_valid_user_id(&a.user) {
+                anyhow::bail!("--user must be 1..=128 bytes");
+            }
+            let secret = tidemark_client::read_secret(
+                a.secret_file.as_deref(),
+                tidemark_client::SECRET_ENV_VAR,
+            )?;
+            println!("{}", tidemark_client::make_token(&secret, &a.user, a.ttl));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Send(a) => {
+            let auth = client_auth(&a.auth)?;
+            let id = a.id.unwrap_or_else(tidemark_client::new_message_id);
+            let offsets =
+                tidemark_client::send_once(&a.auth.url, &auth, a.to, a.body, Some(id.clone()))
+                    .await?;
+            let list: Vec<String> = offsets
+                .iter()
+                .map(|(s, o)| format!("shard {s} offset {o}"))
+                .collect();
+            println!("sent {id}: {}", list.join(", "));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Tail(a) => {
+            let auth = client_auth(&a.auth)?;
+            tidemark_client::tail(&a.auth.url, &auth, a.after, a.ack, |e| {
+                println!("{}", tidemark_client::format_entry(e));
+            })
+            .await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Up(a) => run_up(a).await,
         Cmd::Serve(a) => run_serve(a).await,
         Cmd::Bench(BenchCmd::Lua(a)) => {
@@ -344,7 +462,9 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             .map(|s| s.into_bytes()),
     };
     if secret.is_none() && !a.dev_auth {
-        anyhow::bail!("no token secret: give --secret-file or TIDEMARK_TOKEN_SECRET (or --dev-auth)");
+        anyhow::bail!(
+            "no token secret: give --secret-file or TIDEMARK_TOKEN_SECRET (or --dev-auth)"
+        );
     }
     let cancel = shutdown_token();
     let running = run::serve(

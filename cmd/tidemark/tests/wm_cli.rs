@@ -31,7 +31,9 @@ fn init_inspect_downgrade_verify_fence() {
     let out = tidemark(&["wm", "init", "--redis", &url, "--shards", "4"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
-    let out = tidemark(&["wm", "init", "--redis", &url, "--shards", "4", "--force", "--epoch", "5"]);
+    let out = tidemark(&[
+        "wm", "init", "--redis", &url, "--shards", "4", "--force", "--epoch", "5",
+    ]);
     assert!(out.status.success());
 
     let out = tidemark(&["wm", "inspect", "--redis", &url, "--shard", "2", "--json"]);
@@ -49,7 +51,10 @@ fn init_inspect_downgrade_verify_fence() {
 
     let out = tidemark(&["wm", "inspect", "--redis", &url, "--shard", "2"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("packed-v2") && text.contains("uniform"), "{text}");
+    assert!(
+        text.contains("packed-v2") && text.contains("uniform"),
+        "{text}"
+    );
 
     // downgrade one shard: 1216 bytes, packed-v1
     let out = tidemark(&["wm", "downgrade", "--redis", &url, "--shard", "1"]);
@@ -79,7 +84,10 @@ fn init_inspect_downgrade_verify_fence() {
     assert_eq!(out.status.code(), Some(3));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.starts_with("corrupt:") && err.contains("bad_length"), "{err}");
+    assert!(
+        err.starts_with("corrupt:") && err.contains("bad_length"),
+        "{err}"
+    );
     let out = tidemark(&["wm", "verify", "--redis", &url]);
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stdout).contains("shard 3"));

@@ -375,8 +375,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Up(a) => run_up(a).await,
         Cmd::Serve(a) => run_serve(a).await,
         Cmd::Bench(BenchCmd::Lua(a)) => {
-            let _ = a;
-            anyhow::bail!("bench lua: not wired yet")
+            let report = tidemark_bench::lua::run(&tidemark_bench::LuaBenchOptions {
+                redis_url: a.redis,
+                calls_per_round: a.calls,
+                rounds: a.rounds,
+            })
+            .await?;
+            print!("{}", report.to_table());
+            if let Some(path) = a.json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report.to_json())?)?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use tidemark_server::config::Topology;
 use tidemark_server::gateway::GatewayOptions;
+use tidemark_server::materializer::{MaterializerOptions, RandomChunkFault};
 use tidemark_server::run;
 use tidemark_store::ops;
 use tidemark_store::redis::watermark::Layout;
@@ -179,6 +180,9 @@ struct ServeArgs {
     /// Own only these shards (comma-separated); default all.
     #[arg(long, value_delimiter = ',')]
     own_shards: Option<Vec<u32>>,
+    /// Fault injection for fault runs: fail this percentage of lane chunk writes.
+    #[arg(long, hide = true, default_value_t = 0)]
+    fault_chunk_fail_pct: u8,
 }
 
 #[derive(Subcommand)]
@@ -486,7 +490,15 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 token_secret: secret,
                 ..Default::default()
             },
-            materializer: Default::default(),
+            materializer: MaterializerOptions {
+                fault: (a.fault_chunk_fail_pct > 0).then(|| {
+                    std::sync::Arc::new(RandomChunkFault {
+                        percent: a.fault_chunk_fail_pct,
+                    })
+                        as std::sync::Arc<dyn tidemark_server::materializer::ChunkFault>
+                }),
+                ..Default::default()
+            },
             owned_shards: a.own_shards,
         },
         cancel,

@@ -477,6 +477,24 @@ async fn hostile_frames_get_error_frames_and_the_socket_keeps_working() {
     )
     .await;
     expect(r#"{"type":"ack","seq":1.5}"#.into(), "bad_request", None).await;
+    expect(r#"{"type":"ack","seq":"7"}"#.into(), "bad_request", None).await;
+    expect(
+        r#"{"type":"send","id":"w-1","to":"bob","body":"x"}"#.into(),
+        "bad_request",
+        Some("w-1"),
+    )
+    .await;
+    expect(
+        r#"{"type":"send","id":"w-2","to":["bob"],"body":7}"#.into(),
+        "bad_request",
+        Some("w-2"),
+    )
+    .await;
+    expect(r#"{"type":7}"#.into(), "bad_request", None).await;
+    expect("null".into(), "bad_json", None).await;
+    // 10,000 recipients: refused by count (same name repeated fits the frame limit)
+    let tenk = json!({"type":"send","id":"t-10k","to":vec!["b"; 10_000],"body":""});
+    expect(tenk.to_string(), "too_many_recipients", Some("t-10k")).await;
 
     ws.send_binary(b"\x00\x01").await;
     let e = ws.recv().await;

@@ -35,6 +35,9 @@ use tidemark_store::redis::watermark::LANES;
 use tidemark_store::routing::route;
 use tokio_util::sync::CancellationToken;
 
+/// Most shards garbage-collected in one loop iteration.
+const GC_SHARDS_PER_LOOP: usize = 4;
+
 /// Decides whether a lane chunk write is made to fail (fault injection in tests and chaos
 /// runs); `attempt` counts from 0 per (record, lane).
 pub trait ChunkFault: Send + Sync {
@@ -668,35 +671,49 @@ impl Worker {
 
     async fn publish_and_gc(&mut self) -> Result<(), Error> {
         let now = Instant::now();
-        let shards: Vec<u32> = self.rts.keys().copied().collect();
-        for s in shards {
-            let rt = self.rts.get_mut(&s).expect("shard");
+        // one pipeline of PUBLISH per mailbox instance, not one round trip per shard
+        let mut pubs: BTreeMap<usize, redis::Pipeline> = BTreeMap::new();
+        let mut gc_due = Vec::new();
+        for rt in self.rts.values_mut() {
             if rt.stopped {
                 continue;
             }
-            let mb = rt.mb;
             if rt.moved {
                 rt.moved = false;
                 let touched = std::mem::take(&mut rt.touched);
                 let names: Vec<&str> = touched.iter().map(String::as_str).collect();
-                let payload = tidemark_store::wake::encode(rt.min_w, &names);
+                pubs.entry(rt.mb)
+                    .or_default()
+                    .cmd("PUBLISH")
+                    .arg(keys::wake(rt.shard))
+                    .arg(tidemark_store::wake::encode(rt.min_w, &names))
+                    .ignore();
                 let min_w = rt.min_w;
-                let mut conn = self.mailboxes[mb].connection();
-                let _: Result<i64, _> = redis::cmd("PUBLISH")
-                    .arg(keys::wake(s))
-                    .arg(payload)
-                    .query_async(&mut conn)
-                    .await;
-                self.health.update(s, |h| {
+                self.health.update(rt.shard, |h| {
                     h.min_w = min_w;
                     h.last_progress = now;
                 });
             }
-            let rt = self.rts.get_mut(&s).expect("shard");
             if now.duration_since(rt.last_gc) >= self.opts.gc_interval {
-                rt.last_gc = now;
-                self.gc_shard(s).await?;
+                gc_due.push((rt.last_gc, rt.shard));
             }
+        }
+        // a few shards per loop (oldest first), so GC round trips never stall a batch
+        gc_due.sort_unstable();
+        gc_due.truncate(GC_SHARDS_PER_LOOP);
+        let gc_due: Vec<u32> = gc_due.into_iter().map(|(_, s)| s).collect();
+        for s in &gc_due {
+            if let Some(rt) = self.rts.get_mut(s) {
+                rt.last_gc = now;
+            }
+        }
+        for (mb, pipe) in pubs {
+            let mut conn = self.mailboxes[mb].connection();
+            // a lost hint is caught by the gateways' periodic re-check
+            let _: Result<(), _> = pipe.query_async(&mut conn).await;
+        }
+        for s in gc_due {
+            self.gc_shard(s).await?;
         }
         Ok(())
     }

@@ -48,6 +48,8 @@ enum Cmd {
     Send(SendArgs),
     /// Print deliveries as they arrive.
     Tail(TailArgs),
+    /// Follow one message from its commit in dlog:{s} to every mailbox entry.
+    Trace(TraceArgs),
 }
 
 #[derive(Args)]
@@ -99,6 +101,29 @@ struct TailArgs {
     /// Acknowledge each delivered message (lets the server trim the mailbox).
     #[arg(long)]
     ack: bool,
+}
+
+#[derive(Args)]
+struct TraceArgs {
+    /// Core Redis URL holding the shard's log (one instance; else use --config).
+    #[arg(long, required_unless_present = "config")]
+    core: Option<String>,
+    /// Mailbox Redis URL holding the shard (one instance; else use --config).
+    #[arg(long, required_unless_present = "config")]
+    mailbox: Option<String>,
+    /// Shards of the deployment (lanes are routed with it).
+    #[arg(long, required_unless_present = "config")]
+    shards: Option<u32>,
+    /// TOML deployment file: the shard's instances come from its tables.
+    #[arg(long, conflicts_with_all = ["core", "mailbox", "shards"])]
+    config: Option<std::path::PathBuf>,
+    #[arg(long)]
+    shard: u32,
+    #[arg(long)]
+    offset: u64,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
@@ -378,6 +403,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Up(a) => run_up(a).await,
         Cmd::Serve(a) => run_serve(a).await,
+        Cmd::Trace(a) => run_trace(a).await,
         Cmd::Bench(BenchCmd::Lua(a)) => {
             let report = tidemark_bench::lua::run(&tidemark_bench::LuaBenchOptions {
                 redis_url: a.redis,
@@ -513,6 +539,43 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     running.wait().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+async fn run_trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
+    let (core, mailbox, shards) = match &a.config {
+        Some(path) => {
+            let t = Topology::from_file(path)?;
+            let s = a.shard as usize;
+            if s >= t.shards as usize {
+                anyhow::bail!("shard {} is not in 0..{}", a.shard, t.shards);
+            }
+            (
+                t.core[t.core_table()[s]].clone(),
+                t.mailbox[t.mailbox_table()[s]].clone(),
+                t.shards,
+            )
+        }
+        None => (
+            a.core.expect("clap requires --core"),
+            a.mailbox.expect("clap requires --mailbox"),
+            a.shards.expect("clap requires --shards"),
+        ),
+    };
+    let t = match tidemark_store::trace::trace(&core, &mailbox, shards, a.shard, a.offset).await {
+        Ok(t) => t,
+        Err(e) => return Ok(store_exit(&e)),
+    };
+    if a.json {
+        println!("{}", t.to_json());
+    } else {
+        print!("{}", t.to_human());
+    }
+    // 5: the trace found an inconsistency (listed as `problem` lines / in "problems")
+    Ok(if t.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(5)
+    })
 }
 
 fn main() -> ExitCode {

@@ -31,7 +31,7 @@ use tidemark_store::redis::dlog::{CoreStore, DispatchRecord, LogReader};
 use tidemark_store::redis::store::{
     Advance, AdvanceRecord, ChunkWritten, Gc, LaneChunk, Materialized, SingleItem, Store,
 };
-use tidemark_store::redis::watermark::LANES;
+use tidemark_store::redis::watermark::{Layout, FULL_BLOB_BYTES, LANES};
 use tidemark_store::routing::route;
 use tokio_util::sync::CancellationToken;
 
@@ -560,6 +560,19 @@ impl Worker {
             }
             Err(e) => return Err(e.into()),
         };
+        // Old (packed-v1) code refuses newer data here too, before writing any chunk: the
+        // Rust decoder is new code and accepts both layouts (ADR-0015: old code fails closed).
+        if self.mailboxes[mb].layout() == Layout::PackedV1
+            && (wm.layout != Layout::PackedV1 || wm.blob_len != FULL_BLOB_BYTES)
+        {
+            let cause = if wm.layout != Layout::PackedV1 {
+                "unknown_layout"
+            } else {
+                "bad_length"
+            };
+            self.stop(s, ShardStatus::Corrupt(format!("{cause} (packed-v1 code)")));
+            return Ok(());
+        }
         if wm.epoch != epoch {
             self.stop(
                 s,

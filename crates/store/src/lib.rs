@@ -12,6 +12,7 @@ pub mod keys;
 pub mod ops;
 pub mod redis;
 pub mod routing;
+pub mod trace;
 pub mod wake;
 
 pub use error::Error;

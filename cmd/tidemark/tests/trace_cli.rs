@@ -1,0 +1,352 @@
+//! `tidemark trace` as an operator runs it, against real redis-servers. The shard's state is
+//! built step by step with the store's own calls (commit, hot path, lane chunks, advance,
+//! ack, log trim), so every state the trace reports is reached deterministically: a delivered
+//! message (materialised, entry present), a many-recipient record with one lane held back
+//! (pending, staging), an acked and trimmed entry, a record trimmed from the log, an offset
+//! above the head, a corrupt watermark, a lost entry, and `--config` table selection.
+
+use std::process::{Command, Output};
+
+use tidemark_protocol::entry::encode_entry;
+use tidemark_redis_proc::RedisProcess;
+use tidemark_store::redis::dlog::CoreStore;
+use tidemark_store::redis::store::{Advance, AdvanceRecord, Materialized, SingleItem, Store};
+use tidemark_store::redis::watermark::{Layout, LANES};
+use tidemark_store::routing::route;
+
+const SHARDS: u32 = 4;
+const SHARD: u32 = 2;
+const SENT_AT: u64 = 1_764_489_600_000_000;
+
+fn tidemark(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(args)
+        .output()
+        .expect("run tidemark")
+}
+
+fn trace(core: &str, mb: &str, offset: u64, json: bool) -> Output {
+    let o = offset.to_string();
+    let s = SHARD.to_string();
+    let sh = SHARDS.to_string();
+    let mut args = vec![
+        "trace",
+        "--core",
+        core,
+        "--mailbox",
+        mb,
+        "--shards",
+        &sh,
+        "--shard",
+        &s,
+        "--offset",
+        &o,
+    ];
+    if json {
+        args.push("--json");
+    }
+    tidemark(&args)
+}
+
+fn trace_json(core: &str, mb: &str, offset: u64) -> serde_json::Value {
+    let out = trace(core, mb, offset, true);
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// Two users of `SHARD` in different lanes.
+fn two_users() -> (String, String) {
+    let mut found: Vec<(String, usize)> = Vec::new();
+    for i in 0.. {
+        let u = format!("user{i}");
+        let r = route(&u, SHARDS);
+        if r.shard != SHARD {
+            continue;
+        }
+        if let Some((a, _)) = found.iter().find(|(_, l)| *l != r.lane) {
+            return (a.clone(), u);
+        }
+        found.push((u, r.lane));
+    }
+    unreachable!()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_delivered_pending_trimmed_above_head() {
+    let core_p = RedisProcess::start().unwrap();
+    let mb_p = RedisProcess::start().unwrap();
+    let (core_url, mb_url) = (core_p.url(), mb_p.url());
+    let mut core = CoreStore::connect(&core_url).await.unwrap();
+    let mut store = Store::connect(&mb_url, Layout::PackedV2).await.unwrap();
+    for s in 0..SHARDS {
+        store
+            .init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    let epoch = store.claim(SHARD).await.unwrap();
+    let (bob, carol) = two_users();
+    let (lb, lc) = (route(&bob, SHARDS).lane, route(&carol, SHARDS).lane);
+
+    // 1: alice -> bob, through the hot path: delivered
+    let c1 = core
+        .commit(SHARD, "alice", "m-1", &[&bob], "hello", SENT_AT, 60)
+        .await
+        .unwrap();
+    assert_eq!(c1.offset, 1);
+    let out = store
+        .materialize_single(
+            SHARD,
+            epoch,
+            &SingleItem {
+                offset: 1,
+                prev: 0,
+                recipient: bob.clone(),
+                entry: encode_entry(1, SENT_AT, "alice", "hello"),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(out, Materialized::Applied { offset: 1 });
+
+    let v = trace_json(&core_url, &mb_url, 1);
+    assert_eq!(v["shard"], SHARD);
+    assert_eq!(v["offset"], 1);
+    assert_eq!(v["trimmed"], false);
+    assert_eq!(v["status"], "materialised");
+    assert_eq!(v["record"]["sender"], "alice");
+    assert_eq!(v["record"]["client_id"], "m-1");
+    assert_eq!(v["record"]["prev"], 0);
+    assert_eq!(v["record"]["sent_at_us"], SENT_AT);
+    assert_eq!(v["record"]["recipients"], serde_json::json!([bob]));
+    assert_eq!(v["log"]["head"], 1);
+    assert_eq!(v["watermark"]["layout"], "packed-v2");
+    assert_eq!(v["watermark"]["blob_bytes"], 19);
+    assert_eq!(v["watermark"]["uniform"], true);
+    assert_eq!(v["watermark"]["epoch"], epoch);
+    assert_eq!(v["watermark"]["min_w"], 1);
+    assert!(v["staging_lanes"].is_null());
+    let r = &v["recipients"][0];
+    assert_eq!(r["user"], bob.as_str());
+    assert_eq!(r["lane"], lb);
+    assert_eq!(r["lane_w"], 1);
+    assert_eq!(r["state"], "materialised");
+    assert_eq!(r["materialised"], true);
+    assert_eq!(r["entry"]["from"], "alice");
+    assert_eq!(v["problems"], serde_json::json!([]));
+
+    let out = trace(&core_url, &mb_url, 1, false);
+    assert!(out.status.success(), "{out:?}");
+    let t = text(&out.stdout);
+    assert!(
+        t.contains("offset 1 prev 0, from alice, client id m-1"),
+        "{t}"
+    );
+    assert!(t.contains("2025-11-30T08:00:00.000000Z"), "{t}");
+    assert!(
+        t.contains("packed-v2, epoch 2, blob 19 bytes, uniform"),
+        "{t}"
+    );
+    assert!(t.contains("materialised, entry present"), "{t}");
+    assert!(
+        t.contains("status     materialised for every recipient"),
+        "{t}"
+    );
+
+    // 2: alice -> bob, carol (two lanes): bob's chunk lands, carol's lane is held back
+    let c2 = core
+        .commit(
+            SHARD,
+            "alice",
+            "m-2",
+            &[&bob, &carol],
+            "both",
+            SENT_AT + 1,
+            60,
+        )
+        .await
+        .unwrap();
+    assert_eq!(c2.offset, 2);
+    let e2 = encode_entry(2, SENT_AT + 1, "alice", "both");
+    store
+        .write_lane_chunk(SHARD, epoch, 2, lb, &[(&bob, &e2)])
+        .await
+        .unwrap();
+    let mut needed = [false; LANES];
+    needed[lb] = true;
+    needed[lc] = true;
+    let rec2 = AdvanceRecord {
+        offset: 2,
+        prev: 1,
+        needed,
+    };
+    let adv = store.advance(SHARD, epoch, &rec2).await.unwrap();
+    assert!(matches!(adv, Advance::Moved(_)), "{adv:?}");
+
+    let v = trace_json(&core_url, &mb_url, 2);
+    assert_eq!(v["status"], "pending");
+    assert_eq!(v["watermark"]["uniform"], false);
+    assert_eq!(v["watermark"]["blob_bytes"], 1216);
+    assert_eq!(v["staging_lanes"], serde_json::json!([lb]));
+    let rs = v["recipients"].as_array().unwrap();
+    let rb = rs.iter().find(|r| r["user"] == bob.as_str()).unwrap();
+    let rc = rs.iter().find(|r| r["user"] == carol.as_str()).unwrap();
+    assert_eq!(rb["state"], "materialised");
+    assert_eq!(rc["state"], "pending");
+    assert_eq!(rc["lane_w"], 1);
+    assert!(rc["entry"].is_null());
+    let t = text(&trace(&core_url, &mb_url, 2, false).stdout);
+    assert!(t.contains("pending (lane W = 1)"), "{t}");
+    assert!(t.contains(&format!("lanes durable: {lb}")), "{t}");
+
+    // carol's chunk lands: both materialised, the blob is 19 bytes again
+    store
+        .write_lane_chunk(SHARD, epoch, 2, lc, &[(&carol, &e2)])
+        .await
+        .unwrap();
+    store.advance(SHARD, epoch, &rec2).await.unwrap();
+    let v = trace_json(&core_url, &mb_url, 2);
+    assert_eq!(v["status"], "materialised");
+    assert_eq!(v["watermark"]["blob_bytes"], 19);
+
+    // bob acks 1 (his entry 1 is trimmed): "acked, possibly trimmed"
+    assert_eq!(store.ack_mailbox(SHARD, &bob, 1).await.unwrap(), 1);
+    let v = trace_json(&core_url, &mb_url, 1);
+    assert_eq!(v["recipients"][0]["state"], "acked_possibly_trimmed");
+    assert_eq!(v["recipients"][0]["acked"], 1);
+    assert_eq!(v["problems"], serde_json::json!([]));
+    let t = text(&trace(&core_url, &mb_url, 1, false).stdout);
+    assert!(t.contains("acked, possibly trimmed (acked 1)"), "{t}");
+
+    // GC trims the log at or below the lowest W: the trace continues from the mailboxes
+    core.trim(SHARD, 2).await.unwrap();
+    let out = trace(&core_url, &mb_url, 2, false);
+    assert!(out.status.success(), "{out:?}");
+    let t = text(&out.stdout);
+    assert!(
+        t.contains("record trimmed from the log (fully materialised)"),
+        "{t}"
+    );
+    assert!(t.contains(&bob) && t.contains(&carol), "{t}");
+    let v = trace_json(&core_url, &mb_url, 2);
+    assert_eq!(v["trimmed"], true);
+    assert!(v["record"].is_null());
+    assert_eq!(v["recipients_from"], "mailboxes");
+    assert_eq!(v["status"], "materialised");
+    let mut users: Vec<&str> = v["recipients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["user"].as_str().unwrap())
+        .collect();
+    users.sort();
+    let mut want = vec![bob.as_str(), carol.as_str()];
+    want.sort();
+    assert_eq!(users, want);
+    assert!(v["recipients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["state"] == "materialised"));
+
+    // above the head: non-zero exit, a clear message, nothing on stdout
+    let out = trace(&core_url, &mb_url, 3, false);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = text(&out.stderr);
+    assert!(err.contains("offset 3 is above the log head 2"), "{err}");
+    assert!(out.stdout.is_empty());
+
+    // --config: the shard's instances come from the static tables
+    let dir = tempfile_dir();
+    let cfg = dir.join("deploy.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "shards = {SHARDS}\ncore = [\"{core_url}\"]\n\
+             mailbox = [\"redis://127.0.0.1:1/\", \"{mb_url}\"]\n\
+             mailbox_of_shard = [0, 0, 1, 0]\n"
+        ),
+    )
+    .unwrap();
+    let out = tidemark(&[
+        "trace",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--shard",
+        &SHARD.to_string(),
+        "--offset",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mailbox_url"], mb_url.as_str());
+    assert_eq!(v["shards"], SHARDS);
+
+    // an entry lost at or below W (not acked): reported as a problem, exit 5
+    let c3 = core
+        .commit(SHARD, "alice", "m-3", &[&carol], "three", SENT_AT + 2, 60)
+        .await
+        .unwrap();
+    store
+        .materialize_single(
+            SHARD,
+            epoch,
+            &SingleItem {
+                offset: c3.offset,
+                prev: c3.offset - 1,
+                recipient: carol.clone(),
+                entry: encode_entry(c3.offset, SENT_AT + 2, "alice", "three"),
+            },
+        )
+        .await
+        .unwrap();
+    redis_cmd(
+        &mb_url,
+        &[
+            "ZREMRANGEBYSCORE",
+            &format!("mb:{{{SHARD}}}:{carol}"),
+            "3",
+            "3",
+        ],
+    );
+    let out = trace(&core_url, &mb_url, 3, false);
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    let t = text(&out.stdout);
+    assert!(t.contains("MISSING") && t.contains("problem"), "{t}");
+
+    // a corrupt watermark: exit 3, one `corrupt:` line (the wm inspect convention)
+    redis_cmd(
+        &mb_url,
+        &["HSET", &format!("wm:{{{SHARD}}}"), "wm_blob", "xx"],
+    );
+    let out = trace(&core_url, &mb_url, 1, false);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = text(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("corrupt:") && err.contains("bad_length"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(dir).ok();
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("tidemark-trace-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
+    let client = redis::Client::open(url).unwrap();
+    let mut c = client.get_connection().unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut c).unwrap()
+}

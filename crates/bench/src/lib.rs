@@ -3,9 +3,14 @@
 //! - [`lua`]: the Lua micro-benchmark of ADR-0015 — server-side µs per `EVALSHA` of each
 //!   watermark script in its packed-v1 and packed-v2 form, a no-op baseline, and the four
 //!   uniform checks the ADR compares. Measured in isolation against a real `redis-server`.
-//!
-//! The end-to-end load generator will live next to it as its own module.
+//! - [`load`]: the end-to-end load generator of ADR-0015's "Measured" table (SYSTEM.md §6):
+//!   open-loop clients against a fresh local deployment per layout (or a remote one), e2e and
+//!   SEND_ACK latency from the intended send time, Redis-side `INFO` deltas, the markdown
+//!   table, JSON, and the capacity ladder.
+//! - [`plot`]: PNG and SVG figures of those runs, drawn with an embedded font.
 
+pub mod load;
 pub mod lua;
+pub mod plot;
 
 pub use lua::{LuaBenchOptions, LuaBenchReport};

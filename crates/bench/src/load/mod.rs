@@ -1,0 +1,305 @@
+//! The end-to-end load generator of ADR-0015's "Measured" table (SYSTEM.md §6).
+//!
+//! [`run_load`] drives `clients` WebSocket clients at an aggregate `rate` (messages/s) for
+//! `duration` against a deployment — by default a fresh local one per layout
+//! ([`Target::Local`]: its own redis-servers under a new temporary data dir, the gateway and
+//! the materializers in this process) — and returns one [`RunReport`] per layout.
+//! [`markdown_table`] lays them out like the ADR, [`to_json`] gives the machine-readable form,
+//! [`run_ladder`] / [`ladder_table`] repeat it over (mailbox, core, rate) steps.
+//!
+//! # Method
+//!
+//! - **Open loop.** Every client connects first. Then message `i` has the intended send time
+//!   `t0 + i / rate`; one scheduler task waits for that instant and queues the `send` from
+//!   client `i % clients` to `fanout` distinct other clients chosen by a seeded RNG (same seed,
+//!   same traffic, for every layout). It never waits for an ack: each [`PendingAck`](tidemark_client::PendingAck) is awaited
+//!   by its own task. A scheduler that falls behind sends late, but latency still counts
+//!   from the intended time (no coordinated omission), and `max_send_lag_ms` reports how late
+//!   the generator itself was.
+//! - **One clock.** All times are [`tokio::time::Instant`]s relative to `t0`. The body of
+//!   message `i` is `i:<i>`; a receiver computes `deliver time − (t0 + i / rate)`.
+//!   SEND_ACK latency is `ack time − intended time`. Both go to HDR histograms in µs
+//!   (3 significant figures).
+//! - **Window.** Sending stops at `t0 + duration`; deliveries are counted until
+//!   `t0 + duration + drain_grace` (earlier if every (message, recipient) pair and every ack
+//!   has arrived). `delivered_in_window_pct` = pairs delivered in the window / pairs sent
+//!   (`sent × fanout`); a send the server refused counts as not delivered. `committed_per_s` =
+//!   `send_acked / duration`.
+//! - **Server side.** `INFO commandstats`, `INFO cpu` and `INFO stats` of every Redis instance
+//!   at `t0` (A), at the end of sending (B) and at the end of the window (C). Redis CPU % and
+//!   ops/s use A→B (the loaded interval); µs per `EVALSHA` (Δusec / Δcalls, summed over a
+//!   pool) and mailbox CPU µs per message (Δcpu of the pool / pairs delivered) use A→C, so the
+//!   backlog worked off during the drain is charged to the messages that caused it. CPU % is
+//!   `Δ(used_cpu_sys + used_cpu_user) / Δwall × 100`, **averaged over the pool's instances**
+//!   (100 % = one instance saturating one core); every instance is in `per_instance`.
+//! - **Errors** by code: `error` frames and failed sends (the server's code, e.g.
+//!   `overloaded`), acks not received in the window (`timeout`), closed connections
+//!   (`closed`), bodies not produced by this run (`foreign_body`).
+
+mod driver;
+mod info;
+mod report;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tidemark_store::redis::watermark::Layout;
+
+pub use report::{
+    group_thousands, ladder_table, markdown_table, parse_steps, to_json, InstanceStats, LadderStep,
+    Percentiles, PoolPair, RunReport, CURVE_PERCENTILES,
+};
+
+/// ρ the ladder sizes pools for (ADR-0014: instance count from ρ ≤ 0.65).
+pub const TARGET_RHO: f64 = 0.65;
+
+/// What to load and how hard.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Connected clients (each one WebSocket connection, user `lg<run>-<i>`).
+    pub clients: usize,
+    /// Aggregate send rate, messages per second.
+    pub rate: f64,
+    /// How long messages are sent.
+    pub duration: Duration,
+    /// Recipients per message (distinct, never the sender).
+    pub fanout: usize,
+    /// Seed of the recipient choice (the same traffic for every layout).
+    pub seed: u64,
+    /// How long after the last send deliveries still count.
+    pub drain_grace: Duration,
+    /// Where the service runs.
+    pub target: Target,
+    /// One run per layout ([`Target::Local`]); a remote target has exactly one.
+    pub layouts: Vec<Layout>,
+    /// Draw indicatif progress bars on stderr.
+    pub progress: bool,
+}
+
+impl Default for LoadOptions {
+    /// The ADR's run: 1,000 clients, 10,000 msg/s, 60 s, fanout 1, packed-v2, local 4 + 4.
+    fn default() -> Self {
+        LoadOptions {
+            clients: 1000,
+            rate: 10_000.0,
+            duration: Duration::from_secs(60),
+            fanout: 1,
+            seed: 1,
+            drain_grace: Duration::from_secs(5),
+            target: Target::default(),
+            layouts: vec![Layout::PackedV2],
+            progress: false,
+        }
+    }
+}
+
+/// The deployment under load.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A fresh local deployment per run (`tidemark up` in-process, temporary data dir,
+    /// dev auth), torn down afterwards.
+    Local {
+        /// Mailbox Redis instances.
+        mailbox: usize,
+        /// Core Redis instances.
+        core: usize,
+        /// Shards.
+        shards: u32,
+        /// `appendfsync` of every instance (`everysec` for benchmarks; `always` is the
+        /// "nothing lost after SEND_ACK" production setting).
+        appendfsync: String,
+    },
+    /// A running deployment.
+    Remote {
+        /// Gateway WebSocket URL.
+        ws_url: String,
+        /// HMAC secret to mint bearer tokens; `None`: dev auth (`?user=`).
+        token_secret: Option<Vec<u8>>,
+        /// Mailbox Redis URLs (for `INFO`; may be empty).
+        mailbox_urls: Vec<String>,
+        /// Core Redis URLs (for `INFO`; may be empty).
+        core_urls: Vec<String>,
+    },
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Target::Local {
+            mailbox: 4,
+            core: 4,
+            shards: 64,
+            appendfsync: "everysec".into(),
+        }
+    }
+}
+
+/// Errors of the load generator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The options cannot be run.
+    #[error("invalid load options: {0}")]
+    Invalid(String),
+    /// A ladder step that does not parse as `M+C@R`.
+    #[error("bad ladder step {step:?}: {reason} (expected M+C@R, e.g. 1+1@5000)")]
+    BadStep {
+        /// The step as given.
+        step: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The local deployment failed to start or to stop.
+    #[error("local deployment: {0}")]
+    Deployment(#[from] tidemark_server::run::Error),
+    /// A client could not connect.
+    #[error("client {user}: {source}")]
+    Client {
+        /// The client's user.
+        user: String,
+        /// Why.
+        #[source]
+        source: tidemark_client::Error,
+    },
+    /// `INFO` of a Redis instance failed.
+    #[error("redis {url}: {source}")]
+    Redis {
+        /// The instance.
+        url: String,
+        /// Why.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Temporary directory or other I/O.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// A stable, machine-readable code.
+    pub fn code(&self) -> &str {
+        match self {
+            Error::Invalid(_) => "invalid_options",
+            Error::BadStep { .. } => "bad_step",
+            Error::Deployment(e) => e.code(),
+            Error::Client { source, .. } => source.code(),
+            Error::Redis { .. } => "redis",
+            Error::Io(_) => "io",
+        }
+    }
+}
+
+/// Runs the load once per layout of `opts.layouts`, each against a fresh local deployment
+/// (new temporary data dir, same seed), or once against a remote one.
+///
+/// A local deployment starts redis-server processes whose parent-death signal is bound to
+/// the calling thread: await this from the runtime's top-level future (`block_on` in `main`
+/// or `#[tokio::test]`), not from a spawned task.
+pub async fn run_load(opts: &LoadOptions) -> Result<Vec<RunReport>, Error> {
+    validate(opts)?;
+    let mut out = Vec::new();
+    match &opts.target {
+        Target::Local {
+            mailbox,
+            core,
+            shards,
+            appendfsync,
+        } => {
+            for &layout in &opts.layouts {
+                let local = driver::Local {
+                    mailbox: *mailbox,
+                    core: *core,
+                    shards: *shards,
+                    appendfsync: appendfsync.clone(),
+                    layout,
+                };
+                out.push(driver::run_local(opts, &local).await?);
+            }
+        }
+        Target::Remote { .. } => {
+            if opts.layouts.len() != 1 {
+                return Err(Error::Invalid(
+                    "a remote deployment has one layout: give exactly one (it only labels the run)"
+                        .into(),
+                ));
+            }
+            out.push(driver::run_remote(opts, opts.layouts[0]).await?);
+        }
+    }
+    Ok(out)
+}
+
+/// Runs every step (for every layout of `base.layouts`) on a fresh local deployment of
+/// `step.mailbox` + `step.core` instances at `step.rate`; everything else from `base`
+/// (shards and `appendfsync` from its [`Target::Local`]). Same threading rule as
+/// [`run_load`].
+pub async fn run_ladder(base: &LoadOptions, steps: &[LadderStep]) -> Result<Vec<RunReport>, Error> {
+    let Target::Local {
+        shards,
+        appendfsync,
+        ..
+    } = &base.target
+    else {
+        return Err(Error::Invalid(
+            "a ladder starts its own deployments: the target must be local".into(),
+        ));
+    };
+    if steps.is_empty() {
+        return Err(Error::Invalid("a ladder needs at least one step".into()));
+    }
+    let mut out = Vec::new();
+    for step in steps {
+        let opts = LoadOptions {
+            rate: step.rate,
+            target: Target::Local {
+                mailbox: step.mailbox,
+                core: step.core,
+                shards: *shards,
+                appendfsync: appendfsync.clone(),
+            },
+            ..base.clone()
+        };
+        out.extend(run_load(&opts).await?);
+    }
+    Ok(out)
+}
+
+fn validate(opts: &LoadOptions) -> Result<(), Error> {
+    let bad = |s: &str| Err(Error::Invalid(s.into()));
+    if opts.clients < 2 {
+        return bad("at least 2 clients (a client never sends to itself)");
+    }
+    if opts.fanout == 0 || opts.fanout >= opts.clients || opts.fanout > 100 {
+        return bad("fanout must be 1..=100 and below the number of clients");
+    }
+    if !(opts.rate.is_finite() && opts.rate > 0.0) {
+        return bad("rate must be a positive number of messages per second");
+    }
+    if opts.duration.is_zero() {
+        return bad("duration must be positive");
+    }
+    if opts.layouts.is_empty() {
+        return bad("give at least one layout");
+    }
+    let total = opts.rate * opts.duration.as_secs_f64();
+    if !(1.0..=1e9).contains(&total) {
+        return bad("rate × duration must be between 1 and 10^9 messages");
+    }
+    if let Target::Local {
+        mailbox,
+        core,
+        shards,
+        ..
+    } = &opts.target
+    {
+        if *mailbox == 0 || *core == 0 || *shards == 0 {
+            return bad("a local deployment needs ≥ 1 mailbox, ≥ 1 core instance and ≥ 1 shard");
+        }
+    }
+    Ok(())
+}
+
+/// Adds `n` to the count of `code`.
+pub(crate) fn bump(errors: &mut BTreeMap<String, u64>, code: &str, n: u64) {
+    if n > 0 {
+        *errors.entry(code.to_owned()).or_default() += n;
+    }
+}

@@ -267,6 +267,109 @@ enum ShardCmd {
 enum BenchCmd {
     /// Lua micro-benchmark: server-side µs per call of each script, v1 and v2.
     Lua(LuaArgs),
+    /// Open-loop load: the ADR's measurement table, layouts side by side.
+    Load(LoadArgs),
+    /// Capacity ladder: the load repeated over M+C@R steps.
+    Ladder(LadderArgs),
+}
+
+#[derive(Args, Clone)]
+struct LoadArgs {
+    /// WebSocket clients.
+    #[arg(long, default_value_t = 1000)]
+    clients: usize,
+    /// Aggregate messages per second.
+    #[arg(long, default_value_t = 10000.0)]
+    rate: f64,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    /// Recipients per message.
+    #[arg(long, default_value_t = 1)]
+    fanout: usize,
+    /// RNG seed (same for every layout).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds after the window during which deliveries still count.
+    #[arg(long, default_value_t = 5)]
+    drain_grace: u64,
+    /// Layouts, each run on a fresh deployment.
+    #[arg(long, value_delimiter = ',', default_value = "packed-v2", value_parser = ops::parse_layout)]
+    layouts: Vec<Layout>,
+    /// Local deployment: mailbox Redis instances.
+    #[arg(long, default_value_t = 1)]
+    mailbox: usize,
+    /// Local deployment: core Redis instances.
+    #[arg(long, default_value_t = 1)]
+    core: usize,
+    /// Local deployment: shards.
+    #[arg(long, default_value_t = 64)]
+    shards: u32,
+    /// Local deployment: appendfsync.
+    #[arg(long, default_value = "everysec")]
+    appendfsync: String,
+    /// A running deployment's gateway instead (ws://…/v1/ws).
+    #[arg(long)]
+    target: Option<String>,
+    /// With --target: token secret file (else dev auth).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+    /// With --target: mailbox Redis URLs for INFO.
+    #[arg(long, value_delimiter = ',')]
+    mailbox_urls: Vec<String>,
+    /// With --target: core Redis URLs for INFO.
+    #[arg(long, value_delimiter = ',')]
+    core_urls: Vec<String>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Write PNG and SVG plots into this directory.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args)]
+struct LadderArgs {
+    /// Steps M+C@R, comma-separated (e.g. 1+1@2000,1+1@5000,2+2@10000).
+    #[arg(long)]
+    steps: String,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+fn load_options(a: &LoadArgs) -> anyhow::Result<tidemark_bench::load::LoadOptions> {
+    use tidemark_bench::load::{LoadOptions, Target};
+    let target = match &a.target {
+        Some(ws_url) => Target::Remote {
+            ws_url: ws_url.clone(),
+            token_secret: match &a.secret_file {
+                Some(p) => Some(std::fs::read_to_string(p)?.trim_end().as_bytes().to_vec()),
+                None => None,
+            },
+            mailbox_urls: a.mailbox_urls.clone(),
+            core_urls: a.core_urls.clone(),
+        },
+        None => Target::Local {
+            mailbox: a.mailbox,
+            core: a.core,
+            shards: a.shards,
+            appendfsync: a.appendfsync.clone(),
+        },
+    };
+    Ok(LoadOptions {
+        clients: a.clients,
+        rate: a.rate,
+        duration: std::time::Duration::from_secs(a.duration),
+        fanout: a.fanout,
+        seed: a.seed,
+        drain_grace: std::time::Duration::from_secs(a.drain_grace),
+        target,
+        layouts: a.layouts.clone(),
+        progress: !a.no_progress,
+    })
 }
 
 #[derive(Args)]
@@ -399,6 +502,25 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("{}", tidemark_client::format_entry(e));
             })
             .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Bench(BenchCmd::Load(a)) => {
+            let runs = tidemark_bench::load::run_load(&load_options(&a)?).await?;
+            let text =
+                tidemark_bench::load::render(&runs, false, a.json.as_deref(), a.plot.as_deref())?;
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Bench(BenchCmd::Ladder(a)) => {
+            let steps = tidemark_bench::load::parse_steps(&a.steps)?;
+            let runs = tidemark_bench::load::run_ladder(&load_options(&a.load)?, &steps).await?;
+            let text = tidemark_bench::load::render(
+                &runs,
+                true,
+                a.load.json.as_deref(),
+                a.load.plot.as_deref(),
+            )?;
+            print!("{text}");
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Up(a) => run_up(a).await,

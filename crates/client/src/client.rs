@@ -177,7 +177,7 @@ impl Client {
     ) -> Result<Client, Error> {
         let (request, shown_url) = build_request(ws_url, auth)?;
         let handshake = async {
-            let (ws, _response) = tokio_tungstenite::connect_async(request)
+            let (ws, _response) = tokio_tungstenite::connect_async_with_config(request, None, true)
                 .await
                 .map_err(|e| connect_error(&shown_url, e))?;
             let (sink, mut stream) = ws.split();

@@ -303,3 +303,52 @@ pub(crate) fn bump(errors: &mut BTreeMap<String, u64>, code: &str, n: u64) {
         *errors.entry(code.to_owned()).or_default() += n;
     }
 }
+
+/// What `tidemark bench load|ladder` prints: the ADR's table (and the ladder table), one
+/// summary line per run; writes the JSON report and the plots when asked. Returns the text.
+pub fn render(
+    runs: &[RunReport],
+    ladder: bool,
+    json: Option<&std::path::Path>,
+    plot_dir: Option<&std::path::Path>,
+) -> Result<String, Error> {
+    use std::fmt::Write as _;
+    let mut out = markdown_table(runs);
+    out.push('\n');
+    if ladder {
+        out.push_str(&ladder_table(runs));
+        out.push('\n');
+    }
+    for r in runs {
+        if !r.errors.is_empty() {
+            let _ = writeln!(out, "{} errors: {:?}", r.layout, r.errors);
+        }
+        let _ = writeln!(
+            out,
+            "{}: sent {} acked {} delivered {}/{}, e2e max {:.1} ms, generator lag max {:.1} ms",
+            r.layout,
+            r.sent,
+            r.send_acked,
+            r.delivered,
+            r.expected,
+            r.e2e_ms.max,
+            r.max_send_lag_ms
+        );
+    }
+    if let Some(path) = json {
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        let text = serde_json::to_string_pretty(&to_json(runs)).expect("JSON of a report");
+        std::fs::write(path, text + "\n")?;
+        let _ = writeln!(out, "wrote {}", path.display());
+    }
+    if let Some(dir) = plot_dir {
+        let files = crate::plot::write_plots(dir, runs, ladder)
+            .map_err(|e| Error::Invalid(format!("plots: {e}")))?;
+        for f in files {
+            let _ = writeln!(out, "wrote {}", f.display());
+        }
+    }
+    Ok(out)
+}

@@ -15,6 +15,8 @@ pub(crate) struct Page {
     pub entries: Vec<Result<Entry, u64>>,
     /// True when the page was full and all of it visible: more may follow right away.
     pub more: bool,
+    /// Whether the user's lane was present when read.
+    pub lane_present: bool,
 }
 
 /// A user's mailbox: where it lives and a connection to its instance.
@@ -41,6 +43,27 @@ impl Mailbox {
             .await?;
         let lane = wm.lanes.lane(self.route.lane);
         let w = if lane.present { Some(lane.w) } else { None };
+        Ok(self.page(raw, after, w, limit))
+    }
+
+    /// Entries with `after < seq <= upto`, at most `limit`, without reading the watermark:
+    /// for a reader woken by a hint whose lowest present W is `upto` (every present lane is
+    /// at or above it), when the last full read saw this lane present.
+    pub(crate) async fn read_hinted(
+        &mut self,
+        after: u64,
+        upto: u64,
+        limit: usize,
+    ) -> Result<Page, tidemark_store::Error> {
+        let raw = self
+            .store
+            .read_mailbox_range(self.route.shard, &self.user, after, upto, limit)
+            .await?;
+        Ok(self.page(raw, after, Some(upto), limit))
+    }
+
+    /// Decodes a raw page, keeping only entries above `after` and at or below `w`.
+    fn page(&self, raw: Vec<(u64, Vec<u8>)>, after: u64, w: Option<u64>, limit: usize) -> Page {
         let full = raw.len() >= limit;
         let mut entries = Vec::with_capacity(raw.len());
         let mut all_visible = true;
@@ -64,10 +87,11 @@ impl Mailbox {
                 }
             });
         }
-        Ok(Page {
+        Page {
             entries,
             more: full && all_visible,
-        })
+            lane_present: w.is_some(),
+        }
     }
 
     /// The mailbox's acked cursor.

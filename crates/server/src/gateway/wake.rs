@@ -30,6 +30,9 @@ type Waiters = Vec<(u64, Arc<Notify>)>;
 pub(crate) struct WakeHub {
     users: Mutex<HashMap<String, Waiters>>,
     next_id: AtomicU64,
+    /// Highest "lowest present W" hinted per shard: every entry at or below it is visible in
+    /// every present lane, so a hinted reader may read up to it without reading `wm:{s}`.
+    hinted: Mutex<HashMap<u32, u64>>,
 }
 
 /// A connection's registration; unregisters when dropped.
@@ -69,11 +72,16 @@ impl WakeHub {
     }
 
     /// Wakes the connections of every user named in a hint payload. Returns how many.
-    pub(crate) fn wake_payload(&self, payload: &[u8]) -> usize {
+    pub(crate) fn wake_payload(&self, shard: Option<u32>, payload: &[u8]) -> usize {
         // The shard's lowest W is not needed: every read checks the lane's W.
-        let Some((_, named)) = tidemark_store::wake::decode(payload) else {
+        let Some((min_w, named)) = tidemark_store::wake::decode(payload) else {
             return 0;
         };
+        if let Some(shard) = shard {
+            let mut h = self.hinted.lock().expect("wake hub lock");
+            let e = h.entry(shard).or_insert(0);
+            *e = (*e).max(min_w);
+        }
         let users = self.users.lock().expect("wake hub lock");
         let mut woken = 0;
         for user in &named {
@@ -85,6 +93,12 @@ impl WakeHub {
             }
         }
         woken
+    }
+
+    /// The highest lowest-present-W hinted for `shard` (0 before any hint).
+    pub(crate) fn hinted_w(&self, shard: u32) -> u64 {
+        let h = self.hinted.lock().expect("wake hub lock");
+        h.get(&shard).copied().unwrap_or(0)
     }
 
     /// Wakes every connection (after a subscriber (re)connects: hints may have been missed).
@@ -146,7 +160,12 @@ async fn subscribe_once(
             msg = stream.next() => {
                 let Some(msg) = msg else { return Ok(()) };
                 metrics::counter!("tidemark_wake_hints_total").increment(1);
-                hub.wake_payload(msg.get_payload_bytes());
+                let shard = msg
+                    .get_channel_name()
+                    .strip_prefix("wake:{")
+                    .and_then(|r| r.strip_suffix('}'))
+                    .and_then(|n| n.parse().ok());
+                hub.wake_payload(shard, msg.get_payload_bytes());
             }
             _ = ping.tick() => {
                 match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
@@ -176,7 +195,7 @@ mod tests {
         let ra = hub.register("alice", a.clone());
         let _rb = hub.register("bob", b.clone());
         let hint = tidemark_store::wake::encode(17, &["alice", "carol"]);
-        assert_eq!(hub.wake_payload(&hint), 1);
+        assert_eq!(hub.wake_payload(None, &hint), 1);
         // The permit was stored: a later wait returns at once.
         tokio::time::timeout(Duration::from_millis(100), a.notified())
             .await
@@ -188,10 +207,10 @@ mod tests {
             "bob not woken"
         );
         // The min_w line is not a user.
-        assert_eq!(hub.wake_payload(b"alice"), 0);
+        assert_eq!(hub.wake_payload(None, b"alice"), 0);
         drop(ra);
         assert_eq!(
-            hub.wake_payload(&tidemark_store::wake::encode(1, &["alice"])),
+            hub.wake_payload(None, &tidemark_store::wake::encode(1, &["alice"])),
             0
         );
         assert!(hub.users.lock().unwrap().get("alice").is_none());

@@ -205,9 +205,13 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
         send_tx,
         written,
         last_ack: acked,
+        pending_ack: acked,
+        last_ack_flush: Instant::now(),
         conn: conn.clone(),
     };
     let (code, reason) = reader.run(stream, &conn).await;
+    // best effort: a coalesced ack is not left behind by a clean close
+    let _ = tokio::time::timeout(CLOSE_GRACE, reader.flush_ack()).await;
     drop(reader);
 
     conn.cancel();
@@ -245,10 +249,43 @@ struct Reader<'a> {
     send_tx: mpsc::Sender<(SendRequest, OwnedSemaphorePermit, Instant)>,
     written: Arc<AtomicU64>,
     last_ack: u64,
+    /// Highest ack received but not yet written to Redis (acks are coalesced).
+    pending_ack: u64,
+    /// When acks were last written.
+    last_ack_flush: Instant,
     conn: CancellationToken,
 }
 
+/// Acks are written to Redis at most this often per connection (the rest are coalesced into
+/// the highest one); a pending ack is also written when the connection closes. An ack lost to
+/// a gateway crash only means those entries are delivered again (at least once on the wire).
+const ACK_FLUSH: Duration = Duration::from_millis(50);
+
 impl Reader<'_> {
+    /// Writes the pending ack, if any.
+    async fn flush_ack(&mut self) -> bool {
+        if self.pending_ack <= self.last_ack {
+            return true;
+        }
+        self.last_ack_flush = Instant::now();
+        match self.mailbox.ack(self.pending_ack).await {
+            Ok(cursor) => {
+                self.last_ack = cursor;
+                metrics::counter!("tidemark_acks_total").increment(1);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(user = %self.mailbox.user, error = %e, "ack failed");
+                self.reply(error_frame(
+                    ErrorCode::Internal,
+                    "ack failed; send it again",
+                    None,
+                ))
+                .await
+            }
+        }
+    }
+
     /// Reads frames until the client leaves or the connection is cancelled; returns the
     /// close code and reason to send.
     async fn run(
@@ -257,8 +294,16 @@ impl Reader<'_> {
         conn: &CancellationToken,
     ) -> (u16, &'static str) {
         loop {
+            let flush_at = self.last_ack_flush + ACK_FLUSH;
+            let ack_due = self.pending_ack > self.last_ack;
             let msg = tokio::select! {
                 _ = conn.cancelled() => return (CLOSE_GOING_AWAY, "server shutting down"),
+                _ = tokio::time::sleep_until(flush_at.into()), if ack_due => {
+                    if !self.flush_ack().await {
+                        return (CLOSE_ERROR, "connection failed");
+                    }
+                    continue;
+                }
                 m = stream.next() => m,
             };
             let ok = match msg {
@@ -325,28 +370,16 @@ impl Reader<'_> {
             Ok(ClientFrame::Ack { seq }) => {
                 // Never trim what this connection has not written to the socket.
                 let capped = seq.min(self.written.load(Ordering::Relaxed));
-                if capped <= self.last_ack {
+                if capped <= self.pending_ack.max(self.last_ack) {
                     return true;
                 }
-                let r = tokio::select! {
-                    _ = conn.cancelled() => return false,
-                    r = self.mailbox.ack(capped) => r,
-                };
-                match r {
-                    Ok(cursor) => {
-                        self.last_ack = cursor;
-                        metrics::counter!("tidemark_acks_total").increment(1);
-                        true
-                    }
-                    Err(e) => {
-                        tracing::warn!(user = %self.mailbox.user, error = %e, "ack failed");
-                        self.reply(error_frame(
-                            ErrorCode::Internal,
-                            "ack failed; send it again",
-                            None,
-                        ))
-                        .await
-                    }
+                self.pending_ack = capped;
+                if self.last_ack_flush.elapsed() < ACK_FLUSH {
+                    return true; // coalesced: written by the flush timer
+                }
+                tokio::select! {
+                    _ = conn.cancelled() => false,
+                    ok = self.flush_ack() => ok,
                 }
             }
             Ok(ClientFrame::Sync { after }) => {
@@ -432,6 +465,10 @@ async fn delivery_loop(
     // Highest seq pushed so far (latency is measured once per entry and connection).
     let mut highest = cursor;
     let mut failing = false;
+    // Woken by a hint: read up to the hinted lowest W without reading the watermark (one
+    // command instead of a pipeline of two), once a full read has shown the lane present.
+    let mut hinted = false;
+    let mut lane_present = false;
     let push = |out: Out| until_cancelled(&conn, tx.send(out));
     loop {
         // Read until caught up with what is visible.
@@ -439,13 +476,24 @@ async fn delivery_loop(
             if let Some(after) = latest_sync(&mut sync_rx) {
                 cursor = after;
             }
+            let bound = shared.hub.hinted_w(mailbox.route.shard);
+            let use_hint = hinted && lane_present && bound > cursor;
             let page = tokio::select! {
                 _ = conn.cancelled() => return,
-                p = mailbox.read_visible(cursor, PAGE) => p,
+                p = async {
+                    if use_hint {
+                        mailbox.read_hinted(cursor, bound, PAGE).await
+                    } else {
+                        mailbox.read_visible(cursor, PAGE).await
+                    }
+                } => p,
             };
             let page = match page {
                 Ok(p) => {
                     failing = false;
+                    if !use_hint {
+                        lane_present = p.lane_present;
+                    }
                     p
                 }
                 Err(e) => {
@@ -504,9 +552,10 @@ async fn delivery_loop(
                 break 'read;
             }
         }
+        hinted = false;
         tokio::select! {
             _ = conn.cancelled() => return,
-            _ = notify.notified() => {}
+            _ = notify.notified() => hinted = true,
             _ = tick.tick() => {}
             s = sync_rx.recv() => match s {
                 Some(after) => cursor = latest_sync(&mut sync_rx).unwrap_or(after),

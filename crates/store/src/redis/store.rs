@@ -455,6 +455,29 @@ impl Store {
         Ok((wm, entries))
     }
 
+    /// A page of a mailbox with `after < seq <= upto` (no watermark read: the caller knows
+    /// from a hint that everything up to `upto` is visible).
+    pub async fn read_mailbox_range(
+        &mut self,
+        shard: u32,
+        user: &str,
+        after: u64,
+        upto: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>> {
+        let v: Value = redis::cmd("ZRANGEBYSCORE")
+            .arg(keys::mailbox(shard, user))
+            .arg(format!("({after}"))
+            .arg(upto)
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn)
+            .await?;
+        parse_withscores(&v)
+    }
+
     // ---- initialisation, fencing, downgrade ----
 
     /// Creates `wm:{s}` with all 64 lanes present at `w` (floor `w`), uniform, in `layout`.

@@ -37,6 +37,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
@@ -177,9 +178,14 @@ impl Client {
     ) -> Result<Client, Error> {
         let (request, shown_url) = build_request(ws_url, auth)?;
         let handshake = async {
-            let (ws, _response) = tokio_tungstenite::connect_async_with_config(request, None, true)
-                .await
-                .map_err(|e| connect_error(&shown_url, e))?;
+            let (ws, _response) = tokio_tungstenite::connect_async_with_config(
+                request,
+                // tungstenite zeroes its read buffer on every read (128 KiB by default)
+                Some(WebSocketConfig::default().read_buffer_size(8 * 1024)),
+                true,
+            )
+            .await
+            .map_err(|e| connect_error(&shown_url, e))?;
             let (sink, mut stream) = ws.split();
             let (user, after) = wait_ready(&mut stream).await?;
             Ok::<_, Error>((sink, stream, user, after))

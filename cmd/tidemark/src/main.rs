@@ -702,13 +702,17 @@ async fn run_trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "warn,tidemark_server=info,tidemark_store=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "warn,tidemark_server=info,tidemark_store=info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // TIDEMARK_LOG_FORMAT=json: one JSON object per event (for log collectors)
+    if std::env::var("TIDEMARK_LOG_FORMAT").is_ok_and(|v| v == "json") {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(code) => code,

@@ -329,6 +329,9 @@ struct LoadArgs {
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+    /// Internal: write the raw run reports here instead of printing (one child per layout).
+    #[arg(long, hide = true)]
+    report_out: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -338,6 +341,40 @@ struct LadderArgs {
     steps: String,
     #[command(flatten)]
     load: LoadArgs,
+}
+
+/// Runs `tidemark bench load` for one layout in a child process and reads its reports back.
+fn run_layout_in_child(
+    a: &LoadArgs,
+    layout: Layout,
+) -> anyhow::Result<Vec<tidemark_bench::load::RunReport>> {
+    let out = std::env::temp_dir().join(format!(
+        "tidemark-bench-{}-{}.json",
+        std::process::id(),
+        layout
+    ));
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["bench", "load", "--layouts", layout.as_str()])
+        .args(["--clients", &a.clients.to_string()])
+        .args(["--rate", &a.rate.to_string()])
+        .args(["--duration", &a.duration.to_string()])
+        .args(["--fanout", &a.fanout.to_string()])
+        .args(["--seed", &a.seed.to_string()])
+        .args(["--drain-grace", &a.drain_grace.to_string()])
+        .args(["--mailbox", &a.mailbox.to_string()])
+        .args(["--core", &a.core.to_string()])
+        .args(["--shards", &a.shards.to_string()])
+        .args(["--appendfsync", &a.appendfsync])
+        .arg("--report-out")
+        .arg(&out);
+    if a.no_progress {
+        cmd.arg("--no-progress");
+    }
+    let status = cmd.status()?;
+    anyhow::ensure!(status.success(), "bench load for {layout} failed: {status}");
+    let text = std::fs::read_to_string(&out)?;
+    let _ = std::fs::remove_file(&out);
+    Ok(serde_json::from_str(&text)?)
 }
 
 fn load_options(a: &LoadArgs) -> anyhow::Result<tidemark_bench::load::LoadOptions> {
@@ -505,7 +542,21 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Bench(BenchCmd::Load(a)) => {
-            let runs = tidemark_bench::load::run_load(&load_options(&a)?).await?;
+            let runs = if a.target.is_none() && a.layouts.len() > 1 {
+                // Each layout in a fresh process of its own: at saturation, runs made one after
+                // another in one process were order-dependent (the second was always slower).
+                let mut runs = Vec::new();
+                for layout in &a.layouts {
+                    runs.extend(run_layout_in_child(&a, *layout)?);
+                }
+                runs
+            } else {
+                tidemark_bench::load::run_load(&load_options(&a)?).await?
+            };
+            if let Some(path) = &a.report_out {
+                std::fs::write(path, serde_json::to_string(&runs)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let text =
                 tidemark_bench::load::render(&runs, false, a.json.as_deref(), a.plot.as_deref())?;
             print!("{text}");

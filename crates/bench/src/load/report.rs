@@ -16,7 +16,7 @@ pub const CURVE_PERCENTILES: [f64; 11] = [
 ];
 
 /// Latency summary, milliseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct Percentiles {
     /// Median.
     pub p50: f64,
@@ -29,7 +29,7 @@ pub struct Percentiles {
 }
 
 /// One figure for each pool of Redis instances.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct PoolPair {
     /// The mailbox instances.
     pub mailbox: f64,
@@ -38,7 +38,7 @@ pub struct PoolPair {
 }
 
 /// One Redis instance over a run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct InstanceStats {
     /// `mailbox` or `core`.
     pub pool: String,
@@ -59,7 +59,7 @@ pub struct InstanceStats {
 }
 
 /// The result of one run (one layout, one deployment).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct RunReport {
     /// Watermark layout of the deployment (`packed-v1` / `packed-v2`).
     pub layout: Layout,

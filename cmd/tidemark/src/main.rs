@@ -564,7 +564,22 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Bench(BenchCmd::Ladder(a)) => {
             let steps = tidemark_bench::load::parse_steps(&a.steps)?;
-            let runs = tidemark_bench::load::run_ladder(&load_options(&a.load)?, &steps).await?;
+            let runs = if a.load.target.is_none() {
+                // every step and layout in a fresh process (see `bench load`)
+                let mut runs = Vec::new();
+                for step in &steps {
+                    let mut args = a.load.clone();
+                    args.mailbox = step.mailbox;
+                    args.core = step.core;
+                    args.rate = step.rate;
+                    for layout in &a.load.layouts {
+                        runs.extend(run_layout_in_child(&args, *layout)?);
+                    }
+                }
+                runs
+            } else {
+                tidemark_bench::load::run_ladder(&load_options(&a.load)?, &steps).await?
+            };
             let text = tidemark_bench::load::render(
                 &runs,
                 true,

@@ -240,6 +240,21 @@ fn single_item(rec: &DispatchRecord) -> SingleItem {
     }
 }
 
+/// Rebuilds a record from a hot item (the entry carries everything the chunked path needs).
+fn record_from_item(it: &SingleItem) -> DispatchRecord {
+    let e = tidemark_protocol::entry::decode_entry(&it.entry)
+        .expect("entries built by this worker decode");
+    DispatchRecord {
+        offset: it.offset,
+        prev: it.prev,
+        sender: e.from,
+        client_id: String::new(),
+        recipients: vec![it.recipient.clone()],
+        body: e.body,
+        sent_at_us: e.sent_at_us,
+    }
+}
+
 impl Worker {
     /// Connects to the core instance and the mailbox instances, claims every shard in
     /// `shards` (each `(shard, mailbox instance index)`), and resumes each from its lowest W.
@@ -475,7 +490,6 @@ impl Worker {
         items: Vec<SingleItem>,
         outs: Vec<Materialized>,
     ) -> Result<(), Error> {
-        let n = items.len();
         let mut applied = 0u64;
         for (i, out) in outs.into_iter().enumerate() {
             match out {
@@ -493,7 +507,7 @@ impl Worker {
                     rt.uniform = false;
                     let mut moved: Vec<Pending> = Vec::new();
                     for it in &items[i..] {
-                        let rec = self.core_rec_from_item(s, it);
+                        let rec = record_from_item(it);
                         moved.push(Pending::new(rec, shards_total));
                     }
                     let rt = self.rts.get_mut(&s).expect("shard");
@@ -527,23 +541,7 @@ impl Worker {
             }
         }
         metrics::counter!("tidemark_materialized_total", "path" => "hot").increment(applied);
-        let _ = n;
         Ok(())
-    }
-
-    /// Rebuilds a record from a hot item (the entry carries everything needed).
-    fn core_rec_from_item(&self, _s: u32, it: &SingleItem) -> DispatchRecord {
-        let e = tidemark_protocol::entry::decode_entry(&it.entry)
-            .expect("entries built by this worker decode");
-        DispatchRecord {
-            offset: it.offset,
-            prev: it.prev,
-            sender: e.from,
-            client_id: String::new(),
-            recipients: vec![it.recipient.clone()],
-            body: e.body,
-            sent_at_us: e.sent_at_us,
-        }
     }
 
     /// Chunked path for a shard's pending records: write missing lane chunks, then advance.

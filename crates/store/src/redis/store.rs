@@ -495,12 +495,8 @@ impl Store {
         let blob = encode_blob(layout, &lanes);
         let key = keys::wm(shard);
         // One atomic step: refuse if present (unless forced), else write all three fields.
-        let script = redis::Script::new(
-            "if ARGV[4] ~= '1' and redis.call('EXISTS', KEYS[1]) == 1 then return 0 end \
-             redis.call('DEL', KEYS[1]) \
-             redis.call('HSET', KEYS[1], 'wm_layout', ARGV[1], 'wm_epoch', ARGV[2], 'wm_blob', ARGV[3]) \
-             return 1",
-        );
+        // redis::Script reloads on NOSCRIPT by itself; init is not on any hot path.
+        let script = redis::Script::new(include_str!("lua/common/init_watermark.lua"));
         let created: i64 = script
             .key(&key)
             .arg(layout.as_str())

@@ -11,8 +11,9 @@
 //! (default 24) users. Larger: `TIDEMARK_CHAOS_SECS=300 TIDEMARK_CHAOS_USERS=200 cargo test
 //! --release -p tidemark --test chaos -- --nocapture`.
 
+mod support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -61,15 +62,8 @@ impl Serve {
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        // SAFETY: prctl only.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
         Serve {
-            child: cmd.spawn().expect("spawn tidemark serve"),
+            child: support::spawn_killed_with_us(&mut cmd),
         }
     }
 

@@ -19,9 +19,10 @@
 //! Every message of the whole drill is in its recipients' mailboxes exactly once, in order,
 //! and a fresh client receives all of them, in order.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -63,15 +64,8 @@ impl Serve {
         .env("RUST_LOG", "warn,tidemark_server=info")
         .stdout(Stdio::null())
         .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
-        // SAFETY: prctl only.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
         Serve {
-            child: cmd.spawn().expect("spawn tidemark serve"),
+            child: support::spawn_killed_with_us(&mut cmd),
             port,
             log,
         }

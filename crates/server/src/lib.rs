@@ -5,4 +5,5 @@ pub mod config;
 pub mod gateway;
 pub mod materializer;
 pub mod run;
+pub mod supervise;
 pub mod telemetry;

@@ -20,6 +20,17 @@
 //!
 //! Replays are no-ops, a gap makes the owner re-read from W, a fenced or corrupt shard is
 //! stopped (fail closed) and reported unhealthy.
+//!
+//! **Failures retry by themselves.** Any Redis failure while materialising (connection refused,
+//! timeout, `NOAUTH`, `LOADING`, `BUSY`, `READONLY`, …) puts the shards of the step in
+//! *retry*: their in-memory records are dropped and, after a capped backoff ([`RETRY_MIN`]
+//! doubling to [`RETRY_MAX`]), each re-reads its watermark and resumes reading the log from
+//! its lowest W. This repeats until it succeeds, with or without new traffic (a shard never
+//! waits for an unrelated send to notice a gap). A lost log connection (XREAD) is replaced
+//! with the same backoff. `/healthz` names every shard in retry.
+//!
+//! A panic is not handled here: [`crate::run`] supervises each worker, logs and counts the
+//! panic and starts the worker again (it re-claims its shards: replays are no-ops).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -29,20 +40,33 @@ use tidemark_protocol::entry::encode_entry;
 use tidemark_store::keys;
 use tidemark_store::redis::dlog::{CoreStore, DispatchRecord, LogReader};
 use tidemark_store::redis::store::{
-    Advance, AdvanceRecord, ChunkWritten, Gc, LaneChunk, Materialized, SingleItem, Store,
+    Advance, AdvanceCounts, AdvanceRecord, ChunkWritten, Gc, LaneChunk, Materialized, SingleItem,
+    Store,
 };
-use tidemark_store::redis::watermark::{Layout, FULL_BLOB_BYTES, LANES};
+use tidemark_store::redis::watermark::{Layout, FULL_BLOB_BYTES, LANES, U48_MAX};
 use tidemark_store::routing::route;
 use tokio_util::sync::CancellationToken;
 
 /// Most shards garbage-collected in one loop iteration.
 const GC_SHARDS_PER_LOOP: usize = 4;
 
-/// Decides whether a lane chunk write is made to fail (fault injection in tests and chaos
-/// runs); `attempt` counts from 0 per (record, lane).
+/// First retry delay of a shard whose writes or reads failed.
+pub const RETRY_MIN: Duration = Duration::from_millis(50);
+/// Longest retry delay (the backoff doubles up to this).
+pub const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Longest wait for an XREAD beyond its BLOCK time before the connection is presumed dead.
+const READ_GRACE: Duration = Duration::from_secs(10);
+
+/// Fault injection for tests and fault runs.
 pub trait ChunkFault: Send + Sync {
-    /// True: skip this chunk write, as if it had failed.
+    /// True: skip this lane chunk write, as if it had failed; `attempt` counts from 0 per
+    /// (record, lane).
     fn fail(&self, shard: u32, offset: u64, lane: usize, attempt: u32) -> bool;
+
+    /// True: panic just before record `offset` of `shard` is routed (tests of supervision).
+    fn panic_before(&self, _shard: u32, _offset: u64) -> bool {
+        false
+    }
 }
 
 /// Tuning of a materializer.
@@ -78,6 +102,10 @@ pub enum ShardStatus {
     Running,
     /// Another owner raised the epoch; this one stopped.
     Fenced { current_epoch: Option<u64> },
+    /// Record `offset` has recipients in `lane`, which is empty (presence 0): no lane takes the
+    /// record (its messages are kept; GC never passes it). The owner re-checks every
+    /// [`RETRY_MAX`] and resumes once the lane is initialised.
+    LaneEmpty { lane: usize, offset: u64 },
     /// The watermark is corrupt; the shard is stopped (fail closed).
     Corrupt(String),
     /// Some other failure stopped the shard.
@@ -97,6 +125,10 @@ pub struct ShardHealth {
     pub head: u64,
     /// When W last moved (or the shard was last seen idle with nothing to do).
     pub last_progress: Instant,
+    /// The failure the shard is retrying after, and since when (None: not retrying).
+    pub retrying: Option<(String, Instant)>,
+    /// The log head is at 2^48−1: commits to this shard are refused (`log_exhausted`).
+    pub log_exhausted: bool,
 }
 
 /// Shared board of shard health.
@@ -114,8 +146,21 @@ impl HealthBoard {
             min_w: 0,
             head: 0,
             last_progress: Instant::now(),
+            retrying: None,
+            log_exhausted: false,
         });
         f(h);
+    }
+
+    /// Marks `shards` as having no running owner (a worker restarting after a panic or an
+    /// error): `/healthz` reports them until the worker has re-claimed them.
+    pub fn mark_down(&self, shards: &[u32], why: &str) {
+        for &s in shards {
+            self.update(s, |h| {
+                h.status = ShardStatus::Failed(why.to_string());
+                h.retrying = None;
+            });
+        }
     }
 
     /// A copy of every shard's health.
@@ -128,9 +173,23 @@ impl HealthBoard {
     pub fn problems(&self, stuck_after: Duration) -> Vec<String> {
         let mut out = Vec::new();
         for (s, h) in self.snapshot() {
+            if h.log_exhausted {
+                out.push(format!(
+                    "shard {s}: log exhausted (head {} = 2^48-1): sends are refused with \
+                     log_exhausted",
+                    h.head
+                ));
+            }
             match &h.status {
                 ShardStatus::Running => {
-                    if h.head > h.min_w && h.last_progress.elapsed() > stuck_after {
+                    if let Some((err, since)) = &h.retrying {
+                        out.push(format!(
+                            "shard {s}: retrying for {:?} (W={}, head {}): {err}",
+                            since.elapsed(),
+                            h.min_w,
+                            h.head
+                        ));
+                    } else if h.head > h.min_w && h.last_progress.elapsed() > stuck_after {
                         out.push(format!(
                             "shard {s}: stuck at W={} with head {} for {:?}",
                             h.min_w,
@@ -140,6 +199,10 @@ impl HealthBoard {
                     }
                 }
                 ShardStatus::Starting => out.push(format!("shard {s}: starting")),
+                ShardStatus::LaneEmpty { lane, offset } => out.push(format!(
+                    "shard {s}: record {offset} has recipients in lane {lane}, which is empty; \
+                     held (nothing dropped) until the lane is initialised"
+                )),
                 other => out.push(format!("shard {s}: {other:?}")),
             }
         }
@@ -213,10 +276,25 @@ struct ShardRt {
     uniform: bool,
     pending: VecDeque<Pending>,
     stopped: bool,
+    /// Set while the shard waits to retry after a failure: it reads nothing until then.
+    retry: Option<Retry>,
+    /// (lane, offset) while a record is held by an empty lane (reported in health).
+    lane_empty: Option<(usize, u64)>,
     touched: BTreeSet<String>,
     moved: bool,
     min_w: u64,
     last_gc: Instant,
+}
+
+/// A shard's retry after a failure.
+#[derive(Debug, Clone, Copy)]
+struct Retry {
+    /// When the next attempt is due.
+    due: Instant,
+    /// The delay that led to `due` (doubles on each failure, up to [`RETRY_MAX`]).
+    backoff: Duration,
+    /// A failure (reported as `retrying` in health) rather than a periodic re-check.
+    failure: bool,
 }
 
 /// One materializer worker: the owned shards of one core instance.
@@ -229,6 +307,8 @@ pub struct Worker {
     rts: BTreeMap<u32, ShardRt>,
     opts: MaterializerOptions,
     health: Arc<HealthBoard>,
+    /// Current delay before replacing a failed log connection (None: reads are healthy).
+    read_backoff: Option<Duration>,
 }
 
 fn single_item(rec: &DispatchRecord) -> SingleItem {
@@ -277,6 +357,7 @@ impl Worker {
             rts: BTreeMap::new(),
             opts,
             health,
+            read_backoff: None,
         };
         for &(s, mb) in shards {
             w.health.update(s, |h| h.status = ShardStatus::Starting);
@@ -301,6 +382,8 @@ impl Worker {
                     uniform: wm.lanes.is_uniform(),
                     pending: VecDeque::new(),
                     stopped: false,
+                    retry: None,
+                    lane_empty: None,
                     touched: BTreeSet::new(),
                     moved: false,
                     min_w,
@@ -312,9 +395,15 @@ impl Worker {
                 h.epoch = epoch;
                 h.min_w = min_w;
                 h.last_progress = Instant::now();
+                h.retrying = None;
             });
         }
         Ok(w)
+    }
+
+    /// The shards this worker owns.
+    pub fn shards(&self) -> Vec<u32> {
+        self.rts.keys().copied().collect()
     }
 
     /// The core instance this worker reads.
@@ -325,6 +414,7 @@ impl Worker {
     fn stop(&mut self, shard: u32, status: ShardStatus) {
         if let Some(rt) = self.rts.get_mut(&shard) {
             rt.stopped = true;
+            rt.retry = None;
             rt.pending.clear();
         }
         tracing::error!(shard, ?status, "shard stopped");
@@ -337,58 +427,201 @@ impl Worker {
             }
             _ => {}
         }
-        self.health.update(shard, |h| h.status = status);
+        self.health.update(shard, |h| {
+            h.status = status;
+            h.retrying = None;
+        });
     }
 
-    /// Runs until `cancel` fires or every shard has stopped.
+    /// Puts `shard` in retry after `why`: its records in memory are dropped and, after the
+    /// backoff, it re-reads its watermark and resumes from its lowest W.
+    fn schedule_retry(&mut self, shard: u32, why: &str) {
+        let Some(rt) = self.rts.get_mut(&shard) else {
+            return;
+        };
+        if rt.stopped {
+            return;
+        }
+        let backoff = rt
+            .retry
+            .map_or(RETRY_MIN, |r| (r.backoff * 2).min(RETRY_MAX));
+        rt.retry = Some(Retry {
+            due: Instant::now() + backoff,
+            backoff,
+            failure: true,
+        });
+        rt.pending.clear();
+        let why = why.to_string();
+        self.health.update(shard, |h| {
+            let since = h.retrying.as_ref().map_or_else(Instant::now, |r| r.1);
+            h.retrying = Some((why, since));
+        });
+    }
+
+    /// Runs the resync of every shard whose retry is due; a failed resync backs off further.
+    async fn retry_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .rts
+            .values()
+            .filter(|rt| !rt.stopped && rt.retry.is_some_and(|r| r.due <= now))
+            .map(|rt| rt.shard)
+            .collect();
+        for s in due {
+            match self.resync(s).await {
+                Ok(()) => {
+                    let rt = self.rts.get_mut(&s).expect("shard");
+                    if rt.stopped {
+                        continue;
+                    }
+                    if !rt.retry.take().is_some_and(|r| r.failure) {
+                        continue;
+                    }
+                    tracing::info!(shard = s, w = rt.min_w, "shard resumed after a failure");
+                    metrics::counter!("tidemark_shard_recoveries_total").increment(1);
+                    self.health.update(s, |h| {
+                        h.retrying = None;
+                        h.last_progress = Instant::now();
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(shard = s, error = %e, "resync failed; retrying");
+                    self.schedule_retry(s, &e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Earliest retry due among shards in retry.
+    fn next_retry(&self) -> Option<Instant> {
+        self.rts
+            .values()
+            .filter(|rt| !rt.stopped)
+            .filter_map(|rt| rt.retry.map(|r| r.due))
+            .min()
+    }
+
+    /// The log read failed: report it on every shard, wait (capped backoff), replace the
+    /// connection.
+    async fn log_read_failed(&mut self, e: &str, cancel: &CancellationToken) {
+        let backoff = self
+            .read_backoff
+            .map_or(RETRY_MIN, |b| (b * 2).min(RETRY_MAX));
+        self.read_backoff = Some(backoff);
+        tracing::warn!(error = %e, core = %self.core_url, ?backoff, "log read failed; retrying");
+        metrics::counter!("tidemark_errors_total", "code" => "log_read").increment(1);
+        let why = format!("reading the log on {}: {e}", self.core_url);
+        for s in self.shards() {
+            self.health.update(s, |h| {
+                let since = h.retrying.as_ref().map_or_else(Instant::now, |r| r.1);
+                h.retrying = Some((why.clone(), since));
+            });
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        match tokio::time::timeout(READ_GRACE, LogReader::connect(&self.core_url)).await {
+            Ok(Ok(r)) => self.reader = r,
+            Ok(Err(e)) => tracing::warn!(error = %e, core = %self.core_url, "log reconnect failed"),
+            Err(_) => tracing::warn!(core = %self.core_url, "log reconnect timed out"),
+        }
+    }
+
+    /// The log read succeeded after failures: clear what [`Self::log_read_failed`] reported.
+    fn log_read_ok(&mut self) {
+        if self.read_backoff.take().is_none() {
+            return;
+        }
+        tracing::info!(core = %self.core_url, "log read resumed");
+        for rt in self.rts.values() {
+            if rt.retry.is_none() {
+                self.health.update(rt.shard, |h| {
+                    h.retrying = None;
+                    h.last_progress = Instant::now();
+                });
+            }
+        }
+    }
+
+    /// Runs until `cancel` fires. Redis failures never end it (shards retry, see the module
+    /// documentation); it returns early only with the error of a bug (none today).
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
+            self.retry_due().await;
             let positions: Vec<(u32, u64)> = self
                 .rts
                 .values()
-                .filter(|rt| !rt.stopped)
+                .filter(|rt| !rt.stopped && rt.retry.is_none())
                 .map(|rt| (rt.shard, rt.read_pos))
                 .collect();
+            let next_retry = self.next_retry();
             if positions.is_empty() {
-                // every shard stopped (fenced/corrupt): stay alive for /healthz, do nothing
-                cancel.cancelled().await;
-                return Ok(());
+                match next_retry {
+                    // every shard stopped (fenced/corrupt): stay alive for /healthz
+                    None => {
+                        cancel.cancelled().await;
+                        return Ok(());
+                    }
+                    Some(due) => {
+                        tokio::select! {
+                            _ = cancel.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep_until(due.into()) => {}
+                        }
+                        continue;
+                    }
+                }
             }
             let any_pending = self.rts.values().any(|rt| !rt.pending.is_empty());
-            let block = if any_pending {
+            let mut block = if any_pending {
                 Duration::from_millis(20)
             } else {
                 self.opts.block
             };
+            if let Some(due) = next_retry {
+                block = block.min(due.saturating_duration_since(Instant::now()));
+            }
+            // XREAD BLOCK 0 would block for ever
+            let block = block.max(Duration::from_millis(1));
             let read = tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
-                r = self.reader.read(&positions, self.opts.batch, block) => r,
+                r = tokio::time::timeout(
+                    block + READ_GRACE,
+                    self.reader.read(&positions, self.opts.batch, block),
+                ) => r,
             };
             let batches = match read {
-                Ok(b) => b,
-                Err(e) => {
-                    tracing::warn!(error = %e, core = %self.core_url, "log read failed; retrying");
-                    metrics::counter!("tidemark_errors_total", "code" => "log_read").increment(1);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    if let Ok(r) = LogReader::connect(&self.core_url).await {
-                        self.reader = r;
-                    }
+                Ok(Ok(b)) => b,
+                Ok(Err(e)) => {
+                    self.log_read_failed(&e.to_string(), &cancel).await;
+                    continue;
+                }
+                Err(_) => {
+                    self.log_read_failed("XREAD timed out", &cancel).await;
                     continue;
                 }
             };
+            self.log_read_ok();
+            let stepped: Vec<u32> = positions.iter().map(|p| p.0).collect();
             if let Err(e) = self.step(batches).await {
-                // Redis trouble: nothing is lost (the log is still there); re-read from W.
-                tracing::warn!(error = %e, "materialize step failed; resyncing from W");
+                // Redis trouble: nothing is lost (the log is still there); every shard of the
+                // step re-reads from its W once the backoff has passed, until that succeeds.
+                tracing::warn!(error = %e, "materialize step failed; shards retry from W");
                 metrics::counter!("tidemark_errors_total", "code" => e.code()).increment(1);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let shards: Vec<u32> = self.rts.keys().copied().collect();
-                for s in shards {
-                    if let Err(e) = self.resync(s).await {
-                        tracing::warn!(shard = s, error = %e, "resync failed");
-                    }
+                let why = e.to_string();
+                let mut retry: BTreeSet<u32> = stepped.into_iter().collect();
+                // shards with pending records were processed by the step too
+                retry.extend(
+                    self.rts
+                        .values()
+                        .filter(|rt| !rt.pending.is_empty())
+                        .map(|rt| rt.shard),
+                );
+                for s in retry {
+                    self.schedule_retry(s, &why);
                 }
             }
         }
@@ -419,6 +652,8 @@ impl Worker {
                 rt.min_w = wm.lanes.min_present_w().unwrap_or(0);
                 rt.read_pos = rt.min_w;
                 rt.uniform = wm.lanes.is_uniform();
+                let min_w = rt.min_w;
+                self.health.update(s, |h| h.min_w = min_w);
                 Ok(())
             }
             Err(e) if e.is_corrupt() => {
@@ -444,6 +679,14 @@ impl Worker {
             for rec in recs {
                 if rec.offset <= rt.read_pos {
                     continue; // already read (a re-read after resync overlaps)
+                }
+                if let Some(f) = &self.opts.fault {
+                    if f.panic_before(s, rec.offset) {
+                        panic!(
+                            "injected fault: panic before shard {s} offset {}",
+                            rec.offset
+                        );
+                    }
                 }
                 if rec.prev != rt.read_pos {
                     // a hole in what we read (log trimmed above W?): re-read from W
@@ -541,7 +784,20 @@ impl Worker {
             }
         }
         metrics::counter!("tidemark_materialized_total", "path" => "hot").increment(applied);
+        if applied > 0 {
+            self.clear_lane_empty(s);
+        }
         Ok(())
+    }
+
+    /// A record held by an empty lane has been passed (the lane was initialised): running.
+    fn clear_lane_empty(&mut self, s: u32) {
+        if let Some(rt) = self.rts.get_mut(&s) {
+            if rt.lane_empty.take().is_some() {
+                tracing::info!(shard = s, "held record taken; shard running again");
+                self.health.update(s, |h| h.status = ShardStatus::Running);
+            }
+        }
     }
 
     /// Chunked path for a shard's pending records: write missing lane chunks, then advance.
@@ -632,12 +888,28 @@ impl Worker {
             .iter()
             .map(Pending::advance_record)
             .collect();
-        let mut last = None;
+        // `moved` is ORed over the parts: an early part may move lanes while the last does
+        // not, and the hint must still go out.
+        let mut last: Option<AdvanceCounts> = None;
+        let mut moved = false;
+        let mut empty_lane = None;
         for part in recs.chunks(256) {
             let adv = self.mailboxes[mb].advance_many(s, epoch, part).await?;
             match adv {
                 Advance::Moved(c) | Advance::Replay(c) | Advance::Held(c) | Advance::Gap(c) => {
-                    last = Some((matches!(adv, Advance::Moved(_)), c));
+                    moved |= matches!(adv, Advance::Moved(_));
+                    last = Some(c);
+                }
+                Advance::EmptyLane {
+                    counts,
+                    lane,
+                    offset,
+                } => {
+                    // no later record can be taken before this one: stop here
+                    moved |= counts.advanced > 0;
+                    last = Some(counts);
+                    empty_lane = Some((lane, offset));
+                    break;
                 }
                 Advance::Fenced { current_epoch } => {
                     self.stop(s, ShardStatus::Fenced { current_epoch });
@@ -652,7 +924,7 @@ impl Worker {
                 }
             }
         }
-        let Some((moved, c)) = last else {
+        let Some(c) = last else {
             return Ok(());
         };
         let rt = self.rts.get_mut(&s).expect("shard");
@@ -673,6 +945,29 @@ impl Worker {
         metrics::counter!("tidemark_materialized_total", "path" => "chunk").increment(done);
         rt.min_w = rt.min_w.max(min_w);
         rt.uniform = rt.pending.is_empty() && c.min_w == c.max_w;
+        if let Some((lane, offset)) = empty_lane {
+            // Held whole (nothing dropped): re-checked every RETRY_MAX until the lane exists.
+            tracing::error!(shard = s, lane, offset, "record needs an empty lane; held");
+            metrics::counter!("tidemark_lane_empty_holds_total").increment(1);
+            let min_w = rt.min_w;
+            if let Some(rt) = self.rts.get_mut(&s) {
+                rt.lane_empty = Some((lane, offset));
+                rt.retry = Some(Retry {
+                    due: Instant::now() + RETRY_MAX,
+                    backoff: RETRY_MAX,
+                    failure: false,
+                });
+                rt.pending.clear();
+            }
+            self.health.update(s, |h| {
+                h.status = ShardStatus::LaneEmpty { lane, offset };
+                h.min_w = min_w;
+            });
+            return Ok(());
+        }
+        if moved {
+            self.clear_lane_empty(s);
+        }
         if !moved && c.held == 0 && c.gaps > 0 && first_prev.is_some_and(|p| min_w < p) {
             tracing::warn!(shard = s, min_w, "chunked path gap: re-reading from W");
             self.resync(s).await?;
@@ -686,9 +981,7 @@ impl Worker {
         let mut pubs: BTreeMap<usize, redis::Pipeline> = BTreeMap::new();
         let mut gc_due = Vec::new();
         for rt in self.rts.values_mut() {
-            if rt.stopped {
-                continue;
-            }
+            // a shard stopped in this step may still have moved before: hint it
             if rt.moved {
                 rt.moved = false;
                 let touched = std::mem::take(&mut rt.touched);
@@ -705,7 +998,7 @@ impl Worker {
                     h.last_progress = now;
                 });
             }
-            if now.duration_since(rt.last_gc) >= self.opts.gc_interval {
+            if !rt.stopped && now.duration_since(rt.last_gc) >= self.opts.gc_interval {
                 gc_due.push((rt.last_gc, rt.shard));
             }
         }
@@ -724,7 +1017,11 @@ impl Worker {
             let _: Result<(), _> = pipe.query_async(&mut conn).await;
         }
         for s in gc_due {
-            self.gc_shard(s).await?;
+            // GC only frees space: a failure is retried at the next interval, nothing else
+            if let Err(e) = self.gc_shard(s).await {
+                tracing::warn!(shard = s, error = %e, "gc failed; retried later");
+                metrics::counter!("tidemark_errors_total", "code" => "gc").increment(1);
+            }
         }
         Ok(())
     }
@@ -745,6 +1042,7 @@ impl Worker {
                 self.health.update(s, |h| {
                     h.head = head;
                     h.min_w = min_w;
+                    h.log_exhausted = head >= U48_MAX;
                     if idle {
                         h.last_progress = Instant::now();
                     }

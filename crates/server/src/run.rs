@@ -1,6 +1,13 @@
 //! Running Tidemark: [`serve`] runs the gateway and the materializers against Redis
 //! instances it did not start; [`up`] starts its own redis-server processes (AOF on, data under
 //! a directory), then serves. Both stop cleanly on cancellation and join every task.
+//!
+//! Every long-running task is supervised ([`crate::supervise`]): a materializer worker that
+//! panics (or returns) is logged with its shards, counted, reported in `/healthz` (its shards
+//! have no running owner) and started again, which re-claims its shards (safe: replays are
+//! no-ops). The gateway cannot be restarted in place: if it panics or stops on its own, the
+//! whole service stops with an error, so the process exits non-zero and its own supervisor
+//! (systemd, Kubernetes) restarts it — never a process that is up with a dead gateway.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,6 +44,12 @@ pub enum Error {
     /// Files, sockets.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// A task that cannot be restarted in place (the gateway) panicked or stopped.
+    #[error("{task} {ended}")]
+    TaskEnded {
+        task: &'static str,
+        ended: crate::supervise::Ended,
+    },
 }
 
 impl Error {
@@ -49,6 +62,7 @@ impl Error {
             Error::Gateway(_) => "gateway",
             Error::Redis(e) => e.code(),
             Error::Io(_) => "io",
+            Error::TaskEnded { .. } => "task_ended",
         }
     }
 }
@@ -151,6 +165,8 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         if shards.is_empty() {
             continue;
         }
+        // The first start is part of start-up (its errors stop `serve`); restarts are
+        // supervised and retried.
         let worker = Worker::start(
             t.shards,
             core_url,
@@ -160,12 +176,18 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
             health.clone(),
         )
         .await?;
-        let (c, tx) = (cancel.clone(), err_tx.clone());
-        tracker.spawn(async move {
-            if let Err(e) = worker.run(c).await {
-                let _ = tx.send(e.into());
-            }
-        });
+        tracker.spawn(supervise_worker(
+            worker,
+            WorkerSpec {
+                shards_total: t.shards,
+                core_url: core_url.clone(),
+                mailboxes: mailboxes.clone(),
+                shards,
+                opts: opts.materializer.clone(),
+            },
+            health.clone(),
+            cancel.clone(),
+        ));
     }
     let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     let addr = listener.local_addr()?;
@@ -177,9 +199,27 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         opts.gateway.clone(),
     );
     tracker.spawn(async move {
-        if let Err(e) = gateway::serve(listener, topo, gw, h, c).await {
-            let _ = tx.send(e.into());
+        let outcome = tokio::spawn(gateway::serve(listener, topo, gw, h, c.clone())).await;
+        if c.is_cancelled() {
+            return;
         }
+        // the gateway ended on its own: stop the whole service (the process exits non-zero)
+        let ended = match outcome {
+            Ok(Err(e)) => {
+                let _ = tx.send(e.into());
+                return;
+            }
+            Ok(Ok(())) => crate::supervise::Ended::Exited("returned".into()),
+            Err(je) if je.is_panic() => crate::supervise::Ended::Panicked(
+                crate::supervise::panic_message(je.into_panic().as_ref()),
+            ),
+            Err(je) => crate::supervise::Ended::Exited(je.to_string()),
+        };
+        tracing::error!(%ended, "gateway ended; stopping the service");
+        let _ = tx.send(Error::TaskEnded {
+            task: "gateway",
+            ended,
+        });
     });
     Ok(Running {
         addr,
@@ -188,6 +228,59 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         cancel,
         errors,
     })
+}
+
+/// What a materializer worker is started from (again, after a panic).
+struct WorkerSpec {
+    shards_total: u32,
+    core_url: String,
+    mailboxes: Vec<Store>,
+    shards: Vec<(u32, usize)>,
+    opts: MaterializerOptions,
+}
+
+/// Runs `first` and, whenever a worker panics or returns before `cancel`, reports its shards
+/// down and starts a new one from `spec` (which re-claims the shards).
+async fn supervise_worker(
+    first: Worker,
+    spec: WorkerSpec,
+    health: Arc<HealthBoard>,
+    cancel: CancellationToken,
+) {
+    let ids: Vec<u32> = spec.shards.iter().map(|s| s.0).collect();
+    let mut first = Some(first);
+    let spec = Arc::new(spec);
+    let (h, c) = (health.clone(), cancel.clone());
+    crate::supervise::supervise(
+        "materializer",
+        cancel.clone(),
+        move || {
+            let first = first.take();
+            let (spec, health, cancel) = (spec.clone(), h.clone(), c.clone());
+            async move {
+                let worker = match first {
+                    Some(w) => w,
+                    None => {
+                        Worker::start(
+                            spec.shards_total,
+                            &spec.core_url,
+                            spec.mailboxes.clone(),
+                            &spec.shards,
+                            spec.opts.clone(),
+                            health,
+                        )
+                        .await?
+                    }
+                };
+                worker.run(cancel).await
+            }
+        },
+        move |ended| {
+            tracing::error!(shards = ?ids, %ended, "materializer worker down");
+            health.mark_down(&ids, &format!("materializer worker {ended}; restarting"));
+        },
+    )
+    .await;
 }
 
 /// What `up` starts.

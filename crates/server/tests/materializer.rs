@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use redis::AsyncCommands;
 use tidemark_protocol::entry::decode_entry;
 use tidemark_redis_proc::RedisProcess;
@@ -374,6 +375,175 @@ async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
         total += m.len();
     }
     assert_eq!(total, 100 * 2 + 50);
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+/// `n` user ids of shard `s`, each in a different lane.
+fn users_in_distinct_lanes(s: u32, n: usize) -> Vec<String> {
+    let mut lanes = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for i in 0.. {
+        let u = format!("lane-user-{i}");
+        let r = route(&u, SHARDS);
+        if r.shard == s && lanes.insert(r.lane) {
+            out.push(u);
+            if out.len() == n {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Issue 8, defect 5: a record with recipients in an empty lane (a valid 1216-byte packed-v2
+/// blob with one lane of 19 zero bytes) is never dropped. No lane takes it (so GC cannot trim
+/// it), the shard reports it, and once the lane is initialised the owner resumes by itself.
+#[tokio::test]
+async fn a_record_for_an_empty_lane_is_held_never_dropped() {
+    use tidemark_store::redis::watermark::{encode_blob, LaneRecord, LaneWatermarks};
+    let mut e = env().await;
+    let s = 0;
+    let us = users_in_distinct_lanes(s, 2);
+    let (empty_user, other) = (us[0].as_str(), us[1].as_str());
+    let empty_lane = route(empty_user, SHARDS).lane;
+    let other_lane = route(other, SHARDS).lane;
+    let mut lanes = LaneWatermarks::uniform(LaneRecord::at(0, 0));
+    lanes.0[empty_lane] = LaneRecord::EMPTY;
+    let mut c = e.mb_store.connection();
+    let _: () = c
+        .hset(
+            keys::wm(s),
+            "wm_blob",
+            encode_blob(Layout::PackedV2, &lanes),
+        )
+        .await
+        .unwrap();
+    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    // 1: only the present lane; 2: both lanes; 3: only the present lane again
+    send(&mut e, "a", "m1", &[other], "one").await;
+    send(&mut e, "a", "m2", &[empty_user, other], "two").await;
+    send(&mut e, "a", "m3", &[other], "three").await;
+    wait_until("record 2 reported as held by the empty lane", || async {
+        health.snapshot()[&s].status
+            == ShardStatus::LaneEmpty {
+                lane: empty_lane,
+                offset: 2,
+            }
+    })
+    .await;
+    // several GC intervals pass: nothing beyond record 1 is taken, nothing is trimmed
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let wm = e.mb_store.read_watermark(s).await.unwrap();
+    assert_eq!(wm.lanes.lane(other_lane).w, 1, "no lane passes record 2");
+    assert_eq!(wm.lanes.max_present_w(), Some(1));
+    let kept: Vec<u64> = {
+        let mut core = e.core_store.clone();
+        core.read_after(s, 0, 10)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.offset)
+            .collect()
+    };
+    assert!(
+        kept.contains(&2) && kept.contains(&3),
+        "records 2 and 3 stay in the log: {kept:?}"
+    );
+    // (entries of later records may already sit in the mailbox, above W: readers never see
+    // them until W passes them)
+    let visible: Vec<u64> = mailbox(&e, other)
+        .await
+        .into_iter()
+        .map(|(seq, _)| seq)
+        .filter(|&seq| seq <= wm.lanes.lane(other_lane).w)
+        .collect();
+    assert_eq!(visible, vec![1], "nothing visible after the held record");
+    assert!(health
+        .problems(Duration::from_secs(3600))
+        .iter()
+        .any(|p| p.contains("which is empty")));
+    // the operator initialises the lane at the record's prev: the owner resumes by itself
+    let mut lanes = e.mb_store.read_watermark(s).await.unwrap().lanes;
+    lanes.0[empty_lane] = LaneRecord::at(1, 1);
+    let _: () = c
+        .hset(
+            keys::wm(s),
+            "wm_blob",
+            encode_blob(Layout::PackedV2, &lanes),
+        )
+        .await
+        .unwrap();
+    wait_until("records 2 and 3 materialised", || async {
+        min_w(&e, s).await == 3
+    })
+    .await;
+    assert_eq!(mailbox(&e, other).await.len(), 3);
+    assert_eq!(mailbox(&e, empty_user).await, vec![(2, "two".to_string())]);
+    wait_until("shard running again", || async {
+        health.snapshot()[&s].status == ShardStatus::Running
+    })
+    .await;
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+/// Fails every chunk of record `offset` while `on`.
+struct HoldRecord {
+    offset: u64,
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl ChunkFault for HoldRecord {
+    fn fail(&self, _shard: u32, offset: u64, _lane: usize, _attempt: u32) -> bool {
+        offset == self.offset && self.on.load(Ordering::SeqCst)
+    }
+}
+
+/// Issue 8, defect 6: with a backlog of more than one advance call (256 records), an early
+/// call that moves lanes publishes its wake-up hint even when the last call moves nothing.
+#[tokio::test]
+async fn a_hint_is_published_when_an_early_batch_of_a_backlog_moved() {
+    let mut e = env().await;
+    let s = 1;
+    let every_lane = users_in_distinct_lanes(s, 64);
+    let pair: Vec<&str> = every_lane[..2].iter().map(String::as_str).collect();
+    let all: Vec<&str> = every_lane.iter().map(String::as_str).collect();
+    // A backlog committed before the worker starts: 256 two-recipient records (the first
+    // advance call), then record 257 with a recipient in every lane, whose chunks fail (no
+    // lane can move in the second call), then three more.
+    for i in 0..256 {
+        send(&mut e, "a", &format!("b{i}"), &pair, "x").await;
+    }
+    send(&mut e, "a", "all", &all, "to every lane").await;
+    for i in 0..3 {
+        send(&mut e, "a", &format!("c{i}"), &pair, "x").await;
+    }
+    let client = redis::Client::open(e._mailbox.url()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe(keys::wake(s)).await.unwrap();
+    let fault = Arc::new(HoldRecord {
+        offset: 257,
+        on: true.into(),
+    });
+    let opts = MaterializerOptions {
+        fault: Some(fault.clone()),
+        batch: 1000,
+        ..fast_opts()
+    };
+    let (cancel, h, _health) = start_worker(&e, opts).await;
+    let msg = tokio::time::timeout(Duration::from_secs(5), pubsub.on_message().next())
+        .await
+        .expect("a wake-up hint while record 257 is held")
+        .unwrap();
+    let payload: Vec<u8> = msg.get_payload_bytes().to_vec();
+    let (w, named) = tidemark_store::wake::decode(&payload).unwrap();
+    assert_eq!(w, 256, "the hint carries the lowest W reached");
+    assert!(named.iter().any(|n| n == pair[0]));
+    assert_eq!(min_w(&e, s).await, 256);
+    fault.on.store(false, Ordering::SeqCst);
+    wait_until("backlog done", || async { min_w(&e, s).await == 260 }).await;
+    assert_eq!(mailbox(&e, pair[0]).await.len(), 260);
     cancel.cancel();
     h.await.unwrap();
 }

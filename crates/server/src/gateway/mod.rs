@@ -116,7 +116,20 @@ pub async fn serve(
         state::Shared::connect(topology, opts, health, stop.clone(), tracker.clone()).await?;
 
     for url in shared.topology.mailbox.clone() {
-        tracker.spawn(wake::run_subscriber(shared.hub.clone(), url, stop.clone()));
+        // supervised: a panic restarts the subscriber (connections re-check meanwhile)
+        let (hub, stop2) = (shared.hub.clone(), stop.clone());
+        tracker.spawn(crate::supervise::supervise(
+            "wake_subscriber",
+            stop.clone(),
+            move || {
+                let (hub, url, stop) = (hub.clone(), url.clone(), stop2.clone());
+                async move {
+                    wake::run_subscriber(hub, url, stop).await;
+                    Ok::<(), std::convert::Infallible>(())
+                }
+            },
+            |_| {},
+        ));
     }
 
     let addr = listener.local_addr().ok();

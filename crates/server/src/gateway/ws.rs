@@ -185,22 +185,33 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
         .await;
 
     let (sync_tx, sync_rx) = mpsc::channel::<u64>(16);
-    let delivery = shared.tracker.spawn(delivery_loop(
-        shared.clone(),
-        shared.mailbox(&user),
-        acked,
-        notify,
-        sync_rx,
-        tx.clone(),
-        conn.clone(),
+    // A panic of the delivery or send loop must not leave a connection that reads frames but
+    // never delivers: it closes the connection (1011), the client reconnects.
+    let died = CancellationToken::new();
+    let delivery = shared.tracker.spawn(close_on_panic(
+        "delivery_loop",
+        died.clone(),
+        delivery_loop(
+            shared.clone(),
+            shared.mailbox(&user),
+            acked,
+            notify,
+            sync_rx,
+            tx.clone(),
+            conn.clone(),
+        ),
     ));
     let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
-    let sender = shared.tracker.spawn(send_loop(
-        shared.clone(),
-        user.clone(),
-        send_rx,
-        tx.clone(),
-        conn.clone(),
+    let sender = shared.tracker.spawn(close_on_panic(
+        "send_loop",
+        died.clone(),
+        send_loop(
+            shared.clone(),
+            user.clone(),
+            send_rx,
+            tx.clone(),
+            conn.clone(),
+        ),
     ));
 
     let mut reader = Reader {
@@ -214,6 +225,7 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
         pending_ack: acked,
         last_ack_flush: Instant::now(),
         conn: conn.clone(),
+        died,
     };
     let (code, reason) = reader.run(stream, &conn).await;
     // best effort: a coalesced ack is not left behind by a clean close
@@ -225,6 +237,20 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
     let _ = sender.await;
     close(tx, Out::Close { code, reason }, &mut writer, &kill).await;
     tracing::debug!(%user, code, "client disconnected");
+}
+
+/// Runs a connection task; a panic is logged, counted and ends the connection via `died`.
+async fn close_on_panic(
+    task: &'static str,
+    died: CancellationToken,
+    fut: impl std::future::Future<Output = ()>,
+) {
+    if let Err(msg) = crate::supervise::catch_panic(fut).await {
+        tracing::error!(task, panic = %msg, "connection task panicked; closing the connection");
+        metrics::counter!("tidemark_task_restarts_total", "task" => task, "reason" => "panic")
+            .increment(1);
+        died.cancel();
+    }
 }
 
 /// Queues the close frame behind what is queued and lets the writer finish, all within
@@ -260,6 +286,8 @@ struct Reader<'a> {
     /// When acks were last written.
     last_ack_flush: Instant,
     conn: CancellationToken,
+    /// Cancelled when the delivery or send loop panicked: the connection is closed.
+    died: CancellationToken,
 }
 
 /// Acks are written to Redis at most this often per connection (the rest are coalesced into
@@ -304,6 +332,7 @@ impl Reader<'_> {
             let ack_due = self.pending_ack > self.last_ack;
             let msg = tokio::select! {
                 _ = conn.cancelled() => return (CLOSE_GOING_AWAY, "server shutting down"),
+                _ = self.died.cancelled() => return (CLOSE_ERROR, "internal error; reconnect"),
                 _ = tokio::time::sleep_until(flush_at.into()), if ack_due => {
                     if !self.flush_ack().await {
                         return (CLOSE_ERROR, "connection failed");

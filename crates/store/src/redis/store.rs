@@ -75,6 +75,17 @@ pub enum Advance {
     Gap(AdvanceCounts),
     /// Nothing moved and some lane's chunk is not durable.
     Held(AdvanceCounts),
+    /// Record `offset` has recipients in `lane`, which is empty (presence 0): no lane took it
+    /// or any later record (earlier records of the call may have moved: `counts.advanced`).
+    /// Its messages are kept (GC never passes it); the shard needs the lane initialised.
+    EmptyLane {
+        /// Counts of the call.
+        counts: AdvanceCounts,
+        /// The empty lane the record needs.
+        lane: usize,
+        /// The record held.
+        offset: u64,
+    },
     /// Another owner holds the shard.
     Fenced { current_epoch: Option<u64> },
     /// The watermark is corrupt.
@@ -778,6 +789,11 @@ impl Store {
             1 => Advance::Replay(r.counts()?),
             2 => Advance::Gap(r.counts()?),
             6 => Advance::Held(r.counts()?),
+            7 => Advance::EmptyLane {
+                counts: r.counts()?,
+                lane: usize::try_from(r.u64_at(6)?).map_err(|_| r.bad())?,
+                offset: r.u64_at(7)?,
+            },
             3 => Advance::Fenced {
                 current_epoch: r.epoch(),
             },

@@ -11,6 +11,8 @@
 --   {4}                 not uniform: hot path not applicable, nothing written
 --   {5}                 missing: wm:{s} does not exist
 --   {6, ...}            held: a lane's chunk is not durable yet, nothing advanced
+--   {7, ..., lane, o}   empty lane: record o has recipients in lane `lane`, which is empty
+--                       (presence 0); no lane takes o or anything after it (never dropped)
 --   {-1, cause, lane}   corrupt: cause is a code of watermark.rs::CorruptCause, lane or -1
 local LANES = 64
 local LANE_BYTES = 19
@@ -144,10 +146,28 @@ local function staged(key)
 end
 
 -- Moves every present lane whose CAS holds (W == prev) and whose chunk, if the lane needs
--- one (needed: 64 chars '0'/'1', or '' for none), is durable. Returns advanced, held, gap.
+-- one (needed: 64 chars '0'/'1', or '' for none), is durable. Returns advanced, held, gap,
+-- and the first needed lane that is empty (-1 for none). A record that has recipients in an
+-- empty lane is not taken by any lane: an empty lane has no W that could cover it, so moving
+-- the others would let GC trim it and drop those recipients' messages. It stays held whole
+-- (the caller stops and reports the shard) until an operator initialises the lane.
 local function apply_record(P, W, off, prev, needed, done)
   local adv, held, gap = 0, 0, 0
   local check = #needed == LANES
+  -- a replay when every present lane is at or past o (and at least one lane is present)
+  local present, behind = false, false
+  for l = 1, LANES do
+    if P[l] == 1 then
+      present = true
+      if W[l] < off then behind = true; break end
+    end
+  end
+  if present and not behind then return 0, 0, 0, -1 end
+  if check then
+    for l = 1, LANES do
+      if P[l] == 0 and sbyte(needed, l) == 49 then return 0, 0, 0, l - 1 end
+    end
+  end
   for l = 1, LANES do
     if P[l] == 1 and W[l] < off then
       if W[l] ~= prev then
@@ -160,11 +180,13 @@ local function apply_record(P, W, off, prev, needed, done)
       end
     end
   end
-  return adv, held, gap
+  return adv, held, gap, -1
 end
 
-local function advance_reply(adv, held, gap, P, W)
+-- empty: {lane, offset} of a record held by an empty lane, or nil.
+local function advance_reply(adv, held, gap, P, W, empty)
   local lo, hi = present_range(P, W)
+  if empty then return {7, adv, held, gap, lo, hi, empty[1], empty[2]} end
   local status = 1
   if adv > 0 then status = 0 elseif gap > 0 then status = 2 elseif held > 0 then status = 6 end
   return {status, adv, held, gap, lo, hi}

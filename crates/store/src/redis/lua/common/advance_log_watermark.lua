@@ -12,15 +12,21 @@
 --
 -- A lane moves to o only when it is present, W == expected_previous and (if needed) its chunk
 -- is in KEYS[2]. Lanes at or above o are replays; lanes below expected_previous are gaps.
+-- A record with recipients in an empty lane (presence 0) moves no lane at all (an empty lane
+-- has no W to cover it; see apply_record in _lanes.lua).
 -- Returns {status, advanced, held, gaps, min_present_W, max_present_W} with status
---   0 advanced | 1 replay | 2 gap | 6 held;  or {3, epoch} | {5} | {-1, cause, lane}.
+--   0 advanced | 1 replay | 2 gap | 6 held;  or {7, advanced, held, gaps, min_present_W,
+--   max_present_W, lane, offset} when the record needs an empty lane (nothing moved);
+--   or {3, epoch} | {5} | {-1, cause, lane}.
 -- Writes wm_blob (canonical form) only when a lane moved. Publishes nothing.
 local layout, epoch, blob = wm_read(KEYS[1])
 if not layout then return epoch end
 local P, W, F = lanes_decode(blob)
 if not P then return W end
 if epoch ~= ARGV[1] then return {3, epoch} end
-local adv, held, gap = apply_record(P, W, tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4],
+local off = tonumber(ARGV[2])
+local adv, held, gap, empty = apply_record(P, W, off, tonumber(ARGV[3]), ARGV[4],
   staged(KEYS[2]))
 if adv > 0 then write_back(KEYS[1], layout, blob, P, W, F) end
+if empty >= 0 then return advance_reply(adv, held, gap, P, W, {empty, off}) end
 return advance_reply(adv, held, gap, P, W)

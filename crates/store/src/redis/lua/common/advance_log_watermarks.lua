@@ -10,7 +10,9 @@
 -- ARGV[4+3(i-1)]  needed lanes of i      64 chars '0'/'1' or ''
 --
 -- Returns {status, advanced, held, gaps, min_present_W, max_present_W} summed over records
---   (status 0 advanced | 1 replay | 2 gap | 6 held); or {3, epoch} | {5} | {-1, cause, lane}.
+--   (status 0 advanced | 1 replay | 2 gap | 6 held); or {7, advanced, held, gaps, min_W, max_W,
+--   lane, offset} when record `offset` needs the empty lane `lane`: it and every later record
+--   are left untaken (earlier records may have moved); or {3, epoch} | {5} | {-1, cause, lane}.
 -- Writes wm_blob (canonical form) once, only when a lane moved. Publishes nothing.
 local layout, epoch, blob = wm_read(KEYS[1])
 if not layout then return epoch end
@@ -18,11 +20,14 @@ local P, W, F = lanes_decode(blob)
 if not P then return W end
 if epoch ~= ARGV[1] then return {3, epoch} end
 local adv, held, gap = 0, 0, 0
+local empty
 for i = 1, #KEYS - 1 do
   local b = 2 + 3 * (i - 1)
-  local a, h, g = apply_record(P, W, tonumber(ARGV[b]), tonumber(ARGV[b + 1]), ARGV[b + 2],
+  local off = tonumber(ARGV[b])
+  local a, h, g, e = apply_record(P, W, off, tonumber(ARGV[b + 1]), ARGV[b + 2],
     staged(KEYS[1 + i]))
   adv, held, gap = adv + a, held + h, gap + g
+  if e >= 0 then empty = {e, off}; break end
 end
 if adv > 0 then write_back(KEYS[1], layout, blob, P, W, F) end
-return advance_reply(adv, held, gap, P, W)
+return advance_reply(adv, held, gap, P, W, empty)

@@ -388,3 +388,322 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
     assert!(sent.len() > 50, "the load ran ({} messages)", sent.len());
     drop(serve);
 }
+
+// ---- the quiet path: one fault, one message, then no traffic at all -------------------------
+
+/// Faults of the quiet-outage runs: each makes one Redis unusable for a few seconds.
+#[derive(Debug, Clone, Copy)]
+enum Quiet {
+    /// Mailbox Redis SIGKILLed, restarted 6 s later (AOF reload).
+    MailboxKill9,
+    /// Mailbox Redis gets a password and drops every client (NOAUTH), cleared 6 s later.
+    MailboxAuth,
+    /// Mailbox Redis SIGSTOPped (requests time out or hang), SIGCONT 6 s later.
+    MailboxStop,
+    /// A Lua script busy-loops on mailbox Redis (BUSY), killed 6 s later.
+    MailboxBusy,
+    /// Mailbox Redis becomes a replica of nothing (READONLY), promoted back 6 s later.
+    MailboxReadonly,
+    /// Core Redis SIGKILLed and restarted 6 s later; the message is sent after.
+    CoreKill9,
+    /// Every core connection killed (the XREAD one too); the message is sent after.
+    CoreClientKill,
+}
+
+impl Quiet {
+    fn on_mailbox(self) -> bool {
+        !matches!(self, Quiet::CoreKill9 | Quiet::CoreClientKill)
+    }
+}
+
+async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    let c = redis::Client::open(url).unwrap();
+    let cfg = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    c.get_multiplexed_async_connection_with_config(&cfg)
+        .await
+        .unwrap()
+}
+
+async fn client_kill(conn: &mut redis::aio::MultiplexedConnection) {
+    for ty in ["normal", "pubsub"] {
+        let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg(ty)
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(conn)
+            .await;
+    }
+}
+
+/// `tidemark serve` without fault injection, its log in a file (printed when a run fails).
+fn serve_logged(core: &str, mailbox: &str, port: u16, log: &std::path::Path) -> Serve {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args([
+        "serve",
+        "--core",
+        core,
+        "--mailbox",
+        mailbox,
+        "--shards",
+        &SHARDS.to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--dev-auth",
+    ])
+    .env("RUST_LOG", "warn")
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(log).unwrap());
+    Serve {
+        child: support::spawn_killed_with_us(&mut cmd),
+    }
+}
+
+/// One quiet outage: bob is connected and got a first message; the fault starts; one message
+/// to bob is sent (during a mailbox fault: its commit succeeds on core Redis; for a core
+/// fault: once core Redis is back); the fault ends; then nothing. The message must reach bob
+/// and `/healthz` must be 200 again within a few seconds, with no further traffic.
+async fn quiet_outage(fault: Quiet) {
+    let opts = || RedisOptions {
+        appendonly: true,
+        appendfsync: "always".into(),
+        ..Default::default()
+    };
+    let mut core = RedisProcess::start_with(opts()).unwrap();
+    let mut mailbox = RedisProcess::start_with(opts()).unwrap();
+    let (core_url, mb_url) = (core.url(), mailbox.url());
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let log = tempfile_path(&format!("quiet-{fault:?}.log"));
+    let _serve = serve_logged(&core_url, &mb_url, port, &log);
+    wait_listening(port).await;
+    let url = format!("ws://127.0.0.1:{port}/v1/ws");
+    let stop = Arc::new(AtomicBool::new(false));
+    let bob = Arc::new(Mutex::new(Receiver::default()));
+    let rx = tokio::spawn(receive(
+        url.clone(),
+        "bob".into(),
+        bob.clone(),
+        stop.clone(),
+    ));
+    let alice = connect_retry(&url, "alice", &AtomicBool::new(false))
+        .await
+        .unwrap();
+    let to = vec!["bob".to_string()];
+    let shard = route("bob", SHARDS).shard;
+    let wait_for = |seq: u64, limit: Duration| {
+        let bob = bob.clone();
+        async move {
+            let start = Instant::now();
+            while start.elapsed() < limit {
+                if bob.lock().await.seen.contains(&seq) {
+                    return Some(start.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            None
+        }
+    };
+    let first = alice
+        .send_and_wait("q-1", &to, "before", Duration::from_secs(5))
+        .await
+        .unwrap()[&shard];
+    assert!(
+        wait_for(first, Duration::from_secs(10)).await.is_some(),
+        "{fault:?}: first message delivered"
+    );
+
+    let mut admin = redis_conn(if fault.on_mailbox() {
+        &mb_url
+    } else {
+        &core_url
+    })
+    .await;
+    // start the fault
+    match fault {
+        Quiet::MailboxKill9 => mailbox.kill(),
+        Quiet::CoreKill9 => core.kill(),
+        Quiet::MailboxAuth => {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("requirepass")
+                .arg("quiet-outage-test")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            client_kill(&mut admin).await;
+        }
+        Quiet::CoreClientKill => client_kill(&mut admin).await,
+        Quiet::MailboxStop => unsafe {
+            libc::kill(mailbox.pid().unwrap() as i32, libc::SIGSTOP);
+        },
+        Quiet::MailboxBusy => {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("busy-reply-threshold")
+                .arg(100)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            let mut busy = redis_conn(&mb_url).await;
+            tokio::spawn(async move {
+                let _: redis::RedisResult<()> = redis::cmd("EVAL")
+                    .arg("while true do end")
+                    .arg(0)
+                    .query_async(&mut busy)
+                    .await;
+            });
+        }
+        Quiet::MailboxReadonly => {
+            let nobody = tidemark_redis_proc::free_port().unwrap();
+            let _: () = redis::cmd("REPLICAOF")
+                .arg("127.0.0.1")
+                .arg(nobody)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut second = None;
+    if fault.on_mailbox() {
+        // the commit goes to core Redis, which is fine: the send is acknowledged
+        second = Some(
+            alice
+                .send_and_wait("q-2", &to, "during", Duration::from_secs(5))
+                .await
+                .unwrap()[&shard],
+        );
+    }
+    // longer than a client library's own reconnect attempts, so only a retry loop recovers
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    // end the fault
+    match fault {
+        Quiet::MailboxKill9 => mailbox.restart().unwrap(),
+        Quiet::CoreKill9 => core.restart().unwrap(),
+        Quiet::MailboxAuth => {
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("requirepass")
+                .arg("")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+        }
+        Quiet::CoreClientKill => {}
+        Quiet::MailboxStop => unsafe {
+            libc::kill(mailbox.pid().unwrap() as i32, libc::SIGCONT);
+        },
+        Quiet::MailboxBusy => {
+            let _: () = redis::cmd("SCRIPT")
+                .arg("KILL")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+        }
+        Quiet::MailboxReadonly => {
+            let _: () = redis::cmd("REPLICAOF")
+                .arg("NO")
+                .arg("ONE")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+        }
+    }
+    let second = match second {
+        Some(s) => s,
+        None => {
+            // core faults: send once core Redis answers again (the sender reconnects)
+            let mut sent = None;
+            for attempt in 0..50 {
+                let c = connect_retry(&url, "alice", &AtomicBool::new(false))
+                    .await
+                    .unwrap();
+                match c
+                    .send_and_wait("q-2", &to, "after", Duration::from_secs(3))
+                    .await
+                {
+                    Ok(o) => {
+                        sent = Some(o[&shard]);
+                        break;
+                    }
+                    Err(e) => {
+                        assert!(attempt < 49, "{fault:?}: send after the fault: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+            sent.unwrap()
+        }
+    };
+    // no traffic from here on
+    let took = wait_for(second, Duration::from_secs(15)).await;
+    let healthy = {
+        let start = Instant::now();
+        loop {
+            let (status, body) = support::http_get(port, "/healthz");
+            if status == 200 {
+                break Some(start.elapsed());
+            }
+            if start.elapsed() > Duration::from_secs(15) {
+                println!("{fault:?}: /healthz {status}: {body}");
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    if took.is_none() || healthy.is_none() || std::env::var_os("TIDEMARK_QUIET_LOG").is_some() {
+        println!(
+            "---- serve log ----\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+    stop.store(true, Ordering::SeqCst);
+    let _ = rx.await;
+    let took = took.unwrap_or_else(|| {
+        panic!("{fault:?}: the message acknowledged around the fault was not delivered")
+    });
+    assert!(healthy.is_some(), "{fault:?}: /healthz not 200 again");
+    println!("quiet {fault:?}: delivered {took:?} after the fault ended, /healthz 200");
+}
+
+fn tempfile_path(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tidemark-chaos-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_mailbox_kill9() {
+    quiet_outage(Quiet::MailboxKill9).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_mailbox_noauth() {
+    quiet_outage(Quiet::MailboxAuth).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_mailbox_sigstop() {
+    quiet_outage(Quiet::MailboxStop).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_mailbox_busy_script() {
+    quiet_outage(Quiet::MailboxBusy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_mailbox_readonly() {
+    quiet_outage(Quiet::MailboxReadonly).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_core_kill9() {
+    quiet_outage(Quiet::CoreKill9).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_core_client_kill() {
+    quiet_outage(Quiet::CoreClientKill).await;
+}

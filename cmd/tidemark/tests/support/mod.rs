@@ -15,3 +15,34 @@ pub fn spawn_killed_with_us(cmd: &mut Command) -> Child {
     }
     cmd.spawn().expect("spawn tidemark")
 }
+
+/// `GET path` on 127.0.0.1:`port` (HTTP/1.1, connection close): (status, body); status 0 when
+/// nothing answered.
+#[allow(dead_code)]
+pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    if write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return (0, String::new());
+    }
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -101,7 +101,7 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
     .unwrap();
     let addr = running.addr;
     let mut commits = CoreStore::connect(&core.url()).await.unwrap();
-    let mut mb = Store::connect(&mailbox.url(), Layout::PackedV2)
+    let mb = Store::connect(&mailbox.url(), Layout::PackedV2)
         .await
         .unwrap();
     let w = |mut mb: Store| async move {

@@ -547,3 +547,24 @@ async fn a_hint_is_published_when_an_early_batch_of_a_backlog_moved() {
     cancel.cancel();
     h.await.unwrap();
 }
+
+/// Issue 8, defect 3: a shard whose log head reached 2^48−1 (commits refused with
+/// `log_exhausted`) is reported by the owner's health, hence `/healthz`.
+#[tokio::test]
+async fn an_exhausted_log_is_reported() {
+    let e = env().await;
+    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    let mut core = e.core_store.connection();
+    let _: () = core.set(keys::head(2), (1u64 << 48) - 1).await.unwrap();
+    wait_until("log exhausted reported", || async {
+        health.snapshot()[&2].log_exhausted
+            && health
+                .problems(Duration::from_secs(3600))
+                .iter()
+                .any(|p| p.starts_with("shard 2: log exhausted"))
+    })
+    .await;
+    assert!(!health.snapshot()[&1].log_exhausted);
+    cancel.cancel();
+    h.await.unwrap();
+}

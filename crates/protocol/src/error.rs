@@ -53,11 +53,15 @@ pub enum ErrorCode {
     NotFound,
     /// The client exceeded its request rate; retry later.
     RateLimited,
+    /// A shard the recipients fall in has used up its offsets (the dispatch log's head is at
+    /// 2^48-1): the send was refused there and will keep being refused until an operator
+    /// acts on the shard. Not retryable.
+    LogExhausted,
 }
 
 impl ErrorCode {
     /// Every code, in documentation order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::UnknownType,
@@ -74,6 +78,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::NotFound,
         ErrorCode::RateLimited,
+        ErrorCode::LogExhausted,
     ];
 
     /// The stable wire string, e.g. `"bad_request"`.
@@ -95,6 +100,7 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::NotFound => "not_found",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::LogExhausted => "log_exhausted",
         }
     }
 
@@ -129,6 +135,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
             ErrorCode::Overloaded => 503,
+            ErrorCode::LogExhausted => 507,
         }
     }
 }
@@ -236,6 +243,7 @@ mod tests {
             (Internal, 500, true),
             (NotFound, 404, false),
             (RateLimited, 429, true),
+            (LogExhausted, 507, false),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, retry) in table {

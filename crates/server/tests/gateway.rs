@@ -749,6 +749,80 @@ async fn a_full_commit_pipeline_answers_overloaded_and_the_retry_succeeds() {
     d.shutdown().await;
 }
 
+/// A shard whose log has assigned its last u48 offset refuses further sends: `log_exhausted`
+/// over WebSocket, 507 over HTTP, not retryable; nothing is written there, other shards go on.
+#[tokio::test]
+async fn a_send_to_an_exhausted_log_gets_log_exhausted_and_507() {
+    let d = start().await;
+    const U48_MAX: u64 = (1 << 48) - 1;
+    let client = redis::Client::open(d.core_url.as_str()).unwrap();
+    let mut core = client.get_multiplexed_async_connection().await.unwrap();
+    let full = shard_of("bob");
+    let head = format!("head:{{{full}}}");
+    let () = redis::cmd("SET")
+        .arg(&head)
+        .arg(U48_MAX)
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+
+    let r = alice.send_msg("x-1", &["bob"], "no room").await;
+    assert_eq!(r["type"], "error", "{r}");
+    assert_eq!(r["code"], "log_exhausted", "{r}");
+    assert_eq!(r["id"], "x-1");
+    let code: tidemark_protocol::ErrorCode = "log_exhausted".parse().unwrap();
+    assert!(!code.retryable());
+    // the connection keeps working
+    alice.barrier().await;
+
+    let (status, v) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=alice",
+            &[],
+            Some(br#"{"id":"x-2","to":["bob"],"body":"no room"}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (507, Some("log_exhausted")),
+        "{v}"
+    );
+
+    // nothing written in the full shard: head as it was, no record
+    let (h, len): (u64, u64) = redis::pipe()
+        .cmd("GET")
+        .arg(&head)
+        .cmd("XLEN")
+        .arg(format!("dlog:{{{full}}}"))
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    assert_eq!((h, len), (U48_MAX, 0));
+
+    // a send that also touches the full shard is refused as a whole (the other shard may have
+    // committed: see docs/protocol.md); a send to other shards goes through and is delivered
+    let other = users_in_distinct_shards("o", 2)
+        .into_iter()
+        .find(|u| shard_of(u) != full)
+        .unwrap();
+    let r = alice
+        .send_msg("x-3", &["bob", other.as_str()], "partly")
+        .await;
+    assert_eq!(r["code"], "log_exhausted", "{r}");
+    let mut o = d.ws_user(&other).await;
+    o.recv().await;
+    let offsets = alice.send_ok("x-4", &[other.as_str()], "fine").await;
+    let seq = offset_of(&offsets, &other);
+    let m = o
+        .recv_where(|v| v["type"] == "deliver" && v["body"] == "fine")
+        .await;
+    assert_eq!(m["seq"].as_u64().unwrap(), seq);
+    d.shutdown().await;
+}
+
 #[tokio::test]
 async fn shutdown_does_not_wait_for_a_client_that_never_reads() {
     let d = start().await;

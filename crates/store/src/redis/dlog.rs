@@ -24,6 +24,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::Value;
 
 use super::scripts::COMMIT_DISPATCH;
+use super::watermark::U48_MAX;
 use crate::error::{Error, Result};
 use crate::keys;
 
@@ -114,6 +115,14 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
         };
         let id = String::from_utf8_lossy(id);
         let offset = offset_of_id(&id).ok_or_else(|| bad(format!("stream id {id}")))?;
+        if offset > U48_MAX {
+            // commit_dispatch.lua never assigns one; a mailbox seq keeps only 48 bits.
+            return Err(Error::BadRecord {
+                shard,
+                offset,
+                detail: "offset above 2^48-1".to_string(),
+            });
+        }
         let mut fields: HashMap<&[u8], &[u8]> = HashMap::with_capacity(6);
         for f in kv.chunks(2) {
             if let [Value::BulkString(k), Value::BulkString(v)] = f {
@@ -134,10 +143,15 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
                 .parse::<u64>()
                 .map_err(|_| rb("field is not a number"))
         };
+        let sender = text(b"f")?;
+        if sender.is_empty() || sender.len() > 128 {
+            // a mailbox entry stores the sender's length in one byte (1..=128)
+            return Err(rb("sender is not 1..=128 bytes"));
+        }
         out.push(DispatchRecord {
             offset,
             prev: num(b"p")?,
-            sender: text(b"f")?,
+            sender,
             client_id: text(b"c")?,
             recipients: decode_recipients(fields.get(b"r".as_slice()).ok_or_else(|| rb("no r"))?)
                 .ok_or_else(|| rb("bad recipients"))?,
@@ -179,6 +193,9 @@ impl CoreStore {
     }
 
     /// Commits one message to one shard (`commit_dispatch.lua`).
+    ///
+    /// [`Error::LogExhausted`] when the shard's head is already 2^48-1: the script refuses
+    /// before taking an offset, so nothing is written (a duplicate is still answered).
     #[allow(clippy::too_many_arguments)]
     pub async fn commit(
         &mut self,
@@ -223,6 +240,7 @@ impl CoreStore {
                     offset: *o as u64,
                     duplicate: *s == 1,
                 }),
+                (Value::Int(2), Value::Int(_)) => Err(Error::LogExhausted { shard }),
                 _ => Err(Error::UnexpectedReply {
                     script: "commit_dispatch",
                     detail: format!("{v:?}"),

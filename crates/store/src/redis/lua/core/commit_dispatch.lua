@@ -1,6 +1,8 @@
 -- commit_dispatch.lua — commits one message to one shard's dispatch log (core Redis).
 -- Dedupes on (sender, client id): a retried send returns the offset first assigned and adds
--- nothing. Offsets are contiguous u48 from 1; the stream id of offset o is "o-0".
+-- nothing. Offsets are contiguous u48 from 1; the stream id of offset o is "o-0". A log whose
+-- head is already 2^48-1 takes no more records: the commit is refused before INCR, so no
+-- offset above u48 is ever assigned (the mailbox entry keeps only 48 bits of it).
 --
 -- KEYS[1]  dlog:{s}                      stream  the dispatch log
 -- KEYS[2]  head:{s}                      string  last assigned offset
@@ -12,10 +14,14 @@
 -- ARGV[5]  sent_at_us    decimal u64
 -- ARGV[6]  dedupe_ttl_s  decimal, seconds the dedupe record lives
 --
--- Returns {0, offset} committed | {1, offset} duplicate (nothing written).
+-- Returns {0, offset} committed
+--       | {1, offset} duplicate (nothing written)
+--       | {2, head}   log exhausted: head is already 2^48-1 (nothing written)
 -- Publishes nothing (the materializer reads the log with XREAD BLOCK).
 local dup = redis.call('GET', KEYS[3])
 if dup then return {1, tonumber(dup)} end
+local head = tonumber(redis.call('GET', KEYS[2]) or '0')
+if head >= 281474976710655 then return {2, head} end
 local off = redis.call('INCR', KEYS[2])
 local o = string.format('%d', off)
 redis.call('XADD', KEYS[1], o .. '-0', 'p', string.format('%d', off - 1), 'f', ARGV[1],

@@ -33,13 +33,16 @@ pub enum ErrorCode {
     BodyTooLarge,
     /// `to` has more than `max_recipients` entries.
     TooManyRecipients,
-    /// A recipient is empty, longer than 128 bytes, or appears twice in `to`.
+    /// A recipient is empty, longer than 128 bytes, contains a control character
+    /// (U+0000–U+001F, U+007F), or appears twice in `to`.
     BadRecipient,
-    /// The client message `id` is empty or longer than `max_id_bytes`.
+    /// The client message `id` is empty, longer than `max_id_bytes`, or contains a control
+    /// character (U+0000–U+001F, U+007F).
     BadId,
     /// A seq/offset is outside `0..=2^48-1` (negative or too large).
     SeqOutOfRange,
-    /// No credentials, or a token that is malformed or fails its signature check.
+    /// No credentials, a token that is malformed or fails its signature check, or a caller's
+    /// user id that is not valid (e.g. a control character in the dev-auth `user`).
     Unauthorized,
     /// A token whose signature is valid but whose expiry has passed.
     TokenExpired,

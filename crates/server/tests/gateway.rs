@@ -823,6 +823,64 @@ async fn a_send_to_an_exhausted_log_gets_log_exhausted_and_507() {
     d.shutdown().await;
 }
 
+/// User ids and client ids refuse control characters (U+0000–U+001F, U+007F): as the caller
+/// (dev auth) `unauthorized`, as a recipient `bad_recipient`, as a client id `bad_id`.
+#[tokio::test]
+async fn control_characters_in_ids_are_refused() {
+    let d = start().await;
+    for user in ["a%00b", "a%0A", "%7F"] {
+        match d.try_ws(&format!("user={user}"), &[]).await {
+            Ok(_) => panic!("{user}: upgraded"),
+            Err((status, body)) => {
+                assert_eq!(status, 401, "{user}: {body}");
+                assert!(body.contains("unauthorized"), "{body}");
+            }
+        }
+        let (status, v) = d
+            .http_json("GET", &format!("/v1/mailbox?user={user}"), &[], None)
+            .await;
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (401, Some("unauthorized"))
+        );
+    }
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    alice
+        .send_json(&json!({"type":"send","id":"c\u{0}1","to":["bob"],"body":""}))
+        .await;
+    let r = alice.recv_type("error").await;
+    assert_eq!(r["code"], "bad_id", "{r}");
+    assert!(r.get("id").is_none(), "an invalid id is not echoed: {r}");
+    let r = alice.send_msg("c-1", &["bob", "a\u{0}b"], "").await;
+    assert_eq!(
+        (r["type"].as_str(), r["code"].as_str()),
+        (Some("error"), Some("bad_recipient"))
+    );
+    let r = alice.send_msg("c-2", &["bob\u{1f}"], "").await;
+    assert_eq!(r["code"], "bad_recipient", "{r}");
+    // a body may hold anything
+    alice.send_ok("c-3", &["bob"], "line\n\u{0}end").await;
+    for (body, code) in [
+        (json!({"id":"c\u{7f}","to":["bob"],"body":""}), "bad_id"),
+        (
+            json!({"id":"c-4","to":["a\u{0}b"],"body":""}),
+            "bad_recipient",
+        ),
+    ] {
+        let (status, v) = d
+            .http_json(
+                "POST",
+                "/v1/messages?user=alice",
+                &[],
+                Some(body.to_string().as_bytes()),
+            )
+            .await;
+        assert_eq!((status, v["error"]["code"].as_str()), (400, Some(code)));
+    }
+    d.shutdown().await;
+}
+
 #[tokio::test]
 async fn shutdown_does_not_wait_for_a_client_that_never_reads() {
     let d = start().await;

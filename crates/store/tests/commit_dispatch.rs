@@ -1,5 +1,7 @@
 //! The commit side against a real redis-server: `CoreStore::commit` (`commit_dispatch.lua`)
-//! at the end of the u48 offset space, a log record above u48, and the dedupe key.
+//! at the end of the u48 offset space, a log record above u48, and the dedupe key (length-
+//! prefixed, unambiguous for any strings; the legacy form still read). The store takes raw
+//! strings: it must not depend on the protocol's validation of ids.
 
 use std::time::Duration;
 
@@ -145,4 +147,77 @@ async fn a_log_record_above_u48_is_a_bad_record() {
         matches!(err, Error::BadRecord { offset, .. } if offset == off),
         "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn senders_and_ids_with_nul_no_longer_share_a_dedupe_key() {
+    let mut e = env().await;
+    let s = 1;
+    // with `dd:{s}:<sender>\0<client id>` both were `dd:{1}:a\0b\0c`
+    let first = e
+        .core
+        .commit(s, "a\0b", "c", &["bob"], "one", 1, TTL)
+        .await
+        .unwrap();
+    let second = e
+        .core
+        .commit(s, "a", "b\0c", &["bob"], "two", 2, TTL)
+        .await
+        .unwrap();
+    assert_eq!((first.offset, first.duplicate), (1, false));
+    assert_eq!((second.offset, second.duplicate), (2, false));
+    let recs = e.core.read_after(s, 0, 10).await.unwrap();
+    let got: Vec<(&str, &str, &str)> = recs
+        .iter()
+        .map(|r| (r.sender.as_str(), r.client_id.as_str(), r.body.as_str()))
+        .collect();
+    assert_eq!(got, [("a\0b", "c", "one"), ("a", "b\0c", "two")]);
+    // and each is still deduplicated against itself
+    for (sender, id, off) in [("a\0b", "c", 1), ("a", "b\0c", 2)] {
+        let c = e
+            .core
+            .commit(s, sender, id, &["bob"], "again", 3, TTL)
+            .await
+            .unwrap();
+        assert_eq!((c.offset, c.duplicate), (off, true), "{sender:?} {id:?}");
+    }
+    assert_eq!(e.core.head(s).await.unwrap(), 2);
+}
+
+#[tokio::test]
+async fn a_dedupe_record_in_the_legacy_key_format_is_still_a_duplicate() {
+    let mut e = env().await;
+    let s = 2;
+    // written by the previous code: dd:{s}:<sender>\0<client id>, within its 24 h
+    let legacy = format!("dd:{{{s}}}:alice\0m-1");
+    let _: () = e.raw.set_ex(&legacy, 41u64, 3600).await.unwrap();
+    let c = e
+        .core
+        .commit(s, "alice", "m-1", &["bob"], "retry", 1, TTL)
+        .await
+        .unwrap();
+    assert_eq!((c.offset, c.duplicate), (41, true));
+    assert_eq!(e.core.head(s).await.unwrap(), 0, "nothing committed");
+    assert_eq!(e.core.log_len(s).await.unwrap(), 0);
+    assert_eq!(all_keys(&mut e.raw).await, [legacy.into_bytes()]);
+
+    // a new send writes the length-prefixed key only
+    let c = e
+        .core
+        .commit(s, "alice", "m-2", &["bob"], "new", 2, TTL)
+        .await
+        .unwrap();
+    assert_eq!((c.offset, c.duplicate), (1, false));
+    let new_key = keys::dedupe(s, "alice", "m-2");
+    assert_eq!(new_key, format!("dd:{{{s}}}:5:alicem-2"));
+    let v: Option<u64> = e.raw.get(&new_key).await.unwrap();
+    assert_eq!(v, Some(1));
+    let ttl: i64 = e.raw.ttl(&new_key).await.unwrap();
+    assert!((1..=TTL as i64).contains(&ttl), "{ttl}");
+    let old: Option<u64> = e
+        .raw
+        .get(keys::dedupe_legacy(s, "alice", "m-2"))
+        .await
+        .unwrap();
+    assert_eq!(old, None, "the legacy form is never written");
 }

@@ -1,7 +1,8 @@
 //! The commit side: per-shard dispatch logs `dlog:{s}` on core Redis.
 //!
 //! A message is committed to every shard it touches by `commit_dispatch.lua`: dedupe on
-//! (sender, client id), next contiguous u48 offset, one stream entry with id `<offset>-0`:
+//! (sender, client id) (key `dd:{s}:<len(sender)>:<sender><client id>`, see [`keys::dedupe`]),
+//! next contiguous u48 offset, one stream entry with id `<offset>-0`:
 //!
 //! ```text
 //! dlog:{s}  stream entry "<offset>-0"
@@ -194,6 +195,11 @@ impl CoreStore {
 
     /// Commits one message to one shard (`commit_dispatch.lua`).
     ///
+    /// Dedupes on (sender, client id) with [`keys::dedupe`], unambiguous for any strings; a
+    /// record under the earlier form [`keys::dedupe_legacy`] (read, never written) counts as
+    /// a duplicate too. That lookup could only confuse ids containing NUL, which the protocol
+    /// refuses; this function itself takes any strings (validation is the protocol's job).
+    ///
     /// [`Error::LogExhausted`] when the shard's head is already 2^48-1: the script refuses
     /// before taking an offset, so nothing is written (a duplicate is still answered).
     #[allow(clippy::too_many_arguments)]
@@ -207,16 +213,13 @@ impl CoreStore {
         sent_at_us: u64,
         dedupe_ttl_s: u64,
     ) -> Result<Committed> {
-        let mut dd = keys::dedupe_prefix(shard).into_bytes();
-        dd.extend_from_slice(sender.as_bytes());
-        dd.push(0);
-        dd.extend_from_slice(client_id.as_bytes());
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&COMMIT_DISPATCH.sha)
-            .arg(3)
+            .arg(4)
             .arg(keys::dlog(shard))
             .arg(keys::head(shard))
-            .arg(dd)
+            .arg(keys::dedupe(shard, sender, client_id))
+            .arg(keys::dedupe_legacy(shard, sender, client_id))
             .arg(sender)
             .arg(client_id)
             .arg(encode_recipients(recipients))

@@ -823,6 +823,64 @@ async fn a_send_to_an_exhausted_log_gets_log_exhausted_and_507() {
     d.shutdown().await;
 }
 
+/// docs/protocol.md, "Sends that touch several shards": a send whose commit fails in one
+/// shard after another committed gets `internal`, not `send_ack`, yet the committed shard's
+/// recipient receives it; a retry with the same id completes it, each recipient once.
+#[tokio::test]
+async fn a_partly_committed_send_is_completed_by_a_retry_with_the_same_id() {
+    let d = start().await;
+    let rs = users_in_distinct_shards("p", 2);
+    let (ok, broken) = (&rs[0], &rs[1]);
+    let client = redis::Client::open(d.core_url.as_str()).unwrap();
+    let mut core = client.get_multiplexed_async_connection().await.unwrap();
+    // the commit script fails in `broken`'s shard (its head is not a number)
+    let head = format!("head:{{{}}}", shard_of(broken));
+    let () = redis::cmd("SET")
+        .arg(&head)
+        .arg("not a number")
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    let r = alice
+        .send_msg("p-1", &[ok.as_str(), broken.as_str()], "partly")
+        .await;
+    assert_eq!(
+        (r["type"].as_str(), r["code"].as_str()),
+        (Some("error"), Some("internal"))
+    );
+    // no send_ack, but the shard that committed delivers
+    let page = mailbox_with(&d, ok, 0, 1).await;
+    let first_seq = page["entries"][0]["seq"].as_u64().unwrap();
+    assert_eq!(page["entries"][0]["body"], "partly");
+
+    // the shard recovers; the retry with the same id completes the send
+    let () = redis::cmd("DEL")
+        .arg(&head)
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let offsets = alice
+        .send_ok("p-1", &[ok.as_str(), broken.as_str()], "partly")
+        .await;
+    assert_eq!(offsets.len(), 2);
+    assert_eq!(offset_of(&offsets, ok), first_seq, "not committed twice");
+    let page = mailbox_with(&d, broken, 0, 1).await;
+    assert_eq!(
+        page["entries"][0]["seq"].as_u64(),
+        Some(offset_of(&offsets, broken))
+    );
+    // exactly once in each mailbox
+    for u in [ok, broken] {
+        let (_, page) = d
+            .http_json("GET", &format!("/v1/mailbox?after=0&user={u}"), &[], None)
+            .await;
+        assert_eq!(page["entries"].as_array().unwrap().len(), 1, "{u}: {page}");
+    }
+    d.shutdown().await;
+}
+
 /// User ids and client ids refuse control characters (U+0000–U+001F, U+007F): as the caller
 /// (dev auth) `unauthorized`, as a recipient `bad_recipient`, as a client id `bad_id`.
 #[tokio::test]

@@ -511,7 +511,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         },
         Cmd::Token(a) => {
             if !tidemark_protocol::is_valid_user_id(&a.user) {
-                anyhow::bail!("--user must be 1..=128 bytes");
+                anyhow::bail!("--user must be 1..=128 bytes without control characters");
             }
             let secret = tidemark_client::read_secret(
                 a.secret_file.as_deref(),

@@ -41,6 +41,10 @@ pub enum Error {
     /// The caller passed an argument outside its domain (e.g. an offset above u48).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// `dlog:{s}` has assigned its last offset (2^48-1): the commit was refused, nothing
+    /// written. The shard takes no new message (operator action needed).
+    #[error("dlog:{{{shard}}} is exhausted: its head is at 2^48-1, no offset is left")]
+    LogExhausted { shard: u32 },
 }
 
 impl Error {
@@ -54,6 +58,7 @@ impl Error {
             Error::UnexpectedReply { .. } => "unexpected_reply",
             Error::BadRecord { .. } => "bad_record",
             Error::InvalidArgument(_) => "invalid_argument",
+            Error::LogExhausted { .. } => "log_exhausted",
         }
     }
 

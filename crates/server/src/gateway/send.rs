@@ -3,7 +3,9 @@
 //!
 //! Failure of any shard is `internal` (retryable): the client resends the same id and the
 //! (sender, id) dedupe of each shard returns the offsets it first assigned, so shards that
-//! did commit are not committed twice.
+//! did commit are not committed twice. The one permanent failure is a shard whose log has
+//! used up its offsets (head at 2^48-1): `log_exhausted`, not retryable, reported even when
+//! another shard failed transiently (a retry could never complete the send).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tidemark_protocol::{ErrorCode, SendRequest};
 use tidemark_store::redis::dlog::DEFAULT_DEDUPE_TTL_S;
 use tidemark_store::routing::route;
+use tidemark_store::Error as StoreError;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::state::Shared;
@@ -99,20 +102,34 @@ pub(crate) async fn commit(
         })?;
     let mut offsets = BTreeMap::new();
     let mut duplicates = 0u64;
+    let mut failure: Option<SendFailure> = None;
     for (shard, r) in results {
         match r {
             Ok(c) => {
                 duplicates += u64::from(c.duplicate);
                 offsets.insert(shard, c.offset);
             }
-            Err(e) => {
-                tracing::warn!(shard, sender, id = %req.id, error = %e, "commit failed");
-                return Err((
-                    ErrorCode::Internal,
-                    format!("commit to shard {shard} failed; retry with the same id"),
+            Err(StoreError::LogExhausted { shard }) => {
+                tracing::error!(shard, sender, id = %req.id, "dispatch log exhausted: commit refused");
+                // Permanent: it wins over a transient failure of another shard.
+                failure = Some((
+                    ErrorCode::LogExhausted,
+                    format!("shard {shard} has used up its log offsets; the send cannot complete"),
                 ));
             }
+            Err(e) => {
+                tracing::warn!(shard, sender, id = %req.id, error = %e, "commit failed");
+                if failure.is_none() {
+                    failure = Some((
+                        ErrorCode::Internal,
+                        format!("commit to shard {shard} failed; retry with the same id"),
+                    ));
+                }
+            }
         }
+    }
+    if let Some(f) = failure {
+        return Err(f);
     }
     metrics::counter!("tidemark_commits_total").increment(1);
     if duplicates > 0 {

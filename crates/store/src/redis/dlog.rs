@@ -1,7 +1,8 @@
 //! The commit side: per-shard dispatch logs `dlog:{s}` on core Redis.
 //!
 //! A message is committed to every shard it touches by `commit_dispatch.lua`: dedupe on
-//! (sender, client id), next contiguous u48 offset, one stream entry with id `<offset>-0`:
+//! (sender, client id) (key `dd:{s}:<len(sender)>:<sender><client id>`, see [`keys::dedupe`]),
+//! next contiguous u48 offset, one stream entry with id `<offset>-0`:
 //!
 //! ```text
 //! dlog:{s}  stream entry "<offset>-0"
@@ -24,6 +25,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::Value;
 
 use super::scripts::COMMIT_DISPATCH;
+use super::watermark::U48_MAX;
 use crate::error::{Error, Result};
 use crate::keys;
 
@@ -114,6 +116,14 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
         };
         let id = String::from_utf8_lossy(id);
         let offset = offset_of_id(&id).ok_or_else(|| bad(format!("stream id {id}")))?;
+        if offset > U48_MAX {
+            // commit_dispatch.lua never assigns one; a mailbox seq keeps only 48 bits.
+            return Err(Error::BadRecord {
+                shard,
+                offset,
+                detail: "offset above 2^48-1".to_string(),
+            });
+        }
         let mut fields: HashMap<&[u8], &[u8]> = HashMap::with_capacity(6);
         for f in kv.chunks(2) {
             if let [Value::BulkString(k), Value::BulkString(v)] = f {
@@ -134,10 +144,15 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
                 .parse::<u64>()
                 .map_err(|_| rb("field is not a number"))
         };
+        let sender = text(b"f")?;
+        if sender.is_empty() || sender.len() > 128 {
+            // a mailbox entry stores the sender's length in one byte (1..=128)
+            return Err(rb("sender is not 1..=128 bytes"));
+        }
         out.push(DispatchRecord {
             offset,
             prev: num(b"p")?,
-            sender: text(b"f")?,
+            sender,
             client_id: text(b"c")?,
             recipients: decode_recipients(fields.get(b"r".as_slice()).ok_or_else(|| rb("no r"))?)
                 .ok_or_else(|| rb("bad recipients"))?,
@@ -179,6 +194,14 @@ impl CoreStore {
     }
 
     /// Commits one message to one shard (`commit_dispatch.lua`).
+    ///
+    /// Dedupes on (sender, client id) with [`keys::dedupe`], unambiguous for any strings; a
+    /// record under the earlier form [`keys::dedupe_legacy`] (read, never written) counts as
+    /// a duplicate too. That lookup could only confuse ids containing NUL, which the protocol
+    /// refuses; this function itself takes any strings (validation is the protocol's job).
+    ///
+    /// [`Error::LogExhausted`] when the shard's head is already 2^48-1: the script refuses
+    /// before taking an offset, so nothing is written (a duplicate is still answered).
     #[allow(clippy::too_many_arguments)]
     pub async fn commit(
         &mut self,
@@ -190,16 +213,13 @@ impl CoreStore {
         sent_at_us: u64,
         dedupe_ttl_s: u64,
     ) -> Result<Committed> {
-        let mut dd = keys::dedupe_prefix(shard).into_bytes();
-        dd.extend_from_slice(sender.as_bytes());
-        dd.push(0);
-        dd.extend_from_slice(client_id.as_bytes());
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&COMMIT_DISPATCH.sha)
-            .arg(3)
+            .arg(4)
             .arg(keys::dlog(shard))
             .arg(keys::head(shard))
-            .arg(dd)
+            .arg(keys::dedupe(shard, sender, client_id))
+            .arg(keys::dedupe_legacy(shard, sender, client_id))
             .arg(sender)
             .arg(client_id)
             .arg(encode_recipients(recipients))
@@ -223,6 +243,7 @@ impl CoreStore {
                     offset: *o as u64,
                     duplicate: *s == 1,
                 }),
+                (Value::Int(2), Value::Int(_)) => Err(Error::LogExhausted { shard }),
                 _ => Err(Error::UnexpectedReply {
                     script: "commit_dispatch",
                     detail: format!("{v:?}"),

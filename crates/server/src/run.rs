@@ -44,6 +44,19 @@ pub enum Error {
     /// Files, sockets.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The gateway's listen address could not be bound (nothing was claimed).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// A Redis instance of the topology did not answer at start (nothing was claimed).
+    #[error("{role} Redis {url}: {source}")]
+    Connect {
+        role: &'static str,
+        url: String,
+        source: tidemark_store::Error,
+    },
     /// A task that cannot be restarted in place (the gateway) panicked or stopped.
     #[error("{task} {ended}")]
     TaskEnded {
@@ -62,6 +75,8 @@ impl Error {
             Error::Gateway(_) => "gateway",
             Error::Redis(e) => e.code(),
             Error::Io(_) => "io",
+            Error::Listen { .. } => "listen",
+            Error::Connect { .. } => "connect",
             Error::TaskEnded { .. } => "task_ended",
         }
     }
@@ -138,22 +153,77 @@ pub async fn init_missing(topology: &Topology) -> Result<u32, Error> {
     Ok(created)
 }
 
+/// `url` without its password (`redis://:secret@host` → `redis://:***@host`), for messages.
+pub fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) if u.password().is_some() => {
+            let _ = u.set_password(Some("***"));
+            u.to_string()
+        }
+        _ => url.to_string(),
+    }
+}
+
 /// Starts the materializers and the gateway. Returns once the gateway is listening.
+///
+/// Start-up never hurts a running deployment: everything that can fail is checked before the
+/// first shard is claimed (claiming raises the epoch, which fences the current owner):
+/// the topology and the owned shards are validated, the listener is bound, every core and
+/// mailbox Redis must answer, and every owned shard's watermark must be one this code can own.
 pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Running, Error> {
     let t = &opts.topology;
     t.validate()?;
-    init_missing(t).await?;
-    let health = Arc::new(HealthBoard::default());
-    let mut mailboxes = Vec::new();
-    for url in &t.mailbox {
-        mailboxes.push(Store::connect(url, t.layout).await?);
-    }
-    let core_table = t.core_table();
-    let mb_table = t.mailbox_table();
     let owned: Vec<u32> = opts
         .owned_shards
         .clone()
         .unwrap_or_else(|| (0..t.shards).collect());
+    if let Some(bad) = owned.iter().find(|&&s| s >= t.shards) {
+        return Err(ConfigError::Invalid(format!(
+            "owned shard {bad} does not exist: the deployment has {} shards (0..={})",
+            t.shards,
+            t.shards - 1
+        ))
+        .into());
+    }
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: opts.listen,
+            source,
+        })?;
+    let mut mailboxes = Vec::new();
+    for url in &t.mailbox {
+        mailboxes.push(
+            Store::connect(url, t.layout)
+                .await
+                .map_err(|source| Error::Connect {
+                    role: "mailbox",
+                    url: redact_url(url),
+                    source,
+                })?,
+        );
+    }
+    for url in &t.core {
+        tidemark_store::redis::dlog::CoreStore::connect(url)
+            .await
+            .map_err(|source| Error::Connect {
+                role: "core",
+                url: redact_url(url),
+                source,
+            })?;
+    }
+    init_missing(t).await?;
+    let health = Arc::new(HealthBoard::default());
+    let core_table = t.core_table();
+    let mb_table = t.mailbox_table();
+    // every owned shard must be ownable by this code before any is claimed: a refusal (old
+    // code on newer data, a corrupt watermark) then fences nobody
+    for &s in &owned {
+        mailboxes[mb_table[s as usize]]
+            .check_claimable(s)
+            .await
+            .map_err(Error::Store)?;
+    }
     let tracker = TaskTracker::new();
     let (err_tx, errors) = tokio::sync::mpsc::unbounded_channel();
     for (ci, core_url) in t.core.iter().enumerate() {
@@ -189,7 +259,6 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
             cancel.clone(),
         ));
     }
-    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     let addr = listener.local_addr()?;
     let (c, tx, h, topo, gw) = (
         cancel.clone(),

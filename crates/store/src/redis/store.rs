@@ -553,24 +553,7 @@ impl Store {
     /// fails closed; ADR-0022).
     pub async fn claim(&mut self, shard: u32) -> Result<u64> {
         loop {
-            let wm = self.read_watermark(shard).await?;
-            if self.set.layout == Layout::PackedV1 {
-                let cause = if wm.layout != Layout::PackedV1 {
-                    Some(CorruptCause::UnknownLayout {
-                        value: wm.layout.as_str().to_string(),
-                    })
-                } else if wm.blob_len != FULL_BLOB_BYTES {
-                    Some(CorruptCause::BadLength {
-                        layout: wm.layout,
-                        len: wm.blob_len,
-                    })
-                } else {
-                    None
-                };
-                if let Some(cause) = cause {
-                    return Err(Error::Corrupt { shard, cause });
-                }
-            }
+            let wm = self.check_claimable(shard).await?;
             let new = wm.epoch.checked_add(1).ok_or_else(|| {
                 Error::InvalidArgument(format!("shard {shard}: epoch cannot be raised above u64"))
             })?;
@@ -579,6 +562,32 @@ impl Store {
                 Fence::Lost { .. } => continue,
             }
         }
+    }
+
+    /// Reads and validates the shard's watermark and checks that this code can own it (a
+    /// packed-v1 script set only owns packed-v1 data with 1216-byte blobs), writing nothing.
+    /// [`Store::claim`] does this first; a process checks every shard it will own this way
+    /// before it claims any, so a refusal never leaves some shards fenced.
+    pub async fn check_claimable(&mut self, shard: u32) -> Result<ShardWatermark> {
+        let wm = self.read_watermark(shard).await?;
+        if self.set.layout == Layout::PackedV1 {
+            let cause = if wm.layout != Layout::PackedV1 {
+                Some(CorruptCause::UnknownLayout {
+                    value: wm.layout.as_str().to_string(),
+                })
+            } else if wm.blob_len != FULL_BLOB_BYTES {
+                Some(CorruptCause::BadLength {
+                    layout: wm.layout,
+                    len: wm.blob_len,
+                })
+            } else {
+                None
+            };
+            if let Some(cause) = cause {
+                return Err(Error::Corrupt { shard, cause });
+            }
+        }
+        Ok(wm)
     }
 
     /// The ADR's offline downgrade: validates, then rewrites the blob as 1216 bytes with layout

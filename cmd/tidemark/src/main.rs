@@ -196,8 +196,8 @@ struct ServeArgs {
     /// Accept `?user=NAME` without a token (development only).
     #[arg(long)]
     dev_auth: bool,
-    /// Watermark layout to write (without --config).
-    #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
+    /// Watermark layout to write (without --config; with it, the file's `layout` decides).
+    #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout, conflicts_with = "config")]
     layout: Layout,
     /// File holding the token secret (else env TIDEMARK_TOKEN_SECRET).
     #[arg(long)]
@@ -489,7 +489,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Wm(WmCmd::Verify { redis }) => {
             let (checked, findings) = ops::wm_verify(&redis).await?;
             for f in &findings {
-                println!("{} shard {}: {}", f.url, f.shard, f.problem);
+                match f.shard {
+                    Some(s) => println!("{} shard {s}: {}", f.url, f.problem),
+                    None => println!("{}: {}", f.url, f.problem),
+                }
             }
             println!(
                 "{checked} watermark(s) checked, {} problem(s)",

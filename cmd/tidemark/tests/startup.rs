@@ -117,3 +117,169 @@ async fn a_serve_that_cannot_start_fences_nobody() {
     let _ = running.kill();
     let _ = running.wait();
 }
+
+async fn wm_keys(url: &str) -> Vec<u32> {
+    let c = redis::Client::open(url).unwrap();
+    let mut conn = c.get_multiplexed_async_connection().await.unwrap();
+    tidemark_store::deployment::watermark_shards(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Starts `serve` and waits until `/healthz` answers 200; returns the child.
+async fn serve_until_healthy(args: &[String], port: u16) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = support::spawn_killed_with_us(&mut cmd);
+    let start = Instant::now();
+    while support::http_get(port, "/healthz").0 != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "serve did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child
+}
+
+/// Issue 10, item 2: the shard count and the tables are recorded in every instance at first
+/// start; a process with another shard count is refused before it writes anything, and so is
+/// one that meets watermarks its topology does not place on an instance (deployments created
+/// before identities existed). `wm verify` reports what does not belong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_shard_count_is_refused_and_writes_nothing() {
+    let core = RedisProcess::start().unwrap();
+    let mb0 = RedisProcess::start().unwrap();
+    let mb1 = RedisProcess::start().unwrap();
+    let mailboxes = format!("{},{}", mb0.url(), mb1.url());
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    // an 8-shard deployment over two mailbox instances
+    let mut args = serve_args(&core.url(), &mailboxes, &listen);
+    let i = args.iter().position(|a| a == "--shards").unwrap();
+    args[i + 1] = "8".into();
+    let mut first = serve_until_healthy(&args, port).await;
+    let _ = first.kill();
+    let _ = first.wait();
+    assert_eq!(wm_keys(&mb0.url()).await, vec![0, 1, 2, 3]);
+    assert_eq!(wm_keys(&mb1.url()).await, vec![4, 5, 6, 7]);
+
+    // the same instances with 16 shards: refused, nothing created
+    args[i + 1] = "16".into();
+    let out = run_to_exit(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("deployment mismatch") && err.contains("created with 8 shards"),
+        "{err}"
+    );
+    assert_eq!(wm_keys(&mb0.url()).await, vec![0, 1, 2, 3]);
+    assert_eq!(wm_keys(&mb1.url()).await, vec![4, 5, 6, 7]);
+    // the instances swapped: refused too
+    let mut swapped = args.clone();
+    swapped[i + 1] = "8".into();
+    let j = swapped.iter().position(|a| a == "--mailbox").unwrap();
+    swapped[j + 1] = format!("{},{}", mb1.url(), mb0.url());
+    let out = run_to_exit(&swapped);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mailbox instance 0"));
+
+    // a deployment from before identities: its watermarks decide
+    let legacy = RedisProcess::start().unwrap();
+    let legacy_core = RedisProcess::start().unwrap();
+    let mut st = Store::connect(&legacy.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    for s in 0..8 {
+        st.init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    let out = run_to_exit(&serve_args(&legacy_core.url(), &legacy.url(), &listen));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("shards 4-7"), "{err}");
+
+    // wm verify: a core instance is named as such; a stray watermark is reported
+    let verify = |urls: String| {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["wm", "verify", "--redis", &urls])
+            .output()
+            .unwrap()
+    };
+    let out = verify(core.url());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("core instance 0"));
+    st = Store::connect(&mb0.url(), Layout::PackedV2).await.unwrap();
+    st.init_watermark(6, Layout::PackedV2, 1, 0, false)
+        .await
+        .unwrap();
+    let out = verify(mailboxes.clone());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(text.contains("wm:{6} does not belong here"), "{text}");
+}
+
+/// Issue 10, item 2: unknown keys in the config file are errors; `--layout` with `--config`
+/// is an error; `up --layout packed-v1` on a packed-v2 data dir is refused.
+#[test]
+fn configuration_mistakes_are_refused() {
+    let dir = std::env::temp_dir().join(format!("tidemark-startup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("deploy.toml");
+    std::fs::write(
+        &cfg,
+        "shards = 4\ncore = [\"redis://127.0.0.1:1/\"]\nmailbox = [\"redis://127.0.0.1:1/\"]\n\
+         mailbox_of_shards = [0, 0, 0, 0]\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["serve", "--config", cfg.to_str().unwrap(), "--dev-auth"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown field `mailbox_of_shards`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--layout",
+        "packed-v1",
+        "--dev-auth",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--layout"));
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("deployment.toml"),
+        "shards = 4\ncore = 1\nmailbox = 1\nlayout = \"packed-v2\"\n",
+    )
+    .unwrap();
+    let out = run(&[
+        "up",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--shards",
+        "4",
+        "--layout",
+        "packed-v1",
+        "--dev-auth",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("wm downgrade"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,7 +6,10 @@
 //! - [`redis::store`]: one typed wrapper per script, EVALSHA with NOSCRIPT recovery, and the
 //!   only call site of `decode_lane_watermarks`.
 //! - [`keys`] and [`routing`]: key names and the recipient → (shard, lane) hash.
+//! - [`deployment`]: the deployment's identity recorded in every instance (shard count,
+//!   instance positions, tables), checked before a process writes anything.
 
+pub mod deployment;
 pub mod error;
 pub mod keys;
 pub mod ops;

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::redis::store::Store;
 use crate::redis::watermark::{Layout, ShardWatermark, LANES};
 
@@ -140,28 +140,84 @@ pub async fn discover_shards(url: &str) -> Result<Vec<u32>> {
 pub struct VerifyFinding {
     /// Instance URL.
     pub url: String,
-    /// Shard number.
-    pub shard: u32,
-    /// What is wrong (the error's message).
-    pub problem: Error,
+    /// Shard number (None: a finding about the instance).
+    pub shard: Option<u32>,
+    /// What is wrong.
+    pub problem: String,
 }
 
 /// `tidemark wm verify`: every shard of every instance, decoded and checked; returns the
-/// number of shards checked and every finding.
+/// number of shards checked and every finding. An instance that records a deployment identity
+/// (`crate::deployment`) is also checked against it: a core instance is reported as such, and
+/// a `wm:{s}` that the deployment does not place on this instance is a finding.
 pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
     let mut checked = 0;
     let mut findings = Vec::new();
     for url in urls {
         let shards = discover_shards(url).await?;
         let mut store = Store::connect(url, Layout::PackedV2).await?;
+        let identity = crate::deployment::read(&mut store.connection()).await?;
+        if identity.is_none() && shards.is_empty() {
+            findings.push(VerifyFinding {
+                url: url.clone(),
+                shard: None,
+                problem: "no watermark and no deployment identity here: not a mailbox instance \
+                          of a Tidemark deployment (a core instance, or never initialised)"
+                    .into(),
+            });
+            continue;
+        }
+        if let Some(id) = &identity {
+            if id.role == crate::deployment::Role::Core {
+                findings.push(VerifyFinding {
+                    url: url.clone(),
+                    shard: None,
+                    problem: format!(
+                        "this is core instance {} of a {}-shard deployment (dispatch logs), not \
+                         a mailbox instance: pass the mailbox URLs",
+                        id.index, id.shards
+                    ),
+                });
+                continue;
+            }
+            for s in shards.iter().filter(|s| !id.holds.contains(s)) {
+                findings.push(VerifyFinding {
+                    url: url.clone(),
+                    shard: Some(*s),
+                    problem: format!(
+                        "wm:{{{s}}} does not belong here: this is mailbox instance {} of a \
+                         {}-shard deployment, holding shards {}",
+                        id.index,
+                        id.shards,
+                        crate::deployment::format_ranges(&id.holds)
+                    ),
+                });
+            }
+            let missing: Vec<u32> = id
+                .holds
+                .iter()
+                .copied()
+                .filter(|s| shards.binary_search(s).is_err())
+                .collect();
+            if !missing.is_empty() {
+                findings.push(VerifyFinding {
+                    url: url.clone(),
+                    shard: None,
+                    problem: format!(
+                        "no watermark for shards {} that this instance holds",
+                        crate::deployment::format_ranges(&missing)
+                    ),
+                });
+            }
+        }
         for chunk in shards.chunks(256) {
             for (s, r) in chunk.iter().zip(store.read_watermarks(chunk).await?) {
                 checked += 1;
                 if let Err(problem) = r {
                     findings.push(VerifyFinding {
                         url: url.clone(),
-                        shard: *s,
-                        problem,
+                        shard: Some(*s),
+                        problem: problem.to_string(),
                     });
                 }
             }

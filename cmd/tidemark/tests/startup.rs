@@ -283,3 +283,66 @@ fn configuration_mistakes_are_refused() {
     assert!(err.contains("wm downgrade"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 10, item 4: a corrupt watermark stops only its shard: `serve` starts, materialises
+/// every other shard, and reports the corrupt one in `/healthz` (503) and `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_shard_stops_only_itself() {
+    use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
+    let core = RedisProcess::start().unwrap();
+    let mailbox = RedisProcess::start().unwrap();
+    let mut st = Store::connect(&mailbox.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    for s in 0..SHARDS {
+        st.init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    let mut conn = st.connection();
+    let _: () = redis::AsyncCommands::hset(&mut conn, "wm:{1}", "wm_blob", "short")
+        .await
+        .unwrap();
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(serve_args(
+        &core.url(),
+        &mailbox.url(),
+        &format!("127.0.0.1:{port}"),
+    ))
+    .env("RUST_LOG", "error")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let mut child = support::spawn_killed_with_us(&mut cmd);
+    let start = Instant::now();
+    let body = loop {
+        let (status, body) = support::http_get(port, "/healthz");
+        if status == 503 && body.contains("shard 1: Corrupt") {
+            break body;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no 503 naming shard 1: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(body.lines().count(), 1, "only shard 1: {body}");
+    let mut commits = CoreStore::connect(&core.url()).await.unwrap();
+    commits
+        .commit(0, "a", "m1", &["bob"], "hi", 1, DEFAULT_DEDUPE_TTL_S)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while st.read_watermark(0).await.unwrap().lanes.min_present_w() != Some(1) {
+        assert!(start.elapsed() < Duration::from_secs(10), "shard 0 runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, metrics) = support::http_get(port, "/metrics");
+    assert!(
+        metrics.contains("tidemark_shard_running{shard=\"1\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tidemark_shard_running{shard=\"0\"} 1"));
+    let _ = child.kill();
+    let _ = child.wait();
+}

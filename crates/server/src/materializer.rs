@@ -304,6 +304,28 @@ struct ShardRt {
     last_gc: Instant,
 }
 
+impl ShardRt {
+    /// A shard this worker does not run (its watermark was corrupt at start).
+    fn stopped(shard: u32, mb: usize) -> ShardRt {
+        ShardRt {
+            shard,
+            mb,
+            epoch: 0,
+            read_pos: 0,
+            uniform: false,
+            pending: VecDeque::new(),
+            stopped: true,
+            retry: None,
+            held: None,
+            last_logged: None,
+            touched: BTreeSet::new(),
+            moved: false,
+            min_w: 0,
+            last_gc: Instant::now(),
+        }
+    }
+}
+
 /// A shard's retry after a failure.
 #[derive(Debug, Clone, Copy)]
 struct Retry {
@@ -377,13 +399,31 @@ impl Worker {
             health,
             read_backoff: None,
         };
+        let mut corrupt = Vec::new();
         for &(s, mb) in shards {
             w.health.update(s, |h| h.status = ShardStatus::Starting);
             let store = &mut w.mailboxes[mb];
-            let epoch = store.claim(s).await?;
-            let wm = store.read_watermark(s).await?;
+            let claimed = match store.claim(s).await {
+                Ok(epoch) => store.read_watermark(s).await.map(|wm| (epoch, wm)),
+                Err(e) => Err(e),
+            };
+            let (epoch, wm) = match claimed {
+                Ok(c) => c,
+                // new code: only this shard stops (fail closed); the others run. Old
+                // (packed-v1) code refuses the whole start before claiming (run::serve).
+                Err(e) if e.is_corrupt() && store.layout() == Layout::PackedV2 => {
+                    tracing::error!(shard = s, error = %e, "shard not claimed: corrupt watermark");
+                    metrics::counter!("tidemark_shard_corrupt_total").increment(1);
+                    w.rts.insert(s, ShardRt::stopped(s, mb));
+                    w.health
+                        .update(s, |h| h.status = ShardStatus::Corrupt(e.to_string()));
+                    corrupt.push(s);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let min_w = wm.lanes.min_present_w().unwrap_or(0);
-            tracing::info!(
+            tracing::debug!(
                 shard = s,
                 epoch,
                 min_w,
@@ -417,6 +457,18 @@ impl Worker {
                 h.retrying = None;
             });
         }
+        let claimed: Vec<u32> = w
+            .rts
+            .values()
+            .filter(|rt| !rt.stopped)
+            .map(|rt| rt.shard)
+            .collect();
+        tracing::info!(
+            core = %w.core_url,
+            shards = %tidemark_store::deployment::format_ranges(&claimed),
+            corrupt = %tidemark_store::deployment::format_ranges(&corrupt),
+            "claimed shards"
+        );
         Ok(w)
     }
 

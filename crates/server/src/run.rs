@@ -307,12 +307,14 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     let core_table = t.core_table();
     let mb_table = t.mailbox_table();
     // every owned shard must be ownable by this code before any is claimed: a refusal (old
-    // code on newer data, a corrupt watermark) then fences nobody
+    // code on newer data) then fences nobody. New code starts with a corrupt shard: only that
+    // shard stays stopped and is reported (the worker does not claim it).
     for &s in &owned {
-        mailboxes[mb_table[s as usize]]
-            .check_claimable(s)
-            .await
-            .map_err(Error::Store)?;
+        match mailboxes[mb_table[s as usize]].check_claimable(s).await {
+            Ok(_) => {}
+            Err(e) if e.is_corrupt() && t.layout == Layout::PackedV2 => {}
+            Err(e) => return Err(Error::Store(e)),
+        }
     }
     let tracker = TaskTracker::new();
     let (err_tx, errors) = tokio::sync::mpsc::unbounded_channel();

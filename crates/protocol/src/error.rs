@@ -60,11 +60,15 @@ pub enum ErrorCode {
     /// 2^48-1): the send was refused there and will keep being refused until an operator
     /// acts on the shard. Not retryable.
     LogExhausted,
+    /// The send's `id` was already used by this sender, within the 24 h dedupe lifetime, for
+    /// another message (other recipients or another body). Nothing was committed. Not
+    /// retryable: a new message needs a new id.
+    IdReused,
 }
 
 impl ErrorCode {
     /// Every code, in documentation order.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::UnknownType,
@@ -82,6 +86,7 @@ impl ErrorCode {
         ErrorCode::NotFound,
         ErrorCode::RateLimited,
         ErrorCode::LogExhausted,
+        ErrorCode::IdReused,
     ];
 
     /// The stable wire string, e.g. `"bad_request"`.
@@ -104,6 +109,7 @@ impl ErrorCode {
             ErrorCode::NotFound => "not_found",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::LogExhausted => "log_exhausted",
+            ErrorCode::IdReused => "id_reused",
         }
     }
 
@@ -139,6 +145,7 @@ impl ErrorCode {
             ErrorCode::Internal => 500,
             ErrorCode::Overloaded => 503,
             ErrorCode::LogExhausted => 507,
+            ErrorCode::IdReused => 422,
         }
     }
 }
@@ -247,6 +254,7 @@ mod tests {
             (NotFound, 404, false),
             (RateLimited, 429, true),
             (LogExhausted, 507, false),
+            (IdReused, 422, false),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, retry) in table {

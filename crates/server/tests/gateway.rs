@@ -145,6 +145,52 @@ async fn a_resent_id_returns_the_same_offsets_and_is_delivered_once() {
     d.shutdown().await;
 }
 
+/// Issue 10, item 5: idempotency is per message. A resend with the same id and the same
+/// recipients (in any order) and body returns every original offset; the same id with other
+/// recipients (a subset, a superset) or another body is refused with `id_reused` (422 over
+/// HTTP) and commits nothing.
+#[tokio::test]
+async fn the_same_id_for_another_message_is_refused_with_id_reused() {
+    let d = start().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    let us = users_in_distinct_shards("idem-", 3);
+    let (a, b, c) = (us[0].as_str(), us[1].as_str(), us[2].as_str());
+    let first = alice.send_ok("w-1", &[a, b], "hello").await;
+    assert_eq!(first.len(), 2, "two shards");
+    // the same message, recipients listed the other way round: every original offset
+    assert_eq!(alice.send_ok("w-1", &[b, a], "hello").await, first);
+    for (to, body, what) in [
+        (vec![a], "hello", "a subset of the recipients"),
+        (vec![a, b, c], "hello", "more recipients"),
+        (vec![a, b], "hello!", "another body"),
+    ] {
+        let r = alice.send_msg("w-1", &to, body).await;
+        assert_eq!(r["type"], "error", "{what}: {r}");
+        assert_eq!(r["code"], "id_reused", "{what}: {r}");
+        assert_eq!(r["id"], "w-1");
+    }
+    let (status, r) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=alice",
+            &[],
+            Some(format!(r#"{{"id":"w-1","to":["{a}"],"body":"hello"}}"#).as_bytes()),
+        )
+        .await;
+    assert_eq!(
+        (status, r["error"]["code"].as_str()),
+        (422, Some("id_reused")),
+        "{r}"
+    );
+    // nothing was committed by the refused sends: c's mailbox is empty, a's holds one entry
+    let page = mailbox_with(&d, c, 0, 10).await;
+    assert_eq!(page["entries"].as_array().unwrap().len(), 0, "{page}");
+    let page = mailbox_with(&d, a, 0, 10).await;
+    assert_eq!(page["entries"].as_array().unwrap().len(), 1, "{page}");
+    d.shutdown().await;
+}
+
 #[tokio::test]
 async fn ack_then_reconnect_resumes_after_the_acked_seq() {
     let d = start().await;

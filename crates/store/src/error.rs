@@ -45,6 +45,10 @@ pub enum Error {
     /// written. The shard takes no new message (operator action needed).
     #[error("dlog:{{{shard}}} is exhausted: its head is at 2^48-1, no offset is left")]
     LogExhausted { shard: u32 },
+    /// The client id was already committed (within the dedupe lifetime) with another request:
+    /// other recipients or another body. Nothing was written.
+    #[error("shard {shard}: this id was already used for another message (committed at offset {offset})")]
+    IdReused { shard: u32, offset: u64 },
 }
 
 impl Error {
@@ -59,6 +63,7 @@ impl Error {
             Error::BadRecord { .. } => "bad_record",
             Error::InvalidArgument(_) => "invalid_argument",
             Error::LogExhausted { .. } => "log_exhausted",
+            Error::IdReused { .. } => "id_reused",
         }
     }
 

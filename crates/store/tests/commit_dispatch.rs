@@ -173,10 +173,10 @@ async fn senders_and_ids_with_nul_no_longer_share_a_dedupe_key() {
         .collect();
     assert_eq!(got, [("a\0b", "c", "one"), ("a", "b\0c", "two")]);
     // and each is still deduplicated against itself
-    for (sender, id, off) in [("a\0b", "c", 1), ("a", "b\0c", 2)] {
+    for (sender, id, off, body) in [("a\0b", "c", 1, "one"), ("a", "b\0c", 2, "two")] {
         let c = e
             .core
-            .commit(s, sender, id, &["bob"], "again", 3, TTL)
+            .commit(s, sender, id, &["bob"], body, 3, TTL)
             .await
             .unwrap();
         assert_eq!((c.offset, c.duplicate), (off, true), "{sender:?} {id:?}");
@@ -210,14 +210,50 @@ async fn a_dedupe_record_in_the_legacy_key_format_is_still_a_duplicate() {
     assert_eq!((c.offset, c.duplicate), (1, false));
     let new_key = keys::dedupe(s, "alice", "m-2");
     assert_eq!(new_key, format!("dd:{{{s}}}:5:alicem-2"));
-    let v: Option<u64> = e.raw.get(&new_key).await.unwrap();
-    assert_eq!(v, Some(1));
+    let v: Option<String> = e.raw.get(&new_key).await.unwrap();
+    let digest = tidemark_store::redis::dlog::request_digest(&["bob"], "new");
+    assert_eq!(v, Some(format!("1:{digest}")), "offset and request digest");
     let ttl: i64 = e.raw.ttl(&new_key).await.unwrap();
     assert!((1..=TTL as i64).contains(&ttl), "{ttl}");
-    let old: Option<u64> = e
+    let old: Option<String> = e
         .raw
         .get(keys::dedupe_legacy(s, "alice", "m-2"))
         .await
         .unwrap();
     assert_eq!(old, None, "the legacy form is never written");
+}
+
+/// Issue 10, item 5: the dedupe record keeps a digest of the whole request; the same id with
+/// another digest is refused with `IdReused` and writes nothing.
+#[tokio::test]
+async fn the_same_id_with_another_request_is_refused_and_writes_nothing() {
+    use tidemark_store::redis::dlog::request_digest;
+    let mut e = env().await;
+    let s = 3;
+    let d1 = request_digest(&["bob", "carol"], "hi");
+    let c = e
+        .core
+        .commit_request(s, "alice", "w-1", &["bob"], "hi", 1, TTL, &d1)
+        .await
+        .unwrap();
+    assert_eq!((c.offset, c.duplicate), (1, false));
+    let again = e
+        .core
+        .commit_request(s, "alice", "w-1", &["bob"], "hi", 2, TTL, &d1)
+        .await
+        .unwrap();
+    assert_eq!((again.offset, again.duplicate), (1, true));
+    let d2 = request_digest(&["bob"], "hi");
+    match e
+        .core
+        .commit_request(s, "alice", "w-1", &["bob"], "hi", 3, TTL, &d2)
+        .await
+    {
+        Err(tidemark_store::Error::IdReused { shard, offset }) => {
+            assert_eq!((shard, offset), (s, 1))
+        }
+        other => panic!("expected IdReused, got {other:?}"),
+    }
+    assert_eq!(e.core.head(s).await.unwrap(), 1, "nothing committed");
+    assert_eq!(e.core.read_after(s, 0, 10).await.unwrap().len(), 1);
 }

@@ -74,11 +74,15 @@ pub(crate) async fn commit(
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
     let groups = group_by_shard(&req.to, shared.topology.shards);
+    // one digest for the whole message: a resend with the same id must be the same message
+    // on every shard (the same recipients, the same body)
+    let all: Vec<&str> = req.to.iter().map(String::as_str).collect();
+    let digest = &tidemark_store::redis::dlog::request_digest(&all, &req.body);
     let commits = groups.iter().map(|(&shard, rcpts)| {
         let mut core = shared.core(shard);
         async move {
             let r = core
-                .commit(
+                .commit_request(
                     shard,
                     sender,
                     &req.id,
@@ -86,6 +90,7 @@ pub(crate) async fn commit(
                     &req.body,
                     sent_at_us,
                     DEFAULT_DEDUPE_TTL_S,
+                    digest,
                 )
                 .await;
             (shard, r)
@@ -108,6 +113,18 @@ pub(crate) async fn commit(
             Ok(c) => {
                 duplicates += u64::from(c.duplicate);
                 offsets.insert(shard, c.offset);
+            }
+            Err(StoreError::IdReused { shard, offset }) => {
+                tracing::info!(shard, offset, sender, id = %req.id, "id reused for another message");
+                // Permanent too: the id names another message.
+                failure = Some((
+                    ErrorCode::IdReused,
+                    format!(
+                        "id {:?} was already used for another message (other recipients or \
+                         body) within the last 24 hours; use a new id",
+                        req.id
+                    ),
+                ));
             }
             Err(StoreError::LogExhausted { shard }) => {
                 tracing::error!(shard, sender, id = %req.id, "dispatch log exhausted: commit refused");

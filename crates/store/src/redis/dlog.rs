@@ -86,6 +86,23 @@ pub fn decode_recipients(b: &[u8]) -> Option<Vec<String>> {
     Some(out)
 }
 
+/// Digest of a message request for idempotency: its recipients as a set (order and repeats
+/// do not matter) and its body; 32 hex digits (xxh3-128). Two sends with the same id are the
+/// same message exactly when their digests are equal.
+pub fn request_digest(recipients: &[&str], body: &str) -> String {
+    let mut rs: Vec<&str> = recipients.to_vec();
+    rs.sort_unstable();
+    rs.dedup();
+    let mut bytes = Vec::with_capacity(body.len() + rs.iter().map(|r| r.len() + 4).sum::<usize>());
+    for r in rs {
+        bytes.extend_from_slice(&(r.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(r.as_bytes());
+    }
+    bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+    bytes.extend_from_slice(body.as_bytes());
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
+}
+
 /// Connection to one core Redis (commit side).
 #[derive(Clone)]
 pub struct CoreStore {
@@ -202,6 +219,10 @@ impl CoreStore {
     ///
     /// [`Error::LogExhausted`] when the shard's head is already 2^48-1: the script refuses
     /// before taking an offset, so nothing is written (a duplicate is still answered).
+    ///
+    /// The request digest is [`request_digest`] of this shard's recipients and the body; a
+    /// gateway committing one message to several shards uses [`CoreStore::commit_request`]
+    /// with the digest of the whole message instead.
     #[allow(clippy::too_many_arguments)]
     pub async fn commit(
         &mut self,
@@ -212,6 +233,34 @@ impl CoreStore {
         body: &str,
         sent_at_us: u64,
         dedupe_ttl_s: u64,
+    ) -> Result<Committed> {
+        let digest = request_digest(recipients, body);
+        self.commit_request(
+            shard,
+            sender,
+            client_id,
+            recipients,
+            body,
+            sent_at_us,
+            dedupe_ttl_s,
+            &digest,
+        )
+        .await
+    }
+
+    /// [`CoreStore::commit`] with the caller's request digest: a resend of the same id whose
+    /// digest differs is refused with [`Error::IdReused`] (nothing written).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn commit_request(
+        &mut self,
+        shard: u32,
+        sender: &str,
+        client_id: &str,
+        recipients: &[&str],
+        body: &str,
+        sent_at_us: u64,
+        dedupe_ttl_s: u64,
+        digest: &str,
     ) -> Result<Committed> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&COMMIT_DISPATCH.sha)
@@ -225,7 +274,8 @@ impl CoreStore {
             .arg(encode_recipients(recipients))
             .arg(body)
             .arg(sent_at_us)
-            .arg(dedupe_ttl_s.max(1));
+            .arg(dedupe_ttl_s.max(1))
+            .arg(digest);
         let v: Value = match cmd.query_async(&mut self.conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 let _: String = redis::cmd("SCRIPT")
@@ -244,6 +294,10 @@ impl CoreStore {
                     duplicate: *s == 1,
                 }),
                 (Value::Int(2), Value::Int(_)) => Err(Error::LogExhausted { shard }),
+                (Value::Int(3), Value::Int(o)) => Err(Error::IdReused {
+                    shard,
+                    offset: *o as u64,
+                }),
                 _ => Err(Error::UnexpectedReply {
                     script: "commit_dispatch",
                     detail: format!("{v:?}"),
@@ -382,6 +436,17 @@ fn shard_of_dlog_key(k: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digest_is_of_the_recipient_set_and_the_body() {
+        let d = request_digest(&["b", "a"], "hi");
+        assert_eq!(d.len(), 32);
+        assert_eq!(d, request_digest(&["a", "b", "a"], "hi"));
+        assert_ne!(d, request_digest(&["a"], "hi"));
+        assert_ne!(d, request_digest(&["a", "b"], "hi!"));
+        // the length prefix keeps boundaries: ["ab"] is not ["a", "b"]
+        assert_ne!(request_digest(&["ab"], ""), request_digest(&["a", "b"], ""));
+    }
 
     #[test]
     fn recipients_round_trip() {

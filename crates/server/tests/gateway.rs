@@ -183,11 +183,20 @@ async fn the_same_id_for_another_message_is_refused_with_id_reused() {
         (422, Some("id_reused")),
         "{r}"
     );
-    // nothing was committed by the refused sends: c's mailbox is empty, a's holds one entry
-    let page = mailbox_with(&d, c, 0, 10).await;
-    assert_eq!(page["entries"].as_array().unwrap().len(), 0, "{page}");
-    let page = mailbox_with(&d, a, 0, 10).await;
+    // nothing was committed by the refused sends: a later message to a and c is the only
+    // thing after the first (shards are materialised in log order)
+    alice.send_ok("w-2", &[a, c], "later").await;
+    let page = mailbox_with(&d, a, 0, 2).await;
+    let bodies: Vec<&str> = page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["body"].as_str().unwrap())
+        .collect();
+    assert_eq!(bodies, ["hello", "later"]);
+    let page = mailbox_with(&d, c, 0, 1).await;
     assert_eq!(page["entries"].as_array().unwrap().len(), 1, "{page}");
+    assert_eq!(page["entries"][0]["body"], "later");
     d.shutdown().await;
 }
 

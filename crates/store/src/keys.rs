@@ -5,7 +5,8 @@
 //! mailbox Redis (materialize side)          core Redis (commit side)
 //!   wm:{s}           hash  watermark [ADR]    dlog:{s}           stream  dispatch log, ids "<offset>-0"
 //!   mb:{s}:<user>    zset  mailbox entries    head:{s}           string  last assigned offset
-//!   ack:{s}          hash  user -> acked seq  dd:{s}:<n>:<sender><client id>  string  offset (dedupe, TTL)
+//!   ack:{s}          hash  user -> acked seq  dd:{s}:<n>:<sender><client id>  string  "<offset>:<digest>" (dedupe, TTL)
+//!                                             msgid:{h}:<n>:<sender><client id>  string  digest (h: sender's shard, TTL)
 //!   stg:{s}:<o>      hash  lanes durable of o
 //!   stgidx:{s}       zset  offsets with staging
 //!   wake:{s}         pub/sub channel (hint)
@@ -54,6 +55,13 @@ pub fn dlog(shard: u32) -> String {
 /// `head:{s}`: last offset assigned in `dlog:{s}`.
 pub fn head(shard: u32) -> String {
     format!("head:{{{shard}}}")
+}
+
+/// `msgid:{h}:<n>:<sender><client id>`: which message (request digest) a sender's client id
+/// names, kept on the sender's own shard `h` so that every send with that id meets it,
+/// whatever shards its recipients fall in.
+pub fn message_id(shard: u32, sender: &str, client_id: &str) -> String {
+    format!("msgid:{{{shard}}}:{}:{sender}{client_id}", sender.len())
 }
 
 /// `dd:{s}:<n>:<sender><client id>`, n the sender's length in bytes (decimal): the dedupe

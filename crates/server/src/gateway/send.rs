@@ -78,6 +78,31 @@ pub(crate) async fn commit(
     // on every shard (the same recipients, the same body)
     let all: Vec<&str> = req.to.iter().map(String::as_str).collect();
     let digest = &tidemark_store::redis::dlog::request_digest(&all, &req.body);
+    // the id is bound to the message on the sender's own shard first, so that a reuse is
+    // refused before any shard commits (a shard the first message did not touch has no
+    // dedupe record to compare with)
+    let home = tidemark_store::routing::route(sender, shared.topology.shards).shard;
+    let claim = shared
+        .core(home)
+        .claim_message_id(home, sender, &req.id, digest, DEFAULT_DEDUPE_TTL_S)
+        .await
+        .map_err(|e| {
+            tracing::warn!(sender, id = %req.id, error = %e, "message id claim failed");
+            (
+                ErrorCode::Internal,
+                "commit failed; retry with the same id".to_string(),
+            )
+        })?;
+    if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
+        return Err((
+            ErrorCode::IdReused,
+            format!(
+                "id {:?} was already used for another message (other recipients or body) \
+                 within the last 24 hours; use a new id",
+                req.id
+            ),
+        ));
+    }
     let commits = groups.iter().map(|(&shard, rcpts)| {
         let mut core = shared.core(shard);
         async move {

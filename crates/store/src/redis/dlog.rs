@@ -103,6 +103,18 @@ pub fn request_digest(recipients: &[&str], body: &str) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
 }
 
+/// What a client id names, as [`CoreStore::claim_message_id`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdClaim {
+    /// First use of the id: it now names this message.
+    New,
+    /// The id already names this very message (a resend): commit it again, each shard answers
+    /// its first offset (or commits it now, completing a send that failed part-way).
+    SameMessage,
+    /// The id names another message: refuse (`id_reused`), commit nothing.
+    OtherMessage,
+}
+
 /// Connection to one core Redis (commit side).
 #[derive(Clone)]
 pub struct CoreStore {
@@ -308,6 +320,34 @@ impl CoreStore {
                 detail: format!("{v:?}"),
             }),
         }
+    }
+
+    /// Binds (sender, client id) to the message digest on the sender's shard `home` (one
+    /// `SET NX GET EX`), before any shard commits: a send that reuses an id for another
+    /// message is then refused as a whole, even where its recipients fall in shards the
+    /// first message did not touch. The binding lives as long as the dedupe records.
+    pub async fn claim_message_id(
+        &mut self,
+        home: u32,
+        sender: &str,
+        client_id: &str,
+        digest: &str,
+        ttl_s: u64,
+    ) -> Result<IdClaim> {
+        let old: Option<String> = redis::cmd("SET")
+            .arg(keys::message_id(home, sender, client_id))
+            .arg(digest)
+            .arg("NX")
+            .arg("GET")
+            .arg("EX")
+            .arg(ttl_s.max(1))
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(match old {
+            None => IdClaim::New,
+            Some(d) if d == digest => IdClaim::SameMessage,
+            Some(_) => IdClaim::OtherMessage,
+        })
     }
 
     /// Records of `dlog:{s}` with offset > `after`, at most `count`, in order.

@@ -237,12 +237,19 @@ enum WmCmd {
     },
     /// Offline downgrade to packed-v1 (19 -> 1216 bytes). Stop every owner first.
     Downgrade {
+        /// The mailbox Redis instance.
         #[arg(long)]
         redis: String,
+        /// One shard.
         #[arg(long, conflicts_with = "all", required_unless_present = "all")]
         shard: Option<u32>,
+        /// Every shard with a watermark on the instance.
         #[arg(long)]
         all: bool,
+        /// Downgrade even shards whose owner looks live (its mark is at most 5 s old): only
+        /// when you know every owner is stopped.
+        #[arg(long)]
+        force_offline: bool,
     },
     /// Check every watermark on the given instances; non-zero exit when any is bad.
     Verify {
@@ -464,24 +471,47 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Err(e) => Ok(store_exit(&e)),
             }
         }
-        Cmd::Wm(WmCmd::Downgrade { redis, shard, all }) => {
+        Cmd::Wm(WmCmd::Downgrade {
+            redis,
+            shard,
+            all,
+            force_offline,
+        }) => {
             eprintln!(
                 "downgrade is offline: every owner (materializer) of these shards must be stopped"
             );
+            if force_offline {
+                eprintln!(
+                    "warning: --force-offline: shards are converted even where an owner looks \
+                     live; a live owner would write packed-v2 again"
+                );
+            }
             let shards = if all {
                 ops::discover_shards(&redis).await?
             } else {
                 vec![shard.expect("clap requires --shard or --all")]
             };
-            match ops::wm_downgrade(&redis, &shards).await {
-                Ok(done) => {
-                    for (s, wm) in done {
+            match ops::wm_downgrade(&redis, &shards, force_offline).await {
+                Ok(report) => {
+                    for (s, wm) in &report.converted {
                         println!(
                             "shard {s}: {} ({} bytes) -> packed-v1 (1216 bytes), epoch {}",
                             wm.layout, wm.blob_len, wm.epoch
                         );
                     }
-                    Ok(ExitCode::SUCCESS)
+                    for (s, why) in &report.skipped {
+                        println!("shard {s}: skipped: {why}");
+                    }
+                    println!(
+                        "{} converted, {} skipped",
+                        report.converted.len(),
+                        report.skipped.len()
+                    );
+                    Ok(if report.skipped.is_empty() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    })
                 }
                 Err(e) => Ok(store_exit(&e)),
             }

@@ -346,3 +346,72 @@ async fn a_corrupt_shard_stops_only_itself() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// Issue 10, item 6: `wm downgrade` refuses shards whose owner is live and holds the epoch
+/// (it would write packed-v2 again right after); a fenced shard, `--force-offline`, or a
+/// stopped owner (its marks removed on a clean stop) let it through. `--all` lists what it
+/// converted and what it skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_refuses_a_live_owner() {
+    let core = RedisProcess::start().unwrap();
+    let mailbox = RedisProcess::start().unwrap();
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let args = serve_args(&core.url(), &mailbox.url(), &format!("127.0.0.1:{port}"));
+    let mut owner = serve_until_healthy(&args, port).await;
+    // the owner refreshes its marks once a second
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let tm = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mb = mailbox.url();
+    let layout = |s: u32| {
+        let mb = mb.clone();
+        async move {
+            Store::connect(&mb, Layout::PackedV2)
+                .await
+                .unwrap()
+                .read_watermark(s)
+                .await
+                .unwrap()
+                .layout
+        }
+    };
+    let out = tm(&["wm", "downgrade", "--redis", &mb, "--all"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("0 converted, 4 skipped"), "{text}");
+    assert!(
+        text.contains("shard 0: skipped: a live owner holds epoch"),
+        "{text}"
+    );
+    assert_eq!(layout(0).await, Layout::PackedV2);
+    // fenced: the owner can no longer write, the downgrade goes through
+    assert!(tm(&["shard", "fence", "--redis", &mb, "--shard", "0"])
+        .status
+        .success());
+    let out = tm(&["wm", "downgrade", "--redis", &mb, "--shard", "0"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(layout(0).await, Layout::PackedV1);
+    // --force-offline: converted, with a warning
+    let out = tm(&[
+        "wm",
+        "downgrade",
+        "--redis",
+        &mb,
+        "--shard",
+        "1",
+        "--force-offline",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: --force-offline"));
+    // a clean stop removes the marks: the rest converts at once
+    unsafe { libc::kill(owner.id() as i32, libc::SIGTERM) };
+    let _ = owner.wait();
+    let out = tm(&["wm", "downgrade", "--redis", &mb, "--all"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("4 converted, 0 skipped"), "{text}");
+}

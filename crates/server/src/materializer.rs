@@ -349,6 +349,8 @@ pub struct Worker {
     health: Arc<HealthBoard>,
     /// Current delay before replacing a failed log connection (None: reads are healthy).
     read_backoff: Option<Duration>,
+    /// When the owner marks (`owner:{s}`) were last refreshed.
+    marks_at: Option<Instant>,
 }
 
 fn single_item(rec: &DispatchRecord) -> SingleItem {
@@ -398,6 +400,7 @@ impl Worker {
             opts,
             health,
             read_backoff: None,
+            marks_at: None,
         };
         let mut corrupt = Vec::new();
         for &(s, mb) in shards {
@@ -616,12 +619,65 @@ impl Worker {
     }
 
     /// Runs until `cancel` fires. Redis failures never end it (shards retry, see the module
-    /// documentation); it returns early only with the error of a bug (none today).
+    /// documentation); it returns early only with the error of a bug (none today). On a clean
+    /// stop the owner marks are removed, so offline tools see no live owner at once.
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
+        let r = self.run_loop(&cancel).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.clear_marks()).await;
+        r
+    }
+
+    /// Refreshes `owner:{s}` (this owner's epoch, expiring after
+    /// `tidemark_store::ops::OWNER_MARK_TTL_MS`) of every running shard, once a second.
+    async fn refresh_marks(&mut self) {
+        if self
+            .marks_at
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.marks_at = Some(Instant::now());
+        let mut pipes: BTreeMap<usize, redis::Pipeline> = BTreeMap::new();
+        for rt in self.rts.values().filter(|rt| !rt.stopped) {
+            pipes
+                .entry(rt.mb)
+                .or_default()
+                .cmd("SET")
+                .arg(keys::owner(rt.shard))
+                .arg(rt.epoch)
+                .arg("PX")
+                .arg(tidemark_store::ops::OWNER_MARK_TTL_MS)
+                .ignore();
+        }
+        for (mb, pipe) in pipes {
+            let mut conn = self.mailboxes[mb].connection();
+            if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+                tracing::debug!(error = %e, "owner marks not refreshed");
+            }
+        }
+    }
+
+    /// Removes this owner's marks (only where they still hold its epoch).
+    async fn clear_marks(&mut self) {
+        let script = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 1",
+        );
+        for rt in self.rts.values().filter(|rt| !rt.stopped) {
+            let mut conn = self.mailboxes[rt.mb].connection();
+            let _: Result<i64, _> = script
+                .key(keys::owner(rt.shard))
+                .arg(rt.epoch.to_string())
+                .invoke_async(&mut conn)
+                .await;
+        }
+    }
+
+    async fn run_loop(&mut self, cancel: &CancellationToken) -> Result<(), Error> {
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
+            self.refresh_marks().await;
             self.retry_due().await;
             let positions: Vec<(u32, u64)> = self
                 .rts
@@ -667,11 +723,11 @@ impl Worker {
             let batches = match read {
                 Ok(Ok(b)) => b,
                 Ok(Err(e)) => {
-                    self.log_read_failed(&e.to_string(), &cancel).await;
+                    self.log_read_failed(&e.to_string(), cancel).await;
                     continue;
                 }
                 Err(_) => {
-                    self.log_read_failed("XREAD timed out", &cancel).await;
+                    self.log_read_failed("XREAD timed out", cancel).await;
                     continue;
                 }
             };

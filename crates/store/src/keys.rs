@@ -9,6 +9,7 @@
 //!                                             msgid:{h}:<n>:<sender><client id>  string  digest (h: sender's shard, TTL)
 //!   stg:{s}:<o>      hash  lanes durable of o
 //!   stgidx:{s}       zset  offsets with staging
+//!   owner:{s}        string epoch of the live owner (PX, refreshed every second)
 //!   wake:{s}         pub/sub channel (hint)
 //! ```
 //!
@@ -30,6 +31,12 @@ pub fn mailbox(shard: u32, user: &str) -> String {
 /// `ack:{s}`: per-user acked seq of the shard's mailboxes.
 pub fn acks(shard: u32) -> String {
     format!("ack:{{{shard}}}")
+}
+
+/// `owner:{s}`: the epoch of the process materialising the shard, set with a short expiry and
+/// refreshed while it runs (deleted on a clean stop): how offline tools tell a live owner.
+pub fn owner(shard: u32) -> String {
+    format!("owner:{{{shard}}}")
 }
 
 /// `stg:{s}:<o>`: staging state (durable lanes) of record `o`.

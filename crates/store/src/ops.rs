@@ -90,15 +90,60 @@ pub fn inspect_human(shard: u32, wm: &ShardWatermark) -> String {
     out
 }
 
+/// What `wm downgrade` did.
+#[derive(Debug, Default)]
+pub struct DowngradeReport {
+    /// Shards rewritten as packed-v1, with their watermark as it was.
+    pub converted: Vec<(u32, ShardWatermark)>,
+    /// Shards left alone, and why (a live owner).
+    pub skipped: Vec<(u32, String)>,
+}
+
+/// How long an owner mark (`owner:{s}`) lives without a refresh.
+pub const OWNER_MARK_TTL_MS: u64 = 5000;
+
+/// The epoch of the live owner of `shard`, if one refreshed its mark within
+/// [`OWNER_MARK_TTL_MS`].
+pub async fn live_owner(store: &Store, shard: u32) -> Result<Option<u64>> {
+    let v: Option<String> = redis::cmd("GET")
+        .arg(crate::keys::owner(shard))
+        .query_async(&mut store.connection())
+        .await?;
+    Ok(v.and_then(|e| e.parse().ok()))
+}
+
 /// `tidemark wm downgrade`: the ADR's offline downgrade of the given shards (19 → 1216 bytes,
-/// layout packed-v1). Stops at the first corrupt or missing watermark.
-pub async fn wm_downgrade(url: &str, shards: &[u32]) -> Result<Vec<(u32, ShardWatermark)>> {
+/// layout packed-v1). A shard whose owner is live and holds the current epoch is skipped
+/// (it would write packed-v2 again right after) unless `force_offline`; a fenced owner (its
+/// epoch below the shard's) cannot write and does not count. Stops at the first corrupt or
+/// missing watermark.
+pub async fn wm_downgrade(
+    url: &str,
+    shards: &[u32],
+    force_offline: bool,
+) -> Result<DowngradeReport> {
     let mut store = Store::connect(url, Layout::PackedV2).await?;
-    let mut done = Vec::new();
+    let mut report = DowngradeReport::default();
     for &s in shards {
-        done.push((s, store.downgrade_to_v1(s).await?));
+        if !force_offline {
+            let wm = store.read_watermark(s).await?;
+            if let Some(e) = live_owner(&store, s).await? {
+                if e >= wm.epoch {
+                    report.skipped.push((
+                        s,
+                        format!(
+                            "a live owner holds epoch {e} (seen within {} s): stop it first, or \
+                             fence the shard (`tidemark shard fence`) and run this again",
+                            OWNER_MARK_TTL_MS / 1000
+                        ),
+                    ));
+                    continue;
+                }
+            }
+        }
+        report.converted.push((s, store.downgrade_to_v1(s).await?));
     }
-    Ok(done)
+    Ok(report)
 }
 
 /// Shards that have a `wm:{s}` key on this instance (SCAN), sorted.

@@ -222,7 +222,8 @@ enum WmCmd {
         layout: Layout,
         #[arg(long, default_value_t = 1)]
         epoch: u64,
-        /// Overwrite existing watermarks.
+        /// Overwrite existing watermarks (DANGEROUS: W goes back to 0, so records above it in
+        /// a trimmed log are never delivered). Only for a deployment that holds no data.
         #[arg(long)]
         force: bool,
     },
@@ -430,6 +431,15 @@ struct LuaArgs {
     rounds: usize,
 }
 
+/// [`store_exit`], and for a missing watermark one line on why (`ops::explain_missing`).
+async fn missing_or_store_exit(url: &str, shard: u32, e: &tidemark_store::Error) -> ExitCode {
+    let code = store_exit(e);
+    if e.code() == "no_watermark" {
+        eprintln!("{}", ops::explain_missing(url, shard).await);
+    }
+    code
+}
+
 fn store_exit(e: &tidemark_store::Error) -> ExitCode {
     if e.is_corrupt() {
         eprintln!("corrupt: {e}");
@@ -452,8 +462,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             epoch,
             force,
         }) => match ops::wm_init(&redis, shards, layout, epoch, force).await {
-            Ok(n) => {
-                println!("initialised {n} shard(s) on {redis}: layout {layout}, epoch {epoch}");
+            Ok((created, present)) => {
+                println!(
+                    "initialised {created} shard(s) on {redis}: layout {layout}, epoch {epoch}; \
+                     {present} already had a watermark and were left as they are"
+                );
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => Ok(store_exit(&e)),
@@ -468,7 +481,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                     Ok(ExitCode::SUCCESS)
                 }
-                Err(e) => Ok(store_exit(&e)),
+                Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
             }
         }
         Cmd::Wm(WmCmd::Downgrade {
@@ -540,7 +553,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("shard {shard}: epoch raised to {epoch}; older owners are fenced");
                 Ok(ExitCode::SUCCESS)
             }
-            Err(e) => Ok(store_exit(&e)),
+            Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
         },
         Cmd::Token(a) => {
             if !tidemark_protocol::is_valid_user_id(&a.user) {

@@ -187,6 +187,26 @@ async fn another_shard_count_is_refused_and_writes_nothing() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("mailbox instance 0"));
 
+    // advice for a missing watermark says what the instance is
+    let inspect = |url: &str, shard: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["wm", "inspect", "--redis", url, "--shard", shard])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = inspect(&core.url(), "2");
+    assert!(err.contains("is core instance 0"), "{err}");
+    assert!(!err.contains("wm init"), "{err}");
+    let err = inspect(&mb0.url(), "5");
+    assert!(
+        err.contains("holds shards 0-3; shard 5 lives on another mailbox instance"),
+        "{err}"
+    );
+    let err = inspect(&mb0.url(), "12");
+    assert!(err.contains("there is no shard 12"), "{err}");
+
     // a deployment from before identities: its watermarks decide
     let legacy = RedisProcess::start().unwrap();
     let legacy_core = RedisProcess::start().unwrap();

@@ -9,8 +9,8 @@ pub enum Error {
     /// The Redis connection or a command failed.
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
-    /// `wm:{s}` does not exist (the shard was never initialised).
-    #[error("shard {shard}: no watermark (wm:{{{shard}}} does not exist; run `tidemark wm init`)")]
+    /// `wm:{s}` does not exist on the instance asked (see `ops::explain_missing` for why).
+    #[error("shard {shard}: no watermark (wm:{{{shard}}} does not exist on this instance)")]
     NoWatermark { shard: u32 },
     /// The watermark failed Rust validation (`decode_lane_watermarks`).
     #[error("shard {shard}: corrupt: {cause}")]

@@ -8,19 +8,65 @@ use crate::redis::store::Store;
 use crate::redis::watermark::{Layout, ShardWatermark, LANES};
 
 /// `tidemark wm init`: fresh watermarks for shards `0..shards`, all lanes present at 0.
-/// Refuses any existing one unless `force` (checked per shard, atomically).
+/// An existing watermark is left as it is (counted) unless `force`, which overwrites it
+/// (checked per shard, atomically). Returns (created, already present).
 pub async fn wm_init(
     url: &str,
     shards: u32,
     layout: Layout,
     epoch: u64,
     force: bool,
-) -> Result<u32> {
+) -> Result<(u32, u32)> {
     let mut store = Store::connect(url, Layout::PackedV2).await?;
+    let (mut created, mut present) = (0, 0);
     for s in 0..shards {
-        store.init_watermark(s, layout, epoch, 0, force).await?;
+        match store.init_watermark(s, layout, epoch, 0, force).await {
+            Ok(()) => created += 1,
+            Err(crate::Error::AlreadyExists { .. }) => present += 1,
+            Err(e) => return Err(e),
+        }
     }
-    Ok(shards)
+    Ok((created, present))
+}
+
+/// Why `wm:{shard}` is missing on `url`, in words an operator can act on (from the
+/// deployment identity the instance records, when it has one).
+pub async fn explain_missing(url: &str, shard: u32) -> String {
+    let id = async {
+        let client = redis::Client::open(url).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        crate::deployment::read(&mut conn).await.ok()
+    }
+    .await;
+    match id {
+        Some(Some(id)) if id.role == crate::deployment::Role::Core => format!(
+            "{url} is core instance {} of a {}-shard deployment (dispatch logs); watermarks \
+             live on the mailbox instances: pass a mailbox URL",
+            id.index, id.shards
+        ),
+        Some(Some(id)) if shard >= id.shards => format!(
+            "the deployment has {} shards (0..={}); there is no shard {shard}",
+            id.shards,
+            id.shards - 1
+        ),
+        Some(Some(id)) if !id.holds.contains(&shard) => format!(
+            "{url} is mailbox instance {}, which holds shards {}; shard {shard} lives on \
+             another mailbox instance",
+            id.index,
+            crate::deployment::format_ranges(&id.holds)
+        ),
+        Some(Some(id)) => format!(
+            "{url} is mailbox instance {}, which should hold shard {shard}: its watermark was \
+             deleted or never created. `tidemark serve` creates missing watermarks when it \
+             starts; if the shard held data, restore the instance instead (docs/operations.md, \
+             Restores)",
+            id.index
+        ),
+        _ => format!(
+            "{url} records no Tidemark deployment: check the URL (`tidemark wm verify --redis \
+             URL` says what an instance holds)"
+        ),
+    }
 }
 
 /// `tidemark wm inspect`: the decoded watermark of one shard.

@@ -363,6 +363,44 @@ async fn a_corrupt_shard_stops_only_itself() {
         "{metrics}"
     );
     assert!(metrics.contains("tidemark_shard_running{shard=\"0\"} 1"));
+    // issue 10, item 7: a stopped shard's head and lag stay live; counters exist at zero from
+    // the start; every metric has a HELP line; build info
+    commits
+        .commit(1, "a", "m2", &["x"], "waits", 1, DEFAULT_DEDUPE_TTL_S)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let metrics = loop {
+        let (_, m) = support::http_get(port, "/metrics");
+        if m.contains("tidemark_shard_lag{shard=\"1\"} 1") {
+            break m;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "lag of the stopped shard: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        metrics.contains("tidemark_shard_head{shard=\"1\"} 1"),
+        "{metrics}"
+    );
+    for line in [
+        "tidemark_gaps_total 0",
+        "tidemark_shard_fenced_total 0",
+        "tidemark_task_restarts_total{task=\"materializer\",reason=\"panic\"} 0",
+        "# HELP tidemark_shard_lag ",
+        "tidemark_build_info{version=",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    for l in metrics.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = l.split_whitespace().nth(2).unwrap();
+        assert!(
+            metrics.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}"
+        );
+    }
     let _ = child.kill();
     let _ = child.wait();
 }

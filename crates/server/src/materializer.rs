@@ -1164,7 +1164,8 @@ impl Worker {
                     h.last_progress = now;
                 });
             }
-            if !rt.stopped && now.duration_since(rt.last_gc) >= self.opts.gc_interval {
+            // stopped shards too: their head and lag stay live (messages still wait there)
+            if now.duration_since(rt.last_gc) >= self.opts.gc_interval {
                 gc_due.push((rt.last_gc, rt.shard));
             }
         }
@@ -1194,6 +1195,19 @@ impl Worker {
 
     async fn gc_shard(&mut self, s: u32) -> Result<(), Error> {
         let mb = self.rts[&s].mb;
+        if self.rts[&s].stopped {
+            // no GC for a stopped shard (fenced, corrupt): only its head and lag
+            let head = self.core.head(s).await?;
+            let mut min_w = 0;
+            self.health.update(s, |h| {
+                h.head = head;
+                h.log_exhausted = head >= U48_MAX;
+                min_w = h.min_w;
+            });
+            metrics::gauge!("tidemark_shard_lag", "shard" => s.to_string())
+                .set(head.saturating_sub(min_w) as f64);
+            return Ok(());
+        }
         match self.mailboxes[mb].gc_completed(s, 1000).await? {
             Gc::Done { min_w, .. } => {
                 let min_w = min_w.unwrap_or(0);

@@ -350,3 +350,73 @@ fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
     }
     cmd.query(&mut c).unwrap()
 }
+
+/// Issue 10, item 9: a record gone from the log while W is below it is `lost`, never
+/// `materialised`; a shard count that contradicts the deployment's identity is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_lost_record_and_wrong_shard_count() {
+    let core_p = RedisProcess::start().unwrap();
+    let mb_p = RedisProcess::start().unwrap();
+    let (core_url, mb_url) = (core_p.url(), mb_p.url());
+    let mut core = CoreStore::connect(&core_url).await.unwrap();
+    let mut store = Store::connect(&mb_url, Layout::PackedV2).await.unwrap();
+    for s in 0..SHARDS {
+        store
+            .init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    let (bob, _) = two_users();
+    for i in 0..2 {
+        core.commit(SHARD, "alice", &format!("l-{i}"), &[&bob], "x", SENT_AT, 60)
+            .await
+            .unwrap();
+    }
+    // the log loses both records while W is still 0 (a restore, a bad trim)
+    redis_cmd(
+        &core_url,
+        &["XTRIM", &format!("dlog:{{{SHARD}}}"), "MINID", "3-0"],
+    );
+    let out = trace(&core_url, &mb_url, 1, false);
+    assert_eq!(out.status.code(), Some(5), "{out:?}");
+    let t = text(&out.stdout);
+    assert!(t.contains("status     lost"), "{t}");
+    assert!(!t.contains("materialised for every recipient"), "{t}");
+    let out = trace(&core_url, &mb_url, 2, true);
+    assert_eq!(out.status.code(), Some(5));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["status"], "lost");
+
+    // the mailbox instance records a 4-shard deployment: --shards 8 is refused
+    let id = tidemark_store::deployment::Identity {
+        shards: SHARDS,
+        role: tidemark_store::deployment::Role::Mailbox,
+        index: 0,
+        holds: (0..SHARDS).collect(),
+        tables: "0".repeat(16),
+    };
+    let client = redis::Client::open(mb_url.as_str()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    tidemark_store::deployment::record_if_absent(&mut conn, &id)
+        .await
+        .unwrap();
+    let out = tidemark(&[
+        "trace",
+        "--core",
+        &core_url,
+        "--mailbox",
+        &mb_url,
+        "--shards",
+        "8",
+        "--shard",
+        "2",
+        "--offset",
+        "1",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("4-shard deployment") && err.contains("--shards 4"),
+        "{err}"
+    );
+}

@@ -156,6 +156,10 @@ pub enum TraceStatus {
     Materialised,
     /// Some recipient's lane is still below the record.
     Pending,
+    /// The record is gone from the log although the lowest present W is below it: the core
+    /// log lost it, or W moved back (a restore). Its recipients cannot be known; it may never
+    /// be delivered (see `problems`).
+    Lost,
 }
 
 /// Everything `tidemark trace` shows.
@@ -213,6 +217,19 @@ pub async fn trace(
         return Err(Error::InvalidArgument(format!(
             "offset {offset}: log offsets are 1..={U48_MAX}"
         )));
+    }
+    // the shard count decides every recipient's lane: a wrong one would make the trace lie
+    for url in [core_url, mailbox_url] {
+        let client = ::redis::Client::open(url)?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        if let Some(id) = crate::deployment::read(&mut conn).await? {
+            if id.shards != shards {
+                return Err(Error::InvalidArgument(format!(
+                    "{url} belongs to a {}-shard deployment, not {shards}: pass --shards {}",
+                    id.shards, id.shards
+                )));
+            }
+        }
     }
     let mut core = CoreStore::connect(core_url).await?;
     let head = core.head(shard).await?;
@@ -312,10 +329,13 @@ pub async fn trace(
     }
 
     let staging_lanes = staging(&store, shard, offset).await?;
-    let status = if record.is_none() || recipients.iter().all(|r| r.state.is_materialised()) {
-        TraceStatus::Materialised
-    } else {
-        TraceStatus::Pending
+    let status = match &record {
+        None if min_w.is_none_or(|w| offset > w) => TraceStatus::Lost,
+        None => TraceStatus::Materialised,
+        Some(_) if recipients.iter().all(|r| r.state.is_materialised()) => {
+            TraceStatus::Materialised
+        }
+        Some(_) => TraceStatus::Pending,
     };
     Ok(Trace {
         shard,
@@ -680,6 +700,8 @@ impl Trace {
                     "materialised (record trimmed from the log)",
                 TraceStatus::Materialised => "materialised for every recipient",
                 TraceStatus::Pending => "pending: some lane W is still below the record",
+                TraceStatus::Lost =>
+                    "lost: not in the log, and the lowest W is below it (see the problems)",
             }
         ));
         for p in &self.problems {

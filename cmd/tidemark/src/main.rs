@@ -665,7 +665,7 @@ fn shutdown_token() -> CancellationToken {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        eprintln!("stopping...");
+        notice("stopping...");
         c.cancel();
     });
     cancel
@@ -812,15 +812,33 @@ async fn run_trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// True when logs are JSON lines (`TIDEMARK_LOG_FORMAT=json`): then every message for stderr
+/// goes through `tracing` too.
+static JSON_LOGS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// A line for the operator on stderr: a log event in JSON mode, plain text otherwise.
+fn notice(msg: &str) {
+    if JSON_LOGS.get().copied().unwrap_or(false) {
+        tracing::info!("{msg}");
+    } else {
+        eprintln!("{msg}");
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "warn,tidemark_server=info,tidemark_store=info".into());
+    // colours only for a person at a terminal, never in files or log collectors
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    // TIDEMARK_LOG_FORMAT=json: one JSON object per event (for log collectors)
-    if std::env::var("TIDEMARK_LOG_FORMAT").is_ok_and(|v| v == "json") {
+    // TIDEMARK_LOG_FORMAT=json: one JSON object per event (for log collectors), and nothing
+    // else on stderr
+    let json = std::env::var("TIDEMARK_LOG_FORMAT").is_ok_and(|v| v == "json");
+    let _ = JSON_LOGS.set(json);
+    if json {
         logs.json().init();
     } else {
         logs.init();
@@ -829,7 +847,11 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            if json {
+                tracing::error!(error = %format!("{e:#}"), "exiting");
+            } else {
+                eprintln!("error: {e:#}");
+            }
             ExitCode::FAILURE
         }
     }

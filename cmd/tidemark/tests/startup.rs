@@ -473,3 +473,37 @@ async fn downgrade_refuses_a_live_owner() {
     assert!(out.status.success(), "{text}");
     assert!(text.contains("4 converted, 0 skipped"), "{text}");
 }
+
+/// Issue 10, polish: logs carry no ANSI colours when stderr is not a terminal, and in JSON
+/// mode every line on stderr is a JSON object (the exit error too).
+#[test]
+fn logs_are_plain_or_json_only() {
+    let nobody = format!(
+        "redis://127.0.0.1:{}/",
+        tidemark_redis_proc::free_port().unwrap()
+    );
+    let listen = format!("127.0.0.1:{}", tidemark_redis_proc::free_port().unwrap());
+    for json in [false, true] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        cmd.args(serve_args(&nobody, &nobody, &listen))
+            .env("RUST_LOG", "info");
+        if json {
+            cmd.env("TIDEMARK_LOG_FORMAT", "json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains('\u{1b}'), "ANSI escape in {err}");
+        assert!(!err.trim().is_empty());
+        if json {
+            for line in err.lines() {
+                let v: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(v.get("level").is_some(), "{line}");
+            }
+            assert!(err.contains("exiting"), "{err}");
+        } else {
+            assert!(err.contains("error: "), "{err}");
+        }
+    }
+}

@@ -15,6 +15,15 @@ use tokio_util::sync::CancellationToken;
 const EXIT_CORRUPT: u8 = 3;
 /// Exit status for a missing watermark.
 const EXIT_MISSING: u8 = 4;
+/// Exit status for a refused configuration (bad token secret, unsafe flags): like clap's
+/// usage errors, and nothing was started.
+const EXIT_REFUSED: u8 = 2;
+
+/// Prints `error: <why>` and returns [`EXIT_REFUSED`].
+fn refuse(why: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {why}");
+    ExitCode::from(EXIT_REFUSED)
+}
 
 #[derive(Parser)]
 #[command(
@@ -383,7 +392,13 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<tidemark_bench::load::LoadOption
         Some(ws_url) => Target::Remote {
             ws_url: ws_url.clone(),
             token_secret: match &a.secret_file {
-                Some(p) => Some(std::fs::read_to_string(p)?.trim_end().as_bytes().to_vec()),
+                Some(p) => Some(
+                    tidemark_protocol::secret::load(
+                        Some(p),
+                        tidemark_protocol::secret::SECRET_ENV_VAR,
+                    )?
+                    .into_bytes(),
+                ),
                 None => None,
             },
             mailbox_urls: a.mailbox_urls.clone(),
@@ -513,10 +528,13 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if !tidemark_protocol::is_valid_user_id(&a.user) {
                 anyhow::bail!("--user must be 1..=128 bytes");
             }
-            let secret = tidemark_client::read_secret(
+            let secret = match tidemark_client::read_secret(
                 a.secret_file.as_deref(),
                 tidemark_client::SECRET_ENV_VAR,
-            )?;
+            ) {
+                Ok(s) => s,
+                Err(e) => return Ok(refuse(e)),
+            };
             println!("{}", tidemark_client::make_token(&secret, &a.user, a.ttl));
             Ok(ExitCode::SUCCESS)
         }
@@ -630,7 +648,11 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
         return Ok(ExitCode::FAILURE);
     }
-    let secret = run::load_or_create_secret(&a.data_dir)?;
+    let secret = match run::load_or_create_secret(&a.data_dir) {
+        Ok(s) => s,
+        Err(run::Error::Secret(e)) => return Ok(refuse(e)),
+        Err(e) => return Err(e.into()),
+    };
     let cancel = shutdown_token();
     let up = run::up(
         run::UpOptions {
@@ -642,7 +664,7 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
             data_dir: a.data_dir.clone(),
             gateway: GatewayOptions {
                 dev_auth: a.dev_auth,
-                token_secret: Some(secret),
+                token_secret: Some(secret.into_bytes()),
                 ..Default::default()
             },
             materializer: Default::default(),
@@ -683,16 +705,18 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             a.mailbox.clone(),
         ),
     };
-    let secret = match &a.secret_file {
-        Some(p) => Some(std::fs::read_to_string(p)?.trim_end().as_bytes().to_vec()),
-        None => std::env::var("TIDEMARK_TOKEN_SECRET")
-            .ok()
-            .map(|s| s.into_bytes()),
+    let secret = match tidemark_protocol::secret::load_optional(
+        a.secret_file.as_deref(),
+        tidemark_protocol::secret::SECRET_ENV_VAR,
+    ) {
+        Ok(s) => s.map(|s| s.into_bytes()),
+        Err(e) => return Ok(refuse(e)),
     };
     if secret.is_none() && !a.dev_auth {
-        anyhow::bail!(
-            "no token secret: give --secret-file or TIDEMARK_TOKEN_SECRET (or --dev-auth)"
-        );
+        return Ok(refuse(format!(
+            "no token secret: give --secret-file or {} (or --dev-auth)",
+            tidemark_protocol::secret::SECRET_ENV_VAR
+        )));
     }
     let cancel = shutdown_token();
     let running = run::serve(

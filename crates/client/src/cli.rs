@@ -17,7 +17,7 @@ use crate::error::Error;
 pub const SEND_ONCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The environment variable holding the token secret, when no secret file is given.
-pub const SECRET_ENV_VAR: &str = "TIDEMARK_TOKEN_SECRET";
+pub use tidemark_protocol::secret::SECRET_ENV_VAR;
 
 fn now_since_epoch() -> Duration {
     SystemTime::now()
@@ -38,35 +38,13 @@ pub fn make_token(secret: &[u8], user: &str, ttl: Duration) -> String {
     tidemark_protocol::token::sign(secret, user, exp)
 }
 
-/// Reads the token secret: the contents of `secret_file` when given (an unreadable file is
-/// an error, no fallback), else the value of the environment variable `env_var` (normally
-/// [`SECRET_ENV_VAR`]). Trailing `\n`/`\r` are trimmed from either. A missing or empty secret
-/// is [`Error::NoSecret`].
+/// Reads the token secret with the one loader all of Tidemark uses
+/// ([`tidemark_protocol::secret::load`]): the contents of `secret_file` when given (an
+/// unreadable file is an error, no fallback), else the value of the environment variable
+/// `env_var` (normally [`SECRET_ENV_VAR`]); whitespace trimmed at both ends, at least
+/// [`tidemark_protocol::secret::MIN_SECRET_BYTES`] bytes left, else [`Error::Secret`].
 pub fn read_secret(secret_file: Option<&Path>, env_var: &str) -> Result<Vec<u8>, Error> {
-    let (mut secret, source) = match secret_file {
-        Some(path) => {
-            let bytes = std::fs::read(path).map_err(|source| Error::SecretFile {
-                path: path.to_owned(),
-                source,
-            })?;
-            (bytes, format!("secret file {}", path.display()))
-        }
-        None => match std::env::var_os(env_var) {
-            Some(v) => (v.into_encoded_bytes(), format!("${env_var}")),
-            None => {
-                return Err(Error::NoSecret(format!(
-                    "give a secret file or set the environment variable {env_var}"
-                )))
-            }
-        },
-    };
-    while matches!(secret.last(), Some(b'\n' | b'\r')) {
-        secret.pop();
-    }
-    if secret.is_empty() {
-        return Err(Error::NoSecret(format!("{source} is empty")));
-    }
-    Ok(secret)
+    Ok(tidemark_protocol::secret::load(secret_file, env_var)?.into_bytes())
 }
 
 /// A fresh client message id, `cli-<unix_ms>-<16 hex digits>`.
@@ -322,30 +300,36 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tidemark-client-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("secret");
-        std::fs::write(&file, b"s3cret \n\r\n").unwrap();
+        let good = "0123456789abcdef0123456789abcdef";
+        std::fs::write(&file, format!("{good} \n\r\n")).unwrap();
         // Unique variable names: tests run in parallel threads.
         let var = "TIDEMARK_CLIENT_TEST_SECRET_A";
-        std::env::set_var(var, "from-env\n");
-        assert_eq!(read_secret(Some(&file), var).unwrap(), b"s3cret ");
-        assert_eq!(read_secret(None, var).unwrap(), b"from-env");
+        std::env::set_var(var, format!(" {good}-env\n"));
+        assert_eq!(read_secret(Some(&file), var).unwrap(), good.as_bytes());
+        assert_eq!(
+            read_secret(None, var).unwrap(),
+            format!("{good}-env").as_bytes()
+        );
 
         let missing = dir.join("missing");
         let e = read_secret(Some(&missing), var).unwrap_err();
-        assert_eq!(e.code(), "secret_file");
+        assert_eq!(e.code(), "secret_unreadable");
         assert!(e.to_string().contains("missing"), "{e}");
 
         let e = read_secret(None, "TIDEMARK_CLIENT_TEST_SECRET_UNSET").unwrap_err();
-        assert_eq!(e.code(), "no_secret");
+        assert_eq!(e.code(), "secret_missing");
         assert!(
             e.to_string().contains("TIDEMARK_CLIENT_TEST_SECRET_UNSET"),
             "{e}"
         );
 
-        std::fs::write(&file, b"\n").unwrap();
-        assert_eq!(
-            read_secret(Some(&file), var).unwrap_err().code(),
-            "no_secret"
-        );
+        for short in ["\n", "  \t ", "short secret"] {
+            std::fs::write(&file, short).unwrap();
+            assert_eq!(
+                read_secret(Some(&file), var).unwrap_err().code(),
+                "secret_too_short"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tidemark_protocol::secret::{SecretError, TokenSecret};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::redis::store::Store;
 use tidemark_store::redis::watermark::Layout;
@@ -44,6 +45,9 @@ pub enum Error {
     /// Files, sockets.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The token secret is missing, unreadable or too short.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
     /// A task that cannot be restarted in place (the gateway) panicked or stopped.
     #[error("{task} {ended}")]
     TaskEnded {
@@ -62,6 +66,7 @@ impl Error {
             Error::Gateway(_) => "gateway",
             Error::Redis(e) => e.code(),
             Error::Io(_) => "io",
+            Error::Secret(e) => e.code(),
             Error::TaskEnded { .. } => "task_ended",
         }
     }
@@ -139,7 +144,12 @@ pub async fn init_missing(topology: &Topology) -> Result<u32, Error> {
 }
 
 /// Starts the materializers and the gateway. Returns once the gateway is listening.
+///
+/// A token secret shorter than [`tidemark_protocol::secret::MIN_SECRET_BYTES`] is refused before anything starts.
 pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Running, Error> {
+    if let Some(secret) = &opts.gateway.token_secret {
+        TokenSecret::new(secret, "the gateway options")?;
+    }
     let t = &opts.topology;
     t.validate()?;
     init_missing(t).await?;
@@ -332,6 +342,9 @@ impl Up {
     }
 }
 
+/// The token secret's file name in a data dir.
+pub const TOKEN_SECRET_FILE: &str = "token.secret";
+
 /// The deployment file in a data dir: shards and instance counts are fixed at creation.
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Eq, Debug)]
 struct Deployment {
@@ -416,17 +429,12 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
     })
 }
 
-/// Reads `<data_dir>/token.secret`, creating it (32 random bytes, hex) when missing.
-pub fn load_or_create_secret(data_dir: &Path) -> Result<Vec<u8>, Error> {
-    use std::io::Read;
-    let path = data_dir.join("token.secret");
-    if let Ok(s) = std::fs::read_to_string(&path) {
-        return Ok(s.trim_end().as_bytes().to_vec());
-    }
+/// The token secret of a data dir: `<data_dir>/token.secret`, read under the loader's rule
+/// (at least 32 bytes after trimming; an empty or short file is refused, never rewritten) or
+/// created (mode 0600, 32 random bytes in hex) when missing.
+pub fn load_or_create_secret(data_dir: &Path) -> Result<TokenSecret, Error> {
     std::fs::create_dir_all(data_dir)?;
-    let mut raw = [0u8; 32];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
-    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(&path, &hex)?;
-    Ok(hex.into_bytes())
+    Ok(tidemark_protocol::secret::load_or_create(
+        &data_dir.join(TOKEN_SECRET_FILE),
+    )?)
 }

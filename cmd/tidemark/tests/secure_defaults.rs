@@ -190,3 +190,37 @@ fn up_refuses_an_existing_empty_token_secret() {
         );
     }
 }
+
+#[test]
+fn token_ttl_overflow_and_zero_are_refused() {
+    let mint = |ttl: &str| {
+        run(tidemark()
+            .args(["token", "--user", "alice", "--ttl", ttl])
+            .env("TIDEMARK_TOKEN_SECRET", GOOD_SECRET))
+    };
+    for (ttl, needle) in [
+        ("213503982334602d", "too large"),
+        ("18446744073709551616", "too large"),
+        ("0", "0"),
+        ("0d", "0"),
+        ("1.5h", "not a duration"),
+        // fits u64 seconds, but now + ttl does not
+        ("18446744073709551615", "largest expiry"),
+    ] {
+        let o = mint(ttl);
+        assert_refused(&o, ttl, needle);
+        assert!(o.stdout.is_empty(), "{ttl}: a token was printed");
+    }
+    // the largest number of days that does not overflow u64 seconds still overflows the expiry
+    assert_refused(&mint("213503982334601d"), "max days", "largest expiry");
+    let o = mint("7d");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let token = String::from_utf8(o.stdout).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let claims =
+        tidemark_protocol::token::verify(GOOD_SECRET.as_bytes(), token.trim(), now).unwrap();
+    assert!((now + 7 * 86400..=now + 7 * 86400 + 2).contains(&claims.expires_at_unix));
+}

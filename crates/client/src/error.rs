@@ -70,6 +70,9 @@ pub enum Error {
     /// (`secret_unreadable`, `secret_missing`, `secret_too_short`, `secret_create`).
     #[error(transparent)]
     Secret(#[from] tidemark_protocol::SecretError),
+    /// A token lifetime that is zero, not a duration, or overflows. Code `bad_ttl`.
+    #[error("bad token lifetime: {0}")]
+    BadTtl(String),
 }
 
 impl Error {
@@ -86,6 +89,7 @@ impl Error {
             Error::Protocol(_) => "protocol",
             Error::IdInFlight(_) => "id_in_flight",
             Error::Secret(e) => e.code(),
+            Error::BadTtl(_) => "bad_ttl",
         }
     }
 

@@ -33,7 +33,7 @@ pub use http::{
     ErrorDetail, MailboxPage, MailboxQuery, SendRequest, SendResponse,
 };
 pub use secret::{SecretError, TokenSecret};
-pub use token::{sign, verify, Claims, TokenError};
+pub use token::{sign, verify, Claims, TokenError, INVALID_TOKEN_MESSAGE};
 
 /// Largest mailbox seq / dispatch-log offset: seqs are u48 (ADR-0015 keeps the low 48 bits;
 /// the high 16 are reserved). Every u48 fits a JSON number (an IEEE double) exactly.

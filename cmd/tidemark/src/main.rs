@@ -160,9 +160,13 @@ struct UpArgs {
     /// Data directory (AOF files, deployment file, token secret).
     #[arg(long, default_value = "./data")]
     data_dir: std::path::PathBuf,
-    /// Accept `?user=NAME` without a token (development only).
+    /// Accept `?user=NAME` without a token (development only; loopback --listen only).
     #[arg(long)]
     dev_auth: bool,
+    /// Allow --dev-auth on a non-loopback --listen address (anyone who reaches it can act as
+    /// any user).
+    #[arg(long, requires = "dev_auth")]
+    dev_auth_public: bool,
     /// Watermark layout to write.
     #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
     layout: Layout,
@@ -188,9 +192,13 @@ struct ServeArgs {
     /// Gateway listen address.
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: std::net::SocketAddr,
-    /// Accept `?user=NAME` without a token (development only).
+    /// Accept `?user=NAME` without a token (development only; loopback --listen only).
     #[arg(long)]
     dev_auth: bool,
+    /// Allow --dev-auth on a non-loopback --listen address (anyone who reaches it can act as
+    /// any user).
+    #[arg(long, requires = "dev_auth")]
+    dev_auth_public: bool,
     /// Watermark layout to write (without --config).
     #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
     layout: Layout,
@@ -616,6 +624,32 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `--dev-auth` trusts `?user=NAME` from anyone who reaches the listener: refused on a
+/// non-loopback address unless `--dev-auth-public` says so (then a warning is printed).
+fn check_dev_auth(dev_auth: bool, public: bool, listen: std::net::SocketAddr) -> Option<ExitCode> {
+    let loopback = match listen.ip() {
+        std::net::IpAddr::V4(ip) => ip.is_loopback(),
+        std::net::IpAddr::V6(ip) => ip
+            .to_ipv4_mapped()
+            .map_or(ip.is_loopback(), |v4| v4.is_loopback()),
+    };
+    if !dev_auth || loopback {
+        return None;
+    }
+    if !public {
+        return Some(refuse(format!(
+            "--dev-auth on {listen}, which is not a loopback address, would let anyone who can \
+             reach it act as any user; listen on 127.0.0.1 (or [::1]), or add --dev-auth-public \
+             to accept that"
+        )));
+    }
+    eprintln!(
+        "warning: --dev-auth-public: {listen} accepts ?user=NAME without a token; anyone who \
+         can reach it can read and send as any user"
+    );
+    None
+}
+
 fn shutdown_token() -> CancellationToken {
     let cancel = CancellationToken::new();
     let c = cancel.clone();
@@ -633,6 +667,9 @@ fn shutdown_token() -> CancellationToken {
 }
 
 async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
+    if let Some(code) = check_dev_auth(a.dev_auth, a.dev_auth_public, a.listen) {
+        return Ok(code);
+    }
     if !tidemark_redis_proc::redis_server_available() {
         eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
         return Ok(ExitCode::FAILURE);
@@ -685,6 +722,9 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(code) = check_dev_auth(a.dev_auth, a.dev_auth_public, a.listen) {
+        return Ok(code);
+    }
     let topology = match &a.config {
         Some(path) => Topology::from_file(path)?,
         None => Topology::new(

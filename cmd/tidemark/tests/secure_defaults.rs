@@ -224,3 +224,63 @@ fn token_ttl_overflow_and_zero_are_refused() {
         tidemark_protocol::token::verify(GOOD_SECRET.as_bytes(), token.trim(), now).unwrap();
     assert!((now + 7 * 86400..=now + 7 * 86400 + 2).contains(&claims.expires_at_unix));
 }
+
+#[test]
+fn dev_auth_on_a_public_address_needs_dev_auth_public() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let core = format!("redis://127.0.0.1:{}/", free_port());
+    let serve = |listen: &str, extra: &[&str]| {
+        run(tidemark()
+            .args([
+                "serve",
+                "--core",
+                &core,
+                "--mailbox",
+                &core,
+                "--shards",
+                "1",
+            ])
+            .args(["--listen", listen, "--dev-auth"])
+            .args(extra))
+    };
+    let port = free_port();
+    for listen in [format!("0.0.0.0:{port}"), format!("[::]:{port}")] {
+        let o = serve(&listen, &[]);
+        assert_refused(&o, &listen, "--dev-auth-public");
+        assert!(!listening(port));
+        let o = run(tidemark()
+            .args(["up", "--dev-auth", "--listen", &listen, "--data-dir"])
+            .arg(&data));
+        assert_refused(&o, &listen, "--dev-auth-public");
+        assert!(!data.exists(), "up created its data dir");
+        assert!(redis_servers_in(dir.path()).is_empty());
+    }
+    // with --dev-auth-public: a warning, then it goes on (and fails on the missing Redis)
+    let o = serve(&format!("0.0.0.0:{port}"), &["--dev-auth-public"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("warning: --dev-auth-public"),
+        "{}",
+        stderr(&o)
+    );
+    // loopback addresses need nothing more, and print no warning
+    for listen in [format!("127.0.0.1:{port}"), format!("[::1]:{port}")] {
+        let o = serve(&listen, &[]);
+        assert_eq!(o.status.code(), Some(1), "{listen}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
+    }
+    // --dev-auth-public alone is a usage error
+    let o = run(tidemark()
+        .args([
+            "serve",
+            "--core",
+            &core,
+            "--mailbox",
+            &core,
+            "--shards",
+            "1",
+        ])
+        .arg("--dev-auth-public"));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}

@@ -674,6 +674,24 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
         return Ok(ExitCode::FAILURE);
     }
+    // the data dir holds the secrets: private (0700 / 0600), tightened when it was not
+    let tightened = match run::prepare_data_dir(&a.data_dir) {
+        Ok(t) => t,
+        Err(e) => return Ok(refuse(e)),
+    };
+    if !tightened.is_empty() {
+        eprintln!(
+            "note: {} was readable by other users; removed group/other access from {} path(s):",
+            a.data_dir.display(),
+            tightened.len()
+        );
+        for t in tightened.iter().take(8) {
+            eprintln!("  {t}");
+        }
+        if tightened.len() > 8 {
+            eprintln!("  … and {} more", tightened.len() - 8);
+        }
+    }
     let secret = match run::load_or_create_secret(&a.data_dir) {
         Ok(s) => s,
         Err(run::Error::Secret(e)) => return Ok(refuse(e)),

@@ -284,3 +284,203 @@ fn dev_auth_on_a_public_address_needs_dev_auth_public() {
         .arg("--dev-auth-public"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+/// A running `tidemark up` child: its stdout lines up to "Ctrl-C stops …", its stderr so far.
+struct UpProc {
+    child: std::process::Child,
+    lines: Vec<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl UpProc {
+    /// Starts `tidemark up --shards 2 --listen 127.0.0.1:0 --data-dir DATA ARGS…` and waits
+    /// until it has printed its endpoints.
+    fn start(data: &Path, args: &[&str]) -> UpProc {
+        use std::io::{BufRead, BufReader, Read};
+        let mut cmd = tidemark();
+        cmd.args([
+            "up",
+            "--shards",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+        ])
+        .arg(data)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = spawn_killed_with_us(&mut cmd);
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut err = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(line) => {
+                    let done = line.starts_with("Ctrl-C");
+                    lines.push(line);
+                    if done {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    if let Some(status) = child.try_wait().unwrap() {
+                        panic!(
+                            "up exited with {status}: {}",
+                            stderr.lock().unwrap().as_str()
+                        );
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "up did not print its endpoints: {lines:?}"
+                    );
+                }
+            }
+        }
+        UpProc {
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The line starting with `prefix` (e.g. "gateway", "core     0").
+    fn line(&self, prefix: &str) -> &str {
+        self.lines
+            .iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line in {:#?}", self.lines))
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    fn stop(mut self) -> String {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(
+                    status.success(),
+                    "up exited with {status}: {}",
+                    self.stderr()
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "up did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        self.stderr()
+    }
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+/// Every path under `dir` (itself included) with its mode.
+fn modes_under(dir: &Path) -> Vec<(std::path::PathBuf, u32)> {
+    let mut out = vec![(dir.to_path_buf(), mode(dir))];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.file_type().unwrap().is_dir() {
+            out.extend(modes_under(&e.path()));
+        } else {
+            out.push((e.path(), mode(&e.path())));
+        }
+    }
+    out
+}
+
+fn set_mode(p: &Path, m: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap();
+}
+
+#[test]
+fn up_keeps_its_data_dir_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // a fresh data dir: 0700, every file 0600, every directory 0700 (redis-server's too)
+    let up = UpProc::start(&data, &[]);
+    assert!(up.line("gateway").contains("ws://127.0.0.1:"));
+    let all = modes_under(&data);
+    let stderr = up.stop();
+    assert!(!stderr.contains("note:"), "{stderr}");
+    for name in ["token.secret", "deployment.toml", "core-0", "mailbox-0"] {
+        assert!(
+            all.iter().any(|(p, _)| p.ends_with(name)),
+            "no {name}: {all:?}"
+        );
+    }
+    assert!(
+        all.iter().any(|(p, _)| p.ends_with("appendonlydir")),
+        "{all:?}"
+    );
+    for (p, m) in &all {
+        let want = if p.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(*m, want, "{} is {m:04o}", p.display());
+    }
+
+    // loosened by hand (or made by an older version): the next `up` tightens and says so
+    let aof = data.join("core-0/appendonlydir");
+    let loose = [
+        (data.clone(), 0o755),
+        (data.join("token.secret"), 0o644),
+        (aof.clone(), 0o755),
+        (data.join("mailbox-0"), 0o750),
+    ];
+    for (p, m) in &loose {
+        set_mode(p, *m);
+    }
+    let aof_file = std::fs::read_dir(&aof)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    set_mode(&aof_file, 0o664);
+    let up = UpProc::start(&data, &[]);
+    let stderr = up.stop();
+    assert!(
+        stderr.contains("removed group/other access from 5 path(s)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("token.secret 0644 -> 0600"), "{stderr}");
+    for (p, m) in modes_under(&data) {
+        let want = if p.is_dir() { 0o700 } else { 0o600 };
+        assert_eq!(m, want, "{} is {m:04o}", p.display());
+    }
+    // and a third start has nothing to say
+    let up = UpProc::start(&data, &[]);
+    let stderr = up.stop();
+    assert!(!stderr.contains("note:"), "{stderr}");
+}

@@ -6,6 +6,9 @@
 //! parent-death signal (`PR_SET_PDEATHSIG`), so a `kill -9` of the owner never leaves an
 //! orphaned server behind.
 //!
+//! Files are private: a data directory this crate creates is mode 0700, and the server runs
+//! with umask 077, so its AOF directory, AOF files and log are readable by their owner only.
+//!
 //! There is deliberately no mock of Redis anywhere in Tidemark: what the tests prove is what
 //! runs in production.
 
@@ -83,6 +86,22 @@ pub struct RedisProcess {
     _tmp: Option<tempfile::TempDir>,
 }
 
+/// Creates `dir` (and missing parents) when it does not exist; `dir` itself gets mode 0700.
+/// An existing directory is left as it is.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        other => other,
+    }
+}
+
 /// Returns an unused TCP port on 127.0.0.1 (bound then released).
 pub fn free_port() -> std::io::Result<u16> {
     let l = TcpListener::bind("127.0.0.1:0")?;
@@ -113,7 +132,7 @@ impl RedisProcess {
         }
         let (dir, tmp) = match &opts.data_dir {
             Some(d) => {
-                std::fs::create_dir_all(d)?;
+                create_private_dir(d)?;
                 (d.clone(), None)
             }
             None => {
@@ -191,10 +210,12 @@ impl RedisProcess {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // SAFETY: prctl is async-signal-safe; the closure touches nothing else.
+        // SAFETY: prctl and umask are async-signal-safe; the closure touches nothing else.
         unsafe {
             cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // the server's files (AOF, log) readable by their owner only
+                libc::umask(0o077);
                 Ok(())
             });
         }

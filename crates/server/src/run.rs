@@ -354,6 +354,88 @@ struct Deployment {
     layout: Layout,
 }
 
+/// One path whose mode [`prepare_data_dir`] tightened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tightened {
+    /// The file or directory.
+    pub path: PathBuf,
+    /// Its permission bits before.
+    pub from: u32,
+    /// Its permission bits now (group and other bits cleared).
+    pub to: u32,
+}
+
+impl std::fmt::Display for Tightened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {:04o} -> {:04o}",
+            self.path.display(),
+            self.from,
+            self.to
+        )
+    }
+}
+
+/// Makes `data_dir` private: creates it with mode 0700 when missing; when it exists, removes
+/// every group and other permission bit from it and from everything inside it (the secrets,
+/// the deployment file, each instance's directory, AOF files and logs), without following
+/// symbolic links. Returns what it changed (empty for a dir that was already private) so the
+/// caller can say so; each change is also logged. A path that cannot be changed (another
+/// owner) is an error naming the command that fixes it.
+pub fn prepare_data_dir(data_dir: &Path) -> Result<Vec<Tightened>, Error> {
+    use std::os::unix::fs::PermissionsExt;
+    if !data_dir.exists() {
+        tidemark_redis_proc::create_private_dir(data_dir)?;
+        return Ok(Vec::new());
+    }
+    let mut changed = Vec::new();
+    let mut stack = vec![data_dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&path)? {
+                stack.push(e?.path());
+            }
+        }
+        let from = meta.permissions().mode() & 0o7777;
+        if from & 0o077 == 0 {
+            continue;
+        }
+        let to = from & !0o077;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(to)).map_err(|e| {
+            ConfigError::Invalid(format!(
+                "{} is mode {from:04o} and cannot be made private ({e}); fix it with: \
+                 chmod -R go-rwx {}",
+                path.display(),
+                data_dir.display()
+            ))
+        })?;
+        let t = Tightened { path, from, to };
+        tracing::warn!(change = %t, "data dir: removed group/other access");
+        changed.push(t);
+    }
+    changed.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(changed)
+}
+
+/// Writes `contents` to a new or existing file with mode 0600.
+fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(contents)?;
+    f.sync_all()
+}
+
 fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
     let path = dir.join("deployment.toml");
     if let Ok(text) = std::fs::read_to_string(&path) {
@@ -371,16 +453,17 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
         }
         return Ok(());
     }
-    std::fs::create_dir_all(dir)?;
+    tidemark_redis_proc::create_private_dir(dir)?;
     let text = toml::to_string(want).map_err(|e| ConfigError::Invalid(e.to_string()))?;
-    std::fs::write(path, text)?;
+    write_private(&path, text.as_bytes())?;
     Ok(())
 }
 
-/// Starts `core + mailbox` redis-server processes under `data_dir`, initialises the shards
-/// and serves. Must be called from the thread that will outlive the processes (the
+/// Makes `data_dir` private ([`prepare_data_dir`]), starts `core + mailbox` redis-server
+/// processes under it, initialises the shards and serves. Must be called from the thread that will outlive the processes (the
 /// parent-death signal is bound to the spawning thread): call it from `main`'s `block_on`.
 pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error> {
+    prepare_data_dir(&opts.data_dir)?;
     check_deployment(
         &opts.data_dir,
         &Deployment {
@@ -433,7 +516,7 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
 /// (at least 32 bytes after trimming; an empty or short file is refused, never rewritten) or
 /// created (mode 0600, 32 random bytes in hex) when missing.
 pub fn load_or_create_secret(data_dir: &Path) -> Result<TokenSecret, Error> {
-    std::fs::create_dir_all(data_dir)?;
+    tidemark_redis_proc::create_private_dir(data_dir)?;
     Ok(tidemark_protocol::secret::load_or_create(
         &data_dir.join(TOKEN_SECRET_FILE),
     )?)

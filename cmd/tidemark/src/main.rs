@@ -791,10 +791,10 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     .await?;
     println!("gateway  {}", running.ws_url());
     for (i, u) in topology.core.iter().enumerate() {
-        println!("core     {i} {u}");
+        println!("core     {i} {}", tidemark_store::redact_url(u));
     }
     for (i, u) in topology.mailbox.iter().enumerate() {
-        println!("mailbox  {i} {u}");
+        println!("mailbox  {i} {}", tidemark_store::redact_url(u));
     }
     running.wait().await?;
     Ok(ExitCode::SUCCESS)

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::spawn_killed_with_us;
+use support::{http_get, spawn_killed_with_us};
 
 const GOOD_SECRET: &str = "0123456789abcdef0123456789abcdef";
 
@@ -296,20 +296,20 @@ impl UpProc {
     /// Starts `tidemark up --shards 2 --listen 127.0.0.1:0 --data-dir DATA ARGS…` and waits
     /// until it has printed its endpoints.
     fn start(data: &Path, args: &[&str]) -> UpProc {
+        Self::start_in(Path::new("."), "127.0.0.1:0", data, args)
+    }
+
+    /// [`UpProc::start`] in the working directory `cwd` (`data` may be relative to it) with
+    /// another `--listen`.
+    fn start_in(cwd: &Path, listen: &str, data: &Path, args: &[&str]) -> UpProc {
         use std::io::{BufRead, BufReader, Read};
         let mut cmd = tidemark();
-        cmd.args([
-            "up",
-            "--shards",
-            "2",
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-        ])
-        .arg(data)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        cmd.current_dir(cwd);
+        cmd.args(["up", "--shards", "2", "--listen", listen, "--data-dir"])
+            .arg(data)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = spawn_killed_with_us(&mut cmd);
         let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let mut err = child.stderr.take().unwrap();
@@ -483,4 +483,218 @@ fn up_keeps_its_data_dir_private() {
     let up = UpProc::start(&data, &[]);
     let stderr = up.stop();
     assert!(!stderr.contains("note:"), "{stderr}");
+}
+
+/// The port in an endpoint line such as `core     0 redis://127.0.0.1:41733/`.
+fn port_of(line: &str) -> u16 {
+    let url = line.split_whitespace().nth(2).unwrap();
+    url.trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// One inline command on a fresh connection; every reply byte until `n` lines came back.
+fn redis_raw(port: u16, commands: &str, n: usize) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(commands.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 512];
+    while got.iter().filter(|&&b| b == b'\n').count() < n {
+        let k = s.read(&mut buf).unwrap();
+        if k == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..k]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[test]
+fn up_redis_servers_require_a_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    // a relative --data-dir, as scripts/run.sh runs it (./data)
+    let up = UpProc::start_in(
+        dir.path(),
+        "127.0.0.1:0",
+        Path::new("data"),
+        &["--dev-auth"],
+    );
+    let pass = std::fs::read_to_string(data.join("redis.pass")).unwrap();
+    assert_eq!(pass.len(), 64, "{pass:?}");
+    assert_eq!(mode(&data.join("redis.pass")), 0o600);
+    let printed = up.lines.join("\n");
+    assert!(
+        !printed.contains(&pass),
+        "up printed the password:\n{printed}"
+    );
+    let (core, mailbox) = (
+        port_of(up.line("core     0")),
+        port_of(up.line("mailbox  0")),
+    );
+    let gw: u16 = up
+        .line("gateway")
+        .trim_end_matches("/v1/ws")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    // any local process without the password: NOAUTH, on every instance
+    for port in [core, mailbox] {
+        let r = redis_raw(port, "PING\r\nKEYS *\r\nCONFIG GET dir\r\n", 3);
+        assert_eq!(r.matches("-NOAUTH").count(), 3, "{port}: {r}");
+        let r = redis_raw(port, &format!("AUTH {pass}\r\nPING\r\n"), 2);
+        assert_eq!(r, "+OK\r\n+PONG\r\n");
+    }
+    // the password is on no command line
+    let pids = redis_servers_in(&data);
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    for pid in &pids {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(&pass));
+    }
+    // the commands up prints work as printed
+    let cli = up
+        .lines
+        .iter()
+        .find(|l| l.contains("redis-cli"))
+        .expect("a redis-cli line")
+        .trim()
+        .to_string();
+    let o = run(Command::new("sh")
+        .arg("-c")
+        .arg(format!("{cli} PING"))
+        .current_dir(dir.path()));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "PONG",
+        "{cli}: {}",
+        stderr(&o)
+    );
+    let verify = up
+        .lines
+        .iter()
+        .find(|l| l.contains("tidemark wm verify"))
+        .expect("a wm verify line")
+        .trim()
+        .replacen("tidemark", env!("CARGO_BIN_EXE_tidemark"), 1);
+    let o = run(Command::new("sh")
+        .arg("-c")
+        .arg(&verify)
+        .current_dir(dir.path()));
+    assert!(o.status.success(), "{verify}: {}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("2 watermark(s) checked, 0 problem(s)"));
+
+    // Tidemark end to end: a token minted from up's secret, a send, the mailbox, a trace
+    let ws = format!("ws://127.0.0.1:{gw}/v1/ws");
+    let o = run(tidemark()
+        .args(["token", "--user", "alice", "--secret-file"])
+        .arg(data.join("token.secret")));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let token = String::from_utf8(o.stdout).unwrap().trim().to_string();
+    let o = run(tidemark().args([
+        "send",
+        "--url",
+        &ws,
+        "--token",
+        &token,
+        "--to",
+        "bob",
+        "hello bob",
+    ]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    // "sent <id>: shard S offset O"
+    let sent = String::from_utf8(o.stdout).unwrap();
+    let words: Vec<&str> = sent.split_whitespace().collect();
+    let (shard, offset) = (words[3].trim_end_matches(','), words[5]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = http_get(gw, "/v1/mailbox?user=bob");
+        if status == 200 && body.contains("hello bob") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not delivered: {status} {body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(http_get(gw, "/healthz").0, 200);
+    let url = |port: u16| format!("redis://:{pass}@127.0.0.1:{port}/");
+    let o = run(tidemark().args([
+        "trace",
+        "--core",
+        &url(core),
+        "--mailbox",
+        &url(mailbox),
+        "--shards",
+        "2",
+        "--shard",
+        shard,
+        "--offset",
+        offset,
+    ]));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(out.contains("materialised, entry present"), "{out}");
+    assert!(!out.contains(&pass), "trace printed the password:\n{out}");
+    assert!(out.contains(":***@127.0.0.1"), "{out}");
+    let o = run(tidemark().args(["wm", "inspect", "--redis", &url(mailbox), "--shard", shard]));
+    assert!(o.status.success(), "{}", stderr(&o));
+    // without the password the tools are refused
+    let o = run(tidemark().args([
+        "wm",
+        "verify",
+        "--redis",
+        &format!("redis://127.0.0.1:{mailbox}/"),
+    ]));
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("NOAUTH") || stderr(&o).contains("uthentication"),
+        "{}",
+        stderr(&o)
+    );
+    up.stop();
+    assert!(
+        redis_servers_in(&data).is_empty(),
+        "redis-servers left behind"
+    );
+
+    // the next `up` of the dir reuses the password (and the data), here on a public address
+    let up = UpProc::start_in(
+        dir.path(),
+        "0.0.0.0:0",
+        &data,
+        &["--dev-auth", "--dev-auth-public"],
+    );
+    assert!(
+        up.stderr().contains("warning: --dev-auth-public"),
+        "{}",
+        up.stderr()
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("redis.pass")).unwrap(),
+        pass
+    );
+    let mailbox = port_of(up.line("mailbox  0"));
+    let r = redis_raw(mailbox, &format!("AUTH {pass}\r\nPING\r\n"), 2);
+    assert_eq!(r, "+OK\r\n+PONG\r\n");
+    let gw: u16 = up
+        .line("gateway")
+        .trim_end_matches("/v1/ws")
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (status, body) = http_get(gw, "/v1/mailbox?user=bob");
+    assert!(
+        status == 200 && body.contains("hello bob"),
+        "{status} {body}"
+    );
+    up.stop();
 }

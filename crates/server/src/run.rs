@@ -324,21 +324,53 @@ pub struct Up {
     pub mailbox: Vec<RedisProcess>,
     /// The service.
     pub running: Running,
-    /// The topology in use.
+    /// The topology in use (its URLs carry the Redis password).
     pub topology: Topology,
+    /// The file holding the password every instance requires.
+    pub password_file: PathBuf,
 }
 
 impl Up {
-    /// One line per endpoint: the gateway URL, then every Redis instance.
+    /// One line per endpoint: the gateway URL, then every Redis instance (without its
+    /// password), then how to connect to them with `redis-cli` and `tidemark` tools — naming
+    /// the password file, never printing the password.
     pub fn endpoint_lines(&self) -> Vec<String> {
         let mut v = vec![format!("gateway  {}", self.running.ws_url())];
         for (i, p) in self.core.iter().enumerate() {
-            v.push(format!("core     {i} {}", p.url()));
+            v.push(format!("core     {i} {}", p.display_url()));
         }
         for (i, p) in self.mailbox.iter().enumerate() {
-            v.push(format!("mailbox  {i} {}", p.url()));
+            v.push(format!("mailbox  {i} {}", p.display_url()));
+        }
+        let file = sh_quote(&self.password_file.display().to_string());
+        v.push(format!(
+            "redis    every instance requires the password in {file}; for example:"
+        ));
+        if let Some(p) = self.core.first() {
+            v.push(format!(
+                "           REDISCLI_AUTH=\"$(cat {file})\" redis-cli -p {}",
+                p.port()
+            ));
+        }
+        if let Some(p) = self.mailbox.first() {
+            v.push(format!(
+                "           tidemark wm verify --redis \"redis://:$(cat {file})@{}/\"",
+                p.addr()
+            ));
         }
         v
+    }
+}
+
+/// `s` as one word for a POSIX shell: as is when it needs no quoting, else single-quoted.
+fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+,:=@%".contains(&b))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
     }
 }
 
@@ -460,7 +492,8 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
 }
 
 /// Makes `data_dir` private ([`prepare_data_dir`]), starts `core + mailbox` redis-server
-/// processes under it, initialises the shards and serves. Must be called from the thread that will outlive the processes (the
+/// processes under it, each requiring the data dir's password
+/// ([`load_or_create_redis_password`]), initialises the shards and serves. Must be called from the thread that will outlive the processes (the
 /// parent-death signal is bound to the spawning thread): call it from `main`'s `block_on`.
 pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error> {
     prepare_data_dir(&opts.data_dir)?;
@@ -473,11 +506,13 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
             layout: opts.layout,
         },
     )?;
+    let password = load_or_create_redis_password(&opts.data_dir)?;
     let start = |name: String| {
         RedisProcess::start_with(RedisOptions {
             data_dir: Some(opts.data_dir.join(name)),
             appendonly: true,
             appendfsync: opts.appendfsync.clone(),
+            requirepass: Some(password.clone()),
             ..Default::default()
         })
     };
@@ -509,7 +544,43 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
         mailbox,
         running,
         topology,
+        password_file: opts.data_dir.join(REDIS_PASSWORD_FILE),
     })
+}
+
+/// The password file's name in a data dir.
+pub const REDIS_PASSWORD_FILE: &str = "redis.pass";
+
+/// The password of `up`'s redis-servers: `<data_dir>/redis.pass` (whitespace trimmed),
+/// created when missing (mode 0600, 32 random bytes as 64 hex digits) and reused by every
+/// later `up` of the data dir. A file that holds no usable password (1..=512 of
+/// `A-Z a-z 0-9 - . _ ~`) is refused.
+pub fn load_or_create_redis_password(data_dir: &Path) -> Result<String, Error> {
+    use std::io::Read;
+    let path = data_dir.join(REDIS_PASSWORD_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let p = text.trim();
+            if !tidemark_redis_proc::valid_password(p) {
+                return Err(ConfigError::Invalid(format!(
+                    "{} holds no usable redis password (1..=512 characters of A-Z a-z 0-9 - . _ \
+                     ~); remove it and the next `up` creates a new one",
+                    path.display()
+                ))
+                .into());
+            }
+            Ok(p.to_string())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tidemark_redis_proc::create_private_dir(data_dir)?;
+            let mut raw = [0u8; 32];
+            std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
+            let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+            write_private(&path, hex.as_bytes())?;
+            Ok(hex)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The token secret of a data dir: `<data_dir>/token.secret`, read under the loader's rule

@@ -138,7 +138,7 @@ pub async fn discover_shards(url: &str) -> Result<Vec<u32>> {
 /// One finding of `wm verify`.
 #[derive(Debug)]
 pub struct VerifyFinding {
-    /// Instance URL.
+    /// Instance URL (its password redacted).
     pub url: String,
     /// Shard number.
     pub shard: u32,
@@ -159,7 +159,7 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
                 checked += 1;
                 if let Err(problem) = r {
                     findings.push(VerifyFinding {
-                        url: url.clone(),
+                        url: crate::redact_url(url),
                         shard: *s,
                         problem,
                     });

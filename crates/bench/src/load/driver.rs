@@ -395,7 +395,7 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
         per_instance.push(InstanceStats {
             pool: w.pool.to_owned(),
             index: w.index,
-            url: w.url.clone(),
+            url: tidemark_store::redact_url(&w.url),
             evalsha_calls: whole.evalsha_calls,
             evalsha_us: whole.evalsha_us(),
             cpu_pct: loaded.cpu_pct(),

@@ -199,8 +199,8 @@ struct ServeArgs {
     /// any user).
     #[arg(long, requires = "dev_auth")]
     dev_auth_public: bool,
-    /// Watermark layout to write (without --config).
-    #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
+    /// Watermark layout to write (without --config; with it, the file's `layout` decides).
+    #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout, conflicts_with = "config")]
     layout: Layout,
     /// File holding the token secret (else env TIDEMARK_TOKEN_SECRET).
     #[arg(long)]
@@ -225,7 +225,8 @@ enum WmCmd {
         layout: Layout,
         #[arg(long, default_value_t = 1)]
         epoch: u64,
-        /// Overwrite existing watermarks.
+        /// Overwrite existing watermarks (DANGEROUS: W goes back to 0, so records above it in
+        /// a trimmed log are never delivered). Only for a deployment that holds no data.
         #[arg(long)]
         force: bool,
     },
@@ -240,12 +241,19 @@ enum WmCmd {
     },
     /// Offline downgrade to packed-v1 (19 -> 1216 bytes). Stop every owner first.
     Downgrade {
+        /// The mailbox Redis instance.
         #[arg(long)]
         redis: String,
+        /// One shard.
         #[arg(long, conflicts_with = "all", required_unless_present = "all")]
         shard: Option<u32>,
+        /// Every shard with a watermark on the instance.
         #[arg(long)]
         all: bool,
+        /// Downgrade even shards whose owner looks live (its mark is at most 5 s old): only
+        /// when you know every owner is stopped.
+        #[arg(long)]
+        force_offline: bool,
     },
     /// Check every watermark on the given instances; non-zero exit when any is bad.
     Verify {
@@ -432,6 +440,15 @@ struct LuaArgs {
     rounds: usize,
 }
 
+/// [`store_exit`], and for a missing watermark one line on why (`ops::explain_missing`).
+async fn missing_or_store_exit(url: &str, shard: u32, e: &tidemark_store::Error) -> ExitCode {
+    let code = store_exit(e);
+    if e.code() == "no_watermark" {
+        eprintln!("{}", ops::explain_missing(url, shard).await);
+    }
+    code
+}
+
 fn store_exit(e: &tidemark_store::Error) -> ExitCode {
     if e.is_corrupt() {
         eprintln!("corrupt: {e}");
@@ -454,8 +471,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             epoch,
             force,
         }) => match ops::wm_init(&redis, shards, layout, epoch, force).await {
-            Ok(n) => {
-                println!("initialised {n} shard(s) on {redis}: layout {layout}, epoch {epoch}");
+            Ok((created, present)) => {
+                println!(
+                    "initialised {created} shard(s) on {redis}: layout {layout}, epoch {epoch}; \
+                     {present} already had a watermark and were left as they are"
+                );
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => Ok(store_exit(&e)),
@@ -470,27 +490,50 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                     Ok(ExitCode::SUCCESS)
                 }
-                Err(e) => Ok(store_exit(&e)),
+                Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
             }
         }
-        Cmd::Wm(WmCmd::Downgrade { redis, shard, all }) => {
+        Cmd::Wm(WmCmd::Downgrade {
+            redis,
+            shard,
+            all,
+            force_offline,
+        }) => {
             eprintln!(
                 "downgrade is offline: every owner (materializer) of these shards must be stopped"
             );
+            if force_offline {
+                eprintln!(
+                    "warning: --force-offline: shards are converted even where an owner looks \
+                     live; a live owner would write packed-v2 again"
+                );
+            }
             let shards = if all {
                 ops::discover_shards(&redis).await?
             } else {
                 vec![shard.expect("clap requires --shard or --all")]
             };
-            match ops::wm_downgrade(&redis, &shards).await {
-                Ok(done) => {
-                    for (s, wm) in done {
+            match ops::wm_downgrade(&redis, &shards, force_offline).await {
+                Ok(report) => {
+                    for (s, wm) in &report.converted {
                         println!(
                             "shard {s}: {} ({} bytes) -> packed-v1 (1216 bytes), epoch {}",
                             wm.layout, wm.blob_len, wm.epoch
                         );
                     }
-                    Ok(ExitCode::SUCCESS)
+                    for (s, why) in &report.skipped {
+                        println!("shard {s}: skipped: {why}");
+                    }
+                    println!(
+                        "{} converted, {} skipped",
+                        report.converted.len(),
+                        report.skipped.len()
+                    );
+                    Ok(if report.skipped.is_empty() {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    })
                 }
                 Err(e) => Ok(store_exit(&e)),
             }
@@ -498,7 +541,10 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Wm(WmCmd::Verify { redis }) => {
             let (checked, findings) = ops::wm_verify(&redis).await?;
             for f in &findings {
-                println!("{} shard {}: {}", f.url, f.shard, f.problem);
+                match f.shard {
+                    Some(s) => println!("{} shard {s}: {}", f.url, f.problem),
+                    None => println!("{}: {}", f.url, f.problem),
+                }
             }
             println!(
                 "{checked} watermark(s) checked, {} problem(s)",
@@ -516,11 +562,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 println!("shard {shard}: epoch raised to {epoch}; older owners are fenced");
                 Ok(ExitCode::SUCCESS)
             }
-            Err(e) => Ok(store_exit(&e)),
+            Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
         },
         Cmd::Token(a) => {
             if !tidemark_protocol::is_valid_user_id(&a.user) {
-                anyhow::bail!("--user must be 1..=128 bytes");
+                anyhow::bail!("--user must be 1..=128 bytes without control characters");
             }
             let secret = match tidemark_client::read_secret(
                 a.secret_file.as_deref(),

@@ -10,11 +10,14 @@
 //!    fails closed on every shard (fenced by the epoch, or refusing packed-v2 as corrupt by the
 //!    layout and length checks): its `/healthz` answers 503 and it logs `shard stopped`. It
 //!    wrote nothing: `wm verify` passes and every mailbox holds exactly the messages sent.
+//!    Then old code is *started* beside the running packed-v2 owner: it refuses to claim any
+//!    shard (`unknown_layout`, before raising the epoch), exits non-zero, fences nobody (every
+//!    `wm_epoch` unchanged), and the packed-v2 owner keeps delivering.
 //! 3. **Offline downgrade.** Every owner stopped. First the mistake: the old code started on
-//!    packed-v2 data refuses every shard as corrupt (`unknown_layout`), writes nothing, and a
-//!    message sent meanwhile waits in the log. Then `tidemark wm downgrade --all` writes every
-//!    watermark back as packed-v1 (1216 bytes); the old code starts again and delivers
-//!    everything, the waiting message included.
+//!    packed-v2 data refuses every shard as corrupt (`unknown_layout`) without claiming,
+//!    writes nothing and exits, and a message committed meanwhile waits in the log. Then
+//!    `tidemark wm downgrade --all` writes every watermark back as packed-v1 (1216 bytes); the
+//!    old code starts again and delivers everything, the waiting message included.
 //!
 //! Every message of the whole drill is in its recipients' mailboxes exactly once, in order,
 //! and a fresh client receives all of them, in order.
@@ -31,6 +34,7 @@ use redis::AsyncCommands;
 use tidemark_client::{Auth, Client, Event};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::keys;
+use tidemark_store::redis::dlog::CoreStore;
 use tidemark_store::routing::route;
 
 const SHARDS: u32 = 4;
@@ -87,6 +91,22 @@ impl Serve {
             assert!(
                 start.elapsed() < Duration::from_secs(20),
                 "serve did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits (at most `secs`) for the process to exit on its own; its exit status.
+    async fn wait_exit(&mut self, secs: u64) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(secs),
+                "serve did not exit: {}",
+                self.log_text()
             );
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
@@ -201,6 +221,33 @@ async fn send(c: &Client, id: &str, to: &[String], expected: &mut Expected) {
             .entry(u.clone())
             .or_default()
             .push((seq, body.clone()));
+    }
+}
+
+/// Commits one message (body = its id) straight to the core Redis, as a gateway does before
+/// its `send_ack`, and records what each recipient must hold.
+async fn commit_direct(core_url: &str, id: &str, to: &[String], expected: &mut Expected) {
+    let body = format!("message {id}");
+    let mut core = CoreStore::connect(core_url).await.unwrap();
+    let mut by_shard: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for u in to {
+        by_shard
+            .entry(route(u, SHARDS).shard)
+            .or_default()
+            .push(u.as_str());
+    }
+    for (shard, rcpts) in by_shard {
+        let c = core
+            .commit(shard, SENDER, id, &rcpts, &body, 1, 3600)
+            .await
+            .unwrap();
+        assert!(!c.duplicate);
+        for u in rcpts {
+            expected
+                .entry(u.to_string())
+                .or_default()
+                .push((c.offset, body.clone()));
+        }
     }
 }
 
@@ -468,60 +515,76 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
     check_mailboxes(&mut conn, &expected).await;
     println!("drill (b) upgrade to packed-v2: ok at {:?}", t0.elapsed());
 
-    // ---- (c) offline downgrade: stop every owner, downgrade, start the old code again ----
+    // ---- (b') old code started while the packed-v2 owner runs ----
+    // It must not claim: raising wm_epoch would fence the live owner before the old code
+    // fails closed on the layout. It refuses every shard without writing and exits non-zero;
+    // the packed-v2 owner keeps its epoch and keeps delivering.
     old.stop();
+    let mut late = Serve::start(
+        &core_url,
+        &mb_url,
+        "packed-v1",
+        log_file(&logs, "old-late.log"),
+    );
+    let status = late.wait_exit(20).await;
+    let log = late.log_text();
+    assert!(!status.success(), "old code must exit non-zero: {log}");
+    assert!(log.contains("unknown_layout"), "{log}");
+    println!(
+        "old code beside a packed-v2 owner: {status}; {}",
+        log.trim()
+    );
+    for s in 0..SHARDS {
+        let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
+        assert_eq!(
+            (layout.as_str(), epoch, len),
+            ("packed-v2", 3, 19),
+            "shard {s}: epoch untouched"
+        );
+    }
+    let c = Client::connect(&new.ws_url(), &Auth::DevUser(SENDER.into()))
+        .await
+        .expect("sender connects");
+    send(&c, "b-after-late-old", &users, &mut expected).await;
+    c.close().await;
+    check_delivered(&new.ws_url(), &expected).await;
+    assert_eq!(http_get(new.port, "/healthz"), (200, "ok".to_string()));
+    wm_verify(&mb_url);
+    check_mailboxes(&mut conn, &expected).await;
+    println!(
+        "drill (b') old code refused to claim, the owner kept delivering: ok at {:?}",
+        t0.elapsed()
+    );
+
+    // ---- (c) offline downgrade: stop every owner, downgrade, start the old code again ----
     new.stop();
 
     // first the mistake the downgrade exists for: the old code started on packed-v2 data.
-    // It claims (epoch 4) but every script that reads wm_blob refuses packed-v2 (layout
-    // check): every shard is stopped as corrupt, nothing is written. A message sent through
-    // it is committed (send_ack) and waits in the log.
+    // It refuses to claim any shard (layout check, before the epoch is raised), writes
+    // nothing and exits non-zero. A message committed meanwhile (what a gateway does before
+    // its send_ack) waits in the log.
     let mut wrong = Serve::start(
         &core_url,
         &mb_url,
         "packed-v1",
         log_file(&logs, "old-without-downgrade.log"),
     );
-    wrong.wait_listening().await;
+    let status = wrong.wait_exit(20).await;
+    let log = wrong.log_text();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("unknown_layout"), "{log}");
     let before = expected.clone();
-    let c = Client::connect(&wrong.ws_url(), &Auth::DevUser(SENDER.into()))
-        .await
-        .unwrap();
-    send(&c, "c-while-refused", &users, &mut expected).await;
-    c.close().await;
-    let wrong_port = wrong.port;
-    wait_for(
-        "old code refuses packed-v2 on every shard",
-        10,
-        || async move {
-            let (status, body) = http_get(wrong_port, "/healthz");
-            let refused = body
-                .lines()
-                .filter(|l| l.contains("Corrupt") && l.contains("unknown_layout"))
-                .count();
-            if status == 503 && refused == SHARDS as usize {
-                Ok(())
-            } else {
-                Err(format!("{status} {body}"))
-            }
-        },
-    )
-    .await;
-    println!(
-        "old code on packed-v2 data, /healthz 503:\n{}",
-        http_get(wrong.port, "/healthz").1
-    );
+    commit_direct(&core_url, "c-while-refused", &users, &mut expected).await;
     check_nothing_visible(&mut conn, &mb_url, &before, &expected).await;
     wm_verify(&mb_url);
     for s in 0..SHARDS {
         let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
         assert_eq!(
             (layout.as_str(), epoch, len),
-            ("packed-v2", 4, 19),
+            ("packed-v2", 3, 19),
             "shard {s}"
         );
     }
-    wrong.stop();
 
     let out = tidemark(&["wm", "downgrade", "--redis", &mb_url, "--all"]);
     assert!(out.status.success(), "{out:?}");
@@ -529,14 +592,14 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
     for s in 0..SHARDS {
         assert!(
             text.contains(&format!(
-                "shard {s}: packed-v2 (19 bytes) -> packed-v1 (1216 bytes), epoch 4"
+                "shard {s}: packed-v2 (19 bytes) -> packed-v1 (1216 bytes), epoch 3"
             )),
             "{text}"
         );
         let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
         assert_eq!(
             (layout.as_str(), epoch, len),
-            ("packed-v1", 4, 1216),
+            ("packed-v1", 3, 1216),
             "shard {s}"
         );
     }
@@ -556,7 +619,7 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
         let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
         assert_eq!(
             (layout.as_str(), epoch, len),
-            ("packed-v1", 5, 1216),
+            ("packed-v1", 4, 1216),
             "shard {s}"
         );
     }

@@ -27,10 +27,16 @@ fn init_inspect_downgrade_verify_fence() {
     let url = r.url();
     let out = tidemark(&["wm", "init", "--redis", &url, "--shards", "4"]);
     assert!(out.status.success(), "{out:?}");
-    // refuses to overwrite
-    let out = tidemark(&["wm", "init", "--redis", &url, "--shards", "4"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    // never overwrites, and never suggests --force: a partly initialised deployment gets
+    // only what is missing
+    let out = tidemark(&["wm", "init", "--redis", &url, "--shards", "6"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("initialised 2 shard(s)") && text.contains("4 already had a watermark"),
+        "{text}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("--force"));
     let out = tidemark(&[
         "wm", "init", "--redis", &url, "--shards", "4", "--force", "--epoch", "5",
     ]);
@@ -76,7 +82,7 @@ fn init_inspect_downgrade_verify_fence() {
 
     let out = tidemark(&["wm", "verify", "--redis", &url]);
     assert!(out.status.success(), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("4 watermark(s) checked, 0 problem(s)"));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("6 watermark(s) checked, 0 problem(s)"));
 
     // corrupt: exit 3, one stderr line starting with corrupt: naming the cause
     redis_cmd(&url, &["HSET", "wm:{3}", "wm_blob", "short"]);

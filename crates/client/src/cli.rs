@@ -32,7 +32,7 @@ fn now_since_epoch() -> Duration {
 ///
 /// # Panics
 ///
-/// If `user` is not a valid user id (1..=128 bytes), like
+/// If `user` is not a valid user id (1..=128 bytes, no control character), like
 /// [`tidemark_protocol::token::sign`]; check with [`tidemark_protocol::is_valid_user_id`]
 /// first when the name comes from a user.
 pub fn make_token(secret: &[u8], user: &str, ttl: Duration) -> Result<String, Error> {

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::Error;
-use crate::{is_valid_user_id, MAX_SEQ, MAX_USER_ID_BYTES};
+use crate::{MAX_SEQ, MAX_USER_ID_BYTES};
 
 /// Bytes before the sender: seq (6) + sent_at_us (8) + from_len (1).
 pub const ENTRY_HEADER_BYTES: usize = 15;
@@ -50,12 +50,14 @@ impl Entry {
 ///
 /// # Panics
 ///
-/// If `seq > MAX_SEQ` or `from` is not a valid user id (1..=128 bytes). Both come from a
-/// committed log record, where they were already validated; anything else is a caller bug.
+/// If `seq > MAX_SEQ` or `from` is not 1..=128 bytes. Both come from a committed log record,
+/// where they were already validated; anything else is a caller bug. Only the length is
+/// checked, not the rest of [`is_valid_user_id`](crate::is_valid_user_id): a sender committed
+/// before control characters were refused is still stored.
 pub fn encode_entry(seq: u64, sent_at_us: u64, from: &str, body: &str) -> Vec<u8> {
     assert!(seq <= MAX_SEQ, "entry seq {seq} exceeds u48");
     assert!(
-        is_valid_user_id(from),
+        !from.is_empty() && from.len() <= MAX_USER_ID_BYTES,
         "entry sender must be 1..={MAX_USER_ID_BYTES} bytes, got {}",
         from.len()
     );
@@ -193,6 +195,12 @@ mod tests {
         encode_entry(1, 0, "", "");
     }
 
+    #[test]
+    fn a_sender_committed_before_control_chars_were_refused_is_still_stored() {
+        let bytes = encode_entry(7, 1, "old\u{1}user", "hi");
+        assert_eq!(decode_entry(&bytes).unwrap().from, "old\u{1}user");
+    }
+
     proptest! {
         #[test]
         fn round_trip(
@@ -201,7 +209,7 @@ mod tests {
             from in "\\PC{1,40}",
             body in "\\PC{0,200}",
         ) {
-            prop_assume!(is_valid_user_id(&from));
+            prop_assume!(from.len() <= MAX_USER_ID_BYTES);
             let bytes = encode_entry(seq, sent_at_us, &from, &body);
             prop_assert_eq!(bytes.len(), ENTRY_HEADER_BYTES + from.len() + body.len());
             let e = decode_entry(&bytes).unwrap();

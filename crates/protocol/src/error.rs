@@ -34,13 +34,16 @@ pub enum ErrorCode {
     BodyTooLarge,
     /// `to` has more than `max_recipients` entries.
     TooManyRecipients,
-    /// A recipient is empty, longer than 128 bytes, or appears twice in `to`.
+    /// A recipient is empty, longer than 128 bytes, contains a control character
+    /// (U+0000–U+001F, U+007F), or appears twice in `to`.
     BadRecipient,
-    /// The client message `id` is empty or longer than `max_id_bytes`.
+    /// The client message `id` is empty, longer than `max_id_bytes`, or contains a control
+    /// character (U+0000–U+001F, U+007F).
     BadId,
     /// A seq/offset is outside `0..=2^48-1` (negative or too large).
     SeqOutOfRange,
-    /// No credentials, or a token that is malformed or fails its signature check.
+    /// No credentials, a token that is malformed or fails its signature check, or a caller's
+    /// user id that is not valid (e.g. a control character in the dev-auth `user`).
     Unauthorized,
     /// A token whose signature is valid but whose expiry has passed.
     TokenExpired,
@@ -54,11 +57,19 @@ pub enum ErrorCode {
     NotFound,
     /// The client exceeded its request rate; retry later.
     RateLimited,
+    /// A shard the recipients fall in has used up its offsets (the dispatch log's head is at
+    /// 2^48-1): the send was refused there and will keep being refused until an operator
+    /// acts on the shard. Not retryable.
+    LogExhausted,
+    /// The send's `id` was already used by this sender, within the 24 h dedupe lifetime, for
+    /// another message (other recipients or another body). Nothing was committed. Not
+    /// retryable: a new message needs a new id.
+    IdReused,
 }
 
 impl ErrorCode {
     /// Every code, in documentation order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 18] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::UnknownType,
@@ -75,6 +86,8 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::NotFound,
         ErrorCode::RateLimited,
+        ErrorCode::LogExhausted,
+        ErrorCode::IdReused,
     ];
 
     /// The stable wire string, e.g. `"bad_request"`.
@@ -96,6 +109,8 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::NotFound => "not_found",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::LogExhausted => "log_exhausted",
+            ErrorCode::IdReused => "id_reused",
         }
     }
 
@@ -130,6 +145,8 @@ impl ErrorCode {
             ErrorCode::RateLimited => 429,
             ErrorCode::Internal => 500,
             ErrorCode::Overloaded => 503,
+            ErrorCode::LogExhausted => 507,
+            ErrorCode::IdReused => 422,
         }
     }
 }
@@ -242,6 +259,8 @@ mod tests {
             (Internal, 500, true),
             (NotFound, 404, false),
             (RateLimited, 429, true),
+            (LogExhausted, 507, false),
+            (IdReused, 422, false),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, retry) in table {

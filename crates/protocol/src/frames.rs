@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use crate::entry::Entry;
 use crate::error::ErrorCode;
 use crate::http::SendRequest;
-use crate::{is_valid_user_id, MAX_SEQ, MAX_USER_ID_BYTES};
+use crate::{has_control_chars, is_valid_user_id, MAX_SEQ, MAX_USER_ID_BYTES};
 
 /// Size limits applied to untrusted client input.
 ///
@@ -193,14 +193,15 @@ pub(crate) fn reject<T>(code: ErrorCode, message: impl Into<String>) -> Result<T
 ///
 /// Checks, in order: size (`frame_too_large`), JSON object (`bad_json`), `type`
 /// (`bad_request` if missing or not a string, `unknown_type`), then the fields of that type.
-/// For `send`: `id` (`bad_request`, `bad_id`), `to` (`bad_request` when not a non-empty array
-/// of strings, `too_many_recipients`, `bad_recipient` for an empty, over-128-byte or duplicate
-/// recipient), `body` (`bad_request`, `body_too_large`). For `ack`/`sync`: the seq must be a
+/// For `send`: `id` (`bad_request`, `bad_id` for an empty, too long or control-character
+/// id), `to` (`bad_request` when not a non-empty array of strings, `too_many_recipients`,
+/// `bad_recipient` for an empty, over-128-byte, control-character or duplicate recipient),
+/// `body` (`bad_request`, `body_too_large`). Control characters are U+0000–U+001F and U+007F. For `ack`/`sync`: the seq must be a
 /// JSON integer (`bad_request`) in `0..=2^48-1` (`seq_out_of_range`; any number outside that
 /// range, including negative ones, gets this code).
 ///
-/// The returned error carries the client `id` whenever the object has a string `id` of
-/// 1..=`max_id_bytes` bytes. Never panics.
+/// The returned error carries the client `id` whenever the object has a valid string `id`
+/// (1..=`max_id_bytes` bytes, no control character). Never panics.
 pub fn parse_client_frame(text: &str, limits: &Limits) -> Result<ClientFrame, FrameError> {
     let map = parse_object(text.as_bytes(), limits)?;
     let result = client_frame_from_map(&map, limits);
@@ -257,7 +258,7 @@ fn recover_id(map: &Map<String, Value>, limits: &Limits) -> Option<String> {
 }
 
 fn valid_client_id(id: &str, limits: &Limits) -> bool {
-    !id.is_empty() && id.len() <= limits.max_id_bytes
+    !id.is_empty() && id.len() <= limits.max_id_bytes && !has_control_chars(id)
 }
 
 fn client_frame_from_map(map: &Map<String, Value>, limits: &Limits) -> Result<ClientFrame, Reject> {
@@ -287,7 +288,10 @@ pub(crate) fn send_from_map(
     if !valid_client_id(id, limits) {
         return reject(
             ErrorCode::BadId,
-            format!("`id` must be 1..={} bytes", limits.max_id_bytes),
+            format!(
+                "`id` must be 1..={} bytes without control characters",
+                limits.max_id_bytes
+            ),
         );
     }
 
@@ -321,7 +325,9 @@ pub(crate) fn send_from_map(
         if !is_valid_user_id(r) {
             return reject(
                 ErrorCode::BadRecipient,
-                format!("recipient #{i} must be 1..={MAX_USER_ID_BYTES} bytes"),
+                format!(
+                    "recipient #{i} must be 1..={MAX_USER_ID_BYTES} bytes without control characters"
+                ),
             );
         }
         if !seen.insert(r.as_str()) {
@@ -442,6 +448,12 @@ mod tests {
         assert_eq!(
             parse(r#"{"type":"send","id":"x","to":["a","b"],"body":""}"#).unwrap(),
             send("x", &["a", "b"], "")
+        );
+        // Non-ASCII and spaces are fine in ids; control characters only in the body.
+        assert_eq!(
+            parse(r#"{"type":"send","id":"ü 1","to":["bö b","\u0080"],"body":"a\u0000\n"}"#)
+                .unwrap(),
+            send("ü 1", &["bö b", "\u{80}"], "a\0\n")
         );
         // Unknown fields are ignored; key order does not matter.
         assert_eq!(
@@ -687,6 +699,21 @@ mod tests {
             ),
             ("id too long", &long_id, "bad_id"),
             (
+                "id with NUL",
+                r#"{"type":"send","id":"b\u0000c","to":["a"],"body":""}"#,
+                "bad_id",
+            ),
+            (
+                "id with a newline",
+                r#"{"type":"send","id":"c\n1","to":["b"],"body":""}"#,
+                "bad_id",
+            ),
+            (
+                "id with DEL",
+                r#"{"type":"send","id":"c\u007f","to":["b"],"body":""}"#,
+                "bad_id",
+            ),
+            (
                 "to a string",
                 r#"{"type":"send","id":"c","to":"bob","body":""}"#,
                 "bad_request",
@@ -723,6 +750,21 @@ mod tests {
                 "bad_recipient",
             ),
             ("recipient too long", &long_recipient, "bad_recipient"),
+            (
+                "recipient with NUL",
+                r#"{"type":"send","id":"c","to":["a\u0000b"],"body":""}"#,
+                "bad_recipient",
+            ),
+            (
+                "recipient with U+001F",
+                r#"{"type":"send","id":"c","to":["b","a\u001f"],"body":""}"#,
+                "bad_recipient",
+            ),
+            (
+                "recipient with DEL",
+                r#"{"type":"send","id":"c","to":["\u007f"],"body":""}"#,
+                "bad_recipient",
+            ),
             (
                 "duplicate recipient",
                 r#"{"type":"send","id":"c","to":["b","a","b"],"body":""}"#,

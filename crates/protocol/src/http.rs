@@ -280,6 +280,16 @@ mod tests {
             "bad_recipient"
         );
         assert_eq!(code(br#"{"id":"c","to":["a"]}"#), "bad_request");
+        // control characters (ADR-0022)
+        assert_eq!(code(br#"{"id":"b\u0000c","to":["a"],"body":""}"#), "bad_id");
+        assert_eq!(
+            code(br#"{"id":"c","to":["a\u0000b"],"body":""}"#),
+            "bad_recipient"
+        );
+        assert_eq!(
+            code(br#"{"id":"c","to":["a\u007f"],"body":""}"#),
+            "bad_recipient"
+        );
         let e = parse_send_request(br#"{"id":"c-2","to":[""],"body":""}"#, &l()).unwrap_err();
         assert_eq!(e.id(), Some("c-2"));
         assert_eq!(code(&vec![b' '; 65_537]), "frame_too_large");

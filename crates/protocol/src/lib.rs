@@ -43,10 +43,21 @@ pub const MAX_SEQ: u64 = (1 << 48) - 1;
 /// what lets an [`entry`] store the sender's length in one byte.
 pub const MAX_USER_ID_BYTES: usize = 128;
 
-/// Whether `id` is a valid user id: 1..=[`MAX_USER_ID_BYTES`] bytes (a `&str` is always UTF-8).
+/// Whether `id` is a valid user id: 1..=[`MAX_USER_ID_BYTES`] bytes (a `&str` is always UTF-8)
+/// and no control character ([`has_control_chars`]).
 ///
-/// The same rule applies to recipients in `send`, to the user in a token and to the sender
-/// stored in a mailbox entry, so any id accepted anywhere is accepted everywhere.
+/// The same rule applies to recipients in `send`, to the user in a token and to the dev-auth
+/// `?user=`, so any id accepted anywhere is accepted everywhere. (A mailbox entry's sender is
+/// only length-checked: records committed before control characters were refused must still
+/// be stored.)
 pub fn is_valid_user_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_USER_ID_BYTES
+    !id.is_empty() && id.len() <= MAX_USER_ID_BYTES && !has_control_chars(id)
+}
+
+/// Whether `s` contains a C0 control character (U+0000–U+001F) or DEL (U+007F), which user
+/// ids and client message ids may not: they end up in logs, Redis keys and terminals, and NUL
+/// separated sender and id in the earlier dedupe key (ADR-0022). In UTF-8 these are single
+/// bytes that never occur inside a multi-byte character, so a byte scan is exact.
+pub fn has_control_chars(s: &str) -> bool {
+    s.bytes().any(|b| b < 0x20 || b == 0x7f)
 }

@@ -8,7 +8,7 @@
 //!
 //! [`verify`] checks the MAC first (constant time, via `hmac`'s `verify_slice`), and only then
 //! reads the payload, so nothing unsigned is ever trusted. A token is valid while
-//! `now < exp`. The user must be a valid user id (1..=128 bytes).
+//! `now < exp`. The user must be a valid user id (1..=128 bytes, no control character).
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -133,12 +133,13 @@ fn mac(secret: &[u8]) -> HmacSha256 {
 ///
 /// # Panics
 ///
-/// If `user` is not a valid user id (1..=128 bytes; see [`crate::is_valid_user_id`]): such a
-/// token could never verify, so issuing one is a bug in the caller.
+/// If `user` is not a valid user id (1..=128 bytes, no control character; see
+/// [`crate::is_valid_user_id`]): such a token could never verify, so issuing one is a bug in
+/// the caller.
 pub fn sign(secret: &[u8], user: &str, expires_at_unix: u64) -> String {
     assert!(
         is_valid_user_id(user),
-        "token user must be 1..=128 bytes, got {} bytes",
+        "token user must be 1..=128 bytes without control characters ({} bytes given)",
         user.len()
     );
     let payload = Payload {
@@ -189,7 +190,9 @@ pub fn verify(secret: &[u8], token: &str, now_unix: u64) -> Result<Claims, Token
         return Err(TokenError::Malformed("payload is not {\"u\":…,\"exp\":…}"));
     };
     if !is_valid_user_id(&user) {
-        return Err(TokenError::Malformed("user must be 1..=128 bytes"));
+        return Err(TokenError::Malformed(
+            "user must be 1..=128 bytes without control characters",
+        ));
     }
     if now_unix >= exp {
         return Err(TokenError::Expired {
@@ -334,6 +337,9 @@ mod tests {
             r#"{"u":"alice","exp":99999999999.5}"#,
             r#"{"u":"alice","u":"bob","exp":99999999999}"#,
             r#"{"u":7,"exp":99999999999}"#,
+            r#"{"u":"a\u0000b","exp":99999999999}"#,
+            r#"{"u":"alice\n","exp":99999999999}"#,
+            r#"{"u":"\u007f","exp":99999999999}"#,
             "not json",
         ] {
             let t = sign_raw(SECRET, payload);
@@ -399,6 +405,12 @@ mod tests {
     #[should_panic(expected = "token user")]
     fn sign_refuses_an_invalid_user() {
         sign(SECRET, "", NOW);
+    }
+
+    #[test]
+    #[should_panic(expected = "token user")]
+    fn sign_refuses_a_user_with_a_control_character() {
+        sign(SECRET, "a\0b", NOW);
     }
 
     proptest! {

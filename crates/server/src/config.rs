@@ -33,8 +33,10 @@ pub enum ConfigError {
     Invalid(String),
 }
 
-/// A deployment's topology.
+/// A deployment's topology. Unknown keys in the file are errors (a misspelt table would
+/// otherwise be silently ignored).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub struct Topology {
     /// Number of shards S (fixed when the deployment is created).
     pub shards: u32,

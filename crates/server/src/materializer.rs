@@ -56,6 +56,10 @@ pub const RETRY_MIN: Duration = Duration::from_millis(50);
 pub const RETRY_MAX: Duration = Duration::from_secs(1);
 /// Longest wait for an XREAD beyond its BLOCK time before the connection is presumed dead.
 const READ_GRACE: Duration = Duration::from_secs(10);
+/// How often a shard held by a log discontinuity re-checks the log.
+const DISCONTINUITY_RECHECK: Duration = Duration::from_secs(5);
+/// A hold or retry that lasts is logged again this often (else once per state change).
+const LOG_REMINDER: Duration = Duration::from_secs(60);
 
 /// Fault injection for tests and fault runs.
 pub trait ChunkFault: Send + Sync {
@@ -106,6 +110,10 @@ pub enum ShardStatus {
     /// record (its messages are kept; GC never passes it). The owner re-checks every
     /// [`RETRY_MAX`] and resumes once the lane is initialised.
     LaneEmpty { lane: usize, offset: u64 },
+    /// The log does not continue from W: the next record it holds is `next` (None: it holds
+    /// nothing after W) although the head is above W (a restore moved W back, or the log was
+    /// trimmed above W). Only this shard waits; it re-checks every few seconds.
+    Discontinuity { w: u64, next: Option<u64> },
     /// The watermark is corrupt; the shard is stopped (fail closed).
     Corrupt(String),
     /// Some other failure stopped the shard.
@@ -203,6 +211,12 @@ impl HealthBoard {
                     "shard {s}: record {offset} has recipients in lane {lane}, which is empty; \
                      held (nothing dropped) until the lane is initialised"
                 )),
+                ShardStatus::Discontinuity { w, next } => out.push(format!(
+                    "shard {s}: log discontinuity: W={w}, head {}, but the log's next record \
+                     is {} (see docs/operations.md, Restores)",
+                    h.head,
+                    next.map_or("none".to_string(), |n| n.to_string())
+                )),
                 other => out.push(format!("shard {s}: {other:?}")),
             }
         }
@@ -278,12 +292,38 @@ struct ShardRt {
     stopped: bool,
     /// Set while the shard waits to retry after a failure: it reads nothing until then.
     retry: Option<Retry>,
-    /// (lane, offset) while a record is held by an empty lane (reported in health).
-    lane_empty: Option<(usize, u64)>,
+    /// Why the shard is held (an empty lane, a log discontinuity), reported in health and
+    /// re-checked periodically; cleared when W moves again.
+    held: Option<ShardStatus>,
+    /// When the current hold or retry was last logged (one line per state change, then a
+    /// reminder every [`LOG_REMINDER`]).
+    last_logged: Option<Instant>,
     touched: BTreeSet<String>,
     moved: bool,
     min_w: u64,
     last_gc: Instant,
+}
+
+impl ShardRt {
+    /// A shard this worker does not run (its watermark was corrupt at start).
+    fn stopped(shard: u32, mb: usize) -> ShardRt {
+        ShardRt {
+            shard,
+            mb,
+            epoch: 0,
+            read_pos: 0,
+            uniform: false,
+            pending: VecDeque::new(),
+            stopped: true,
+            retry: None,
+            held: None,
+            last_logged: None,
+            touched: BTreeSet::new(),
+            moved: false,
+            min_w: 0,
+            last_gc: Instant::now(),
+        }
+    }
 }
 
 /// A shard's retry after a failure.
@@ -311,6 +351,8 @@ pub struct Worker {
     health: Arc<HealthBoard>,
     /// Current delay before replacing a failed log connection (None: reads are healthy).
     read_backoff: Option<Duration>,
+    /// When the owner marks (`owner:{s}`) were last refreshed.
+    marks_at: Option<Instant>,
 }
 
 fn single_item(rec: &DispatchRecord) -> SingleItem {
@@ -361,14 +403,33 @@ impl Worker {
             opts,
             health,
             read_backoff: None,
+            marks_at: None,
         };
+        let mut corrupt = Vec::new();
         for &(s, mb) in shards {
             w.health.update(s, |h| h.status = ShardStatus::Starting);
             let store = &mut w.mailboxes[mb];
-            let epoch = store.claim(s).await?;
-            let wm = store.read_watermark(s).await?;
+            let claimed = match store.claim(s).await {
+                Ok(epoch) => store.read_watermark(s).await.map(|wm| (epoch, wm)),
+                Err(e) => Err(e),
+            };
+            let (epoch, wm) = match claimed {
+                Ok(c) => c,
+                // new code: only this shard stops (fail closed); the others run. Old
+                // (packed-v1) code refuses the whole start before claiming (run::serve).
+                Err(e) if e.is_corrupt() && store.layout() == Layout::PackedV2 => {
+                    tracing::error!(shard = s, error = %e, "shard not claimed: corrupt watermark");
+                    metrics::counter!("tidemark_shard_corrupt_total").increment(1);
+                    w.rts.insert(s, ShardRt::stopped(s, mb));
+                    w.health
+                        .update(s, |h| h.status = ShardStatus::Corrupt(e.to_string()));
+                    corrupt.push(s);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
             let min_w = wm.lanes.min_present_w().unwrap_or(0);
-            tracing::info!(
+            tracing::debug!(
                 shard = s,
                 epoch,
                 min_w,
@@ -386,7 +447,8 @@ impl Worker {
                     pending: VecDeque::new(),
                     stopped: false,
                     retry: None,
-                    lane_empty: None,
+                    held: None,
+                    last_logged: None,
                     touched: BTreeSet::new(),
                     moved: false,
                     min_w,
@@ -401,6 +463,18 @@ impl Worker {
                 h.retrying = None;
             });
         }
+        let claimed: Vec<u32> = w
+            .rts
+            .values()
+            .filter(|rt| !rt.stopped)
+            .map(|rt| rt.shard)
+            .collect();
+        tracing::info!(
+            core = %w.core_url,
+            shards = %tidemark_store::deployment::format_ranges(&claimed),
+            corrupt = %tidemark_store::deployment::format_ranges(&corrupt),
+            "claimed shards"
+        );
         Ok(w)
     }
 
@@ -550,12 +624,65 @@ impl Worker {
     }
 
     /// Runs until `cancel` fires. Redis failures never end it (shards retry, see the module
-    /// documentation); it returns early only with the error of a bug (none today).
+    /// documentation); it returns early only with the error of a bug (none today). On a clean
+    /// stop the owner marks are removed, so offline tools see no live owner at once.
     pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
+        let r = self.run_loop(&cancel).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.clear_marks()).await;
+        r
+    }
+
+    /// Refreshes `owner:{s}` (this owner's epoch, expiring after
+    /// `tidemark_store::ops::OWNER_MARK_TTL_MS`) of every running shard, once a second.
+    async fn refresh_marks(&mut self) {
+        if self
+            .marks_at
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.marks_at = Some(Instant::now());
+        let mut pipes: BTreeMap<usize, redis::Pipeline> = BTreeMap::new();
+        for rt in self.rts.values().filter(|rt| !rt.stopped) {
+            pipes
+                .entry(rt.mb)
+                .or_default()
+                .cmd("SET")
+                .arg(keys::owner(rt.shard))
+                .arg(rt.epoch)
+                .arg("PX")
+                .arg(tidemark_store::ops::OWNER_MARK_TTL_MS)
+                .ignore();
+        }
+        for (mb, pipe) in pipes {
+            let mut conn = self.mailboxes[mb].connection();
+            if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+                tracing::debug!(error = %e, "owner marks not refreshed");
+            }
+        }
+    }
+
+    /// Removes this owner's marks (only where they still hold its epoch).
+    async fn clear_marks(&mut self) {
+        let script = redis::Script::new(
+            "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 1",
+        );
+        for rt in self.rts.values().filter(|rt| !rt.stopped) {
+            let mut conn = self.mailboxes[rt.mb].connection();
+            let _: Result<i64, _> = script
+                .key(keys::owner(rt.shard))
+                .arg(rt.epoch.to_string())
+                .invoke_async(&mut conn)
+                .await;
+        }
+    }
+
+    async fn run_loop(&mut self, cancel: &CancellationToken) -> Result<(), Error> {
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
             }
+            self.refresh_marks().await;
             self.retry_due().await;
             let positions: Vec<(u32, u64)> = self
                 .rts
@@ -601,11 +728,11 @@ impl Worker {
             let batches = match read {
                 Ok(Ok(b)) => b,
                 Ok(Err(e)) => {
-                    self.log_read_failed(&e.to_string(), &cancel).await;
+                    self.log_read_failed(&e.to_string(), cancel).await;
                     continue;
                 }
                 Err(_) => {
-                    self.log_read_failed("XREAD timed out", &cancel).await;
+                    self.log_read_failed("XREAD timed out", cancel).await;
                     continue;
                 }
             };
@@ -671,6 +798,7 @@ impl Worker {
 
     async fn step(&mut self, batches: Vec<(u32, Vec<DispatchRecord>)>) -> Result<(), Error> {
         // Route records: hot items per mailbox instance, the rest to pending.
+        let mut holes = Vec::new();
         let mut hot: BTreeMap<usize, Vec<(u32, u64, Vec<SingleItem>)>> = BTreeMap::new();
         for (s, recs) in batches {
             let shards_total = self.shards_total;
@@ -681,6 +809,7 @@ impl Worker {
                 continue;
             }
             let mut items = Vec::new();
+            let mut hole = None;
             for rec in recs {
                 if rec.offset <= rt.read_pos {
                     continue; // already read (a re-read after resync overlaps)
@@ -694,13 +823,8 @@ impl Worker {
                     }
                 }
                 if rec.prev != rt.read_pos {
-                    // a hole in what we read (log trimmed above W?): re-read from W
-                    tracing::warn!(
-                        shard = s,
-                        prev = rec.prev,
-                        read_pos = rt.read_pos,
-                        "log discontinuity"
-                    );
+                    // a hole in the log (trimmed above W, or W moved back by a restore)
+                    hole = Some((rt.read_pos, rec.offset));
                     break;
                 }
                 rt.read_pos = rec.offset;
@@ -713,6 +837,13 @@ impl Worker {
             if !items.is_empty() {
                 hot.entry(rt.mb).or_default().push((s, rt.epoch, items));
             }
+            if let Some((w, next)) = hole {
+                // records before the hole still go through; the shard then waits
+                holes.push((s, w, Some(next)));
+            }
+        }
+        for (s, w, next) in holes {
+            self.hold_discontinuity(s, w, next);
         }
         for (mb, batches) in hot {
             let outcomes = self.mailboxes[mb].materialize_batches(&batches).await?;
@@ -790,16 +921,66 @@ impl Worker {
         }
         metrics::counter!("tidemark_materialized_total", "path" => "hot").increment(applied);
         if applied > 0 {
-            self.clear_lane_empty(s);
+            self.clear_held(s);
         }
         Ok(())
     }
 
-    /// A record held by an empty lane has been passed (the lane was initialised): running.
-    fn clear_lane_empty(&mut self, s: u32) {
+    /// Holds shard `s` for `why` (an empty lane, a log discontinuity): its records in memory
+    /// are dropped and it re-reads from W after `recheck`, until W moves again. Logged and
+    /// counted once per change of reason, with a reminder every [`LOG_REMINDER`].
+    fn hold(&mut self, s: u32, why: ShardStatus, recheck: Duration) {
+        let Some(rt) = self.rts.get_mut(&s) else {
+            return;
+        };
+        let changed = rt.held.as_ref() != Some(&why);
+        let remind = rt.last_logged.is_none_or(|t| t.elapsed() >= LOG_REMINDER);
+        if changed {
+            match &why {
+                ShardStatus::LaneEmpty { lane, offset } => {
+                    tracing::error!(shard = s, lane, offset, "record needs an empty lane; held");
+                    metrics::counter!("tidemark_lane_empty_holds_total").increment(1);
+                }
+                ShardStatus::Discontinuity { w, next } => {
+                    tracing::error!(shard = s, w, ?next, "log discontinuity; shard held");
+                    metrics::counter!("tidemark_log_discontinuities_total").increment(1);
+                }
+                _ => {}
+            }
+            rt.last_logged = Some(Instant::now());
+        } else if remind {
+            tracing::warn!(shard = s, status = ?why, "shard still held");
+            rt.last_logged = Some(Instant::now());
+        }
+        rt.held = Some(why.clone());
+        rt.retry = Some(Retry {
+            due: Instant::now() + recheck,
+            backoff: recheck,
+            failure: false,
+        });
+        rt.pending.clear();
+        let min_w = rt.min_w;
+        self.health.update(s, |h| {
+            h.status = why;
+            h.min_w = min_w;
+        });
+    }
+
+    /// The log holds no record `w + 1` (its next record is `next`).
+    fn hold_discontinuity(&mut self, s: u32, w: u64, next: Option<u64>) {
+        self.hold(
+            s,
+            ShardStatus::Discontinuity { w, next },
+            DISCONTINUITY_RECHECK,
+        );
+    }
+
+    /// A held shard's W moved again (the lane was initialised, the log continues): running.
+    fn clear_held(&mut self, s: u32) {
         if let Some(rt) = self.rts.get_mut(&s) {
-            if rt.lane_empty.take().is_some() {
-                tracing::info!(shard = s, "held record taken; shard running again");
+            if rt.held.take().is_some() {
+                rt.last_logged = None;
+                tracing::info!(shard = s, "held shard moves again; running");
                 self.health.update(s, |h| h.status = ShardStatus::Running);
             }
         }
@@ -952,26 +1133,11 @@ impl Worker {
         rt.uniform = rt.pending.is_empty() && c.min_w == c.max_w;
         if let Some((lane, offset)) = empty_lane {
             // Held whole (nothing dropped): re-checked every RETRY_MAX until the lane exists.
-            tracing::error!(shard = s, lane, offset, "record needs an empty lane; held");
-            metrics::counter!("tidemark_lane_empty_holds_total").increment(1);
-            let min_w = rt.min_w;
-            if let Some(rt) = self.rts.get_mut(&s) {
-                rt.lane_empty = Some((lane, offset));
-                rt.retry = Some(Retry {
-                    due: Instant::now() + RETRY_MAX,
-                    backoff: RETRY_MAX,
-                    failure: false,
-                });
-                rt.pending.clear();
-            }
-            self.health.update(s, |h| {
-                h.status = ShardStatus::LaneEmpty { lane, offset };
-                h.min_w = min_w;
-            });
+            self.hold(s, ShardStatus::LaneEmpty { lane, offset }, RETRY_MAX);
             return Ok(());
         }
         if moved {
-            self.clear_lane_empty(s);
+            self.clear_held(s);
         }
         if !moved && c.held == 0 && c.gaps > 0 && first_prev.is_some_and(|p| min_w < p) {
             tracing::warn!(shard = s, min_w, "chunked path gap: re-reading from W");
@@ -1003,7 +1169,8 @@ impl Worker {
                     h.last_progress = now;
                 });
             }
-            if !rt.stopped && now.duration_since(rt.last_gc) >= self.opts.gc_interval {
+            // stopped shards too: their head and lag stay live (messages still wait there)
+            if now.duration_since(rt.last_gc) >= self.opts.gc_interval {
                 gc_due.push((rt.last_gc, rt.shard));
             }
         }
@@ -1033,6 +1200,19 @@ impl Worker {
 
     async fn gc_shard(&mut self, s: u32) -> Result<(), Error> {
         let mb = self.rts[&s].mb;
+        if self.rts[&s].stopped {
+            // no GC for a stopped shard (fenced, corrupt): only its head and lag
+            let head = self.core.head(s).await?;
+            let mut min_w = 0;
+            self.health.update(s, |h| {
+                h.head = head;
+                h.log_exhausted = head >= U48_MAX;
+                min_w = h.min_w;
+            });
+            metrics::gauge!("tidemark_shard_lag", "shard" => s.to_string())
+                .set(head.saturating_sub(min_w) as f64);
+            return Ok(());
+        }
         match self.mailboxes[mb].gc_completed(s, 1000).await? {
             Gc::Done { min_w, .. } => {
                 let min_w = min_w.unwrap_or(0);
@@ -1042,6 +1222,14 @@ impl Worker {
                 let head = self.core.head(s).await?;
                 let rt = self.rts.get_mut(&s).expect("shard");
                 let idle = rt.pending.is_empty() && head <= min_w;
+                if head > min_w && rt.pending.is_empty() && rt.retry.is_none() {
+                    // behind the head with nothing in flight: the log must hold W + 1
+                    let next = self.core.read_after(s, min_w, 1).await?;
+                    let next = next.first().map(|r| r.offset);
+                    if next != Some(min_w + 1) {
+                        self.hold_discontinuity(s, min_w, next);
+                    }
+                }
                 metrics::gauge!("tidemark_shard_lag", "shard" => s.to_string())
                     .set(head.saturating_sub(min_w) as f64);
                 self.health.update(s, |h| {

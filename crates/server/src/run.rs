@@ -48,6 +48,22 @@ pub enum Error {
     /// The token secret is missing, unreadable or too short.
     #[error(transparent)]
     Secret(#[from] SecretError),
+    /// The gateway's listen address could not be bound (nothing was claimed).
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// A Redis instance of the topology did not answer at start (nothing was claimed).
+    #[error("{role} Redis {url}: {source}")]
+    Connect {
+        role: &'static str,
+        url: String,
+        source: tidemark_store::Error,
+    },
+    /// The Redis instances belong to a deployment with another shard count or other tables.
+    #[error("deployment mismatch: {0}")]
+    Deployment(String),
     /// A task that cannot be restarted in place (the gateway) panicked or stopped.
     #[error("{task} {ended}")]
     TaskEnded {
@@ -67,6 +83,9 @@ impl Error {
             Error::Redis(e) => e.code(),
             Error::Io(_) => "io",
             Error::Secret(e) => e.code(),
+            Error::Listen { .. } => "listen",
+            Error::Deployment(_) => "deployment_mismatch",
+            Error::Connect { .. } => "connect",
             Error::TaskEnded { .. } => "task_ended",
         }
     }
@@ -143,27 +162,163 @@ pub async fn init_missing(topology: &Topology) -> Result<u32, Error> {
     Ok(created)
 }
 
+/// Checks the deployment identity recorded in every instance against `topology` and records
+/// it where it is missing (see `tidemark_store::deployment`). Every instance is checked before
+/// any is written, so a refused start writes nothing.
+pub async fn check_identity(topology: &Topology) -> Result<(), Error> {
+    use tidemark_store::deployment::{self, Identity, Role};
+    let (core_t, mb_t) = (topology.core_table(), topology.mailbox_table());
+    let tables = deployment::tables_fingerprint(&core_t, &mb_t);
+    let mut missing = Vec::new();
+    for (role, urls, table) in [
+        (Role::Core, &topology.core, &core_t),
+        (Role::Mailbox, &topology.mailbox, &mb_t),
+    ] {
+        for (index, url) in urls.iter().enumerate() {
+            let want = Identity {
+                shards: topology.shards,
+                role,
+                index,
+                holds: (0..topology.shards)
+                    .filter(|&s| table[s as usize] == index)
+                    .collect(),
+                tables: tables.clone(),
+            };
+            let connect_err = |source| Error::Connect {
+                role: role.as_str(),
+                url: redact_url(url),
+                source,
+            };
+            let client = redis::Client::open(url.as_str())
+                .map_err(|e| connect_err(tidemark_store::Error::from(e)))?;
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| connect_err(tidemark_store::Error::from(e)))?;
+            let refuse = |what: String| {
+                Error::Deployment(format!(
+                    "{} Redis {} (instance {index}): {what}; refusing to start, nothing was \
+                     written (start with the shard count and instance lists this deployment \
+                     was created with)",
+                    role.as_str(),
+                    redact_url(url)
+                ))
+            };
+            match deployment::read(&mut conn).await.map_err(connect_err)? {
+                Some(have) => {
+                    let d = have.differences(&want);
+                    if !d.is_empty() {
+                        return Err(refuse(d.join("; ")));
+                    }
+                }
+                None => {
+                    // created before identities: what it holds must agree with the topology
+                    if role == Role::Mailbox {
+                        let foreign: Vec<u32> = deployment::watermark_shards(&mut conn)
+                            .await
+                            .map_err(connect_err)?
+                            .into_iter()
+                            .filter(|s| !want.holds.contains(s))
+                            .collect();
+                        if !foreign.is_empty() {
+                            return Err(refuse(format!(
+                                "it holds watermarks of shards {} which a {}-shard deployment \
+                                 with these tables places elsewhere or does not have",
+                                deployment::format_ranges(&foreign),
+                                topology.shards
+                            )));
+                        }
+                    }
+                    missing.push((conn, want));
+                }
+            }
+        }
+    }
+    for (mut conn, want) in missing {
+        let have = deployment::record_if_absent(&mut conn, &want).await?;
+        let d = have.differences(&want);
+        if !d.is_empty() {
+            return Err(Error::Deployment(format!(
+                "another process recorded a different identity at the same time: {}",
+                d.join("; ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `url` without its password (`redis://:secret@host` → `redis://:***@host`), for messages.
+pub use tidemark_store::redact_url;
+
 /// Starts the materializers and the gateway. Returns once the gateway is listening.
 ///
-/// A token secret shorter than [`tidemark_protocol::secret::MIN_SECRET_BYTES`] is refused before anything starts.
+/// Start-up never hurts a running deployment: everything that can fail is checked before the
+/// first shard is claimed (claiming raises the epoch, which fences the current owner):
+/// the topology and the owned shards are validated, the listener is bound, every core and
+/// mailbox Redis must answer, and every owned shard's watermark must be one this code can own.
+///
+/// A token secret shorter than [`tidemark_protocol::secret::MIN_SECRET_BYTES`] is refused
+/// before anything starts.
 pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Running, Error> {
     if let Some(secret) = &opts.gateway.token_secret {
         TokenSecret::new(secret, "the gateway options")?;
     }
     let t = &opts.topology;
     t.validate()?;
-    init_missing(t).await?;
-    let health = Arc::new(HealthBoard::default());
-    let mut mailboxes = Vec::new();
-    for url in &t.mailbox {
-        mailboxes.push(Store::connect(url, t.layout).await?);
-    }
-    let core_table = t.core_table();
-    let mb_table = t.mailbox_table();
     let owned: Vec<u32> = opts
         .owned_shards
         .clone()
         .unwrap_or_else(|| (0..t.shards).collect());
+    if let Some(bad) = owned.iter().find(|&&s| s >= t.shards) {
+        return Err(ConfigError::Invalid(format!(
+            "owned shard {bad} does not exist: the deployment has {} shards (0..={})",
+            t.shards,
+            t.shards - 1
+        ))
+        .into());
+    }
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: opts.listen,
+            source,
+        })?;
+    let mut mailboxes = Vec::new();
+    for url in &t.mailbox {
+        mailboxes.push(
+            Store::connect(url, t.layout)
+                .await
+                .map_err(|source| Error::Connect {
+                    role: "mailbox",
+                    url: redact_url(url),
+                    source,
+                })?,
+        );
+    }
+    for url in &t.core {
+        tidemark_store::redis::dlog::CoreStore::connect(url)
+            .await
+            .map_err(|source| Error::Connect {
+                role: "core",
+                url: redact_url(url),
+                source,
+            })?;
+    }
+    check_identity(t).await?;
+    init_missing(t).await?;
+    let health = Arc::new(HealthBoard::default());
+    let core_table = t.core_table();
+    let mb_table = t.mailbox_table();
+    // every owned shard must be ownable by this code before any is claimed: a refusal (old
+    // code on newer data) then fences nobody. New code starts with a corrupt shard: only that
+    // shard stays stopped and is reported (the worker does not claim it).
+    for &s in &owned {
+        match mailboxes[mb_table[s as usize]].check_claimable(s).await {
+            Ok(_) => {}
+            Err(e) if e.is_corrupt() && t.layout == Layout::PackedV2 => {}
+            Err(e) => return Err(Error::Store(e)),
+        }
+    }
     let tracker = TaskTracker::new();
     let (err_tx, errors) = tokio::sync::mpsc::unbounded_channel();
     for (ci, core_url) in t.core.iter().enumerate() {
@@ -199,7 +354,6 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
             cancel.clone(),
         ));
     }
-    let listener = tokio::net::TcpListener::bind(opts.listen).await?;
     let addr = listener.local_addr()?;
     let (c, tx, h, topo, gw) = (
         cancel.clone(),
@@ -472,6 +626,17 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
     let path = dir.join("deployment.toml");
     if let Ok(text) = std::fs::read_to_string(&path) {
         let have: Deployment = toml::from_str(&text).map_err(ConfigError::from)?;
+        if have.layout == Layout::PackedV2 && want.layout == Layout::PackedV1 {
+            return Err(ConfigError::Invalid(format!(
+                "{} holds packed-v2 data and packed-v1 code cannot read it (ADR-0015); the \
+                 downgrade is offline: stop the service, run `tidemark wm downgrade --all \
+                 --redis URL` against every mailbox instance, then set layout = \"packed-v1\" \
+                 in {}",
+                dir.display(),
+                path.display()
+            ))
+            .into());
+        }
         if have.shards != want.shards || have.core != want.core || have.mailbox != want.mailbox {
             return Err(ConfigError::Invalid(format!(
                 "{} was created with --shards {} --core {} --mailbox {}; shards and instance \
@@ -482,6 +647,12 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
                 have.mailbox
             ))
             .into());
+        }
+        if have.layout != want.layout {
+            // packed-v1 -> packed-v2: the upgrade (new code converts each shard on its next
+            // write); the file records the layout now written
+            let text = toml::to_string(want).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+            write_private(&path, text.as_bytes())?;
         }
         return Ok(());
     }

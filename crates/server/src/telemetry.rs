@@ -21,7 +21,138 @@ pub fn metrics_handle() -> PrometheusHandle {
             let handle = recorder.handle();
             // Another recorder may already be installed (embedding); then ours only renders.
             let _ = metrics::set_global_recorder(recorder);
+            describe_and_zero();
             handle
         })
         .clone()
+}
+
+/// Counts an error answered to a client: `tidemark_client_errors_total{code}` when the client
+/// caused it (a 4xx code: bad frames, auth, `id_reused`, `rate_limited`), else
+/// `tidemark_errors_total{code}` (5xx: `internal`, `overloaded`, `log_exhausted` — the server
+/// or Redis could not do it).
+pub fn count_error(code: tidemark_protocol::ErrorCode) {
+    let status = code.http_status();
+    if status < 500 {
+        metrics::counter!("tidemark_client_errors_total", "code" => code.as_str()).increment(1);
+    } else {
+        metrics::counter!("tidemark_errors_total", "code" => code.as_str()).increment(1);
+    }
+}
+
+/// Kind of a metric, for [`METRICS`].
+#[derive(Clone, Copy)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric Tidemark exports: name, kind, `# HELP` text. Counters without labels (and
+/// the label sets listed in [`ZERO_LABELS`]) exist at 0 from start, so an `increase()` alert
+/// sees the first event.
+const METRICS: &[(&str, Kind, &str)] = &[
+    ("tidemark_build_info", Kind::Gauge, "Always 1; the label `version` is the build's version."),
+    ("tidemark_commits_total", Kind::Counter, "Shard commits (a message to N shards counts N)."),
+    ("tidemark_commit_duplicates_total", Kind::Counter, "Shard commits answered from dedupe (resends)."),
+    ("tidemark_send_ack_seconds", Kind::Histogram, "Time from receiving a send to its send_ack."),
+    ("tidemark_deliveries_total", Kind::Counter, "deliver frames written (replays after reconnects included)."),
+    ("tidemark_delivery_latency_seconds", Kind::Histogram, "Commit to first live deliver frame on a connection (replays excluded)."),
+    ("tidemark_acks_total", Kind::Counter, "Client acks written to Redis."),
+    ("tidemark_connected_clients", Kind::Gauge, "Open WebSocket connections."),
+    ("tidemark_errors_total", Kind::Counter, "Errors by stable code (server side and Redis; client mistakes are in tidemark_client_errors_total)."),
+    ("tidemark_client_errors_total", Kind::Counter, "Frames and requests refused because of the client, by stable code."),
+    ("tidemark_materialized_total", Kind::Counter, "Records materialised, by path (hot, chunk)."),
+    ("tidemark_gaps_total", Kind::Counter, "CAS gaps: the owner re-read from W."),
+    ("tidemark_chunk_failures_total", Kind::Counter, "Injected lane chunk failures (fault runs only)."),
+    ("tidemark_shard_fenced_total", Kind::Counter, "Shards stopped because another owner raised the epoch."),
+    ("tidemark_shard_corrupt_total", Kind::Counter, "Shards stopped because their watermark is corrupt."),
+    ("tidemark_shard_recoveries_total", Kind::Counter, "Shards that resumed after a Redis failure."),
+    ("tidemark_lane_empty_holds_total", Kind::Counter, "Records held because they need an empty lane."),
+    ("tidemark_log_discontinuities_total", Kind::Counter, "Shards held because the log does not continue from W."),
+    ("tidemark_task_restarts_total", Kind::Counter, "Supervised tasks restarted, by task and reason (panic, exit)."),
+    ("tidemark_wake_hints_total", Kind::Counter, "Wake-up hints received over Pub/Sub."),
+    ("tidemark_wake_reconnects_total", Kind::Counter, "Wake-up subscriptions re-established."),
+    ("tidemark_shard_min_w", Kind::Gauge, "Lowest present W of each owned shard."),
+    ("tidemark_shard_head", Kind::Gauge, "Log head of each owned shard (kept live for stopped shards)."),
+    ("tidemark_shard_lag", Kind::Gauge, "Head minus lowest W of each owned shard (kept live for stopped shards)."),
+    ("tidemark_shard_epoch", Kind::Gauge, "Epoch this process holds for each owned shard."),
+    ("tidemark_shard_running", Kind::Gauge, "1 while the shard is materialised by this process, else 0."),
+];
+
+/// Label sets of labelled counters created at 0.
+const ZERO_LABELS: &[(&str, &[(&str, &str)])] = &[
+    ("tidemark_materialized_total", &[("path", "hot")]),
+    ("tidemark_materialized_total", &[("path", "chunk")]),
+    (
+        "tidemark_task_restarts_total",
+        &[("task", "materializer"), ("reason", "panic")],
+    ),
+    (
+        "tidemark_task_restarts_total",
+        &[("task", "materializer"), ("reason", "exit")],
+    ),
+    (
+        "tidemark_task_restarts_total",
+        &[("task", "wake_subscriber"), ("reason", "panic")],
+    ),
+    ("tidemark_errors_total", &[("code", "redis")]),
+    ("tidemark_errors_total", &[("code", "log_read")]),
+    ("tidemark_errors_total", &[("code", "internal")]),
+    ("tidemark_client_errors_total", &[("code", "bad_request")]),
+    ("tidemark_client_errors_total", &[("code", "unauthorized")]),
+];
+
+fn describe_and_zero() {
+    for &(name, kind, help) in METRICS {
+        match kind {
+            Kind::Counter => {
+                metrics::describe_counter!(name, help);
+                if !ZERO_LABELS.iter().any(|(n, _)| *n == name) {
+                    metrics::counter!(name).increment(0);
+                }
+            }
+            Kind::Gauge => metrics::describe_gauge!(name, help),
+            Kind::Histogram => metrics::describe_histogram!(name, help),
+        }
+    }
+    for (name, labels) in ZERO_LABELS {
+        let labels: Vec<metrics::Label> = labels
+            .iter()
+            .map(|(k, v)| metrics::Label::new(*k, *v))
+            .collect();
+        metrics::counter!(*name, labels).increment(0);
+    }
+    metrics::gauge!("tidemark_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric the code records is described here (read from the sources).
+    #[test]
+    fn every_metric_in_the_code_is_described() {
+        let src = concat!(
+            include_str!("materializer.rs"),
+            include_str!("supervise.rs"),
+            include_str!("gateway/ws.rs"),
+            include_str!("gateway/http.rs"),
+            include_str!("gateway/send.rs"),
+            include_str!("gateway/wake.rs"),
+            include_str!("gateway/mailbox.rs"),
+        );
+        let mut missing = Vec::new();
+        for (i, _) in src.match_indices("\"tidemark_") {
+            let rest = &src[i + 1..];
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            if !METRICS.iter().any(|(n, _, _)| *n == name) && !missing.contains(&name) {
+                missing.push(name);
+            }
+        }
+        assert!(missing.is_empty(), "undescribed metrics: {missing:?}");
+    }
 }

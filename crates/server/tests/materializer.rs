@@ -568,3 +568,60 @@ async fn an_exhausted_log_is_reported() {
     cancel.cancel();
     h.await.unwrap();
 }
+
+/// Issue 10, item 3: a log that does not continue from W (trimmed above W, or W moved back by
+/// a restore) holds only that shard, reported with what the log holds; the other shards keep
+/// materialising. Both shapes: a hole (the next record is above W + 1) and an empty log.
+#[tokio::test]
+async fn a_log_discontinuity_holds_only_its_shard() {
+    let mut e = env().await;
+    let users_of = |s: u32| users_in_distinct_lanes(s, 1).pop().unwrap();
+    let (u0, u1, u2) = (users_of(0), users_of(1), users_of(2));
+    for i in 0..5 {
+        send(&mut e, "a", &format!("h{i}"), &[&u0], "x").await;
+    }
+    for i in 0..2 {
+        send(&mut e, "a", &format!("e{i}"), &[&u2], "x").await;
+    }
+    let mut core = e.core_store.connection();
+    // shard 0 loses records 1 and 2; shard 2 loses its whole log
+    let _: u64 = redis::cmd("XTRIM")
+        .arg(keys::dlog(0))
+        .arg("MINID")
+        .arg("3-0")
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let _: u64 = redis::cmd("XTRIM")
+        .arg(keys::dlog(2))
+        .arg("MAXLEN")
+        .arg(0)
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    wait_until("both shards held", || async {
+        let snap = health.snapshot();
+        snap[&0].status
+            == ShardStatus::Discontinuity {
+                w: 0,
+                next: Some(3),
+            }
+            && snap[&2].status == ShardStatus::Discontinuity { w: 0, next: None }
+    })
+    .await;
+    // the other shards run: a message to shard 1 is materialised
+    send(&mut e, "a", "other", &[&u1], "fine").await;
+    wait_until("shard 1 materialises", || async { min_w(&e, 1).await == 1 }).await;
+    let problems = health.problems(Duration::from_secs(3600));
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.starts_with("shard 0: log discontinuity: W=0")),
+        "{problems:?}"
+    );
+    assert_eq!(health.snapshot()[&1].status, ShardStatus::Running);
+    assert_eq!(min_w(&e, 0).await, 0, "nothing materialised past the hole");
+    cancel.cancel();
+    h.await.unwrap();
+}

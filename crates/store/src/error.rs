@@ -9,8 +9,8 @@ pub enum Error {
     /// The Redis connection or a command failed.
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
-    /// `wm:{s}` does not exist (the shard was never initialised).
-    #[error("shard {shard}: no watermark (wm:{{{shard}}} does not exist; run `tidemark wm init`)")]
+    /// `wm:{s}` does not exist on the instance asked (see `ops::explain_missing` for why).
+    #[error("shard {shard}: no watermark (wm:{{{shard}}} does not exist on this instance)")]
     NoWatermark { shard: u32 },
     /// The watermark failed Rust validation (`decode_lane_watermarks`).
     #[error("shard {shard}: corrupt: {cause}")]
@@ -41,6 +41,14 @@ pub enum Error {
     /// The caller passed an argument outside its domain (e.g. an offset above u48).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// `dlog:{s}` has assigned its last offset (2^48-1): the commit was refused, nothing
+    /// written. The shard takes no new message (operator action needed).
+    #[error("dlog:{{{shard}}} is exhausted: its head is at 2^48-1, no offset is left")]
+    LogExhausted { shard: u32 },
+    /// The client id was already committed (within the dedupe lifetime) with another request:
+    /// other recipients or another body. Nothing was written.
+    #[error("shard {shard}: this id was already used for another message (committed at offset {offset})")]
+    IdReused { shard: u32, offset: u64 },
 }
 
 impl Error {
@@ -54,6 +62,8 @@ impl Error {
             Error::UnexpectedReply { .. } => "unexpected_reply",
             Error::BadRecord { .. } => "bad_record",
             Error::InvalidArgument(_) => "invalid_argument",
+            Error::LogExhausted { .. } => "log_exhausted",
+            Error::IdReused { .. } => "id_reused",
         }
     }
 

@@ -5,11 +5,18 @@
 //! mailbox Redis (materialize side)          core Redis (commit side)
 //!   wm:{s}           hash  watermark [ADR]    dlog:{s}           stream  dispatch log, ids "<offset>-0"
 //!   mb:{s}:<user>    zset  mailbox entries    head:{s}           string  last assigned offset
-//!   ack:{s}          hash  user -> acked seq  dd:{s}:<sender>\0<client id>  string  offset (dedupe, TTL)
+//!   ack:{s}          hash  user -> acked seq  dd:{s}:<n>:<sender><client id>  string  "<offset>:<digest>" (dedupe, TTL)
+//!                                             msgid:{h}:<n>:<sender><client id>  string  digest (h: sender's shard, TTL)
 //!   stg:{s}:<o>      hash  lanes durable of o
 //!   stgidx:{s}       zset  offsets with staging
+//!   owner:{s}        string epoch of the live owner (PX, refreshed every second)
 //!   wake:{s}         pub/sub channel (hint)
 //! ```
+//!
+//! In the dedupe key, `<n>` is the sender's length in bytes, in decimal: the prefix makes the
+//! key unambiguous, no two (sender, client id) pairs share one. The earlier form
+//! `dd:{s}:<sender>\0<client id>` was ambiguous (`a\0b`+`c` and `a`+`b\0c` met); it is still
+//! read, never written, for the 24 h its records live (ADR-0022).
 
 /// `wm:{s}`.
 pub fn wm(shard: u32) -> String {
@@ -24,6 +31,12 @@ pub fn mailbox(shard: u32, user: &str) -> String {
 /// `ack:{s}`: per-user acked seq of the shard's mailboxes.
 pub fn acks(shard: u32) -> String {
     format!("ack:{{{shard}}}")
+}
+
+/// `owner:{s}`: the epoch of the process materialising the shard, set with a short expiry and
+/// refreshed while it runs (deleted on a clean stop): how offline tools tell a live owner.
+pub fn owner(shard: u32) -> String {
+    format!("owner:{{{shard}}}")
 }
 
 /// `stg:{s}:<o>`: staging state (durable lanes) of record `o`.
@@ -51,9 +64,24 @@ pub fn head(shard: u32) -> String {
     format!("head:{{{shard}}}")
 }
 
-/// `dd:{s}:` prefix of dedupe keys (`<sender>\0<client id>` follows).
-pub fn dedupe_prefix(shard: u32) -> String {
-    format!("dd:{{{shard}}}:")
+/// `msgid:{h}:<n>:<sender><client id>`: which message (request digest) a sender's client id
+/// names, kept on the sender's own shard `h` so that every send with that id meets it,
+/// whatever shards its recipients fall in.
+pub fn message_id(shard: u32, sender: &str, client_id: &str) -> String {
+    format!("msgid:{{{shard}}}:{}:{sender}{client_id}", sender.len())
+}
+
+/// `dd:{s}:<n>:<sender><client id>`, n the sender's length in bytes (decimal): the dedupe
+/// record of (sender, client id). Unambiguous for any two strings.
+pub fn dedupe(shard: u32, sender: &str, client_id: &str) -> String {
+    format!("dd:{{{shard}}}:{}:{sender}{client_id}", sender.len())
+}
+
+/// `dd:{s}:<sender>\0<client id>`: the earlier, ambiguous form of [`dedupe`]. Read by
+/// `commit_dispatch.lua` (never written) so that records written before the change still
+/// dedupe for the rest of their 24 h.
+pub fn dedupe_legacy(shard: u32, sender: &str, client_id: &str) -> String {
+    format!("dd:{{{shard}}}:{sender}\0{client_id}")
 }
 
 /// `wake:{s}`: Pub/Sub channel of materialisation hints.

@@ -6,8 +6,11 @@
 //! - [`redis::store`]: one typed wrapper per script, EVALSHA with NOSCRIPT recovery, and the
 //!   only call site of `decode_lane_watermarks`.
 //! - [`keys`] and [`routing`]: key names and the recipient → (shard, lane) hash.
+//! - [`deployment`]: the deployment's identity recorded in every instance (shard count,
+//!   instance positions, tables), checked before a process writes anything.
 //! - [`redact_url`]: a Redis URL without its password, for output and logs.
 
+pub mod deployment;
 pub mod error;
 pub mod keys;
 pub mod ops;

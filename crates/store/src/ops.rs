@@ -3,24 +3,70 @@
 
 use serde_json::json;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::redis::store::Store;
 use crate::redis::watermark::{Layout, ShardWatermark, LANES};
 
 /// `tidemark wm init`: fresh watermarks for shards `0..shards`, all lanes present at 0.
-/// Refuses any existing one unless `force` (checked per shard, atomically).
+/// An existing watermark is left as it is (counted) unless `force`, which overwrites it
+/// (checked per shard, atomically). Returns (created, already present).
 pub async fn wm_init(
     url: &str,
     shards: u32,
     layout: Layout,
     epoch: u64,
     force: bool,
-) -> Result<u32> {
+) -> Result<(u32, u32)> {
     let mut store = Store::connect(url, Layout::PackedV2).await?;
+    let (mut created, mut present) = (0, 0);
     for s in 0..shards {
-        store.init_watermark(s, layout, epoch, 0, force).await?;
+        match store.init_watermark(s, layout, epoch, 0, force).await {
+            Ok(()) => created += 1,
+            Err(crate::Error::AlreadyExists { .. }) => present += 1,
+            Err(e) => return Err(e),
+        }
     }
-    Ok(shards)
+    Ok((created, present))
+}
+
+/// Why `wm:{shard}` is missing on `url`, in words an operator can act on (from the
+/// deployment identity the instance records, when it has one).
+pub async fn explain_missing(url: &str, shard: u32) -> String {
+    let id = async {
+        let client = redis::Client::open(url).ok()?;
+        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
+        crate::deployment::read(&mut conn).await.ok()
+    }
+    .await;
+    match id {
+        Some(Some(id)) if id.role == crate::deployment::Role::Core => format!(
+            "{url} is core instance {} of a {}-shard deployment (dispatch logs); watermarks \
+             live on the mailbox instances: pass a mailbox URL",
+            id.index, id.shards
+        ),
+        Some(Some(id)) if shard >= id.shards => format!(
+            "the deployment has {} shards (0..={}); there is no shard {shard}",
+            id.shards,
+            id.shards - 1
+        ),
+        Some(Some(id)) if !id.holds.contains(&shard) => format!(
+            "{url} is mailbox instance {}, which holds shards {}; shard {shard} lives on \
+             another mailbox instance",
+            id.index,
+            crate::deployment::format_ranges(&id.holds)
+        ),
+        Some(Some(id)) => format!(
+            "{url} is mailbox instance {}, which should hold shard {shard}: its watermark was \
+             deleted or never created. `tidemark serve` creates missing watermarks when it \
+             starts; if the shard held data, restore the instance instead (docs/operations.md, \
+             Restores)",
+            id.index
+        ),
+        _ => format!(
+            "{url} records no Tidemark deployment: check the URL (`tidemark wm verify --redis \
+             URL` says what an instance holds)"
+        ),
+    }
 }
 
 /// `tidemark wm inspect`: the decoded watermark of one shard.
@@ -90,15 +136,60 @@ pub fn inspect_human(shard: u32, wm: &ShardWatermark) -> String {
     out
 }
 
+/// What `wm downgrade` did.
+#[derive(Debug, Default)]
+pub struct DowngradeReport {
+    /// Shards rewritten as packed-v1, with their watermark as it was.
+    pub converted: Vec<(u32, ShardWatermark)>,
+    /// Shards left alone, and why (a live owner).
+    pub skipped: Vec<(u32, String)>,
+}
+
+/// How long an owner mark (`owner:{s}`) lives without a refresh.
+pub const OWNER_MARK_TTL_MS: u64 = 5000;
+
+/// The epoch of the live owner of `shard`, if one refreshed its mark within
+/// [`OWNER_MARK_TTL_MS`].
+pub async fn live_owner(store: &Store, shard: u32) -> Result<Option<u64>> {
+    let v: Option<String> = redis::cmd("GET")
+        .arg(crate::keys::owner(shard))
+        .query_async(&mut store.connection())
+        .await?;
+    Ok(v.and_then(|e| e.parse().ok()))
+}
+
 /// `tidemark wm downgrade`: the ADR's offline downgrade of the given shards (19 → 1216 bytes,
-/// layout packed-v1). Stops at the first corrupt or missing watermark.
-pub async fn wm_downgrade(url: &str, shards: &[u32]) -> Result<Vec<(u32, ShardWatermark)>> {
+/// layout packed-v1). A shard whose owner is live and holds the current epoch is skipped
+/// (it would write packed-v2 again right after) unless `force_offline`; a fenced owner (its
+/// epoch below the shard's) cannot write and does not count. Stops at the first corrupt or
+/// missing watermark.
+pub async fn wm_downgrade(
+    url: &str,
+    shards: &[u32],
+    force_offline: bool,
+) -> Result<DowngradeReport> {
     let mut store = Store::connect(url, Layout::PackedV2).await?;
-    let mut done = Vec::new();
+    let mut report = DowngradeReport::default();
     for &s in shards {
-        done.push((s, store.downgrade_to_v1(s).await?));
+        if !force_offline {
+            let wm = store.read_watermark(s).await?;
+            if let Some(e) = live_owner(&store, s).await? {
+                if e >= wm.epoch {
+                    report.skipped.push((
+                        s,
+                        format!(
+                            "a live owner holds epoch {e} (seen within {} s): stop it first, or \
+                             fence the shard (`tidemark shard fence`) and run this again",
+                            OWNER_MARK_TTL_MS / 1000
+                        ),
+                    ));
+                    continue;
+                }
+            }
+        }
+        report.converted.push((s, store.downgrade_to_v1(s).await?));
     }
-    Ok(done)
+    Ok(report)
 }
 
 /// Shards that have a `wm:{s}` key on this instance (SCAN), sorted.
@@ -140,28 +231,84 @@ pub async fn discover_shards(url: &str) -> Result<Vec<u32>> {
 pub struct VerifyFinding {
     /// Instance URL (its password redacted).
     pub url: String,
-    /// Shard number.
-    pub shard: u32,
-    /// What is wrong (the error's message).
-    pub problem: Error,
+    /// Shard number (None: a finding about the instance).
+    pub shard: Option<u32>,
+    /// What is wrong.
+    pub problem: String,
 }
 
 /// `tidemark wm verify`: every shard of every instance, decoded and checked; returns the
-/// number of shards checked and every finding.
+/// number of shards checked and every finding. An instance that records a deployment identity
+/// (`crate::deployment`) is also checked against it: a core instance is reported as such, and
+/// a `wm:{s}` that the deployment does not place on this instance is a finding.
 pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
     let mut checked = 0;
     let mut findings = Vec::new();
     for url in urls {
         let shards = discover_shards(url).await?;
         let mut store = Store::connect(url, Layout::PackedV2).await?;
+        let identity = crate::deployment::read(&mut store.connection()).await?;
+        if identity.is_none() && shards.is_empty() {
+            findings.push(VerifyFinding {
+                url: crate::redact_url(url),
+                shard: None,
+                problem: "no watermark and no deployment identity here: not a mailbox instance \
+                          of a Tidemark deployment (a core instance, or never initialised)"
+                    .into(),
+            });
+            continue;
+        }
+        if let Some(id) = &identity {
+            if id.role == crate::deployment::Role::Core {
+                findings.push(VerifyFinding {
+                    url: crate::redact_url(url),
+                    shard: None,
+                    problem: format!(
+                        "this is core instance {} of a {}-shard deployment (dispatch logs), not \
+                         a mailbox instance: pass the mailbox URLs",
+                        id.index, id.shards
+                    ),
+                });
+                continue;
+            }
+            for s in shards.iter().filter(|s| !id.holds.contains(s)) {
+                findings.push(VerifyFinding {
+                    url: crate::redact_url(url),
+                    shard: Some(*s),
+                    problem: format!(
+                        "wm:{{{s}}} does not belong here: this is mailbox instance {} of a \
+                         {}-shard deployment, holding shards {}",
+                        id.index,
+                        id.shards,
+                        crate::deployment::format_ranges(&id.holds)
+                    ),
+                });
+            }
+            let missing: Vec<u32> = id
+                .holds
+                .iter()
+                .copied()
+                .filter(|s| shards.binary_search(s).is_err())
+                .collect();
+            if !missing.is_empty() {
+                findings.push(VerifyFinding {
+                    url: crate::redact_url(url),
+                    shard: None,
+                    problem: format!(
+                        "no watermark for shards {} that this instance holds",
+                        crate::deployment::format_ranges(&missing)
+                    ),
+                });
+            }
+        }
         for chunk in shards.chunks(256) {
             for (s, r) in chunk.iter().zip(store.read_watermarks(chunk).await?) {
                 checked += 1;
                 if let Err(problem) = r {
                     findings.push(VerifyFinding {
                         url: crate::redact_url(url),
-                        shard: *s,
-                        problem,
+                        shard: Some(*s),
+                        problem: problem.to_string(),
                     });
                 }
             }

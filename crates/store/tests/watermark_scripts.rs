@@ -660,6 +660,62 @@ async fn old_code_refuses_v2_by_layout_and_by_length_without_writing() {
     assert_eq!(n, 0);
 }
 
+/// Old code must not fence a new owner before failing closed: a packed-v1 store refuses to
+/// claim anything but packed-v1 with 1216 bytes, before raising the epoch (ADR-0022).
+#[tokio::test]
+async fn old_code_refuses_to_claim_newer_data_without_raising_the_epoch() {
+    let mut e = env().await;
+    // packed-v2 with a 19-byte and with a 1216-byte blob: unknown_layout
+    e.v2.init_watermark(0, Layout::PackedV2, 7, 0, false)
+        .await
+        .unwrap();
+    put(
+        &mut e.raw,
+        1,
+        &f("packed-v2", "7", encode_packed_v1(&uni(3, 0))),
+    )
+    .await;
+    for shard in [0, 1] {
+        let before = snapshot(&mut e.raw, shard).await;
+        let err = e.v1.claim(shard).await.unwrap_err();
+        assert!(err.is_corrupt(), "{err:?}");
+        assert_eq!(
+            err.corrupt_verdict(),
+            Some(("unknown_layout".to_string(), None)),
+            "shard {shard}: {err}"
+        );
+        assert_eq!(snapshot(&mut e.raw, shard).await, before, "nothing written");
+        // new code claims it
+        assert_eq!(e.v2.claim(shard).await.unwrap(), 8);
+    }
+    // packed-v1 with a 19-byte blob: bad_length (the decoder's own check), nothing written
+    put(
+        &mut e.raw,
+        2,
+        &f("packed-v1", "7", encode_packed_v2(&uni(3, 0))),
+    )
+    .await;
+    let before = snapshot(&mut e.raw, 2).await;
+    let err = e.v1.claim(2).await.unwrap_err();
+    assert_eq!(
+        err.corrupt_verdict(),
+        Some(("bad_length".to_string(), None))
+    );
+    assert_eq!(snapshot(&mut e.raw, 2).await, before);
+    // packed-v1, 1216 bytes: old code claims as before
+    put(
+        &mut e.raw,
+        3,
+        &f("packed-v1", "7", encode_packed_v1(&uni(3, 0))),
+    )
+    .await;
+    assert_eq!(e.v1.claim(3).await.unwrap(), 8);
+    assert_eq!(
+        e.v1.read_watermark(3).await.unwrap().layout,
+        Layout::PackedV1
+    );
+}
+
 #[tokio::test]
 async fn v1_scripts_work_on_v1_data() {
     let mut e = env().await;

@@ -77,7 +77,9 @@ pub(crate) fn authenticate(
     if opts.dev_auth {
         if let Some(user) = query_param(query, "user")? {
             if !is_valid_user_id(&user) {
-                return Err(unauthorized("`user` must be 1..=128 bytes"));
+                return Err(unauthorized(
+                    "`user` must be 1..=128 bytes without control characters",
+                ));
             }
             return Ok(user);
         }
@@ -208,6 +210,16 @@ mod tests {
         assert!(authenticate(&opts(true), &none, Some("user="), http).is_err());
         assert!(authenticate(&opts(true), &none, Some("user=a&user=b"), http).is_err());
         assert!(authenticate(&opts(true), &none, Some("user=%FF"), http).is_err());
+        // control characters (ADR-0022)
+        for q in ["user=a%00b", "user=a%0A", "user=%1F", "user=%7F"] {
+            assert_eq!(
+                authenticate(&opts(true), &none, Some(q), http)
+                    .unwrap_err()
+                    .0,
+                ErrorCode::Unauthorized,
+                "{q}"
+            );
+        }
         assert!(authenticate(&opts(true), &none, None, http).is_err());
         // `user` is not looked at when a token is given or dev auth is off
         assert_eq!(

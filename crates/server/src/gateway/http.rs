@@ -43,7 +43,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 
 /// An error response: `{"error":{"code":…,"message":…}}` with the code's status.
 pub(crate) fn error_response(code: ErrorCode, message: impl Into<String>) -> Response {
-    metrics::counter!("tidemark_errors_total", "code" => code.as_str()).increment(1);
+    crate::telemetry::count_error(code);
     let body = ErrorBody::new(code, message);
     let status =
         StatusCode::from_u16(body.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -3,7 +3,9 @@
 //!
 //! Failure of any shard is `internal` (retryable): the client resends the same id and the
 //! (sender, id) dedupe of each shard returns the offsets it first assigned, so shards that
-//! did commit are not committed twice.
+//! did commit are not committed twice. The one permanent failure is a shard whose log has
+//! used up its offsets (head at 2^48-1): `log_exhausted`, not retryable, reported even when
+//! another shard failed transiently (a retry could never complete the send).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tidemark_protocol::{ErrorCode, SendRequest};
 use tidemark_store::redis::dlog::DEFAULT_DEDUPE_TTL_S;
 use tidemark_store::routing::route;
+use tidemark_store::Error as StoreError;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::state::Shared;
@@ -71,11 +74,40 @@ pub(crate) async fn commit(
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
     let groups = group_by_shard(&req.to, shared.topology.shards);
+    // one digest for the whole message: a resend with the same id must be the same message
+    // on every shard (the same recipients, the same body)
+    let all: Vec<&str> = req.to.iter().map(String::as_str).collect();
+    let digest = &tidemark_store::redis::dlog::request_digest(&all, &req.body);
+    // the id is bound to the message on the sender's own shard first, so that a reuse is
+    // refused before any shard commits (a shard the first message did not touch has no
+    // dedupe record to compare with)
+    let home = tidemark_store::routing::route(sender, shared.topology.shards).shard;
+    let claim = shared
+        .core(home)
+        .claim_message_id(home, sender, &req.id, digest, DEFAULT_DEDUPE_TTL_S)
+        .await
+        .map_err(|e| {
+            tracing::warn!(sender, id = %req.id, error = %e, "message id claim failed");
+            (
+                ErrorCode::Internal,
+                "commit failed; retry with the same id".to_string(),
+            )
+        })?;
+    if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
+        return Err((
+            ErrorCode::IdReused,
+            format!(
+                "id {:?} was already used for another message (other recipients or body) \
+                 within the last 24 hours; use a new id",
+                req.id
+            ),
+        ));
+    }
     let commits = groups.iter().map(|(&shard, rcpts)| {
         let mut core = shared.core(shard);
         async move {
             let r = core
-                .commit(
+                .commit_request(
                     shard,
                     sender,
                     &req.id,
@@ -83,6 +115,7 @@ pub(crate) async fn commit(
                     &req.body,
                     sent_at_us,
                     DEFAULT_DEDUPE_TTL_S,
+                    digest,
                 )
                 .await;
             (shard, r)
@@ -99,20 +132,46 @@ pub(crate) async fn commit(
         })?;
     let mut offsets = BTreeMap::new();
     let mut duplicates = 0u64;
+    let mut failure: Option<SendFailure> = None;
     for (shard, r) in results {
         match r {
             Ok(c) => {
                 duplicates += u64::from(c.duplicate);
                 offsets.insert(shard, c.offset);
             }
-            Err(e) => {
-                tracing::warn!(shard, sender, id = %req.id, error = %e, "commit failed");
-                return Err((
-                    ErrorCode::Internal,
-                    format!("commit to shard {shard} failed; retry with the same id"),
+            Err(StoreError::IdReused { shard, offset }) => {
+                tracing::info!(shard, offset, sender, id = %req.id, "id reused for another message");
+                // Permanent too: the id names another message.
+                failure = Some((
+                    ErrorCode::IdReused,
+                    format!(
+                        "id {:?} was already used for another message (other recipients or \
+                         body) within the last 24 hours; use a new id",
+                        req.id
+                    ),
                 ));
             }
+            Err(StoreError::LogExhausted { shard }) => {
+                tracing::error!(shard, sender, id = %req.id, "dispatch log exhausted: commit refused");
+                // Permanent: it wins over a transient failure of another shard.
+                failure = Some((
+                    ErrorCode::LogExhausted,
+                    format!("shard {shard} has used up its log offsets; the send cannot complete"),
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(shard, sender, id = %req.id, error = %e, "commit failed");
+                if failure.is_none() {
+                    failure = Some((
+                        ErrorCode::Internal,
+                        format!("commit to shard {shard} failed; retry with the same id"),
+                    ));
+                }
+            }
         }
+    }
+    if let Some(f) = failure {
+        return Err(f);
     }
     metrics::counter!("tidemark_commits_total").increment(1);
     if duplicates > 0 {

@@ -69,7 +69,7 @@ fn text(frame: &ServerFrame) -> Out {
 }
 
 fn error_frame(code: ErrorCode, message: impl Into<String>, id: Option<String>) -> Out {
-    metrics::counter!("tidemark_errors_total", "code" => code.as_str()).increment(1);
+    crate::telemetry::count_error(code);
     text(&ServerFrame::Error {
         code,
         message: message.into(),
@@ -385,7 +385,7 @@ impl Reader<'_> {
         let received = Instant::now();
         match parse_client_frame(frame, &self.shared.opts.limits) {
             Err(e) => {
-                metrics::counter!("tidemark_errors_total", "code" => e.code()).increment(1);
+                metrics::counter!("tidemark_client_errors_total", "code" => e.code()).increment(1);
                 self.reply(text(&e.to_server_frame())).await
             }
             Ok(ClientFrame::Send(req)) => {
@@ -499,6 +499,7 @@ async fn delivery_loop(
     tick.tick().await;
     // Highest seq pushed so far (latency is measured once per entry and connection).
     let mut highest = cursor;
+    let connected_at_us = now_us();
     let mut failing = false;
     // Woken by a hint: read up to the hinted lowest W without reading the watermark (one
     // command instead of a pipeline of two), once a full read has shown the lane present.
@@ -552,10 +553,16 @@ async fn delivery_loop(
                 let out = match entry {
                     Ok(e) => {
                         let seq = e.seq;
+                        // latency of live deliveries only: an entry committed before this
+                        // connection opened is a replay (a reconnect, a late reader), whose
+                        // age says nothing about the delivery path
                         if seq > highest {
                             highest = seq;
-                            let lat = now_us().saturating_sub(e.sent_at_us) as f64 / 1e6;
-                            metrics::histogram!("tidemark_delivery_latency_seconds").record(lat);
+                            if e.sent_at_us >= connected_at_us {
+                                let lat = now_us().saturating_sub(e.sent_at_us) as f64 / 1e6;
+                                metrics::histogram!("tidemark_delivery_latency_seconds")
+                                    .record(lat);
+                            }
                         }
                         metrics::counter!("tidemark_deliveries_total").increment(1);
                         (

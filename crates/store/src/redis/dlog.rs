@@ -1,7 +1,8 @@
 //! The commit side: per-shard dispatch logs `dlog:{s}` on core Redis.
 //!
 //! A message is committed to every shard it touches by `commit_dispatch.lua`: dedupe on
-//! (sender, client id), next contiguous u48 offset, one stream entry with id `<offset>-0`:
+//! (sender, client id) (key `dd:{s}:<len(sender)>:<sender><client id>`, see [`keys::dedupe`]),
+//! next contiguous u48 offset, one stream entry with id `<offset>-0`:
 //!
 //! ```text
 //! dlog:{s}  stream entry "<offset>-0"
@@ -24,6 +25,7 @@ use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::Value;
 
 use super::scripts::COMMIT_DISPATCH;
+use super::watermark::U48_MAX;
 use crate::error::{Error, Result};
 use crate::keys;
 
@@ -84,6 +86,35 @@ pub fn decode_recipients(b: &[u8]) -> Option<Vec<String>> {
     Some(out)
 }
 
+/// Digest of a message request for idempotency: its recipients as a set (order and repeats
+/// do not matter) and its body; 32 hex digits (xxh3-128). Two sends with the same id are the
+/// same message exactly when their digests are equal.
+pub fn request_digest(recipients: &[&str], body: &str) -> String {
+    let mut rs: Vec<&str> = recipients.to_vec();
+    rs.sort_unstable();
+    rs.dedup();
+    let mut bytes = Vec::with_capacity(body.len() + rs.iter().map(|r| r.len() + 4).sum::<usize>());
+    for r in rs {
+        bytes.extend_from_slice(&(r.len() as u32).to_be_bytes());
+        bytes.extend_from_slice(r.as_bytes());
+    }
+    bytes.extend_from_slice(&u32::MAX.to_be_bytes());
+    bytes.extend_from_slice(body.as_bytes());
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
+}
+
+/// What a client id names, as [`CoreStore::claim_message_id`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdClaim {
+    /// First use of the id: it now names this message.
+    New,
+    /// The id already names this very message (a resend): commit it again, each shard answers
+    /// its first offset (or commits it now, completing a send that failed part-way).
+    SameMessage,
+    /// The id names another message: refuse (`id_reused`), commit nothing.
+    OtherMessage,
+}
+
 /// Connection to one core Redis (commit side).
 #[derive(Clone)]
 pub struct CoreStore {
@@ -114,6 +145,14 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
         };
         let id = String::from_utf8_lossy(id);
         let offset = offset_of_id(&id).ok_or_else(|| bad(format!("stream id {id}")))?;
+        if offset > U48_MAX {
+            // commit_dispatch.lua never assigns one; a mailbox seq keeps only 48 bits.
+            return Err(Error::BadRecord {
+                shard,
+                offset,
+                detail: "offset above 2^48-1".to_string(),
+            });
+        }
         let mut fields: HashMap<&[u8], &[u8]> = HashMap::with_capacity(6);
         for f in kv.chunks(2) {
             if let [Value::BulkString(k), Value::BulkString(v)] = f {
@@ -134,10 +173,15 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
                 .parse::<u64>()
                 .map_err(|_| rb("field is not a number"))
         };
+        let sender = text(b"f")?;
+        if sender.is_empty() || sender.len() > 128 {
+            // a mailbox entry stores the sender's length in one byte (1..=128)
+            return Err(rb("sender is not 1..=128 bytes"));
+        }
         out.push(DispatchRecord {
             offset,
             prev: num(b"p")?,
-            sender: text(b"f")?,
+            sender,
             client_id: text(b"c")?,
             recipients: decode_recipients(fields.get(b"r".as_slice()).ok_or_else(|| rb("no r"))?)
                 .ok_or_else(|| rb("bad recipients"))?,
@@ -179,6 +223,18 @@ impl CoreStore {
     }
 
     /// Commits one message to one shard (`commit_dispatch.lua`).
+    ///
+    /// Dedupes on (sender, client id) with [`keys::dedupe`], unambiguous for any strings; a
+    /// record under the earlier form [`keys::dedupe_legacy`] (read, never written) counts as
+    /// a duplicate too. That lookup could only confuse ids containing NUL, which the protocol
+    /// refuses; this function itself takes any strings (validation is the protocol's job).
+    ///
+    /// [`Error::LogExhausted`] when the shard's head is already 2^48-1: the script refuses
+    /// before taking an offset, so nothing is written (a duplicate is still answered).
+    ///
+    /// The request digest is [`request_digest`] of this shard's recipients and the body; a
+    /// gateway committing one message to several shards uses [`CoreStore::commit_request`]
+    /// with the digest of the whole message instead.
     #[allow(clippy::too_many_arguments)]
     pub async fn commit(
         &mut self,
@@ -190,22 +246,48 @@ impl CoreStore {
         sent_at_us: u64,
         dedupe_ttl_s: u64,
     ) -> Result<Committed> {
-        let mut dd = keys::dedupe_prefix(shard).into_bytes();
-        dd.extend_from_slice(sender.as_bytes());
-        dd.push(0);
-        dd.extend_from_slice(client_id.as_bytes());
+        let digest = request_digest(recipients, body);
+        self.commit_request(
+            shard,
+            sender,
+            client_id,
+            recipients,
+            body,
+            sent_at_us,
+            dedupe_ttl_s,
+            &digest,
+        )
+        .await
+    }
+
+    /// [`CoreStore::commit`] with the caller's request digest: a resend of the same id whose
+    /// digest differs is refused with [`Error::IdReused`] (nothing written).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn commit_request(
+        &mut self,
+        shard: u32,
+        sender: &str,
+        client_id: &str,
+        recipients: &[&str],
+        body: &str,
+        sent_at_us: u64,
+        dedupe_ttl_s: u64,
+        digest: &str,
+    ) -> Result<Committed> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&COMMIT_DISPATCH.sha)
-            .arg(3)
+            .arg(4)
             .arg(keys::dlog(shard))
             .arg(keys::head(shard))
-            .arg(dd)
+            .arg(keys::dedupe(shard, sender, client_id))
+            .arg(keys::dedupe_legacy(shard, sender, client_id))
             .arg(sender)
             .arg(client_id)
             .arg(encode_recipients(recipients))
             .arg(body)
             .arg(sent_at_us)
-            .arg(dedupe_ttl_s.max(1));
+            .arg(dedupe_ttl_s.max(1))
+            .arg(digest);
         let v: Value = match cmd.query_async(&mut self.conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 let _: String = redis::cmd("SCRIPT")
@@ -223,6 +305,11 @@ impl CoreStore {
                     offset: *o as u64,
                     duplicate: *s == 1,
                 }),
+                (Value::Int(2), Value::Int(_)) => Err(Error::LogExhausted { shard }),
+                (Value::Int(3), Value::Int(o)) => Err(Error::IdReused {
+                    shard,
+                    offset: *o as u64,
+                }),
                 _ => Err(Error::UnexpectedReply {
                     script: "commit_dispatch",
                     detail: format!("{v:?}"),
@@ -233,6 +320,34 @@ impl CoreStore {
                 detail: format!("{v:?}"),
             }),
         }
+    }
+
+    /// Binds (sender, client id) to the message digest on the sender's shard `home` (one
+    /// `SET NX GET EX`), before any shard commits: a send that reuses an id for another
+    /// message is then refused as a whole, even where its recipients fall in shards the
+    /// first message did not touch. The binding lives as long as the dedupe records.
+    pub async fn claim_message_id(
+        &mut self,
+        home: u32,
+        sender: &str,
+        client_id: &str,
+        digest: &str,
+        ttl_s: u64,
+    ) -> Result<IdClaim> {
+        let old: Option<String> = redis::cmd("SET")
+            .arg(keys::message_id(home, sender, client_id))
+            .arg(digest)
+            .arg("NX")
+            .arg("GET")
+            .arg("EX")
+            .arg(ttl_s.max(1))
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(match old {
+            None => IdClaim::New,
+            Some(d) if d == digest => IdClaim::SameMessage,
+            Some(_) => IdClaim::OtherMessage,
+        })
     }
 
     /// Records of `dlog:{s}` with offset > `after`, at most `count`, in order.
@@ -361,6 +476,17 @@ fn shard_of_dlog_key(k: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn digest_is_of_the_recipient_set_and_the_body() {
+        let d = request_digest(&["b", "a"], "hi");
+        assert_eq!(d.len(), 32);
+        assert_eq!(d, request_digest(&["a", "b", "a"], "hi"));
+        assert_ne!(d, request_digest(&["a"], "hi"));
+        assert_ne!(d, request_digest(&["a", "b"], "hi!"));
+        // the length prefix keeps boundaries: ["ab"] is not ["a", "b"]
+        assert_ne!(request_digest(&["ab"], ""), request_digest(&["a", "b"], ""));
+    }
 
     #[test]
     fn recipients_round_trip() {

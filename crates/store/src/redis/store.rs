@@ -16,8 +16,8 @@ use redis::{Cmd, Value};
 
 use super::scripts::{self, Script, ScriptSet};
 use super::watermark::{
-    decode_lane_watermarks, encode_blob, LaneRecord, LaneWatermarks, Layout, ShardWatermark,
-    FIELD_BLOB, FIELD_EPOCH, FIELD_LAYOUT, LANES, U48_MAX,
+    decode_lane_watermarks, encode_blob, CorruptCause, LaneRecord, LaneWatermarks, Layout,
+    ShardWatermark, FIELD_BLOB, FIELD_EPOCH, FIELD_LAYOUT, FULL_BLOB_BYTES, LANES, U48_MAX,
 };
 use crate::error::{Error, Result};
 use crate::keys;
@@ -545,9 +545,15 @@ impl Store {
 
     /// Reads the epoch (validating the whole watermark) and raises it by one: what a new owner
     /// does when it starts, and what `tidemark shard fence` does. Returns the new epoch.
+    ///
+    /// A store of packed-v1 scripts (old code) claims only a packed-v1 watermark of 1216
+    /// bytes: anything else is [`Error::Corrupt`] (`unknown_layout` or `bad_length`, as its
+    /// scripts would say) *before* the epoch is raised: old code never raises the epoch of a
+    /// shard it cannot run, so it never fences the owner of such a shard (ADR-0015: old code
+    /// fails closed; ADR-0022).
     pub async fn claim(&mut self, shard: u32) -> Result<u64> {
         loop {
-            let wm = self.read_watermark(shard).await?;
+            let wm = self.check_claimable(shard).await?;
             let new = wm.epoch.checked_add(1).ok_or_else(|| {
                 Error::InvalidArgument(format!("shard {shard}: epoch cannot be raised above u64"))
             })?;
@@ -556,6 +562,32 @@ impl Store {
                 Fence::Lost { .. } => continue,
             }
         }
+    }
+
+    /// Reads and validates the shard's watermark and checks that this code can own it (a
+    /// packed-v1 script set only owns packed-v1 data with 1216-byte blobs), writing nothing.
+    /// [`Store::claim`] does this first; a process checks every shard it will own this way
+    /// before it claims any, so a refusal never leaves some shards fenced.
+    pub async fn check_claimable(&mut self, shard: u32) -> Result<ShardWatermark> {
+        let wm = self.read_watermark(shard).await?;
+        if self.set.layout == Layout::PackedV1 {
+            let cause = if wm.layout != Layout::PackedV1 {
+                Some(CorruptCause::UnknownLayout {
+                    value: wm.layout.as_str().to_string(),
+                })
+            } else if wm.blob_len != FULL_BLOB_BYTES {
+                Some(CorruptCause::BadLength {
+                    layout: wm.layout,
+                    len: wm.blob_len,
+                })
+            } else {
+                None
+            };
+            if let Some(cause) = cause {
+                return Err(Error::Corrupt { shard, cause });
+            }
+        }
+        Ok(wm)
     }
 
     /// The ADR's offline downgrade: validates, then rewrites the blob as 1216 bytes with layout

@@ -246,7 +246,8 @@ pub enum CorruptCause {
     FieldCount { got: usize },
     /// One of `wm_layout`, `wm_epoch`, `wm_blob` is absent (another field took its place).
     MissingField { field: &'static str },
-    /// `wm_layout` is not exactly `packed-v1` or `packed-v2`.
+    /// `wm_layout` is not a layout the reader knows: not exactly `packed-v1` or `packed-v2`
+    /// (or, for a packed-v1 store claiming a shard, not `packed-v1`).
     UnknownLayout { value: String },
     /// The blob length is not legal for the layout.
     BadLength { layout: Layout, len: usize },
@@ -323,7 +324,10 @@ impl fmt::Display for CorruptCause {
             }
             CorruptCause::MissingField { field } => write!(f, "missing_field: {field} is absent"),
             CorruptCause::UnknownLayout { value } => {
-                write!(f, "unknown_layout: {value:?} is not packed-v1 or packed-v2")
+                write!(
+                    f,
+                    "unknown_layout: {value:?} is not a layout this code reads"
+                )
             }
             CorruptCause::BadLength { layout, len } => {
                 let legal = match layout {

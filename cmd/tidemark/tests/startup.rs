@@ -1,0 +1,475 @@
+//! Start-up never hurts a running deployment: a second `tidemark serve` that cannot start
+//! (its listen address is taken, a Redis does not answer, an owned shard does not exist)
+//! exits with an error naming what failed, and raises no shard's epoch, so the running owner
+//! keeps delivering.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tidemark_redis_proc::RedisProcess;
+use tidemark_store::redis::store::Store;
+use tidemark_store::redis::watermark::Layout;
+
+const SHARDS: u32 = 4;
+
+fn serve_args(core: &str, mailbox: &str, listen: &str) -> Vec<String> {
+    [
+        "serve",
+        "--core",
+        core,
+        "--mailbox",
+        mailbox,
+        "--shards",
+        &SHARDS.to_string(),
+        "--listen",
+        listen,
+        "--dev-auth",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+async fn epochs(mb: &str) -> Vec<u64> {
+    let mut st = Store::connect(mb, Layout::PackedV2).await.unwrap();
+    let mut out = Vec::new();
+    for s in 0..SHARDS {
+        out.push(st.read_watermark(s).await.unwrap().epoch);
+    }
+    out
+}
+
+/// Runs `tidemark` with `args` to completion (it must exit within 30 s).
+fn run_to_exit(args: &[String]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = support::spawn_killed_with_us(&mut cmd);
+    let start = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(30));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_that_cannot_start_fences_nobody() {
+    let core = RedisProcess::start().unwrap();
+    let mailbox = RedisProcess::start().unwrap();
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(serve_args(&core.url(), &mailbox.url(), &listen))
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut running = support::spawn_killed_with_us(&mut cmd);
+    let start = Instant::now();
+    while support::http_get(port, "/healthz").0 != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "serve did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let before = epochs(&mailbox.url()).await;
+
+    // 1. the listen address is taken
+    let out = run_to_exit(&serve_args(&core.url(), &mailbox.url(), &listen));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains(&listen), "names the address: {err}");
+    assert_eq!(epochs(&mailbox.url()).await, before, "no epoch raised");
+
+    // 2. a mailbox Redis that does not answer
+    let nobody = format!(
+        "redis://127.0.0.1:{}/",
+        tidemark_redis_proc::free_port().unwrap()
+    );
+    let free = format!("127.0.0.1:{}", tidemark_redis_proc::free_port().unwrap());
+    let mut args = serve_args(&core.url(), &format!("{},{nobody}", mailbox.url()), &free);
+    // same shard count, two mailbox instances: shards of the dead one cannot be checked
+    args.extend(["--layout".into(), "packed-v2".into()]);
+    let out = run_to_exit(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(nobody.trim_end_matches('/')),
+        "names the Redis: {err}"
+    );
+    assert_eq!(epochs(&mailbox.url()).await, before, "no epoch raised");
+
+    // 3. an owned shard that does not exist: an error, not a panic
+    let mut args = serve_args(&core.url(), &mailbox.url(), &free);
+    args.extend(["--own-shards".into(), "9".into()]);
+    let out = run_to_exit(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("shard 9"), "{err}");
+    assert_eq!(epochs(&mailbox.url()).await, before, "no epoch raised");
+
+    // the running owner still owns every shard
+    assert_eq!(support::http_get(port, "/healthz").0, 200);
+    let _ = running.kill();
+    let _ = running.wait();
+}
+
+async fn wm_keys(url: &str) -> Vec<u32> {
+    let c = redis::Client::open(url).unwrap();
+    let mut conn = c.get_multiplexed_async_connection().await.unwrap();
+    tidemark_store::deployment::watermark_shards(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Starts `serve` and waits until `/healthz` answers 200; returns the child.
+async fn serve_until_healthy(args: &[String], port: u16) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = support::spawn_killed_with_us(&mut cmd);
+    let start = Instant::now();
+    while support::http_get(port, "/healthz").0 != 200 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "serve did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    child
+}
+
+/// Issue 10, item 2: the shard count and the tables are recorded in every instance at first
+/// start; a process with another shard count is refused before it writes anything, and so is
+/// one that meets watermarks its topology does not place on an instance (deployments created
+/// before identities existed). `wm verify` reports what does not belong.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_shard_count_is_refused_and_writes_nothing() {
+    let core = RedisProcess::start().unwrap();
+    let mb0 = RedisProcess::start().unwrap();
+    let mb1 = RedisProcess::start().unwrap();
+    let mailboxes = format!("{},{}", mb0.url(), mb1.url());
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let listen = format!("127.0.0.1:{port}");
+    // an 8-shard deployment over two mailbox instances
+    let mut args = serve_args(&core.url(), &mailboxes, &listen);
+    let i = args.iter().position(|a| a == "--shards").unwrap();
+    args[i + 1] = "8".into();
+    let mut first = serve_until_healthy(&args, port).await;
+    let _ = first.kill();
+    let _ = first.wait();
+    assert_eq!(wm_keys(&mb0.url()).await, vec![0, 1, 2, 3]);
+    assert_eq!(wm_keys(&mb1.url()).await, vec![4, 5, 6, 7]);
+
+    // the same instances with 16 shards: refused, nothing created
+    args[i + 1] = "16".into();
+    let out = run_to_exit(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("deployment mismatch") && err.contains("created with 8 shards"),
+        "{err}"
+    );
+    assert_eq!(wm_keys(&mb0.url()).await, vec![0, 1, 2, 3]);
+    assert_eq!(wm_keys(&mb1.url()).await, vec![4, 5, 6, 7]);
+    // the instances swapped: refused too
+    let mut swapped = args.clone();
+    swapped[i + 1] = "8".into();
+    let j = swapped.iter().position(|a| a == "--mailbox").unwrap();
+    swapped[j + 1] = format!("{},{}", mb1.url(), mb0.url());
+    let out = run_to_exit(&swapped);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("mailbox instance 0"));
+
+    // advice for a missing watermark says what the instance is
+    let inspect = |url: &str, shard: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["wm", "inspect", "--redis", url, "--shard", shard])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(4));
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = inspect(&core.url(), "2");
+    assert!(err.contains("is core instance 0"), "{err}");
+    assert!(!err.contains("wm init"), "{err}");
+    let err = inspect(&mb0.url(), "5");
+    assert!(
+        err.contains("holds shards 0-3; shard 5 lives on another mailbox instance"),
+        "{err}"
+    );
+    let err = inspect(&mb0.url(), "12");
+    assert!(err.contains("there is no shard 12"), "{err}");
+
+    // a deployment from before identities: its watermarks decide
+    let legacy = RedisProcess::start().unwrap();
+    let legacy_core = RedisProcess::start().unwrap();
+    let mut st = Store::connect(&legacy.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    for s in 0..8 {
+        st.init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    let out = run_to_exit(&serve_args(&legacy_core.url(), &legacy.url(), &listen));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("shards 4-7"), "{err}");
+
+    // wm verify: a core instance is named as such; a stray watermark is reported
+    let verify = |urls: String| {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["wm", "verify", "--redis", &urls])
+            .output()
+            .unwrap()
+    };
+    let out = verify(core.url());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("core instance 0"));
+    st = Store::connect(&mb0.url(), Layout::PackedV2).await.unwrap();
+    st.init_watermark(6, Layout::PackedV2, 1, 0, false)
+        .await
+        .unwrap();
+    let out = verify(mailboxes.clone());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(text.contains("wm:{6} does not belong here"), "{text}");
+}
+
+/// Issue 10, item 2: unknown keys in the config file are errors; `--layout` with `--config`
+/// is an error; `up --layout packed-v1` on a packed-v2 data dir is refused.
+#[test]
+fn configuration_mistakes_are_refused() {
+    let dir = std::env::temp_dir().join(format!("tidemark-startup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = dir.join("deploy.toml");
+    std::fs::write(
+        &cfg,
+        "shards = 4\ncore = [\"redis://127.0.0.1:1/\"]\nmailbox = [\"redis://127.0.0.1:1/\"]\n\
+         mailbox_of_shards = [0, 0, 0, 0]\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["serve", "--config", cfg.to_str().unwrap(), "--dev-auth"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown field `mailbox_of_shards`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&[
+        "serve",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--layout",
+        "packed-v1",
+        "--dev-auth",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--layout"));
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("deployment.toml"),
+        "shards = 4\ncore = 1\nmailbox = 1\nlayout = \"packed-v2\"\n",
+    )
+    .unwrap();
+    let out = run(&[
+        "up",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--shards",
+        "4",
+        "--layout",
+        "packed-v1",
+        "--dev-auth",
+        "--listen",
+        "127.0.0.1:0",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("wm downgrade"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 10, item 4: a corrupt watermark stops only its shard: `serve` starts, materialises
+/// every other shard, and reports the corrupt one in `/healthz` (503) and `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_shard_stops_only_itself() {
+    use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
+    let core = RedisProcess::start().unwrap();
+    let mailbox = RedisProcess::start().unwrap();
+    let mut st = Store::connect(&mailbox.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    for s in 0..SHARDS {
+        st.init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    let mut conn = st.connection();
+    let _: () = redis::AsyncCommands::hset(&mut conn, "wm:{1}", "wm_blob", "short")
+        .await
+        .unwrap();
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(serve_args(
+        &core.url(),
+        &mailbox.url(),
+        &format!("127.0.0.1:{port}"),
+    ))
+    .env("RUST_LOG", "error")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    let mut child = support::spawn_killed_with_us(&mut cmd);
+    let start = Instant::now();
+    let body = loop {
+        let (status, body) = support::http_get(port, "/healthz");
+        if status == 503 && body.contains("shard 1: Corrupt") {
+            break body;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "no 503 naming shard 1: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(body.lines().count(), 1, "only shard 1: {body}");
+    let mut commits = CoreStore::connect(&core.url()).await.unwrap();
+    commits
+        .commit(0, "a", "m1", &["bob"], "hi", 1, DEFAULT_DEDUPE_TTL_S)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    while st.read_watermark(0).await.unwrap().lanes.min_present_w() != Some(1) {
+        assert!(start.elapsed() < Duration::from_secs(10), "shard 0 runs");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, metrics) = support::http_get(port, "/metrics");
+    assert!(
+        metrics.contains("tidemark_shard_running{shard=\"1\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("tidemark_shard_running{shard=\"0\"} 1"));
+    // issue 10, item 7: a stopped shard's head and lag stay live; counters exist at zero from
+    // the start; every metric has a HELP line; build info
+    commits
+        .commit(1, "a", "m2", &["x"], "waits", 1, DEFAULT_DEDUPE_TTL_S)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let metrics = loop {
+        let (_, m) = support::http_get(port, "/metrics");
+        if m.contains("tidemark_shard_lag{shard=\"1\"} 1") {
+            break m;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "lag of the stopped shard: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        metrics.contains("tidemark_shard_head{shard=\"1\"} 1"),
+        "{metrics}"
+    );
+    for line in [
+        "tidemark_gaps_total 0",
+        "tidemark_shard_fenced_total 0",
+        "tidemark_task_restarts_total{task=\"materializer\",reason=\"panic\"} 0",
+        "# HELP tidemark_shard_lag ",
+        "tidemark_build_info{version=",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    for l in metrics.lines().filter(|l| l.starts_with("# TYPE ")) {
+        let name = l.split_whitespace().nth(2).unwrap();
+        assert!(
+            metrics.contains(&format!("# HELP {name} ")),
+            "no HELP for {name}"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Issue 10, item 6: `wm downgrade` refuses shards whose owner is live and holds the epoch
+/// (it would write packed-v2 again right after); a fenced shard, `--force-offline`, or a
+/// stopped owner (its marks removed on a clean stop) let it through. `--all` lists what it
+/// converted and what it skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downgrade_refuses_a_live_owner() {
+    let core = RedisProcess::start().unwrap();
+    let mailbox = RedisProcess::start().unwrap();
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let args = serve_args(&core.url(), &mailbox.url(), &format!("127.0.0.1:{port}"));
+    let mut owner = serve_until_healthy(&args, port).await;
+    // the owner refreshes its marks once a second
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let tm = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let mb = mailbox.url();
+    let layout = |s: u32| {
+        let mb = mb.clone();
+        async move {
+            Store::connect(&mb, Layout::PackedV2)
+                .await
+                .unwrap()
+                .read_watermark(s)
+                .await
+                .unwrap()
+                .layout
+        }
+    };
+    let out = tm(&["wm", "downgrade", "--redis", &mb, "--all"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.contains("0 converted, 4 skipped"), "{text}");
+    assert!(
+        text.contains("shard 0: skipped: a live owner holds epoch"),
+        "{text}"
+    );
+    assert_eq!(layout(0).await, Layout::PackedV2);
+    // fenced: the owner can no longer write, the downgrade goes through
+    assert!(tm(&["shard", "fence", "--redis", &mb, "--shard", "0"])
+        .status
+        .success());
+    let out = tm(&["wm", "downgrade", "--redis", &mb, "--shard", "0"]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(layout(0).await, Layout::PackedV1);
+    // --force-offline: converted, with a warning
+    let out = tm(&[
+        "wm",
+        "downgrade",
+        "--redis",
+        &mb,
+        "--shard",
+        "1",
+        "--force-offline",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("warning: --force-offline"));
+    // a clean stop removes the marks: the rest converts at once
+    unsafe { libc::kill(owner.id() as i32, libc::SIGTERM) };
+    let _ = owner.wait();
+    let out = tm(&["wm", "downgrade", "--redis", &mb, "--all"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("4 converted, 0 skipped"), "{text}");
+}

@@ -1,0 +1,267 @@
+//! The deployment's identity, kept in every Redis instance it uses, so that a process started
+//! with another shard count or other instance tables is refused before it writes anything.
+//!
+//! ```text
+//! tidemark:deployment   hash, one per instance (core and mailbox), written once
+//!   version   "1"
+//!   shards    decimal u32        S, fixed when the deployment is created
+//!   role      "core" | "mailbox" which pool this instance belongs to
+//!   index     decimal            its position in that pool
+//!   holds     ranges "a-b,c,…"   the shards whose keys live on this instance (sorted)
+//!   tables    16 hex digits      xxh3-64 of both shard → instance tables (every instance of
+//!                                a deployment has the same value)
+//! ```
+//!
+//! Invariants: written only when absent (a Lua step: `HSET` if `EXISTS` is 0), never
+//! rewritten by Tidemark; a process compares all fields but `holds` (which follows from them)
+//! with what its topology says, and refuses any difference. Before the first write on an
+//! instance that already holds watermarks (a deployment created before identities existed)
+//! those are checked against `holds`: a `wm:{s}` this instance should not have is refused too.
+//!
+//! The watermark layout is not part of the identity: it is recorded per shard in `wm:{s}`
+//! itself and checked there (old code refuses newer data, ADR-0015).
+
+use std::collections::BTreeMap;
+
+use redis::aio::ConnectionLike;
+
+use crate::error::{Error, Result};
+
+/// The key of the identity hash.
+pub const KEY: &str = "tidemark:deployment";
+const VERSION: &str = "1";
+
+/// Which pool an instance belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Commit side: dispatch logs.
+    Core,
+    /// Materialize side: watermarks and mailboxes.
+    Mailbox,
+}
+
+impl Role {
+    /// `core` or `mailbox`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Core => "core",
+            Role::Mailbox => "mailbox",
+        }
+    }
+}
+
+/// What one instance records about the deployment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Shard count S.
+    pub shards: u32,
+    /// The pool of this instance.
+    pub role: Role,
+    /// Its position in the pool.
+    pub index: usize,
+    /// Shards whose keys live on this instance, sorted.
+    pub holds: Vec<u32>,
+    /// Fingerprint of both tables.
+    pub tables: String,
+}
+
+/// Fingerprint of the shard → instance tables of both pools.
+pub fn tables_fingerprint(core_table: &[usize], mailbox_table: &[usize]) -> String {
+    let mut bytes = Vec::with_capacity((core_table.len() + mailbox_table.len()) * 4 + 2);
+    for t in [core_table, mailbox_table] {
+        for &i in t {
+            bytes.extend_from_slice(&(i as u32).to_be_bytes());
+        }
+        bytes.push(b'|');
+    }
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&bytes))
+}
+
+/// `[0,1,2,5,7,8]` → `"0-2,5,7-8"`.
+pub fn format_ranges(shards: &[u32]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < shards.len() {
+        let start = shards[i];
+        let mut end = start;
+        while i + 1 < shards.len() && shards[i + 1] == end + 1 {
+            i += 1;
+            end = shards[i];
+        }
+        out.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    out.join(",")
+}
+
+/// The inverse of [`format_ranges`]; `None` when malformed.
+pub fn parse_ranges(s: &str) -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    if s.is_empty() {
+        return Some(out);
+    }
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                if a > b {
+                    return None;
+                }
+                out.extend(a..=b);
+            }
+            None => out.push(part.parse().ok()?),
+        }
+    }
+    Some(out)
+}
+
+impl Identity {
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("version", VERSION.to_string()),
+            ("shards", self.shards.to_string()),
+            ("role", self.role.as_str().to_string()),
+            ("index", self.index.to_string()),
+            ("holds", format_ranges(&self.holds)),
+            ("tables", self.tables.clone()),
+        ]
+    }
+
+    fn from_fields(m: &BTreeMap<String, String>) -> Option<Identity> {
+        if m.get("version")? != VERSION {
+            return None;
+        }
+        Some(Identity {
+            shards: m.get("shards")?.parse().ok()?,
+            role: match m.get("role")?.as_str() {
+                "core" => Role::Core,
+                "mailbox" => Role::Mailbox,
+                _ => return None,
+            },
+            index: m.get("index")?.parse().ok()?,
+            holds: parse_ranges(m.get("holds")?)?,
+            tables: m.get("tables")?.clone(),
+        })
+    }
+
+    /// What differs between `self` (recorded) and `want` (this process), in words; empty when
+    /// they agree.
+    pub fn differences(&self, want: &Identity) -> Vec<String> {
+        let mut d = Vec::new();
+        if self.shards != want.shards {
+            d.push(format!(
+                "it was created with {} shards, this process has {}",
+                self.shards, want.shards
+            ));
+        }
+        if self.role != want.role || self.index != want.index {
+            d.push(format!(
+                "it is {} instance {}, this process uses it as {} instance {}",
+                self.role.as_str(),
+                self.index,
+                want.role.as_str(),
+                want.index
+            ));
+        }
+        if d.is_empty() && self.tables != want.tables {
+            d.push(
+                "its shard → instance tables differ from this process's (core_of_shard / \
+                 mailbox_of_shard, or the order of the instance lists)"
+                    .to_string(),
+            );
+        }
+        d
+    }
+}
+
+/// Reads the identity recorded on the instance (None when there is none).
+pub async fn read(conn: &mut impl ConnectionLike) -> Result<Option<Identity>> {
+    let m: BTreeMap<String, String> = redis::cmd("HGETALL").arg(KEY).query_async(conn).await?;
+    if m.is_empty() {
+        return Ok(None);
+    }
+    Identity::from_fields(&m)
+        .map(Some)
+        .ok_or_else(|| Error::UnexpectedReply {
+            script: "tidemark:deployment",
+            detail: format!("unreadable identity {m:?}"),
+        })
+}
+
+/// Writes `id` unless an identity exists; returns the identity now recorded.
+pub async fn record_if_absent(conn: &mut impl ConnectionLike, id: &Identity) -> Result<Identity> {
+    let script = redis::Script::new(
+        "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end \
+         return 1",
+    );
+    let mut inv = script.key(KEY);
+    for (k, v) in id.fields() {
+        inv.arg(k).arg(v);
+    }
+    let _: i64 = inv.invoke_async(conn).await?;
+    read(conn).await?.ok_or_else(|| Error::UnexpectedReply {
+        script: "tidemark:deployment",
+        detail: "identity missing after write".into(),
+    })
+}
+
+/// Shards that have a `wm:{s}` key on the instance (SCAN; one pass over the keyspace).
+pub async fn watermark_shards(conn: &mut impl ConnectionLike) -> Result<Vec<u32>> {
+    let mut cursor: u64 = 0;
+    let mut shards = Vec::new();
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg("wm:{*}")
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(conn)
+            .await?;
+        shards.extend(batch.iter().filter_map(|k| {
+            k.strip_prefix("wm:{")
+                .and_then(|r| r.strip_suffix('}'))
+                .and_then(|n| n.parse::<u32>().ok())
+        }));
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    shards.sort_unstable();
+    shards.dedup();
+    Ok(shards)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_round_trip() {
+        for v in [
+            vec![],
+            vec![0],
+            vec![0, 1, 2, 5, 7, 8],
+            vec![3, 9, 10, 11, 40],
+        ] {
+            let s = format_ranges(&v);
+            assert_eq!(parse_ranges(&s), Some(v.clone()), "{s}");
+        }
+        assert_eq!(format_ranges(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(parse_ranges("3-1"), None);
+        assert_eq!(parse_ranges("x"), None);
+    }
+
+    #[test]
+    fn fingerprint_depends_on_both_tables() {
+        let a = tables_fingerprint(&[0, 0, 1, 1], &[0, 0, 0, 0]);
+        assert_eq!(a.len(), 16);
+        assert_ne!(a, tables_fingerprint(&[0, 1, 0, 1], &[0, 0, 0, 0]));
+        assert_ne!(a, tables_fingerprint(&[0, 0, 0, 0], &[0, 0, 1, 1]));
+    }
+}

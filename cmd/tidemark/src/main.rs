@@ -15,6 +15,15 @@ use tokio_util::sync::CancellationToken;
 const EXIT_CORRUPT: u8 = 3;
 /// Exit status for a missing watermark.
 const EXIT_MISSING: u8 = 4;
+/// Exit status for a refused configuration (bad token secret, unsafe flags): like clap's
+/// usage errors, and nothing was started.
+const EXIT_REFUSED: u8 = 2;
+
+/// Prints `error: <why>` and returns [`EXIT_REFUSED`].
+fn refuse(why: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {why}");
+    ExitCode::from(EXIT_REFUSED)
+}
 
 #[derive(Parser)]
 #[command(
@@ -56,8 +65,8 @@ enum Cmd {
 struct TokenArgs {
     #[arg(long)]
     user: String,
-    /// Lifetime: e.g. 3600, 90s, 15m, 24h, 7d.
-    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    /// Lifetime: whole seconds with an optional unit, e.g. 3600, 90s, 15m, 24h, 7d (not 0).
+    #[arg(long, default_value = "24h", value_parser = tidemark_client::parse_ttl)]
     ttl: std::time::Duration,
     /// File holding the secret (else env TIDEMARK_TOKEN_SECRET).
     #[arg(long)]
@@ -126,20 +135,6 @@ struct TraceArgs {
     json: bool,
 }
 
-fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
-    let (num, mul) = match s.char_indices().last() {
-        Some((i, 's')) => (&s[..i], 1),
-        Some((i, 'm')) => (&s[..i], 60),
-        Some((i, 'h')) => (&s[..i], 3600),
-        Some((i, 'd')) => (&s[..i], 86400),
-        _ => (s, 1),
-    };
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("bad duration {s:?} (e.g. 90s, 15m, 24h, 7d)"))?;
-    Ok(std::time::Duration::from_secs(n * mul))
-}
-
 fn client_auth(a: &ClientAuthArgs) -> anyhow::Result<tidemark_client::Auth> {
     match (&a.token, &a.dev_user) {
         (Some(t), _) => Ok(tidemark_client::Auth::Token(t.clone())),
@@ -165,9 +160,13 @@ struct UpArgs {
     /// Data directory (AOF files, deployment file, token secret).
     #[arg(long, default_value = "./data")]
     data_dir: std::path::PathBuf,
-    /// Accept `?user=NAME` without a token (development only).
+    /// Accept `?user=NAME` without a token (development only; loopback --listen only).
     #[arg(long)]
     dev_auth: bool,
+    /// Allow --dev-auth on a non-loopback --listen address (anyone who reaches it can act as
+    /// any user).
+    #[arg(long, requires = "dev_auth")]
+    dev_auth_public: bool,
     /// Watermark layout to write.
     #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
     layout: Layout,
@@ -193,9 +192,13 @@ struct ServeArgs {
     /// Gateway listen address.
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: std::net::SocketAddr,
-    /// Accept `?user=NAME` without a token (development only).
+    /// Accept `?user=NAME` without a token (development only; loopback --listen only).
     #[arg(long)]
     dev_auth: bool,
+    /// Allow --dev-auth on a non-loopback --listen address (anyone who reaches it can act as
+    /// any user).
+    #[arg(long, requires = "dev_auth")]
+    dev_auth_public: bool,
     /// Watermark layout to write (without --config; with it, the file's `layout` decides).
     #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout, conflicts_with = "config")]
     layout: Layout,
@@ -391,7 +394,13 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<tidemark_bench::load::LoadOption
         Some(ws_url) => Target::Remote {
             ws_url: ws_url.clone(),
             token_secret: match &a.secret_file {
-                Some(p) => Some(std::fs::read_to_string(p)?.trim_end().as_bytes().to_vec()),
+                Some(p) => Some(
+                    tidemark_protocol::secret::load(
+                        Some(p),
+                        tidemark_protocol::secret::SECRET_ENV_VAR,
+                    )?
+                    .into_bytes(),
+                ),
                 None => None,
             },
             mailbox_urls: a.mailbox_urls.clone(),
@@ -559,11 +568,17 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             if !tidemark_protocol::is_valid_user_id(&a.user) {
                 anyhow::bail!("--user must be 1..=128 bytes without control characters");
             }
-            let secret = tidemark_client::read_secret(
+            let secret = match tidemark_client::read_secret(
                 a.secret_file.as_deref(),
                 tidemark_client::SECRET_ENV_VAR,
-            )?;
-            println!("{}", tidemark_client::make_token(&secret, &a.user, a.ttl));
+            ) {
+                Ok(s) => s,
+                Err(e) => return Ok(refuse(e)),
+            };
+            match tidemark_client::make_token(&secret, &a.user, a.ttl) {
+                Ok(t) => println!("{t}"),
+                Err(e) => return Ok(refuse(e)),
+            }
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Send(a) => {
@@ -655,6 +670,32 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `--dev-auth` trusts `?user=NAME` from anyone who reaches the listener: refused on a
+/// non-loopback address unless `--dev-auth-public` says so (then a warning is printed).
+fn check_dev_auth(dev_auth: bool, public: bool, listen: std::net::SocketAddr) -> Option<ExitCode> {
+    let loopback = match listen.ip() {
+        std::net::IpAddr::V4(ip) => ip.is_loopback(),
+        std::net::IpAddr::V6(ip) => ip
+            .to_ipv4_mapped()
+            .map_or(ip.is_loopback(), |v4| v4.is_loopback()),
+    };
+    if !dev_auth || loopback {
+        return None;
+    }
+    if !public {
+        return Some(refuse(format!(
+            "--dev-auth on {listen}, which is not a loopback address, would let anyone who can \
+             reach it act as any user; listen on 127.0.0.1 (or [::1]), or add --dev-auth-public \
+             to accept that"
+        )));
+    }
+    eprintln!(
+        "warning: --dev-auth-public: {listen} accepts ?user=NAME without a token; anyone who \
+         can reach it can read and send as any user"
+    );
+    None
+}
+
 fn shutdown_token() -> CancellationToken {
     let cancel = CancellationToken::new();
     let c = cancel.clone();
@@ -672,11 +713,36 @@ fn shutdown_token() -> CancellationToken {
 }
 
 async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
+    if let Some(code) = check_dev_auth(a.dev_auth, a.dev_auth_public, a.listen) {
+        return Ok(code);
+    }
     if !tidemark_redis_proc::redis_server_available() {
         eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
         return Ok(ExitCode::FAILURE);
     }
-    let secret = run::load_or_create_secret(&a.data_dir)?;
+    // the data dir holds the secrets: private (0700 / 0600), tightened when it was not
+    let tightened = match run::prepare_data_dir(&a.data_dir) {
+        Ok(t) => t,
+        Err(e) => return Ok(refuse(e)),
+    };
+    if !tightened.is_empty() {
+        eprintln!(
+            "note: {} was readable by other users; removed group/other access from {} path(s):",
+            a.data_dir.display(),
+            tightened.len()
+        );
+        for t in tightened.iter().take(8) {
+            eprintln!("  {t}");
+        }
+        if tightened.len() > 8 {
+            eprintln!("  … and {} more", tightened.len() - 8);
+        }
+    }
+    let secret = match run::load_or_create_secret(&a.data_dir) {
+        Ok(s) => s,
+        Err(run::Error::Secret(e)) => return Ok(refuse(e)),
+        Err(e) => return Err(e.into()),
+    };
     let cancel = shutdown_token();
     let up = run::up(
         run::UpOptions {
@@ -688,7 +754,7 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
             data_dir: a.data_dir.clone(),
             gateway: GatewayOptions {
                 dev_auth: a.dev_auth,
-                token_secret: Some(secret),
+                token_secret: Some(secret.into_bytes()),
                 ..Default::default()
             },
             materializer: Default::default(),
@@ -720,6 +786,9 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(code) = check_dev_auth(a.dev_auth, a.dev_auth_public, a.listen) {
+        return Ok(code);
+    }
     let topology = match &a.config {
         Some(path) => Topology::from_file(path)?,
         None => Topology::new(
@@ -729,16 +798,18 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             a.mailbox.clone(),
         ),
     };
-    let secret = match &a.secret_file {
-        Some(p) => Some(std::fs::read_to_string(p)?.trim_end().as_bytes().to_vec()),
-        None => std::env::var("TIDEMARK_TOKEN_SECRET")
-            .ok()
-            .map(|s| s.into_bytes()),
+    let secret = match tidemark_protocol::secret::load_optional(
+        a.secret_file.as_deref(),
+        tidemark_protocol::secret::SECRET_ENV_VAR,
+    ) {
+        Ok(s) => s.map(|s| s.into_bytes()),
+        Err(e) => return Ok(refuse(e)),
     };
     if secret.is_none() && !a.dev_auth {
-        anyhow::bail!(
-            "no token secret: give --secret-file or TIDEMARK_TOKEN_SECRET (or --dev-auth)"
-        );
+        return Ok(refuse(format!(
+            "no token secret: give --secret-file or {} (or --dev-auth)",
+            tidemark_protocol::secret::SECRET_ENV_VAR
+        )));
     }
     let cancel = shutdown_token();
     let running = run::serve(
@@ -766,10 +837,10 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     .await?;
     println!("gateway  {}", running.ws_url());
     for (i, u) in topology.core.iter().enumerate() {
-        println!("core     {i} {u}");
+        println!("core     {i} {}", tidemark_store::redact_url(u));
     }
     for (i, u) in topology.mailbox.iter().enumerate() {
-        println!("mailbox  {i} {u}");
+        println!("mailbox  {i} {}", tidemark_store::redact_url(u));
     }
     running.wait().await?;
     Ok(ExitCode::SUCCESS)

@@ -362,7 +362,7 @@ async fn remote_target_with_tokens() {
     use tidemark_server::run::{up, UpOptions};
 
     let dir = tempfile::tempdir().unwrap();
-    let secret = b"load-bench-test-secret".to_vec();
+    let secret = b"load-bench-test-secret-0123456789".to_vec();
     let deployment = up(
         UpOptions {
             mailbox: 1,

@@ -17,7 +17,7 @@ use crate::error::Error;
 pub const SEND_ONCE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The environment variable holding the token secret, when no secret file is given.
-pub const SECRET_ENV_VAR: &str = "TIDEMARK_TOKEN_SECRET";
+pub use tidemark_protocol::secret::SECRET_ENV_VAR;
 
 fn now_since_epoch() -> Duration {
     SystemTime::now()
@@ -27,46 +27,68 @@ fn now_since_epoch() -> Duration {
 
 /// Signs a bearer token for `user`, valid for `ttl` from now (rounded up to whole seconds).
 ///
+/// A zero `ttl`, or one whose expiry (unix seconds) would not fit a `u64`, is
+/// [`Error::BadTtl`]: a token is never minted with a wrapped or saturated expiry.
+///
 /// # Panics
 ///
 /// If `user` is not a valid user id (1..=128 bytes, no control character), like
 /// [`tidemark_protocol::token::sign`]; check with [`tidemark_protocol::is_valid_user_id`]
 /// first when the name comes from a user.
-pub fn make_token(secret: &[u8], user: &str, ttl: Duration) -> String {
+pub fn make_token(secret: &[u8], user: &str, ttl: Duration) -> Result<String, Error> {
+    if ttl.is_zero() {
+        return Err(Error::BadTtl(
+            "a token lifetime of 0 is expired at once".into(),
+        ));
+    }
     let ttl_secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-    let exp = now_since_epoch().as_secs().saturating_add(ttl_secs);
-    tidemark_protocol::token::sign(secret, user, exp)
+    let exp = now_since_epoch()
+        .as_secs()
+        .checked_add(ttl_secs)
+        .ok_or_else(|| {
+            Error::BadTtl(format!(
+                "{ttl_secs} s from now is past the largest expiry a token can hold"
+            ))
+        })?;
+    Ok(tidemark_protocol::token::sign(secret, user, exp))
 }
 
-/// Reads the token secret: the contents of `secret_file` when given (an unreadable file is
-/// an error, no fallback), else the value of the environment variable `env_var` (normally
-/// [`SECRET_ENV_VAR`]). Trailing `\n`/`\r` are trimmed from either. A missing or empty secret
-/// is [`Error::NoSecret`].
-pub fn read_secret(secret_file: Option<&Path>, env_var: &str) -> Result<Vec<u8>, Error> {
-    let (mut secret, source) = match secret_file {
-        Some(path) => {
-            let bytes = std::fs::read(path).map_err(|source| Error::SecretFile {
-                path: path.to_owned(),
-                source,
-            })?;
-            (bytes, format!("secret file {}", path.display()))
-        }
-        None => match std::env::var_os(env_var) {
-            Some(v) => (v.into_encoded_bytes(), format!("${env_var}")),
-            None => {
-                return Err(Error::NoSecret(format!(
-                    "give a secret file or set the environment variable {env_var}"
-                )))
-            }
-        },
+/// Parses a token lifetime: whole seconds with an optional unit, `s`, `m`, `h` or `d`
+/// (`3600`, `90s`, `15m`, `24h`, `7d`). Zero, and a value whose number of seconds does not fit
+/// a `u64` (e.g. `213503982334602d`), is [`Error::BadTtl`] rather than a wrapped value.
+pub fn parse_ttl(s: &str) -> Result<Duration, Error> {
+    let (num, mul) = match s.char_indices().last() {
+        Some((i, 's')) => (&s[..i], 1),
+        Some((i, 'm')) => (&s[..i], 60),
+        Some((i, 'h')) => (&s[..i], 3600),
+        Some((i, 'd')) => (&s[..i], 86400),
+        _ => (s, 1),
     };
-    while matches!(secret.last(), Some(b'\n' | b'\r')) {
-        secret.pop();
+    if num.is_empty() || !num.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(Error::BadTtl(format!(
+            "{s:?} is not a duration (whole seconds with an optional unit: 90s, 15m, 24h, 7d)"
+        )));
     }
-    if secret.is_empty() {
-        return Err(Error::NoSecret(format!("{source} is empty")));
+    let secs = num
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| Error::BadTtl(format!("{s:?} is too large (more than 2^64-1 seconds)")))?;
+    if secs == 0 {
+        return Err(Error::BadTtl(format!(
+            "{s:?}: a token lifetime of 0 is expired at once"
+        )));
     }
-    Ok(secret)
+    Ok(Duration::from_secs(secs))
+}
+
+/// Reads the token secret with the one loader all of Tidemark uses
+/// ([`tidemark_protocol::secret::load`]): the contents of `secret_file` when given (an
+/// unreadable file is an error, no fallback), else the value of the environment variable
+/// `env_var` (normally [`SECRET_ENV_VAR`]); whitespace trimmed at both ends, at least
+/// [`tidemark_protocol::secret::MIN_SECRET_BYTES`] bytes left, else [`Error::Secret`].
+pub fn read_secret(secret_file: Option<&Path>, env_var: &str) -> Result<Vec<u8>, Error> {
+    Ok(tidemark_protocol::secret::load(secret_file, env_var)?.into_bytes())
 }
 
 /// A fresh client message id, `cli-<unix_ms>-<16 hex digits>`.
@@ -291,7 +313,7 @@ mod tests {
     fn make_token_verifies() {
         let secret = b"client test secret";
         let now = now_since_epoch().as_secs();
-        let t = make_token(secret, "alice", Duration::from_secs(3600));
+        let t = make_token(secret, "alice", Duration::from_secs(3600)).unwrap();
         let claims = verify(secret, &t, now).unwrap();
         assert_eq!(claims.user, "alice");
         assert!((now + 3600..=now + 3602).contains(&claims.expires_at_unix));
@@ -307,14 +329,62 @@ mod tests {
             "token_bad_signature"
         );
         // A sub-second ttl rounds up: still valid right now.
-        let t = make_token(secret, "bob", Duration::from_millis(1));
+        let t = make_token(secret, "bob", Duration::from_millis(1)).unwrap();
         assert!(verify(secret, &t, now).is_ok());
     }
 
     #[test]
     #[should_panic(expected = "token user")]
     fn make_token_refuses_empty_user() {
-        make_token(b"s", "", Duration::from_secs(1));
+        let _ = make_token(b"s", "", Duration::from_secs(1));
+    }
+
+    #[test]
+    fn ttls() {
+        for (s, secs) in [
+            ("1", 1),
+            ("3600", 3600),
+            ("90s", 90),
+            ("15m", 900),
+            ("24h", 86400),
+            ("7d", 604800),
+            ("213503982334601d", 213_503_982_334_601 * 86400),
+            ("18446744073709551615", u64::MAX),
+        ] {
+            assert_eq!(parse_ttl(s).unwrap(), Duration::from_secs(secs), "{s}");
+        }
+        for s in [
+            "",
+            "s",
+            "d",
+            "0",
+            "0s",
+            "0d",
+            "-1",
+            "+5",
+            "1.5h",
+            "1w",
+            "24 h",
+            " 24h",
+            "1e3",
+            // overflow: 213503982334602 days and 2^64 seconds
+            "213503982334602d",
+            "18446744073709551616",
+            "18446744073709551615m",
+            "999999999999999999999999h",
+        ] {
+            let e = parse_ttl(s).unwrap_err();
+            assert_eq!(e.code(), "bad_ttl", "{s}");
+        }
+        assert!(parse_ttl("213503982334602d")
+            .unwrap_err()
+            .to_string()
+            .contains("too large"));
+        assert!(parse_ttl("0").unwrap_err().to_string().contains("0"));
+        // an expiry that does not fit u64 and a zero ttl are refused by make_token too
+        for ttl in [Duration::from_secs(u64::MAX), Duration::ZERO] {
+            assert_eq!(make_token(b"s", "a", ttl).unwrap_err().code(), "bad_ttl");
+        }
     }
 
     #[test]
@@ -322,30 +392,36 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("tidemark-client-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("secret");
-        std::fs::write(&file, b"s3cret \n\r\n").unwrap();
+        let good = "0123456789abcdef0123456789abcdef";
+        std::fs::write(&file, format!("{good} \n\r\n")).unwrap();
         // Unique variable names: tests run in parallel threads.
         let var = "TIDEMARK_CLIENT_TEST_SECRET_A";
-        std::env::set_var(var, "from-env\n");
-        assert_eq!(read_secret(Some(&file), var).unwrap(), b"s3cret ");
-        assert_eq!(read_secret(None, var).unwrap(), b"from-env");
+        std::env::set_var(var, format!(" {good}-env\n"));
+        assert_eq!(read_secret(Some(&file), var).unwrap(), good.as_bytes());
+        assert_eq!(
+            read_secret(None, var).unwrap(),
+            format!("{good}-env").as_bytes()
+        );
 
         let missing = dir.join("missing");
         let e = read_secret(Some(&missing), var).unwrap_err();
-        assert_eq!(e.code(), "secret_file");
+        assert_eq!(e.code(), "secret_unreadable");
         assert!(e.to_string().contains("missing"), "{e}");
 
         let e = read_secret(None, "TIDEMARK_CLIENT_TEST_SECRET_UNSET").unwrap_err();
-        assert_eq!(e.code(), "no_secret");
+        assert_eq!(e.code(), "secret_missing");
         assert!(
             e.to_string().contains("TIDEMARK_CLIENT_TEST_SECRET_UNSET"),
             "{e}"
         );
 
-        std::fs::write(&file, b"\n").unwrap();
-        assert_eq!(
-            read_secret(Some(&file), var).unwrap_err().code(),
-            "no_secret"
-        );
+        for short in ["\n", "  \t ", "short secret"] {
+            std::fs::write(&file, short).unwrap();
+            assert_eq!(
+                read_secret(Some(&file), var).unwrap_err().code(),
+                "secret_too_short"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

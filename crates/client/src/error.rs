@@ -1,7 +1,5 @@
 //! The crate's one error type.
 
-use std::path::PathBuf;
-
 use tokio_tungstenite::tungstenite;
 
 /// Every error this crate returns.
@@ -68,18 +66,13 @@ pub enum Error {
     /// a waiter on this connection. Code `id_in_flight`.
     #[error("a send with id {0:?} is already waiting for its ack on this connection")]
     IdInFlight(String),
-    /// The token secret file could not be read. Code `secret_file`.
-    #[error("cannot read token secret file {path}: {source}")]
-    SecretFile {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// No token secret was found, or it is empty. Code `no_secret`.
-    #[error("no token secret: {0}")]
-    NoSecret(String),
+    /// The token secret could not be loaded or is too short. Code: the loader's
+    /// (`secret_unreadable`, `secret_missing`, `secret_too_short`, `secret_create`).
+    #[error(transparent)]
+    Secret(#[from] tidemark_protocol::SecretError),
+    /// A token lifetime that is zero, not a duration, or overflows. Code `bad_ttl`.
+    #[error("bad token lifetime: {0}")]
+    BadTtl(String),
 }
 
 impl Error {
@@ -95,8 +88,8 @@ impl Error {
             Error::Closed => "closed",
             Error::Protocol(_) => "protocol",
             Error::IdInFlight(_) => "id_in_flight",
-            Error::SecretFile { .. } => "secret_file",
-            Error::NoSecret(_) => "no_secret",
+            Error::Secret(e) => e.code(),
+            Error::BadTtl(_) => "bad_ttl",
         }
     }
 

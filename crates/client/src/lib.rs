@@ -9,7 +9,7 @@
 //!   sends can be in flight at once. See the [`client`] module for the routing rules.
 //! - [`Auth`]: a bearer token (`Authorization` header) or a `--dev-auth` user name
 //!   (`?user=`).
-//! - CLI helpers: [`make_token`], [`read_secret`], [`send_once`], [`tail`],
+//! - CLI helpers: [`make_token`], [`parse_ttl`], [`read_secret`], [`send_once`], [`tail`],
 //!   [`format_entry`], [`new_message_id`].
 //! - [`SeqDedup`]: drops repeated deliveries (the wire is at least once).
 //! - [`Error`]: the one error type, with a stable [`code`](Error::code).
@@ -42,8 +42,8 @@ mod dedup;
 mod error;
 
 pub use cli::{
-    format_entry, format_unix_us, make_token, new_message_id, read_secret, send_once, tail,
-    SECRET_ENV_VAR, SEND_ONCE_TIMEOUT,
+    format_entry, format_unix_us, make_token, new_message_id, parse_ttl, read_secret, send_once,
+    tail, SECRET_ENV_VAR, SEND_ONCE_TIMEOUT,
 };
 pub use client::{
     Auth, Client, ClientHandle, Event, Offsets, PendingAck, BAD_SERVER_FRAME, CLOSE_TIMEOUT,

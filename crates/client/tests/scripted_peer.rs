@@ -123,7 +123,7 @@ const WAIT: Duration = Duration::from_secs(5);
 async fn token_goes_in_the_authorization_header() {
     within(async {
         let secret = b"scripted peer secret";
-        let token = make_token(secret, "alice", Duration::from_secs(60));
+        let token = make_token(secret, "alice", Duration::from_secs(60)).unwrap();
         let (url, peer) = peer(|mut ws, seen| async move {
             send(&mut ws, ready("alice", 3400)).await;
             assert!(recv(&mut ws).await.is_none());

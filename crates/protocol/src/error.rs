@@ -10,6 +10,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::frames::FrameError;
+use crate::secret::SecretError;
 use crate::token::TokenError;
 
 /// A stable, machine-readable error code sent to clients.
@@ -187,6 +188,10 @@ pub enum Error {
     /// `token_expired`.
     #[error(transparent)]
     Token(#[from] TokenError),
+    /// The token secret could not be loaded or is too short. Code: `secret_unreadable`,
+    /// `secret_missing`, `secret_too_short` or `secret_create`.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
     /// A stored mailbox entry is truncated or invalid. Code: `bad_entry`.
     #[error("bad mailbox entry: {reason}")]
     BadEntry {
@@ -201,17 +206,18 @@ impl Error {
         match self {
             Error::Frame(e) => e.code(),
             Error::Token(e) => e.code(),
+            Error::Secret(e) => e.code(),
             Error::BadEntry { .. } => "bad_entry",
         }
     }
 
-    /// The code a client should be shown. A bad stored entry is the server's fault:
-    /// `internal`.
+    /// The code a client should be shown. A bad stored entry or secret is the server's
+    /// fault: `internal`.
     pub fn error_code(&self) -> ErrorCode {
         match self {
             Error::Frame(e) => e.error_code(),
             Error::Token(e) => e.error_code(),
-            Error::BadEntry { .. } => ErrorCode::Internal,
+            Error::Secret(_) | Error::BadEntry { .. } => ErrorCode::Internal,
         }
     }
 }

@@ -1,11 +1,13 @@
 //! Tidemark's client protocol, version 1: everything a client and the gateway must agree on,
-//! with no I/O and no Redis in it.
+//! with no network I/O and no Redis in it.
 //!
 //! - [`frames`]: the WebSocket frames (`/v1/ws`, one JSON object per text frame), their
 //!   [`Limits`], and [`parse_client_frame`], the one entry point for untrusted client input.
 //! - [`http`]: the same operations over HTTP (`POST /v1/messages`, `GET /v1/mailbox`,
 //!   `POST /v1/mailbox/ack`): request/response bodies and their parsers.
 //! - [`token`]: HMAC-SHA256 bearer tokens (`v1.<payload>.<mac>`) naming a user and an expiry.
+//! - [`secret`]: the one loader of the token secret (file or environment, at least 32 bytes
+//!   after trimming) used by the server, the CLI and the client helpers.
 //! - [`entry`]: the binary mailbox entry stored as a sorted-set member in the mailbox Redis.
 //! - [`error`]: the crate's [`Error`] and the wire-level [`ErrorCode`]s (stable strings,
 //!   HTTP status, retryable or not).
@@ -20,6 +22,7 @@ pub mod entry;
 pub mod error;
 pub mod frames;
 pub mod http;
+pub mod secret;
 pub mod token;
 
 pub use entry::{decode_entry, encode_entry, Entry};
@@ -29,7 +32,8 @@ pub use http::{
     parse_ack_request, parse_mailbox_query, parse_send_request, AckRequest, AckResponse, ErrorBody,
     ErrorDetail, MailboxPage, MailboxQuery, SendRequest, SendResponse,
 };
-pub use token::{sign, verify, Claims, TokenError};
+pub use secret::{SecretError, TokenSecret};
+pub use token::{sign, verify, Claims, TokenError, INVALID_TOKEN_MESSAGE};
 
 /// Largest mailbox seq / dispatch-log offset: seqs are u48 (ADR-0015 keeps the low 48 bits;
 /// the high 16 are reserved). Every u48 fits a JSON number (an IEEE double) exactly.

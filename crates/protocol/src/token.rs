@@ -26,6 +26,12 @@ const PREFIX: &str = "v1.";
 /// Longest token [`verify`] looks at; a valid token is far shorter (under 300 bytes).
 pub const MAX_TOKEN_BYTES: usize = 1024;
 
+/// The one message a client is shown for a token that does not verify, whatever the reason.
+pub const INVALID_TOKEN_MESSAGE: &str = "invalid token";
+
+/// The message a client is shown for a correctly signed token whose expiry has passed.
+pub const EXPIRED_TOKEN_MESSAGE: &str = "token expired; get a new one";
+
 /// What a verified token says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claims {
@@ -37,9 +43,10 @@ pub struct Claims {
 
 /// Why a token was rejected.
 ///
-/// Typed so the server can log the real reason (`code()`) while showing the client only
-/// `unauthorized` or `token_expired` (`error_code()`): a client is never told whether a
-/// forged token was malformed or merely mis-signed.
+/// Typed so the server can log the real reason (`code()`, `Display`) while showing the client
+/// only `unauthorized` or `token_expired` (`error_code()`) with a fixed message
+/// (`client_message()`): a client is never told whether a forged token was malformed or
+/// merely mis-signed. `Display` carries that detail and is for logs only.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
     /// Not of the form `v1.<b64>.<b64>`, bad base64, too long, or a signed payload that is not
@@ -67,6 +74,16 @@ impl TokenError {
             TokenError::Malformed(_) => "token_malformed",
             TokenError::BadSignature => "token_bad_signature",
             TokenError::Expired { .. } => "token_expired",
+        }
+    }
+
+    /// The message the client sees: [`INVALID_TOKEN_MESSAGE`] for every token that does not
+    /// verify (malformed, mis-signed, tampered, too long), [`EXPIRED_TOKEN_MESSAGE`] for a
+    /// correctly signed, expired one. Never the detail of `Display`.
+    pub fn client_message(&self) -> &'static str {
+        match self {
+            TokenError::Malformed(_) | TokenError::BadSignature => INVALID_TOKEN_MESSAGE,
+            TokenError::Expired { .. } => EXPIRED_TOKEN_MESSAGE,
         }
     }
 
@@ -354,6 +371,34 @@ mod tests {
             let e = verify(SECRET, t, NOW).unwrap_err();
             assert_ne!(e.error_code(), ErrorCode::TokenExpired, "{t:?}");
         }
+    }
+
+    #[test]
+    fn clients_see_one_message_for_every_invalid_token() {
+        let good = sign(SECRET, "alice", NOW + 60);
+        let (head, _) = good.rsplit_once('.').unwrap();
+        let invalid = [
+            sign(b"other secret", "alice", NOW + 60),
+            format!("{head}.{}", URL_SAFE_NO_PAD.encode([0u8; 32])),
+            "garbage".to_string(),
+            "v1.!!!.AAAA".to_string(),
+            sign_raw(SECRET, r#"{"u":"","exp":99999999999}"#),
+            "v1.".to_string() + &"A".repeat(2000) + ".AAAA",
+        ];
+        let mut codes = std::collections::BTreeSet::new();
+        for t in &invalid {
+            let e = verify(SECRET, t, NOW).unwrap_err();
+            codes.insert(e.code());
+            assert_eq!(e.client_message(), INVALID_TOKEN_MESSAGE, "{t}");
+            assert_eq!(e.error_code(), ErrorCode::Unauthorized, "{t}");
+        }
+        // the log codes still tell them apart
+        assert_eq!(
+            codes.into_iter().collect::<Vec<_>>(),
+            ["token_bad_signature", "token_malformed"]
+        );
+        let e = verify(SECRET, &sign(SECRET, "alice", NOW), NOW).unwrap_err();
+        assert_eq!(e.client_message(), EXPIRED_TOKEN_MESSAGE);
     }
 
     #[test]

@@ -6,6 +6,14 @@
 //! parent-death signal (`PR_SET_PDEATHSIG`), so a `kill -9` of the owner never leaves an
 //! orphaned server behind.
 //!
+//! With [`RedisOptions::requirepass`], the server requires that password (`AUTH`) from every
+//! client; it is handed to redis-server on its standard input (`redis-server -`), never on the
+//! command line, where any local user could read it with `ps`. [`RedisProcess::url`] then
+//! carries it (`redis://:PASS@127.0.0.1:PORT/`); [`RedisProcess::display_url`] does not.
+//!
+//! Files are private: a data directory this crate creates is mode 0700, and the server runs
+//! with umask 077, so its AOF directory, AOF files and log are readable by their owner only.
+//!
 //! There is deliberately no mock of Redis anywhere in Tidemark: what the tests prove is what
 //! runs in production.
 
@@ -29,6 +37,10 @@ pub enum Error {
         waited: Duration,
         log: String,
     },
+    /// A `requirepass` that is empty or holds a character other than ASCII letters, digits,
+    /// `-`, `.`, `_` and `~` (so that it needs no quoting in a config line or a URL).
+    #[error("a redis password must be 1..=512 characters of A-Z a-z 0-9 - . _ ~")]
+    BadPassword,
     /// Any I/O failure while preparing or starting the process.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
@@ -40,6 +52,7 @@ impl Error {
         match self {
             Error::NotInstalled => "redis_not_installed",
             Error::NotReady { .. } => "redis_not_ready",
+            Error::BadPassword => "bad_password",
             Error::Io(_) => "io",
         }
     }
@@ -59,6 +72,16 @@ pub struct RedisOptions {
     pub appendfsync: String,
     /// Extra `--name value` arguments, passed as given.
     pub extra: Vec<(String, String)>,
+    /// Require this password from every client (`requirepass`); see [`valid_password`].
+    pub requirepass: Option<String>,
+}
+
+/// Whether `p` can be a [`RedisOptions::requirepass`]: 1..=512 characters, each an ASCII
+/// letter or digit or one of `-._~` (URL-unreserved: no quoting anywhere).
+pub fn valid_password(p: &str) -> bool {
+    (1..=512).contains(&p.len())
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
 }
 
 impl Default for RedisOptions {
@@ -69,6 +92,7 @@ impl Default for RedisOptions {
             appendonly: false,
             appendfsync: "everysec".into(),
             extra: Vec::new(),
+            requirepass: None,
         }
     }
 }
@@ -81,6 +105,22 @@ pub struct RedisProcess {
     dir: PathBuf,
     /// Keeps the temporary directory alive as long as the process.
     _tmp: Option<tempfile::TempDir>,
+}
+
+/// Creates `dir` (and missing parents) when it does not exist; `dir` itself gets mode 0700.
+/// An existing directory is left as it is.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        other => other,
+    }
 }
 
 /// Returns an unused TCP port on 127.0.0.1 (bound then released).
@@ -111,10 +151,18 @@ impl RedisProcess {
         if !redis_server_available() {
             return Err(Error::NotInstalled);
         }
+        if opts
+            .requirepass
+            .as_deref()
+            .is_some_and(|p| !valid_password(p))
+        {
+            return Err(Error::BadPassword);
+        }
         let (dir, tmp) = match &opts.data_dir {
             Some(d) => {
-                std::fs::create_dir_all(d)?;
-                (d.clone(), None)
+                create_private_dir(d)?;
+                // absolute: redis-server changes into --dir before it opens --logfile
+                (std::fs::canonicalize(d)?, None)
             }
             None => {
                 let t = tempfile::Builder::new()
@@ -161,6 +209,10 @@ impl RedisProcess {
 
     fn spawn_once(opts: &RedisOptions, dir: &Path, port: u16) -> Result<Child, Error> {
         let mut cmd = Command::new("redis-server");
+        if opts.requirepass.is_some() {
+            // `-` first: read config lines from stdin (the password stays off the command line)
+            cmd.arg("-");
+        }
         cmd.arg("--port")
             .arg(port.to_string())
             .arg("--bind")
@@ -188,17 +240,28 @@ impl RedisProcess {
         for (k, v) in &opts.extra {
             cmd.arg(format!("--{k}")).arg(v);
         }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: prctl is async-signal-safe; the closure touches nothing else.
+        cmd.stdin(if opts.requirepass.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        // SAFETY: prctl and umask are async-signal-safe; the closure touches nothing else.
         unsafe {
             cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // the server's files (AOF, log) readable by their owner only
+                libc::umask(0o077);
                 Ok(())
             });
         }
-        Ok(cmd.spawn()?)
+        let mut child = cmd.spawn()?;
+        if let (Some(pass), Some(mut stdin)) = (&opts.requirepass, child.stdin.take()) {
+            // A server that died before reading this is reported by the readiness check.
+            let _ = stdin.write_all(format!("requirepass {pass}\n").as_bytes());
+        }
+        Ok(child)
     }
 
     fn wait_ready(&mut self, limit: Duration) -> Result<(), Error> {
@@ -209,7 +272,7 @@ impl RedisProcess {
                     return Err(self.not_ready(start.elapsed()));
                 }
             }
-            if ping(self.addr).unwrap_or(false) {
+            if ping_auth(self.addr, self.opts.requirepass.as_deref()).unwrap_or(false) {
                 return Ok(());
             }
             if start.elapsed() > limit {
@@ -244,9 +307,24 @@ impl RedisProcess {
         self.addr.port()
     }
 
-    /// `redis://127.0.0.1:PORT/`.
+    /// The URL clients connect with: `redis://127.0.0.1:PORT/`, or
+    /// `redis://:PASS@127.0.0.1:PORT/` with a password. Not for printing: see
+    /// [`display_url`](Self::display_url).
     pub fn url(&self) -> String {
+        match &self.opts.requirepass {
+            Some(p) => format!("redis://:{p}@{}/", self.addr),
+            None => self.display_url(),
+        }
+    }
+
+    /// `redis://127.0.0.1:PORT/`, without the password (for output and logs).
+    pub fn display_url(&self) -> String {
         format!("redis://{}/", self.addr)
+    }
+
+    /// The password every client must give, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.opts.requirepass.as_deref()
     }
 
     /// The server's working directory (AOF lives here).
@@ -300,12 +378,32 @@ impl Drop for RedisProcess {
 
 /// Sends an inline `PING` and checks for `+PONG`.
 pub fn ping(addr: SocketAddr) -> std::io::Result<bool> {
+    ping_auth(addr, None)
+}
+
+/// Like [`ping`], after `AUTH password` when one is given: true only when the server accepts
+/// the password and answers `+PONG` (not while it is still loading its AOF).
+pub fn ping_auth(addr: SocketAddr, password: Option<&str>) -> std::io::Result<bool> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
     s.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let mut want: Vec<u8> = Vec::new();
+    if let Some(p) = password {
+        // a valid password has no spaces or quotes: safe as an inline command
+        s.write_all(format!("AUTH {p}\r\n").as_bytes())?;
+        want.extend_from_slice(b"+OK\r\n");
+    }
     s.write_all(b"PING\r\n")?;
-    let mut buf = [0u8; 64];
-    let n = s.read(&mut buf)?;
-    Ok(buf[..n].starts_with(b"+PONG"))
+    want.extend_from_slice(b"+PONG\r\n");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while got.len() < want.len() {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    Ok(got.starts_with(&want))
 }
 
 #[cfg(test)]
@@ -319,6 +417,50 @@ mod tests {
         assert!(ping(addr).unwrap());
         drop(p);
         assert!(ping(addr).is_err() || !ping(addr).unwrap());
+    }
+
+    /// One inline command on a fresh connection; the first reply line.
+    fn command(addr: SocketAddr, line: &str) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(format!("{line}\r\n").as_bytes()).unwrap();
+        let mut buf = [0u8; 256];
+        let n = s.read(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf[..n]).trim_end().to_string()
+    }
+
+    #[test]
+    fn requirepass_is_required_and_kept_off_the_command_line() {
+        let pass = "p4ss-word_0123456789abcdef";
+        let mut p = RedisProcess::start_with(RedisOptions {
+            requirepass: Some(pass.into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(p.url(), format!("redis://:{pass}@127.0.0.1:{}/", p.port()));
+        assert_eq!(p.display_url(), format!("redis://127.0.0.1:{}/", p.port()));
+        assert!(command(p.addr(), "PING").starts_with("-NOAUTH"));
+        assert!(command(p.addr(), "AUTH wrong").starts_with("-WRONGPASS"));
+        assert!(ping_auth(p.addr(), Some(pass)).unwrap());
+        assert!(!ping(p.addr()).unwrap());
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", p.pid().unwrap())).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains(pass),
+            "password on the command line"
+        );
+        // a restart keeps it
+        p.restart().unwrap();
+        assert!(command(p.addr(), "PING").starts_with("-NOAUTH"));
+        assert!(ping_auth(p.addr(), Some(pass)).unwrap());
+        for bad in ["", "has space", "quo\"te", "new\nline", &"x".repeat(513)] {
+            let e = RedisProcess::start_with(RedisOptions {
+                requirepass: Some(bad.into()),
+                ..Default::default()
+            })
+            .err()
+            .unwrap();
+            assert_eq!(e.code(), "bad_password");
+        }
     }
 
     #[test]

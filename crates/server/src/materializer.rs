@@ -342,6 +342,8 @@ pub struct Worker {
     shards_total: u32,
     core: CoreStore,
     core_url: String,
+    /// `core_url` without its password, for logs and `/healthz`.
+    core_shown: String,
     reader: LogReader,
     mailboxes: Vec<Store>,
     rts: BTreeMap<u32, ShardRt>,
@@ -394,6 +396,7 @@ impl Worker {
             shards_total,
             core,
             core_url: core_url.to_string(),
+            core_shown: tidemark_store::redact_url(core_url),
             reader,
             mailboxes,
             rts: BTreeMap::new(),
@@ -582,9 +585,9 @@ impl Worker {
             .read_backoff
             .map_or(RETRY_MIN, |b| (b * 2).min(RETRY_MAX));
         self.read_backoff = Some(backoff);
-        tracing::warn!(error = %e, core = %self.core_url, ?backoff, "log read failed; retrying");
+        tracing::warn!(error = %e, core = %self.core_shown, ?backoff, "log read failed; retrying");
         metrics::counter!("tidemark_errors_total", "code" => "log_read").increment(1);
-        let why = format!("reading the log on {}: {e}", self.core_url);
+        let why = format!("reading the log on {}: {e}", self.core_shown);
         for s in self.shards() {
             self.health.update(s, |h| {
                 let since = h.retrying.as_ref().map_or_else(Instant::now, |r| r.1);
@@ -597,8 +600,10 @@ impl Worker {
         }
         match tokio::time::timeout(READ_GRACE, LogReader::connect(&self.core_url)).await {
             Ok(Ok(r)) => self.reader = r,
-            Ok(Err(e)) => tracing::warn!(error = %e, core = %self.core_url, "log reconnect failed"),
-            Err(_) => tracing::warn!(core = %self.core_url, "log reconnect timed out"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, core = %self.core_shown, "log reconnect failed")
+            }
+            Err(_) => tracing::warn!(core = %self.core_shown, "log reconnect timed out"),
         }
     }
 
@@ -607,7 +612,7 @@ impl Worker {
         if self.read_backoff.take().is_none() {
             return;
         }
-        tracing::info!(core = %self.core_url, "log read resumed");
+        tracing::info!(core = %self.core_shown, "log read resumed");
         for rt in self.rts.values() {
             if rt.retry.is_none() {
                 self.health.update(rt.shard, |h| {

@@ -13,6 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tidemark_protocol::secret::{SecretError, TokenSecret};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::redis::store::Store;
 use tidemark_store::redis::watermark::Layout;
@@ -44,6 +45,9 @@ pub enum Error {
     /// Files, sockets.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// The token secret is missing, unreadable or too short.
+    #[error(transparent)]
+    Secret(#[from] SecretError),
     /// The gateway's listen address could not be bound (nothing was claimed).
     #[error("cannot listen on {addr}: {source}")]
     Listen {
@@ -78,6 +82,7 @@ impl Error {
             Error::Gateway(_) => "gateway",
             Error::Redis(e) => e.code(),
             Error::Io(_) => "io",
+            Error::Secret(e) => e.code(),
             Error::Listen { .. } => "listen",
             Error::Deployment(_) => "deployment_mismatch",
             Error::Connect { .. } => "connect",
@@ -243,15 +248,7 @@ pub async fn check_identity(topology: &Topology) -> Result<(), Error> {
 }
 
 /// `url` without its password (`redis://:secret@host` → `redis://:***@host`), for messages.
-pub fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_string(),
-    }
-}
+pub use tidemark_store::redact_url;
 
 /// Starts the materializers and the gateway. Returns once the gateway is listening.
 ///
@@ -259,7 +256,13 @@ pub fn redact_url(url: &str) -> String {
 /// first shard is claimed (claiming raises the epoch, which fences the current owner):
 /// the topology and the owned shards are validated, the listener is bound, every core and
 /// mailbox Redis must answer, and every owned shard's watermark must be one this code can own.
+///
+/// A token secret shorter than [`tidemark_protocol::secret::MIN_SECRET_BYTES`] is refused
+/// before anything starts.
 pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Running, Error> {
+    if let Some(secret) = &opts.gateway.token_secret {
+        TokenSecret::new(secret, "the gateway options")?;
+    }
     let t = &opts.topology;
     t.validate()?;
     let owned: Vec<u32> = opts
@@ -475,23 +478,58 @@ pub struct Up {
     pub mailbox: Vec<RedisProcess>,
     /// The service.
     pub running: Running,
-    /// The topology in use.
+    /// The topology in use (its URLs carry the Redis password).
     pub topology: Topology,
+    /// The file holding the password every instance requires.
+    pub password_file: PathBuf,
 }
 
 impl Up {
-    /// One line per endpoint: the gateway URL, then every Redis instance.
+    /// One line per endpoint: the gateway URL, then every Redis instance (without its
+    /// password), then how to connect to them with `redis-cli` and `tidemark` tools — naming
+    /// the password file, never printing the password.
     pub fn endpoint_lines(&self) -> Vec<String> {
         let mut v = vec![format!("gateway  {}", self.running.ws_url())];
         for (i, p) in self.core.iter().enumerate() {
-            v.push(format!("core     {i} {}", p.url()));
+            v.push(format!("core     {i} {}", p.display_url()));
         }
         for (i, p) in self.mailbox.iter().enumerate() {
-            v.push(format!("mailbox  {i} {}", p.url()));
+            v.push(format!("mailbox  {i} {}", p.display_url()));
+        }
+        let file = sh_quote(&self.password_file.display().to_string());
+        v.push(format!(
+            "redis    every instance requires the password in {file}; for example:"
+        ));
+        if let Some(p) = self.core.first() {
+            v.push(format!(
+                "           REDISCLI_AUTH=\"$(cat {file})\" redis-cli -p {}",
+                p.port()
+            ));
+        }
+        if let Some(p) = self.mailbox.first() {
+            v.push(format!(
+                "           tidemark wm verify --redis \"redis://:$(cat {file})@{}/\"",
+                p.addr()
+            ));
         }
         v
     }
 }
+
+/// `s` as one word for a POSIX shell: as is when it needs no quoting, else single-quoted.
+fn sh_quote(s: &str) -> String {
+    if !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/._-+,:=@%".contains(&b))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+/// The token secret's file name in a data dir.
+pub const TOKEN_SECRET_FILE: &str = "token.secret";
 
 /// The deployment file in a data dir: shards and instance counts are fixed at creation.
 #[derive(serde::Serialize, serde::Deserialize, PartialEq, Eq, Debug)]
@@ -500,6 +538,88 @@ struct Deployment {
     core: usize,
     mailbox: usize,
     layout: Layout,
+}
+
+/// One path whose mode [`prepare_data_dir`] tightened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tightened {
+    /// The file or directory.
+    pub path: PathBuf,
+    /// Its permission bits before.
+    pub from: u32,
+    /// Its permission bits now (group and other bits cleared).
+    pub to: u32,
+}
+
+impl std::fmt::Display for Tightened {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {:04o} -> {:04o}",
+            self.path.display(),
+            self.from,
+            self.to
+        )
+    }
+}
+
+/// Makes `data_dir` private: creates it with mode 0700 when missing; when it exists, removes
+/// every group and other permission bit from it and from everything inside it (the secrets,
+/// the deployment file, each instance's directory, AOF files and logs), without following
+/// symbolic links. Returns what it changed (empty for a dir that was already private) so the
+/// caller can say so; each change is also logged. A path that cannot be changed (another
+/// owner) is an error naming the command that fixes it.
+pub fn prepare_data_dir(data_dir: &Path) -> Result<Vec<Tightened>, Error> {
+    use std::os::unix::fs::PermissionsExt;
+    if !data_dir.exists() {
+        tidemark_redis_proc::create_private_dir(data_dir)?;
+        return Ok(Vec::new());
+    }
+    let mut changed = Vec::new();
+    let mut stack = vec![data_dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&path)? {
+                stack.push(e?.path());
+            }
+        }
+        let from = meta.permissions().mode() & 0o7777;
+        if from & 0o077 == 0 {
+            continue;
+        }
+        let to = from & !0o077;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(to)).map_err(|e| {
+            ConfigError::Invalid(format!(
+                "{} is mode {from:04o} and cannot be made private ({e}); fix it with: \
+                 chmod -R go-rwx {}",
+                path.display(),
+                data_dir.display()
+            ))
+        })?;
+        let t = Tightened { path, from, to };
+        tracing::warn!(change = %t, "data dir: removed group/other access");
+        changed.push(t);
+    }
+    changed.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(changed)
+}
+
+/// Writes `contents` to a new or existing file with mode 0600.
+fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(contents)?;
+    f.sync_all()
 }
 
 fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
@@ -532,20 +652,22 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
             // packed-v1 -> packed-v2: the upgrade (new code converts each shard on its next
             // write); the file records the layout now written
             let text = toml::to_string(want).map_err(|e| ConfigError::Invalid(e.to_string()))?;
-            std::fs::write(&path, text)?;
+            write_private(&path, text.as_bytes())?;
         }
         return Ok(());
     }
-    std::fs::create_dir_all(dir)?;
+    tidemark_redis_proc::create_private_dir(dir)?;
     let text = toml::to_string(want).map_err(|e| ConfigError::Invalid(e.to_string()))?;
-    std::fs::write(path, text)?;
+    write_private(&path, text.as_bytes())?;
     Ok(())
 }
 
-/// Starts `core + mailbox` redis-server processes under `data_dir`, initialises the shards
-/// and serves. Must be called from the thread that will outlive the processes (the
+/// Makes `data_dir` private ([`prepare_data_dir`]), starts `core + mailbox` redis-server
+/// processes under it, each requiring the data dir's password
+/// ([`load_or_create_redis_password`]), initialises the shards and serves. Must be called from the thread that will outlive the processes (the
 /// parent-death signal is bound to the spawning thread): call it from `main`'s `block_on`.
 pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error> {
+    prepare_data_dir(&opts.data_dir)?;
     check_deployment(
         &opts.data_dir,
         &Deployment {
@@ -555,11 +677,13 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
             layout: opts.layout,
         },
     )?;
+    let password = load_or_create_redis_password(&opts.data_dir)?;
     let start = |name: String| {
         RedisProcess::start_with(RedisOptions {
             data_dir: Some(opts.data_dir.join(name)),
             appendonly: true,
             appendfsync: opts.appendfsync.clone(),
+            requirepass: Some(password.clone()),
             ..Default::default()
         })
     };
@@ -591,20 +715,51 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
         mailbox,
         running,
         topology,
+        password_file: opts.data_dir.join(REDIS_PASSWORD_FILE),
     })
 }
 
-/// Reads `<data_dir>/token.secret`, creating it (32 random bytes, hex) when missing.
-pub fn load_or_create_secret(data_dir: &Path) -> Result<Vec<u8>, Error> {
+/// The password file's name in a data dir.
+pub const REDIS_PASSWORD_FILE: &str = "redis.pass";
+
+/// The password of `up`'s redis-servers: `<data_dir>/redis.pass` (whitespace trimmed),
+/// created when missing (mode 0600, 32 random bytes as 64 hex digits) and reused by every
+/// later `up` of the data dir. A file that holds no usable password (1..=512 of
+/// `A-Z a-z 0-9 - . _ ~`) is refused.
+pub fn load_or_create_redis_password(data_dir: &Path) -> Result<String, Error> {
     use std::io::Read;
-    let path = data_dir.join("token.secret");
-    if let Ok(s) = std::fs::read_to_string(&path) {
-        return Ok(s.trim_end().as_bytes().to_vec());
+    let path = data_dir.join(REDIS_PASSWORD_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let p = text.trim();
+            if !tidemark_redis_proc::valid_password(p) {
+                return Err(ConfigError::Invalid(format!(
+                    "{} holds no usable redis password (1..=512 characters of A-Z a-z 0-9 - . _ \
+                     ~); remove it and the next `up` creates a new one",
+                    path.display()
+                ))
+                .into());
+            }
+            Ok(p.to_string())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tidemark_redis_proc::create_private_dir(data_dir)?;
+            let mut raw = [0u8; 32];
+            std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
+            let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+            write_private(&path, hex.as_bytes())?;
+            Ok(hex)
+        }
+        Err(e) => Err(e.into()),
     }
-    std::fs::create_dir_all(data_dir)?;
-    let mut raw = [0u8; 32];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut raw)?;
-    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::write(&path, &hex)?;
-    Ok(hex.into_bytes())
+}
+
+/// The token secret of a data dir: `<data_dir>/token.secret`, read under the loader's rule
+/// (at least 32 bytes after trimming; an empty or short file is refused, never rewritten) or
+/// created (mode 0600, 32 random bytes in hex) when missing.
+pub fn load_or_create_secret(data_dir: &Path) -> Result<TokenSecret, Error> {
+    tidemark_redis_proc::create_private_dir(data_dir)?;
+    Ok(tidemark_protocol::secret::load_or_create(
+        &data_dir.join(TOKEN_SECRET_FILE),
+    )?)
 }

@@ -43,7 +43,7 @@ async fn up(dir: &std::path::Path) -> (Up, CancellationToken) {
             data_dir: dir.to_path_buf(),
             gateway: GatewayOptions {
                 dev_auth: true,
-                token_secret: Some(b"e2e-secret".to_vec()),
+                token_secret: Some(b"e2e-secret-e2e-secret-e2e-secret".to_vec()),
                 ..Default::default()
             },
             materializer: MaterializerOptions {

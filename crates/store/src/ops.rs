@@ -229,7 +229,7 @@ pub async fn discover_shards(url: &str) -> Result<Vec<u32>> {
 /// One finding of `wm verify`.
 #[derive(Debug)]
 pub struct VerifyFinding {
-    /// Instance URL.
+    /// Instance URL (its password redacted).
     pub url: String,
     /// Shard number (None: a finding about the instance).
     pub shard: Option<u32>,
@@ -250,7 +250,7 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
         let identity = crate::deployment::read(&mut store.connection()).await?;
         if identity.is_none() && shards.is_empty() {
             findings.push(VerifyFinding {
-                url: url.clone(),
+                url: crate::redact_url(url),
                 shard: None,
                 problem: "no watermark and no deployment identity here: not a mailbox instance \
                           of a Tidemark deployment (a core instance, or never initialised)"
@@ -261,7 +261,7 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
         if let Some(id) = &identity {
             if id.role == crate::deployment::Role::Core {
                 findings.push(VerifyFinding {
-                    url: url.clone(),
+                    url: crate::redact_url(url),
                     shard: None,
                     problem: format!(
                         "this is core instance {} of a {}-shard deployment (dispatch logs), not \
@@ -273,7 +273,7 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
             }
             for s in shards.iter().filter(|s| !id.holds.contains(s)) {
                 findings.push(VerifyFinding {
-                    url: url.clone(),
+                    url: crate::redact_url(url),
                     shard: Some(*s),
                     problem: format!(
                         "wm:{{{s}}} does not belong here: this is mailbox instance {} of a \
@@ -292,7 +292,7 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
                 .collect();
             if !missing.is_empty() {
                 findings.push(VerifyFinding {
-                    url: url.clone(),
+                    url: crate::redact_url(url),
                     shard: None,
                     problem: format!(
                         "no watermark for shards {} that this instance holds",
@@ -306,7 +306,7 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
                 checked += 1;
                 if let Err(problem) = r {
                     findings.push(VerifyFinding {
-                        url: url.clone(),
+                        url: crate::redact_url(url),
                         shard: Some(*s),
                         problem: problem.to_string(),
                     });

@@ -171,9 +171,9 @@ pub struct Trace {
     pub offset: u64,
     /// Shard count used for routing (lanes).
     pub shards: u32,
-    /// Core instance read.
+    /// Core instance read (its password redacted).
     pub core_url: String,
-    /// Mailbox instance read.
+    /// Mailbox instance read (its password redacted).
     pub mailbox_url: String,
     /// The log.
     pub log: LogState,
@@ -341,8 +341,8 @@ pub async fn trace(
         shard,
         offset,
         shards,
-        core_url: core_url.to_string(),
-        mailbox_url: mailbox_url.to_string(),
+        core_url: crate::redact_url(core_url),
+        mailbox_url: crate::redact_url(mailbox_url),
         log,
         trimmed: record.is_none(),
         record,

@@ -224,7 +224,10 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
         .collect();
     let ttl = opts.duration + opts.drain_grace + Duration::from_secs(3600);
     let auth_of = |user: &str| match &setup.token_secret {
-        Some(secret) => Auth::Token(tidemark_client::make_token(secret, user, ttl)),
+        Some(secret) => Auth::Token(
+            tidemark_client::make_token(secret, user, ttl)
+                .expect("a run's token lifetime is non-zero and far from overflowing"),
+        ),
         None => Auth::DevUser(user.to_owned()),
     };
 
@@ -392,7 +395,7 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
         per_instance.push(InstanceStats {
             pool: w.pool.to_owned(),
             index: w.index,
-            url: w.url.clone(),
+            url: tidemark_store::redact_url(&w.url),
             evalsha_calls: whole.evalsha_calls,
             evalsha_us: whole.evalsha_us(),
             cpu_pct: loaded.cpu_pct(),

@@ -30,7 +30,7 @@ pub(crate) struct Watched {
 impl Watched {
     pub async fn connect(pool: &'static str, index: usize, url: &str) -> Result<Watched, Error> {
         let err = |source| Error::Redis {
-            url: url.to_owned(),
+            url: tidemark_store::redact_url(url),
             source,
         };
         let client = redis::Client::open(url).map_err(err)?;
@@ -55,7 +55,7 @@ impl Watched {
             .query_async(&mut self.conn)
             .await
             .map_err(|source| Error::Redis {
-                url: self.url.clone(),
+                url: tidemark_store::redact_url(&self.url),
                 source,
             })?;
         let at = Instant::now();

@@ -62,11 +62,16 @@ pub(crate) fn authenticate(
     };
     if let Some(t) = token {
         let Some(secret) = &opts.token_secret else {
-            return Err(unauthorized("this gateway accepts no tokens"));
+            tracing::info!("token refused: this gateway has no token secret");
+            return Err(unauthorized(token::INVALID_TOKEN_MESSAGE));
         };
         return match token::verify(secret, &t, now_unix()) {
             Ok(claims) => Ok(claims.user),
-            Err(e) => Err((e.error_code(), e.to_string())),
+            Err(e) => {
+                // the detail (malformed or mis-signed) is for the log only
+                tracing::info!(code = e.code(), error = %e, "token refused");
+                Err((e.error_code(), e.client_message().to_string()))
+            }
         };
     }
     if opts.dev_auth {
@@ -224,5 +229,48 @@ mod tests {
         // no secret: tokens refused
         let no_secret = GatewayOptions::default();
         assert!(authenticate(&no_secret, &bearer(&good), None, http).is_err());
+    }
+
+    #[test]
+    fn one_refusal_for_every_invalid_token() {
+        let good = token::sign(SECRET, "alice", now_unix() + 60);
+        let (head, _) = good.rsplit_once('.').unwrap();
+        let want = (ErrorCode::Unauthorized, "invalid token".to_string());
+        for bad in [
+            token::sign(b"other", "alice", now_unix() + 60),
+            format!("{head}.AAAA"),
+            "v1.x".to_string(),
+            "garbage".to_string(),
+            "v1.".to_string() + &"A".repeat(2000) + ".AAAA",
+        ] {
+            for ep in [Endpoint::Http, Endpoint::WebSocket] {
+                assert_eq!(
+                    authenticate(&opts(false), &bearer(&bad), None, ep).unwrap_err(),
+                    want,
+                    "{bad}"
+                );
+            }
+            let q = format!("token={bad}");
+            assert_eq!(
+                authenticate(
+                    &opts(false),
+                    &HeaderMap::new(),
+                    Some(&q),
+                    Endpoint::WebSocket
+                )
+                .unwrap_err(),
+                want
+            );
+            assert_eq!(
+                authenticate(
+                    &GatewayOptions::default(),
+                    &bearer(&bad),
+                    None,
+                    Endpoint::Http
+                )
+                .unwrap_err(),
+                want
+            );
+        }
     }
 }

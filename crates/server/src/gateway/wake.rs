@@ -115,6 +115,7 @@ impl WakeHub {
 /// Subscribes to `wake:*` on the mailbox instance `url` until `cancel`, reconnecting on
 /// failure.
 pub(crate) async fn run_subscriber(hub: Arc<WakeHub>, url: String, cancel: CancellationToken) {
+    let shown = tidemark_store::redact_url(&url);
     loop {
         let res = tokio::select! {
             _ = cancel.cancelled() => return,
@@ -124,8 +125,10 @@ pub(crate) async fn run_subscriber(hub: Arc<WakeHub>, url: String, cancel: Cance
             return;
         }
         match res {
-            Ok(()) => tracing::warn!(%url, "wake subscription ended; reconnecting"),
-            Err(e) => tracing::warn!(%url, error = %e, "wake subscription failed; reconnecting"),
+            Ok(()) => tracing::warn!(url = %shown, "wake subscription ended; reconnecting"),
+            Err(e) => {
+                tracing::warn!(url = %shown, error = %e, "wake subscription failed; reconnecting")
+            }
         }
         metrics::counter!("tidemark_wake_reconnects_total").increment(1);
         tokio::select! {
@@ -148,7 +151,7 @@ async fn subscribe_once(
         })??;
     let (mut sink, mut stream) = pubsub.split();
     sink.psubscribe("wake:*").await?;
-    tracing::debug!(%url, "wake subscription up");
+    tracing::debug!(url = %tidemark_store::redact_url(url), "wake subscription up");
     // Anything published while we were away is lost: let every connection re-read once.
     hub.wake_all();
     let mut ping = tokio::time::interval(PING_EVERY);

@@ -435,7 +435,13 @@ fn up_keeps_its_data_dir_private() {
     let all = modes_under(&data);
     let stderr = up.stop();
     assert!(!stderr.contains("note:"), "{stderr}");
-    for name in ["token.secret", "deployment.toml", "core-0", "mailbox-0"] {
+    for name in [
+        "token.secret",
+        "up.toml",
+        "tidemark.toml",
+        "core-0",
+        "mailbox-0",
+    ] {
         assert!(
             all.iter().any(|(p, _)| p.ends_with(name)),
             "no {name}: {all:?}"
@@ -645,6 +651,21 @@ fn up_redis_servers_require_a_password() {
     assert!(out.contains(":***@127.0.0.1"), "{out}");
     let o = run(tidemark().args(["wm", "inspect", "--redis", &url(mailbox), "--shard", shard]));
     assert!(o.status.success(), "{}", stderr(&o));
+    // the topology up runs, for read-only tools (issue 10: trace --config on the data dir)
+    let topo = data.join("tidemark.toml");
+    assert_eq!(mode(&topo), 0o600);
+    let o = run(tidemark().args([
+        "trace",
+        "--config",
+        topo.to_str().unwrap(),
+        "--shard",
+        shard,
+        "--offset",
+        offset,
+    ]));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(out.contains("materialised, entry present"), "{out}");
     // without the password the tools are refused
     let o = run(tidemark().args([
         "wm",

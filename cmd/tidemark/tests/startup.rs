@@ -282,6 +282,7 @@ fn configuration_mistakes_are_refused() {
     let data = dir.join("data");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(
+        // the earlier name of up's state file: still read (and renamed to up.toml)
         data.join("deployment.toml"),
         "shards = 4\ncore = 1\nmailbox = 1\nlayout = \"packed-v2\"\n",
     )

@@ -622,8 +622,21 @@ fn write_private(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// `up`'s own record of a data dir (shard and instance counts, layout). Named apart from the
+/// topology files that `serve --config` and `trace --config` read (`tidemark.toml`), which
+/// have another format.
+const UP_STATE_FILE: &str = "up.toml";
+/// Its name before (still read, then renamed).
+const UP_STATE_FILE_OLD: &str = "deployment.toml";
+/// The topology `up` is running, rewritten at every start: `trace --config` reads it.
+pub const UP_TOPOLOGY_FILE: &str = "tidemark.toml";
+
 fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
-    let path = dir.join("deployment.toml");
+    let path = dir.join(UP_STATE_FILE);
+    let old = dir.join(UP_STATE_FILE_OLD);
+    if !path.exists() && old.exists() {
+        std::fs::rename(&old, &path)?;
+    }
     if let Ok(text) = std::fs::read_to_string(&path) {
         let have: Deployment = toml::from_str(&text).map_err(ConfigError::from)?;
         if have.layout == Layout::PackedV2 && want.layout == Layout::PackedV1 {
@@ -699,6 +712,17 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
         core.iter().map(|p| p.url()).collect(),
         mailbox.iter().map(|p| p.url()).collect(),
     );
+    // for read-only tools: `tidemark trace --config <data dir>/tidemark.toml` (0600: the URLs
+    // carry the Redis password)
+    let text = toml::to_string(&topology).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    write_private(
+        &opts.data_dir.join(UP_TOPOLOGY_FILE),
+        format!(
+            "# written by `tidemark up` at every start (ports change): for read-only tools\n\
+             # such as `tidemark trace --config`. Do not `serve --config` it while `up` runs.\n{text}"
+        )
+        .as_bytes(),
+    )?;
     let running = serve(
         ServeOptions {
             topology: topology.clone(),

@@ -107,6 +107,13 @@ struct TailArgs {
     /// Restart the stream after this seq (default: after the last acked one).
     #[arg(long)]
     after: Option<u64>,
+    /// When the server goes away, stop (exit 0) instead of reconnecting.
+    #[arg(long)]
+    no_reconnect: bool,
+    /// Give up reconnecting (exit non-zero) after this long without a connection, e.g. 30s,
+    /// 5m.
+    #[arg(long, default_value = "2m", value_parser = tidemark_client::parse_ttl)]
+    give_up_after: std::time::Duration,
     /// Acknowledge each delivered message (lets the server trim the mailbox).
     #[arg(long)]
     ack: bool,
@@ -596,9 +603,18 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Tail(a) => {
             let auth = client_auth(&a.auth)?;
-            tidemark_client::tail(&a.auth.url, &auth, a.after, a.ack, |e| {
-                println!("{}", tidemark_client::format_entry(e));
-            })
+            let reconnect = (!a.no_reconnect).then_some(tidemark_client::Reconnect {
+                give_up_after: a.give_up_after,
+            });
+            tidemark_client::tail_with(
+                &a.auth.url,
+                &auth,
+                a.after,
+                a.ack,
+                reconnect,
+                |e| println!("{}", tidemark_client::format_entry(e)),
+                |line| eprintln!("tail: {line}"),
+            )
             .await?;
             Ok(ExitCode::SUCCESS)
         }

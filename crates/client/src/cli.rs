@@ -126,19 +126,48 @@ pub async fn send_once(
     result
 }
 
+/// What [`tail_with`] does when the connection is lost.
+#[derive(Debug, Clone, Copy)]
+pub struct Reconnect {
+    /// Stop trying (and return the last error) after this long without a connection.
+    pub give_up_after: std::time::Duration,
+}
+
 /// Connects and streams the mailbox: every delivered entry is passed to `out` once (repeats
 /// are dropped with [`SeqDedup`]), in arrival order. With `after`, sends `sync` first so
 /// entries above `after` are delivered again (even below `ready.after`); with `ack`, acks
 /// each entry's seq after `out` returns. Returns `Ok(())` when the connection closes, or
-/// [`Error::Server`] if the server rejects one of its frames.
+/// [`Error::Server`] if the server rejects one of its frames. [`tail_with`] reconnects.
 pub async fn tail(
     ws_url: &str,
     auth: &Auth,
     after: Option<u64>,
     ack: bool,
-    mut out: impl FnMut(&Entry),
+    out: impl FnMut(&Entry),
 ) -> Result<(), Error> {
-    let mut client = Client::connect(ws_url, auth).await?;
+    tail_with(ws_url, auth, after, ack, None, out, |_| {}).await
+}
+
+/// [`tail`] that survives the server going away when `reconnect` is given: it reconnects with
+/// a backoff (250 ms doubling to 5 s) and sends `sync` after the last seq it passed to `out`,
+/// so nothing is skipped and nothing is shown twice; retryable `error` frames (`internal`,
+/// `overloaded`) are reported and the stream goes on. It gives up, returning the last error,
+/// after `give_up_after` without a connection, or at once on an error that no retry can fix
+/// (`unauthorized`, `token_expired`, …). `note` receives one line for each of these events
+/// (connected, lost, reconnected, a retryable server error).
+pub async fn tail_with(
+    ws_url: &str,
+    auth: &Auth,
+    after: Option<u64>,
+    ack: bool,
+    reconnect: Option<Reconnect>,
+    mut out: impl FnMut(&Entry),
+    mut note: impl FnMut(&str),
+) -> Result<(), Error> {
+    let mut client = match reconnect {
+        Some(r) => connect_retrying(ws_url, auth, r, &mut note).await?,
+        None => Client::connect(ws_url, auth).await?,
+    };
     let mut dedup = match after {
         Some(after) => {
             client.sync(after).await?;
@@ -146,27 +175,78 @@ pub async fn tail(
         }
         None => SeqDedup::new(client.ready_after()),
     };
-    while let Some(event) = client.next_event().await {
-        match event {
-            Event::Deliver(entry) => {
-                if !dedup.admit(entry.seq) {
-                    continue;
+    note(&format!(
+        "connected to {ws_url} as {}; streaming after {}",
+        client.user(),
+        after.unwrap_or(client.ready_after())
+    ));
+    loop {
+        while let Some(event) = client.next_event().await {
+            match event {
+                Event::Deliver(entry) => {
+                    if !dedup.admit(entry.seq) {
+                        continue;
+                    }
+                    out(&entry);
+                    if ack {
+                        // A failed ack means the connection is gone: the loop ends with Closed.
+                        let _ = client.ack(entry.seq).await;
+                    }
                 }
-                out(&entry);
-                if ack {
-                    // A failed ack means the connection is gone: the loop ends with Closed.
-                    let _ = client.ack(entry.seq).await;
+                Event::Error { code, message, .. } => {
+                    let e = Error::Server { code, message };
+                    if reconnect.is_some() && e.retryable() {
+                        note(&format!("server: {e} (the stream goes on)"));
+                        continue;
+                    }
+                    client.close().await;
+                    return Err(e);
                 }
+                Event::SendAck { .. } => {}
+                Event::Closed => break,
             }
-            Event::Error { code, message, .. } => {
-                client.close().await;
-                return Err(Error::Server { code, message });
+        }
+        let Some(r) = reconnect else {
+            return Ok(());
+        };
+        let last = dedup.highest();
+        note(&format!(
+            "connection lost; reconnecting (resuming after {last})"
+        ));
+        client = connect_retrying(ws_url, auth, r, &mut note).await?;
+        client.sync(last).await?;
+        note(&format!("reconnected; resuming after {last}"));
+    }
+}
+
+/// Connects, retrying retryable failures with a backoff until `r.give_up_after`.
+async fn connect_retrying(
+    ws_url: &str,
+    auth: &Auth,
+    r: Reconnect,
+    note: &mut impl FnMut(&str),
+) -> Result<Client, Error> {
+    let start = std::time::Instant::now();
+    let mut delay = std::time::Duration::from_millis(250);
+    let mut reported = false;
+    loop {
+        match Client::connect(ws_url, auth).await {
+            Ok(c) => return Ok(c),
+            Err(e) if !e.retryable() || start.elapsed() >= r.give_up_after => {
+                note(&format!("giving up: {e}"));
+                return Err(e);
             }
-            Event::SendAck { .. } => {}
-            Event::Closed => break,
+            Err(e) => {
+                if !reported {
+                    note(&format!("cannot connect ({e}); retrying"));
+                    reported = true;
+                }
+                tokio::time::sleep(delay.min(r.give_up_after.saturating_sub(start.elapsed())))
+                    .await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
         }
     }
-    Ok(())
 }
 
 /// One human-readable line for an entry: `#<seq> <UTC time> <from>: <body>`, e.g.

@@ -58,6 +58,10 @@ impl Error {
     }
 }
 
+/// The server's log file in its directory: one per instance, appended to across restarts
+/// (ports change at each start of `tidemark up`; the log does not).
+pub const LOG_FILE: &str = "redis.log";
+
 /// How to start a `redis-server`.
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
@@ -226,7 +230,7 @@ impl RedisProcess {
             .arg("--protected-mode")
             .arg("no")
             .arg("--logfile")
-            .arg(dir.join(format!("redis-{port}.log")));
+            .arg(dir.join(LOG_FILE));
         if opts.appendonly {
             cmd.arg("--appendonly")
                 .arg("yes")
@@ -294,7 +298,7 @@ impl RedisProcess {
 
     /// Path of the server's log file.
     pub fn log_path(&self) -> PathBuf {
-        self.dir.join(format!("redis-{}.log", self.addr.port()))
+        self.dir.join(LOG_FILE)
     }
 
     /// The server's address.

@@ -59,6 +59,20 @@ enum Cmd {
     Tail(TailArgs),
     /// Follow one message from its commit in dlog:{s} to every mailbox entry.
     Trace(TraceArgs),
+    /// Token secret files.
+    #[command(subcommand)]
+    Secret(SecretCmd),
+}
+
+#[derive(Subcommand)]
+enum SecretCmd {
+    /// Write a new token secret (32 random bytes as 64 hex digits, mode 0600) to a file that
+    /// does not exist yet; give it to `serve --secret-file` and `token --secret-file`.
+    Gen {
+        /// The file to create (never overwritten).
+        #[arg(long)]
+        out: std::path::PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -599,6 +613,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .map(|(s, o)| format!("shard {s} offset {o}"))
                 .collect();
             println!("sent {id}: {}", list.join(", "));
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Secret(SecretCmd::Gen { out }) => {
+            if out.exists() {
+                eprintln!(
+                    "error: {} exists; a secret file is never overwritten (tokens signed with \
+                     it would stop working): choose another path or remove it first",
+                    out.display()
+                );
+                return Ok(ExitCode::from(2));
+            }
+            tidemark_protocol::secret::load_or_create(&out)?;
+            println!("wrote a new token secret to {} (mode 0600)", out.display());
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Tail(a) => {

@@ -508,3 +508,45 @@ fn logs_are_plain_or_json_only() {
         }
     }
 }
+
+/// Issue 10, starter kit: `tidemark secret gen` writes a fresh secret (0600, 64 hex digits)
+/// that `token` accepts, and never overwrites an existing file.
+#[test]
+fn secret_gen_writes_a_private_secret_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("tidemark-secret-gen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("token.secret");
+    let _ = std::fs::remove_file(&path);
+    let gen = || {
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(["secret", "gen", "--out", path.to_str().unwrap()])
+            .output()
+            .unwrap()
+    };
+    let out = gen();
+    assert!(out.status.success(), "{out:?}");
+    let secret = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(secret.len(), 64);
+    assert!(secret.chars().all(|c| c.is_ascii_hexdigit()));
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let out = gen();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("never overwritten"));
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), secret);
+    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args([
+            "token",
+            "--user",
+            "bob",
+            "--secret-file",
+            path.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

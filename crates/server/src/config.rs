@@ -144,6 +144,30 @@ impl Topology {
 mod tests {
     use super::*;
 
+    /// `docs/examples/tidemark.toml` is a valid file (every key known, tables consistent).
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../../../docs/examples/tidemark.toml");
+        let t: Topology = toml::from_str(text).unwrap();
+        t.validate().unwrap();
+        assert_eq!(t.shards, 8);
+        assert_eq!(t.mailbox_table(), vec![0, 0, 0, 0, 1, 1, 1, 1]);
+        // and every field of Topology appears in it
+        for key in [
+            "shards",
+            "layout",
+            "core",
+            "mailbox",
+            "core_of_shard",
+            "mailbox_of_shard",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(&format!("{key} ="))),
+                "{key} missing from the example"
+            );
+        }
+    }
+
     #[test]
     fn parses_and_defaults_tables() {
         let t: Topology = toml::from_str(

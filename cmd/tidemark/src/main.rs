@@ -286,6 +286,23 @@ enum WmCmd {
 
 #[derive(Subcommand)]
 enum ShardCmd {
+    /// After a restore moved a mailbox instance's W back behind the trimmed core log (the
+    /// owner reports a log discontinuity): move the lanes below the log's start up to it,
+    /// giving up the offsets in between. Without --accept-loss, only says what it would do.
+    Rebase {
+        /// The mailbox Redis holding the shard.
+        #[arg(long)]
+        redis: String,
+        /// The core Redis holding the shard's log.
+        #[arg(long)]
+        core: String,
+        /// The shard.
+        #[arg(long)]
+        shard: u32,
+        /// Write it: the offsets between W and the log's first record are given up.
+        #[arg(long)]
+        accept_loss: bool,
+    },
     /// Raise a shard's epoch so a running old owner fails closed on its next script.
     Fence {
         #[arg(long)]
@@ -577,6 +594,45 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 ExitCode::from(EXIT_CORRUPT)
             })
         }
+        Cmd::Shard(ShardCmd::Rebase {
+            redis,
+            core,
+            shard,
+            accept_loss,
+        }) => match ops::shard_rebase(&redis, &core, shard, accept_loss).await {
+            Ok(r) if r.min_w >= r.to => {
+                println!(
+                    "shard {shard}: W={} and the log continues from it (first record above {}): \
+                     nothing to rebase",
+                    r.min_w, r.to
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            Ok(r) if r.done => {
+                println!(
+                    "shard {shard}: lanes below {} moved up to it; offsets {}..={} given up \
+                     (not in the log any more); a held owner resumes within seconds",
+                    r.to,
+                    r.min_w + 1,
+                    r.to
+                );
+                Ok(ExitCode::SUCCESS)
+            }
+            Ok(r) => {
+                println!(
+                    "shard {shard}: W={} but the log starts after {}: offsets {}..={} are \
+                     gone from it; run again with --accept-loss to move the lanes up to {} \
+                     and resume",
+                    r.min_w,
+                    r.to,
+                    r.min_w + 1,
+                    r.to,
+                    r.to
+                );
+                Ok(ExitCode::from(2))
+            }
+            Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
+        },
         Cmd::Shard(ShardCmd::Fence { redis, shard }) => match ops::shard_fence(&redis, shard).await
         {
             Ok(epoch) => {

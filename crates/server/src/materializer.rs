@@ -1219,9 +1219,36 @@ impl Worker {
                 if min_w > 0 {
                     self.core.trim(s, min_w).await?;
                 }
-                let head = self.core.head(s).await?;
+                let mut head = self.core.head(s).await?;
+                if head < min_w {
+                    // the core instance lost commits the mailbox side already holds (restored
+                    // to an earlier point, or an AOF that lost writes): the next commit would
+                    // get an offset at or below W and be taken for a replay. Raise the head.
+                    let max_w = self.mailboxes[mb]
+                        .read_watermark(s)
+                        .await?
+                        .lanes
+                        .max_present_w()
+                        .unwrap_or(min_w);
+                    if let Some(old) = self.core.raise_head(s, max_w).await? {
+                        tracing::error!(
+                            shard = s,
+                            head = old,
+                            w = max_w,
+                            "core log head below W (core restored to an earlier point?); \
+                             head raised to W so new commits follow it"
+                        );
+                        metrics::counter!("tidemark_head_raised_total").increment(1);
+                        head = max_w;
+                    }
+                }
                 let rt = self.rts.get_mut(&s).expect("shard");
                 let idle = rt.pending.is_empty() && head <= min_w;
+                if idle && rt.held.is_some() {
+                    // caught up with the head (a rebase moved W to it): nothing is held
+                    self.clear_held(s);
+                }
+                let rt = self.rts.get_mut(&s).expect("shard");
                 if head > min_w && rt.pending.is_empty() && rt.retry.is_none() {
                     // behind the head with nothing in flight: the log must hold W + 1
                     let next = self.core.read_after(s, min_w, 1).await?;

@@ -295,15 +295,6 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
                 })?,
         );
     }
-    for url in &t.core {
-        tidemark_store::redis::dlog::CoreStore::connect(url)
-            .await
-            .map_err(|source| Error::Connect {
-                role: "core",
-                url: redact_url(url),
-                source,
-            })?;
-    }
     check_identity(t).await?;
     init_missing(t).await?;
     let health = Arc::new(HealthBoard::default());
@@ -312,9 +303,37 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     // every owned shard must be ownable by this code before any is claimed: a refusal (old
     // code on newer data) then fences nobody. New code starts with a corrupt shard: only that
     // shard stays stopped and is reported (the worker does not claim it).
+    let mut cores = Vec::new();
+    for url in &t.core {
+        cores.push(
+            tidemark_store::redis::dlog::CoreStore::connect(url)
+                .await
+                .map_err(|source| Error::Connect {
+                    role: "core",
+                    url: redact_url(url),
+                    source,
+                })?,
+        );
+    }
     for &s in &owned {
         match mailboxes[mb_table[s as usize]].check_claimable(s).await {
-            Ok(_) => {}
+            Ok(wm) => {
+                // a core instance restored behind the mailbox side: its head is below W, and
+                // a new commit there would reuse a delivered offset (a replay, never
+                // delivered). Raise the head before anything is served.
+                let max_w = wm.lanes.max_present_w().unwrap_or(0);
+                let core = &mut cores[core_table[s as usize]];
+                if let Some(old) = core.raise_head(s, max_w).await? {
+                    tracing::error!(
+                        shard = s,
+                        head = old,
+                        w = max_w,
+                        "core log head was below W (core restored to an earlier point?); \
+                         head raised to W so new commits follow it"
+                    );
+                    metrics::counter!("tidemark_head_raised_total").increment(1);
+                }
+            }
             Err(e) if e.is_corrupt() && t.layout == Layout::PackedV2 => {}
             Err(e) => return Err(Error::Store(e)),
         }

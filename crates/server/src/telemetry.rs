@@ -70,6 +70,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_shard_recoveries_total", Kind::Counter, "Shards that resumed after a Redis failure."),
     ("tidemark_lane_empty_holds_total", Kind::Counter, "Records held because they need an empty lane."),
     ("tidemark_log_discontinuities_total", Kind::Counter, "Shards held because the log does not continue from W."),
+    ("tidemark_head_raised_total", Kind::Counter, "Log heads raised to W: a core instance was behind the mailbox side (restored?)."),
     ("tidemark_task_restarts_total", Kind::Counter, "Supervised tasks restarted, by task and reason (panic, exit)."),
     ("tidemark_wake_hints_total", Kind::Counter, "Wake-up hints received over Pub/Sub."),
     ("tidemark_wake_reconnects_total", Kind::Counter, "Wake-up subscriptions re-established."),

@@ -377,6 +377,27 @@ impl CoreStore {
         Ok(v.unwrap_or(0))
     }
 
+    /// Raises `head:{s}` to `to` when it is below (one atomic step); returns the head it had
+    /// when it was raised, `None` when it was already at or above `to`.
+    ///
+    /// For a core instance restored to an earlier point than the mailbox side: its head is
+    /// below offsets the mailboxes already hold (W), and a new commit there would be given an
+    /// offset at or below W — a replay to the materializer, never delivered. Raising the head
+    /// to W first makes the next commit W + 1.
+    pub async fn raise_head(&mut self, shard: u32, to: u64) -> Result<Option<u64>> {
+        let script = redis::Script::new(
+            "local h = tonumber(redis.call('GET', KEYS[1]) or '0') \
+             if h < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return h end \
+             return -1",
+        );
+        let old: i64 = script
+            .key(keys::head(shard))
+            .arg(to)
+            .invoke_async(&mut self.conn)
+            .await?;
+        Ok(u64::try_from(old).ok())
+    }
+
     /// Trims `dlog:{s}` to records above `upto` (they are fully materialised).
     pub async fn trim(&mut self, shard: u32, upto: u64) -> Result<u64> {
         let n: u64 = redis::cmd("XTRIM")

@@ -630,6 +630,52 @@ impl Store {
         Ok(wm)
     }
 
+    /// Re-bases the shard after a restore that moved W back behind a trimmed log: every
+    /// present lane below `to` is set to `W = W_floor = W_recomputed = to` (the records at or
+    /// below `to` that these lanes had not reached are given up: the log no longer holds
+    /// them); lanes at or above `to` and empty lanes are kept. The epoch is unchanged, so a
+    /// held owner resumes from `to` at its next re-check. WATCH/MULTI: a concurrent write
+    /// aborts it. Returns the watermark as it was.
+    pub async fn rebase_lanes(&mut self, shard: u32, to: u64) -> Result<ShardWatermark> {
+        check_u48("to", to)?;
+        let key = keys::wm(shard);
+        redis::cmd("WATCH")
+            .arg(&key)
+            .query_async::<()>(&mut self.conn)
+            .await?;
+        let wm = match self.read_watermark(shard).await {
+            Ok(wm) => wm,
+            Err(e) => {
+                let _: redis::RedisResult<()> =
+                    redis::cmd("UNWATCH").query_async(&mut self.conn).await;
+                return Err(e);
+            }
+        };
+        let mut lanes = wm.lanes.clone();
+        for l in 0..LANES {
+            let r = lanes.lane(l);
+            if r.present && r.w < to {
+                lanes.0[l] = LaneRecord::at(to, to);
+            }
+        }
+        let blob = encode_blob(wm.layout, &lanes);
+        let res: Option<()> = redis::pipe()
+            .atomic()
+            .cmd("HSET")
+            .arg(&key)
+            .arg(FIELD_BLOB)
+            .arg(blob)
+            .ignore()
+            .query_async(&mut self.conn)
+            .await?;
+        if res.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "shard {shard}: watermark changed during the rebase; run it again"
+            )));
+        }
+        Ok(wm)
+    }
+
     // ---- materialize_fresh_single_recipient.lua ----
 
     fn materialize_cmd(&self, shard: u32, epoch: &str, item: &SingleItem) -> Cmd {

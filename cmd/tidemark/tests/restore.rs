@@ -1,0 +1,306 @@
+//! Backup and restore, as `docs/operations.md` ("Backup and restore") tells an operator to do
+//! it, with real redis-servers (AOF, `BGREWRITEAOF`, a copy of `appendonlydir`), and what
+//! Tidemark does after a restore moved one side back:
+//!
+//! - **Mailbox instance restored** to a point behind the trimmed core log: the owner holds the
+//!   shard (log discontinuity, `/healthz` 503), `tidemark shard rebase` says which offsets are
+//!   gone and, with `--accept-loss`, moves the lanes up; the owner resumes by itself and new
+//!   messages are delivered.
+//! - **Core instance restored** behind the mailbox side: its head is below W, so a new commit
+//!   would reuse a delivered offset and be taken for a replay (never delivered). The owner
+//!   raises the head to W — while running, and at start — and new messages are delivered.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tidemark_redis_proc::{RedisOptions, RedisProcess};
+use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::store::Store;
+use tidemark_store::redis::watermark::Layout;
+use tidemark_store::routing::route;
+
+const SHARDS: u32 = 2;
+
+fn serve(core: &str, mailbox: &str, port: u16) -> std::process::Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args([
+        "serve",
+        "--core",
+        core,
+        "--mailbox",
+        mailbox,
+        "--shards",
+        &SHARDS.to_string(),
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--dev-auth",
+    ])
+    .env("RUST_LOG", "error")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    support::spawn_killed_with_us(&mut cmd)
+}
+
+async fn until<F, Fut>(what: &str, secs: u64, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !f().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(secs),
+            "timed out: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
+    let c = redis::Client::open(url).unwrap();
+    let mut conn = c.get_connection().unwrap();
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query(&mut conn).unwrap()
+}
+
+/// The runbook's backup: rewrite the AOF, wait for the rewrite, copy `appendonlydir`.
+async fn backup(p: &RedisProcess, to: &Path) {
+    redis_cmd(&p.url(), &["BGREWRITEAOF"]);
+    until("AOF rewrite done", 30, || async {
+        let info = match redis_cmd(&p.url(), &["INFO", "persistence"]) {
+            redis::Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+            redis::Value::VerbatimString { text, .. } => text,
+            other => format!("{other:?}"),
+        };
+        info.contains("aof_rewrite_in_progress:0") && info.contains("aof_rewrite_scheduled:0")
+    })
+    .await;
+    let _ = std::fs::remove_dir_all(to);
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(p.dir().join("appendonlydir"))
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// The runbook's restore: stop the instance, put the copy back, start it (it loads the AOF).
+fn restore(p: &mut RedisProcess, from: &Path) {
+    p.kill();
+    let aof = p.dir().join("appendonlydir");
+    std::fs::remove_dir_all(&aof).unwrap();
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(&aof)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    p.restart().unwrap();
+}
+
+fn opts(dir: PathBuf) -> RedisOptions {
+    RedisOptions {
+        data_dir: Some(dir),
+        appendonly: true,
+        appendfsync: "always".into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restores_that_move_one_side_back() {
+    let root = std::env::temp_dir().join(format!("tidemark-restore-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).unwrap();
+    let mut core = RedisProcess::start_with(opts(root.join("core"))).unwrap();
+    let mut mailbox = RedisProcess::start_with(opts(root.join("mailbox"))).unwrap();
+    let (core_url, mb_url) = (core.url(), mailbox.url());
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let mut server = serve(&core_url, &mb_url, port);
+    until("serve healthy", 30, || async {
+        support::http_get(port, "/healthz").0 == 200
+    })
+    .await;
+    let bob = route("bob", SHARDS);
+    let s = bob.shard;
+    let commits = CoreStore::connect(&core_url).await.unwrap();
+    let mut n = 0u64;
+    let mut send = |body: &'static str| {
+        n += 1;
+        let id = format!("r-{n}");
+        let mut c = commits.clone();
+        async move {
+            // the first command after a restart of core Redis may meet the old connection
+            for _ in 0..50 {
+                match c
+                    .commit(s, "alice", &id, &["bob"], body, 1, DEFAULT_DEDUPE_TTL_S)
+                    .await
+                {
+                    Ok(c) => return c.offset,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+            panic!("commit {id} failed");
+        }
+    };
+    let lane_w = |url: String| async move {
+        Store::connect(&url, Layout::PackedV2)
+            .await
+            .unwrap()
+            .read_watermark(s)
+            .await
+            .unwrap()
+            .lanes
+            .lane(bob.lane)
+            .w
+    };
+    let mailbox_bodies = |url: String| async move {
+        let c = redis::Client::open(url).unwrap();
+        let mut conn = c.get_multiplexed_async_connection().await.unwrap();
+        let members: Vec<Vec<u8>> =
+            redis::AsyncCommands::zrange(&mut conn, tidemark_store::keys::mailbox(s, "bob"), 0, -1)
+                .await
+                .unwrap();
+        members
+            .iter()
+            .map(|m| tidemark_protocol::entry::decode_entry(m).unwrap().body)
+            .collect::<Vec<String>>()
+    };
+
+    // ---- a mailbox instance restored behind the trimmed log ----
+    for b in ["m1", "m2", "m3"] {
+        send(b).await;
+    }
+    until("W = 3", 10, || async { lane_w(mb_url.clone()).await == 3 }).await;
+    let mb_backup = root.join("mailbox-backup");
+    backup(&mailbox, &mb_backup).await;
+    for b in ["m4", "m5", "m6"] {
+        send(b).await;
+    }
+    until("W = 6 and the log trimmed", 10, || async {
+        let len = match redis_cmd(&core_url, &["XLEN", &format!("dlog:{{{s}}}")]) {
+            redis::Value::Int(n) => n,
+            _ => -1,
+        };
+        lane_w(mb_url.clone()).await == 6 && len == 0
+    })
+    .await;
+    restore(&mut mailbox, &mb_backup);
+    assert_eq!(
+        lane_w(mb_url.clone()).await,
+        3,
+        "W moved back with the restore"
+    );
+    let body = {
+        let start = Instant::now();
+        loop {
+            let (status, body) = support::http_get(port, "/healthz");
+            if status == 503 && body.contains("log discontinuity") {
+                break body;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "{status} {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert!(
+        body.contains(&format!("shard {s}: log discontinuity: W=3, head 6")),
+        "{body}"
+    );
+    let rebase = |accept: bool| {
+        let mut args = vec![
+            "shard".to_string(),
+            "rebase".into(),
+            "--redis".into(),
+            mb_url.clone(),
+            "--core".into(),
+            core_url.clone(),
+            "--shard".into(),
+            s.to_string(),
+        ];
+        if accept {
+            args.push("--accept-loss".into());
+        }
+        Command::new(env!("CARGO_BIN_EXE_tidemark"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = rebase(false);
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("offsets 4..=6 are gone"), "{text}");
+    assert_eq!(
+        lane_w(mb_url.clone()).await,
+        3,
+        "nothing written without --accept-loss"
+    );
+    let out = rebase(true);
+    assert!(out.status.success(), "{out:?}");
+    until("healthy again after the rebase", 20, || async {
+        support::http_get(port, "/healthz").0 == 200
+    })
+    .await;
+    let o = send("m7").await;
+    assert_eq!(o, 7);
+    until("m7 delivered", 10, || async {
+        lane_w(mb_url.clone()).await == 7
+    })
+    .await;
+    assert_eq!(
+        mailbox_bodies(mb_url.clone()).await,
+        ["m1", "m2", "m3", "m7"]
+    );
+
+    // ---- a core instance restored behind the mailbox side, while serve runs ----
+    let core_backup = root.join("core-backup");
+    backup(&core, &core_backup).await; // head 7
+    for b in ["m8", "m9"] {
+        send(b).await;
+    }
+    until("W = 9", 10, || async { lane_w(mb_url.clone()).await == 9 }).await;
+    restore(&mut core, &core_backup);
+    let head = || {
+        let core_url = core_url.clone();
+        async move {
+            let mut c = CoreStore::connect(&core_url).await.unwrap();
+            c.head(s).await.unwrap()
+        }
+    };
+    until("head raised back to W", 20, || async { head().await == 9 }).await;
+    let o = send("m10").await;
+    assert_eq!(o, 10, "the next commit follows W, not the restored head");
+    until("m10 delivered", 10, || async {
+        lane_w(mb_url.clone()).await == 10
+    })
+    .await;
+
+    // ---- and at start: restore the core again with serve stopped ----
+    unsafe { libc::kill(server.id() as i32, libc::SIGTERM) };
+    let _ = server.wait();
+    restore(&mut core, &core_backup);
+    assert_eq!(head().await, 7);
+    server = serve(&core_url, &mb_url, port);
+    until("serve healthy", 30, || async {
+        support::http_get(port, "/healthz").0 == 200
+    })
+    .await;
+    assert_eq!(head().await, 10, "raised before anything was served");
+    assert_eq!(send("m11").await, 11);
+    until("m11 delivered", 10, || async {
+        lane_w(mb_url.clone()).await == 11
+    })
+    .await;
+    let bodies = mailbox_bodies(mb_url.clone()).await;
+    assert_eq!(bodies, ["m1", "m2", "m3", "m7", "m8", "m9", "m10", "m11"]);
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_dir_all(&root);
+}

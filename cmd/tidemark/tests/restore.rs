@@ -13,7 +13,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
@@ -25,23 +25,12 @@ use tidemark_store::routing::route;
 const SHARDS: u32 = 2;
 
 fn serve(core: &str, mailbox: &str, port: u16) -> std::process::Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    cmd.args([
-        "serve",
-        "--core",
+    support::spawn_quiet(&support::serve_args(
         core,
-        "--mailbox",
         mailbox,
-        "--shards",
-        &SHARDS.to_string(),
-        "--listen",
+        SHARDS,
         &format!("127.0.0.1:{port}"),
-        "--dev-auth",
-    ])
-    .env("RUST_LOG", "error")
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    support::spawn_killed_with_us(&mut cmd)
+    ))
 }
 
 async fn until<F, Fut>(what: &str, secs: u64, mut f: F)
@@ -125,10 +114,7 @@ async fn restores_that_move_one_side_back() {
     let (core_url, mb_url) = (core.url(), mailbox.url());
     let port = tidemark_redis_proc::free_port().unwrap();
     let mut server = serve(&core_url, &mb_url, port);
-    until("serve healthy", 30, || async {
-        support::http_get(port, "/healthz").0 == 200
-    })
-    .await;
+    support::wait_healthy(port).await;
     let bob = route("bob", SHARDS);
     let s = bob.shard;
     let commits = CoreStore::connect(&core_url).await.unwrap();
@@ -288,10 +274,7 @@ async fn restores_that_move_one_side_back() {
     restore(&mut core, &core_backup);
     assert_eq!(head().await, 7);
     server = serve(&core_url, &mb_url, port);
-    until("serve healthy", 30, || async {
-        support::http_get(port, "/healthz").0 == 200
-    })
-    .await;
+    support::wait_healthy(port).await;
     assert_eq!(head().await, 10, "raised before anything was served");
     assert_eq!(send("m11").await, 11);
     until("m11 delivered", 10, || async {

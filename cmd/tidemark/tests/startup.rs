@@ -15,21 +15,7 @@ use tidemark_store::redis::watermark::Layout;
 const SHARDS: u32 = 4;
 
 fn serve_args(core: &str, mailbox: &str, listen: &str) -> Vec<String> {
-    [
-        "serve",
-        "--core",
-        core,
-        "--mailbox",
-        mailbox,
-        "--shards",
-        &SHARDS.to_string(),
-        "--listen",
-        listen,
-        "--dev-auth",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    support::serve_args(core, mailbox, SHARDS, listen)
 }
 
 async fn epochs(mb: &str) -> Vec<u64> {
@@ -128,20 +114,8 @@ async fn wm_keys(url: &str) -> Vec<u32> {
 
 /// Starts `serve` and waits until `/healthz` answers 200; returns the child.
 async fn serve_until_healthy(args: &[String], port: u16) -> std::process::Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    cmd.args(args)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let child = support::spawn_killed_with_us(&mut cmd);
-    let start = Instant::now();
-    while support::http_get(port, "/healthz").0 != 200 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "serve did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let child = support::spawn_quiet(args);
+    support::wait_healthy(port).await;
     child
 }
 

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tidemark_redis_proc::RedisProcess;
@@ -14,34 +14,12 @@ use tidemark_store::routing::route;
 const SHARDS: u32 = 4;
 
 fn serve(core: &str, mailbox: &str, port: u16) -> std::process::Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    cmd.args([
-        "serve",
-        "--core",
+    support::spawn_quiet(&support::serve_args(
         core,
-        "--mailbox",
         mailbox,
-        "--shards",
-        &SHARDS.to_string(),
-        "--listen",
+        SHARDS,
         &format!("127.0.0.1:{port}"),
-        "--dev-auth",
-    ])
-    .env("RUST_LOG", "error")
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    support::spawn_killed_with_us(&mut cmd)
-}
-
-async fn healthy(port: u16) {
-    let start = Instant::now();
-    while support::http_get(port, "/healthz").0 != 200 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "serve did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    ))
 }
 
 async fn wait_for(path: &std::path::Path, what: &str, limit: Duration) -> String {
@@ -66,7 +44,7 @@ async fn tail_reconnects_resumes_and_gives_up() {
     let mailbox = RedisProcess::start().unwrap();
     let port = tidemark_redis_proc::free_port().unwrap();
     let mut server = serve(&core.url(), &mailbox.url(), port);
-    healthy(port).await;
+    support::wait_healthy(port).await;
     let dir = std::env::temp_dir().join(format!("tidemark-tail-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (out_path, err_path) = (dir.join("out"), dir.join("err"));
@@ -118,7 +96,7 @@ async fn tail_reconnects_resumes_and_gives_up() {
         .await
         .unwrap();
     server = serve(&core.url(), &mailbox.url(), port);
-    healthy(port).await;
+    support::wait_healthy(port).await;
     wait_for(
         &err_path,
         "reconnected; resuming after 1",

@@ -196,34 +196,7 @@ pub async fn wm_downgrade(
 pub async fn discover_shards(url: &str) -> Result<Vec<u32>> {
     let client = redis::Client::open(url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let mut cursor: u64 = 0;
-    let mut shards = Vec::new();
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg("wm:{*}")
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        for k in batch {
-            if let Some(n) = k
-                .strip_prefix("wm:{")
-                .and_then(|r| r.strip_suffix('}'))
-                .and_then(|n| n.parse::<u32>().ok())
-            {
-                shards.push(n);
-            }
-        }
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
-    }
-    shards.sort_unstable();
-    shards.dedup();
-    Ok(shards)
+    crate::deployment::watermark_shards(&mut conn).await
 }
 
 /// One finding of `wm verify`.

@@ -46,3 +46,48 @@ pub fn http_get(port: u16, path: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// Arguments of `tidemark serve` with dev auth: `mailbox` may list several URLs
+/// (comma-separated).
+#[allow(dead_code)]
+pub fn serve_args(core: &str, mailbox: &str, shards: u32, listen: &str) -> Vec<String> {
+    [
+        "serve",
+        "--core",
+        core,
+        "--mailbox",
+        mailbox,
+        "--shards",
+        &shards.to_string(),
+        "--listen",
+        listen,
+        "--dev-auth",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Spawns `tidemark` with `args`, quiet (`RUST_LOG=error`, output discarded), killed with us.
+#[allow(dead_code)]
+pub fn spawn_quiet(args: &[String]) -> Child {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(args)
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    spawn_killed_with_us(&mut cmd)
+}
+
+/// Waits (at most 30 s) until `GET /healthz` on `port` answers 200.
+#[allow(dead_code)]
+pub async fn wait_healthy(port: u16) {
+    let start = std::time::Instant::now();
+    while http_get(port, "/healthz").0 != 200 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "serve on {port} did not become healthy"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -594,40 +594,14 @@ impl Store {
     /// `packed-v1` (WATCH/MULTI, so a concurrent write aborts it). Owners must be stopped.
     /// Returns the watermark as it was.
     pub async fn downgrade_to_v1(&mut self, shard: u32) -> Result<ShardWatermark> {
-        let key = keys::wm(shard);
-        // A dedicated connection: WATCH state must not be shared with other users.
-        redis::cmd("WATCH")
-            .arg(&key)
-            .query_async::<()>(&mut self.conn)
-            .await?;
-        let wm = match self.read_watermark(shard).await {
-            Ok(wm) => wm,
-            Err(e) => {
-                let _: redis::RedisResult<()> =
-                    redis::cmd("UNWATCH").query_async(&mut self.conn).await;
-                return Err(e);
-            }
-        };
-        let blob = encode_blob(Layout::PackedV1, &wm.lanes);
-        let res: Option<()> = redis::pipe()
-            .atomic()
-            .cmd("HSET")
-            .arg(&key)
-            .arg(FIELD_LAYOUT)
-            .arg(Layout::PackedV1.as_str())
-            .arg(FIELD_BLOB)
-            .arg(blob)
-            .arg(FIELD_EPOCH)
-            .arg(wm.epoch.to_string())
-            .ignore()
-            .query_async(&mut self.conn)
-            .await?;
-        if res.is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "shard {shard}: watermark changed during downgrade (is an owner still running?)"
-            )));
-        }
-        Ok(wm)
+        self.rewrite_watched(shard, "downgrade", |wm| {
+            vec![
+                (FIELD_LAYOUT, Layout::PackedV1.as_str().as_bytes().to_vec()),
+                (FIELD_BLOB, encode_blob(Layout::PackedV1, &wm.lanes)),
+                (FIELD_EPOCH, wm.epoch.to_string().into_bytes()),
+            ]
+        })
+        .await
     }
 
     /// Re-bases the shard after a restore that moved W back behind a trimmed log: every
@@ -638,6 +612,28 @@ impl Store {
     /// aborts it. Returns the watermark as it was.
     pub async fn rebase_lanes(&mut self, shard: u32, to: u64) -> Result<ShardWatermark> {
         check_u48("to", to)?;
+        self.rewrite_watched(shard, "rebase", |wm| {
+            let mut lanes = wm.lanes.clone();
+            for l in 0..LANES {
+                let r = lanes.lane(l);
+                if r.present && r.w < to {
+                    lanes.0[l] = LaneRecord::at(to, to);
+                }
+            }
+            vec![(FIELD_BLOB, encode_blob(wm.layout, &lanes))]
+        })
+        .await
+    }
+
+    /// Offline rewrite of `wm:{s}`: WATCH, read and validate, then write the fields `fields`
+    /// computes from the watermark in one MULTI/EXEC (aborted by any concurrent write).
+    /// Returns the watermark as it was.
+    async fn rewrite_watched(
+        &mut self,
+        shard: u32,
+        what: &str,
+        fields: impl FnOnce(&ShardWatermark) -> Vec<(&'static str, Vec<u8>)>,
+    ) -> Result<ShardWatermark> {
         let key = keys::wm(shard);
         redis::cmd("WATCH")
             .arg(&key)
@@ -651,26 +647,15 @@ impl Store {
                 return Err(e);
             }
         };
-        let mut lanes = wm.lanes.clone();
-        for l in 0..LANES {
-            let r = lanes.lane(l);
-            if r.present && r.w < to {
-                lanes.0[l] = LaneRecord::at(to, to);
-            }
+        let mut pipe = redis::pipe();
+        let hset = pipe.atomic().cmd("HSET").arg(&key);
+        for (f, v) in fields(&wm) {
+            hset.arg(f).arg(v);
         }
-        let blob = encode_blob(wm.layout, &lanes);
-        let res: Option<()> = redis::pipe()
-            .atomic()
-            .cmd("HSET")
-            .arg(&key)
-            .arg(FIELD_BLOB)
-            .arg(blob)
-            .ignore()
-            .query_async(&mut self.conn)
-            .await?;
+        let res: Option<()> = hset.ignore().query_async(&mut self.conn).await?;
         if res.is_none() {
             return Err(Error::InvalidArgument(format!(
-                "shard {shard}: watermark changed during the rebase; run it again"
+                "shard {shard}: watermark changed during the {what} (is an owner still running?)"
             )));
         }
         Ok(wm)

@@ -7,21 +7,24 @@
 //!   `POST /v1/mailbox/ack`): request/response bodies and their parsers.
 //! - [`token`]: HMAC-SHA256 bearer tokens (`v1.<payload>.<mac>`) naming a user and an expiry.
 //! - [`entry`]: the binary mailbox entry stored as a sorted-set member in the mailbox Redis.
+//! - [`close`]: the WebSocket close codes the gateway sends ([`CloseCode`]).
 //! - [`error`]: the crate's [`Error`] and the wire-level [`ErrorCode`]s (stable strings,
 //!   HTTP status, retryable or not).
 //!
 //! The normative description of the protocol is `docs/protocol.md`; this crate implements it
-//! and its tests check the two agree on the error-code table.
+//! and its tests check the two agree on the error-code and close-code tables.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod close;
 pub mod entry;
 pub mod error;
 pub mod frames;
 pub mod http;
 pub mod token;
 
+pub use close::CloseCode;
 pub use entry::{decode_entry, encode_entry, Entry};
 pub use error::{Error, ErrorCode};
 pub use frames::{parse_client_frame, ClientFrame, FrameError, Limits, ServerFrame};

@@ -67,6 +67,7 @@ async fn not_found() -> Response {
 #[allow(clippy::result_large_err)]
 fn user_of(shared: &Shared, headers: &HeaderMap, uri: &Uri) -> Result<String, Response> {
     authenticate(&shared.opts, headers, uri.query(), Endpoint::Http)
+        .map(|caller| caller.user)
         .map_err(|(code, message)| error_response(code, message))
 }
 

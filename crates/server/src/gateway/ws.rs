@@ -13,6 +13,9 @@
 //! (backpressure: a slow client slows its own delivery, nothing else). An `ack` is capped at
 //! the highest seq this connection has written to the socket, so nothing undelivered is ever
 //! trimmed.
+//!
+//! A connection opened with a token ends when the token's `exp` passes: an `error` frame
+//! `token_expired`, then close code 4001 (every close code is a [`CloseCode`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,11 +28,13 @@ use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use tidemark_protocol::{parse_client_frame, ClientFrame, ErrorCode, SendRequest, ServerFrame};
+use tidemark_protocol::{
+    parse_client_frame, ClientFrame, CloseCode, ErrorCode, SendRequest, ServerFrame,
+};
 use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{authenticate, Endpoint};
+use super::auth::{authenticate, Caller, Endpoint};
 use super::http::error_response;
 use super::mailbox::Mailbox;
 use super::send;
@@ -46,10 +51,8 @@ const WRITE_BATCH: usize = 64;
 /// How long a closing connection may take to flush its last frames.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
-const CLOSE_NORMAL: u16 = 1000;
-const CLOSE_GOING_AWAY: u16 = 1001;
-const CLOSE_TOO_BIG: u16 = 1009;
-const CLOSE_ERROR: u16 = 1011;
+/// A token's expiry is re-checked at least this often (a far `exp` is not one long timer).
+const EXPIRY_RECHECK: Duration = Duration::from_secs(3600);
 
 /// What the writer sends.
 enum Out {
@@ -58,7 +61,7 @@ enum Out {
     /// A `deliver` frame of `seq`.
     Deliver { seq: u64, text: String },
     /// Close the socket after what is queued before.
-    Close { code: u16, reason: &'static str },
+    Close(CloseCode),
 }
 
 /// WebSocket read buffer of each connection.
@@ -84,8 +87,8 @@ pub(crate) async fn handler(
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let user = match authenticate(&shared.opts, &headers, uri.query(), Endpoint::WebSocket) {
-        Ok(u) => u,
+    let caller = match authenticate(&shared.opts, &headers, uri.query(), Endpoint::WebSocket) {
+        Ok(c) => c,
         Err((code, message)) => return error_response(code, message),
     };
     let ws = match ws {
@@ -112,7 +115,7 @@ pub(crate) async fn handler(
             if shared.stop.is_cancelled() {
                 return;
             }
-            run(shared, user, socket).await;
+            run(shared, caller, socket).await;
         })
 }
 
@@ -132,7 +135,11 @@ impl Drop for ConnectedGauge {
 }
 
 /// One connection, from upgrade to close.
-async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
+async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
+    let Caller {
+        user,
+        expires_at_unix,
+    } = caller;
     let _gauge = ConnectedGauge::new();
     let conn = shared.stop.child_token();
     let kill = CancellationToken::new();
@@ -169,11 +176,11 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
     };
     let Some(acked) = acked else {
         let code = if conn.is_cancelled() {
-            CLOSE_GOING_AWAY
+            CloseCode::GoingAway
         } else {
-            CLOSE_ERROR
+            CloseCode::InternalError
         };
-        close(tx, Out::Close { code, reason: "" }, &mut writer, &kill).await;
+        close(tx, code, &mut writer, &kill).await;
         return;
     };
     written.fetch_max(acked, Ordering::Relaxed);
@@ -226,8 +233,9 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
         last_ack_flush: Instant::now(),
         conn: conn.clone(),
         died,
+        expires_at: expires_at_unix.map(|s| UNIX_EPOCH + Duration::from_secs(s)),
     };
-    let (code, reason) = reader.run(stream, &conn).await;
+    let code = reader.run(stream, &conn).await;
     // best effort: a coalesced ack is not left behind by a clean close
     let _ = tokio::time::timeout(CLOSE_GRACE, reader.flush_ack()).await;
     drop(reader);
@@ -235,8 +243,8 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
     conn.cancel();
     let _ = delivery.await;
     let _ = sender.await;
-    close(tx, Out::Close { code, reason }, &mut writer, &kill).await;
-    tracing::debug!(%user, code, "client disconnected");
+    close(tx, code, &mut writer, &kill).await;
+    tracing::debug!(%user, %code, "client disconnected");
 }
 
 /// Runs a connection task; a panic is logged, counted and ends the connection via `died`.
@@ -257,12 +265,13 @@ async fn close_on_panic(
 /// [`CLOSE_GRACE`]; then aborts the writer (a client that does not read).
 async fn close(
     tx: mpsc::Sender<Out>,
-    frame: Out,
+    code: CloseCode,
     writer: &mut tokio::task::JoinHandle<()>,
     kill: &CancellationToken,
 ) {
+    metrics::counter!("tidemark_ws_closes_total", "code" => code.as_str()).increment(1);
     let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
-    let _ = tokio::time::timeout_at(deadline, tx.send(frame)).await;
+    let _ = tokio::time::timeout_at(deadline, tx.send(Out::Close(code))).await;
     drop(tx);
     if tokio::time::timeout_at(deadline, &mut *writer)
         .await
@@ -288,6 +297,8 @@ struct Reader<'a> {
     conn: CancellationToken,
     /// Cancelled when the delivery or send loop panicked: the connection is closed.
     died: CancellationToken,
+    /// When the connection's token expires (`None`: dev auth, no token).
+    expires_at: Option<SystemTime>,
 }
 
 /// Acks are written to Redis at most this often per connection (the rest are coalesced into
@@ -320,29 +331,45 @@ impl Reader<'_> {
         }
     }
 
-    /// Reads frames until the client leaves or the connection is cancelled; returns the
-    /// close code and reason to send.
+    /// Reads frames until the client leaves, the token expires or the connection is
+    /// cancelled; returns the close code to send.
     async fn run(
         &mut self,
         mut stream: SplitStream<WebSocket>,
         conn: &CancellationToken,
-    ) -> (u16, &'static str) {
+    ) -> CloseCode {
+        let expiry = tokio::time::sleep(self.until_expiry());
+        tokio::pin!(expiry);
         loop {
             let flush_at = self.last_ack_flush + ACK_FLUSH;
             let ack_due = self.pending_ack > self.last_ack;
             let msg = tokio::select! {
-                _ = conn.cancelled() => return (CLOSE_GOING_AWAY, "server shutting down"),
-                _ = self.died.cancelled() => return (CLOSE_ERROR, "internal error; reconnect"),
+                _ = conn.cancelled() => return CloseCode::GoingAway,
+                _ = self.died.cancelled() => return CloseCode::InternalError,
+                _ = &mut expiry, if self.expires_at.is_some() => {
+                    if self.until_expiry().is_zero() {
+                        // Best effort (never waits): the close code says it anyway.
+                        let _ = self.tx.try_send(error_frame(
+                            ErrorCode::TokenExpired,
+                            "the token expired; reconnect with a new token",
+                            None,
+                        ));
+                        return CloseCode::TokenExpired;
+                    }
+                    let at = tokio::time::Instant::now() + self.until_expiry();
+                    expiry.as_mut().reset(at);
+                    continue;
+                }
                 _ = tokio::time::sleep_until(flush_at.into()), if ack_due => {
                     if !self.flush_ack().await {
-                        return (CLOSE_ERROR, "connection failed");
+                        return CloseCode::InternalError;
                     }
                     continue;
                 }
                 m = stream.next() => m,
             };
             let ok = match msg {
-                None | Some(Ok(Message::Close(_))) => return (CLOSE_NORMAL, ""),
+                None | Some(Ok(Message::Close(_))) => return CloseCode::Normal,
                 Some(Err(e)) => {
                     let e = e.to_string();
                     if e.contains("Space limit exceeded") {
@@ -353,10 +380,10 @@ impl Reader<'_> {
                             None,
                         ))
                         .await;
-                        return (CLOSE_TOO_BIG, "frame too large");
+                        return CloseCode::MessageTooBig;
                     }
                     tracing::debug!(error = %e, "websocket read failed");
-                    return (CLOSE_ERROR, "read error");
+                    return CloseCode::InternalError;
                 }
                 Some(Ok(Message::Text(t))) => self.on_text(t.as_str(), conn).await,
                 Some(Ok(Message::Binary(_))) => {
@@ -370,9 +397,19 @@ impl Reader<'_> {
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => true,
             };
             if !ok {
-                return (CLOSE_ERROR, "connection failed");
+                return CloseCode::InternalError;
             }
         }
+    }
+
+    /// Time left until the token's `exp` (capped at [`EXPIRY_RECHECK`]; zero once passed).
+    fn until_expiry(&self) -> Duration {
+        self.expires_at
+            .map_or(EXPIRY_RECHECK, |at| {
+                at.duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO)
+            })
+            .min(EXPIRY_RECHECK)
     }
 
     /// Queues a frame for the writer (waiting for room); false when the connection is gone.
@@ -638,8 +675,8 @@ async fn writer(
                     written.fetch_max(seq, Ordering::Relaxed);
                     Message::Text(text.into())
                 }
-                Out::Close { code, reason } => {
-                    close = Some((code, reason));
+                Out::Close(code) => {
+                    close = Some(code);
                     break;
                 }
             };
@@ -670,10 +707,10 @@ async fn writer(
             break 'outer;
         }
     }
-    let (code, reason) = close.unwrap_or((CLOSE_NORMAL, ""));
+    let code = close.unwrap_or(CloseCode::Normal);
     let frame = Message::Close(Some(CloseFrame {
-        code,
-        reason: reason.into(),
+        code: code.as_u16(),
+        reason: code.reason().into(),
     }));
     tokio::select! {
         biased;

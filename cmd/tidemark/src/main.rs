@@ -174,6 +174,8 @@ struct UpArgs {
     /// appendfsync of every instance: always (default: nothing acknowledged is lost), everysec.
     #[arg(long, default_value = "always")]
     appendfsync: String,
+    #[command(flatten)]
+    limits: GatewayLimitArgs,
 }
 
 #[derive(Args)]
@@ -208,6 +210,38 @@ struct ServeArgs {
     /// Fault injection for fault runs: fail this percentage of lane chunk writes.
     #[arg(long, hide = true, default_value_t = 0)]
     fault_chunk_fail_pct: u8,
+    #[command(flatten)]
+    limits: GatewayLimitArgs,
+}
+
+/// Limits on slow, idle and greedy clients (`serve` and `up`; docs/operations.md, ADR-0025).
+#[derive(Args)]
+struct GatewayLimitArgs {
+    /// Most open client connections (WebSockets included); beyond: HTTP 503 `overloaded`.
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
+    /// A request head (or body) must arrive within this time, e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    header_read_timeout: std::time::Duration,
+    /// Ping a WebSocket client after this much silence.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    ws_ping_interval: std::time::Duration,
+    /// Close a WebSocket (4002) from which nothing, not even a pong, arrived for this long.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    ws_idle_timeout: std::time::Duration,
+}
+
+impl GatewayLimitArgs {
+    /// Gateway options with these limits (and defaults for everything else).
+    fn options(&self) -> GatewayOptions {
+        GatewayOptions {
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            ping_interval: self.ws_ping_interval,
+            idle_timeout: self.ws_idle_timeout,
+            ..GatewayOptions::default()
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -643,7 +677,7 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
             gateway: GatewayOptions {
                 dev_auth: a.dev_auth,
                 token_secret: Some(secret),
-                ..Default::default()
+                ..a.limits.options()
             },
             materializer: Default::default(),
             appendfsync: a.appendfsync,
@@ -702,7 +736,7 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             gateway: GatewayOptions {
                 dev_auth: a.dev_auth,
                 token_secret: secret,
-                ..Default::default()
+                ..a.limits.options()
             },
             materializer: MaterializerOptions {
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {

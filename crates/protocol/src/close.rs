@@ -22,16 +22,19 @@ pub enum CloseCode {
     InternalError,
     /// 4001: the connection's token passed its `exp`; reconnect with a new token.
     TokenExpired,
+    /// 4002: nothing (not even a pong) arrived from the client within the idle timeout.
+    IdleTimeout,
 }
 
 impl CloseCode {
     /// Every code, in documentation order.
-    pub const ALL: [CloseCode; 5] = [
+    pub const ALL: [CloseCode; 6] = [
         CloseCode::Normal,
         CloseCode::GoingAway,
         CloseCode::MessageTooBig,
         CloseCode::InternalError,
         CloseCode::TokenExpired,
+        CloseCode::IdleTimeout,
     ];
 
     /// The numeric code of the close frame.
@@ -42,6 +45,7 @@ impl CloseCode {
             CloseCode::MessageTooBig => 1009,
             CloseCode::InternalError => 1011,
             CloseCode::TokenExpired => 4001,
+            CloseCode::IdleTimeout => 4002,
         }
     }
 
@@ -53,6 +57,7 @@ impl CloseCode {
             CloseCode::MessageTooBig => "message_too_big",
             CloseCode::InternalError => "internal_error",
             CloseCode::TokenExpired => "token_expired",
+            CloseCode::IdleTimeout => "idle_timeout",
         }
     }
 
@@ -64,6 +69,7 @@ impl CloseCode {
             CloseCode::MessageTooBig => "frame too large",
             CloseCode::InternalError => "internal error; reconnect",
             CloseCode::TokenExpired => "token expired",
+            CloseCode::IdleTimeout => "no pong within the idle timeout",
         }
     }
 

@@ -5,11 +5,94 @@
 
 mod gateway_support;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use gateway_support::{now_unix, start, token_for, SECRET};
+use gateway_support::{now_unix, start, start_with, token_for, Deployment, SECRET, WAIT};
 use serde_json::Value;
 use tidemark_protocol::token;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads until the server closes the connection (EOF or reset) or `limit` passes; returns
+/// the bytes read and whether it closed.
+async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+            Err(_) => return (got, false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A WebSocket handshake on a raw socket (dev auth as `user`); returns the socket after the
+/// 101 head, so the test decides what (not) to read and answer.
+async fn raw_ws(addr: SocketAddr, user: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    let req = format!(
+        "GET /v1/ws?user={user} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Version: 13\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("write handshake");
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(WAIT, s.read(&mut b))
+            .await
+            .expect("handshake answered")
+            .expect("read handshake");
+        assert_eq!(
+            n,
+            1,
+            "closed during the handshake: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s
+}
+
+/// The status and body of a raw HTTP response.
+fn status_and_body(resp: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(resp);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad response: {text:?}"));
+    (status, body.to_string())
+}
+
+/// Polls `/metrics` until `line` (a metric with its labels) is at least `n`.
+async fn metric_reaches(d: &Deployment, line: &str, n: f64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, text) = d.http("GET", "/metrics", &[], None).await;
+        let v = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(line)
+                    .and_then(|r| r.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0);
+        if v >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{line} stayed at {v}, wanted {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
 
 #[tokio::test]
 async fn a_websocket_is_closed_with_4001_when_its_token_expires() {
@@ -53,5 +136,178 @@ async fn a_websocket_is_closed_with_4001_when_its_token_expires() {
     // The others were not touched.
     long.barrier().await;
     dev.barrier().await;
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn half_sent_requests_are_closed_after_the_header_read_timeout() {
+    let timeout = Duration::from_secs(1);
+    let d = start_with(|o| o.header_read_timeout = timeout).await;
+    // 200 connections with half a request head each, and one that sends nothing.
+    let mut socks = Vec::new();
+    for _ in 0..200 {
+        let mut s = TcpStream::connect(d.addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .unwrap();
+        socks.push(s);
+    }
+    let mut silent = TcpStream::connect(d.addr).await.unwrap();
+    let started = Instant::now();
+    // Meanwhile the gateway answers.
+    let (status, body) = d.http("GET", "/healthz", &[], None).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+
+    let (_, closed) = read_until_closed(&mut socks[0], WAIT).await;
+    let first = started.elapsed();
+    assert!(closed, "a half-sent request was not closed within {WAIT:?}");
+    for s in &mut socks[1..] {
+        let (_, closed) = read_until_closed(s, Duration::from_secs(2)).await;
+        assert!(closed, "a half-sent request stayed open");
+    }
+    let all = started.elapsed();
+    let (_, closed) = read_until_closed(&mut silent, Duration::from_secs(2)).await;
+    assert!(closed, "a silent connection stayed open");
+    eprintln!("header-read timeout {timeout:?}: first half-sent request closed after {first:?}, all 200 after {all:?}");
+    assert!(first >= timeout - Duration::from_millis(100), "{first:?}");
+    assert!(all < timeout + Duration::from_secs(2), "{all:?}");
+
+    // A body that trickles is refused once the same time has passed.
+    let mut slow = TcpStream::connect(d.addr).await.unwrap();
+    slow.write_all(
+        b"POST /v1/messages?user=a HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"id\"",
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let (resp, _) = read_until_closed(&mut slow, WAIT).await;
+    let (status, body) = status_and_body(&resp);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        t.elapsed() >= timeout - Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+
+    // A keep-alive connection that goes quiet after a response is closed the same way.
+    let mut ka = TcpStream::connect(d.addr).await.unwrap();
+    ka.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (resp, closed) = read_until_closed(&mut ka, timeout * 3).await;
+    assert!(closed, "an idle keep-alive connection stayed open");
+    assert_eq!(status_and_body(&resp).0, 200);
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_get_503_and_healthz_still_answers() {
+    let d = start_with(|o| {
+        o.max_connections = 4;
+        o.health_reserve = 2;
+    })
+    .await;
+    // Four WebSockets fill the cap (they count for as long as they are open).
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let mut ws = d.ws_user(&format!("u{i}")).await;
+        assert_eq!(ws.recv().await["type"], "ready");
+        held.push(ws);
+    }
+    // Above the cap: health and metrics answer, everything else is 503 `overloaded`.
+    let (status, body) = d.http("GET", "/healthz", &[], None).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let (status, _) = d.http("GET", "/metrics", &[], None).await;
+    assert_eq!(status, 200);
+    let (status, v) = d.http_json("GET", "/v1/mailbox?user=u0", &[], None).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (503, Some("overloaded")),
+        "{v}"
+    );
+    let (status, body) = d
+        .try_ws("user=u9", &[])
+        .await
+        .err()
+        .expect("a WebSocket above the cap is refused");
+    assert_eq!(status, 503, "{body}");
+
+    // Fill the reserve with silent sockets: the next connection gets a 503 written raw.
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(TcpStream::connect(d.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await; // accepted
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (resp, closed) = read_until_closed(&mut s, WAIT).await;
+    assert!(closed);
+    let (status, body) = status_and_body(&resp);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("overloaded"), "{body}");
+    drop(silent);
+    metric_reaches(&d, "tidemark_connections_refused_total", 4.0).await;
+
+    // A closed WebSocket frees its slot.
+    held.pop().unwrap().close().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (status, _) = d.http("GET", "/v1/mailbox?user=u0", &[], None).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_websocket_that_answers_no_ping_is_closed_with_4002() {
+    let d = start_with(|o| {
+        o.ping_interval = Duration::from_millis(200);
+        o.idle_timeout = Duration::from_secs(1);
+    })
+    .await;
+    // A client that reads but never answers: pings, then 4002 after the idle timeout.
+    let mut mute = raw_ws(d.addr, "mute").await;
+    let started = Instant::now();
+    // A client library answers pings by itself: it stays.
+    let mut polite = d.ws_user("polite").await;
+    assert_eq!(polite.recv().await["type"], "ready");
+
+    // Both at once: the polite client must be polled to answer its pings.
+    let ((bytes, closed, after), polite_got) = tokio::join!(
+        async {
+            let (bytes, closed) = read_until_closed(&mut mute, WAIT).await;
+            (bytes, closed, started.elapsed())
+        },
+        polite.quiet_for(Duration::from_secs(3)),
+    );
+    assert!(polite_got.is_empty(), "{polite_got:?}");
+    assert!(closed, "the mute client was not closed");
+    assert!(
+        bytes.windows(2).any(|w| w == [0x89, 0x00]),
+        "no ping frame seen"
+    );
+    // close frame: FIN+close opcode, length, then the code 4002 big-endian
+    let close = bytes
+        .windows(2)
+        .position(|w| w[0] == 0x88)
+        .expect("a close frame");
+    assert_eq!(&bytes[close + 2..close + 4], &4002u16.to_be_bytes());
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_secs(3),
+        "{after:?}"
+    );
+    eprintln!("idle timeout 1 s: the mute client was closed after {after:?}");
+
+    polite.barrier().await;
+    metric_reaches(&d, "tidemark_ws_closes_total{code=\"idle_timeout\"}", 1.0).await;
     d.shutdown().await;
 }

@@ -71,8 +71,24 @@ fn user_of(shared: &Shared, headers: &HeaderMap, uri: &Uri) -> Result<String, Re
         .map_err(|(code, message)| error_response(code, message))
 }
 
-/// Reads a request body, refusing (without reading on) one above `max` bytes.
-async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<Vec<u8>, Response> {
+/// Reads a request body, refusing (without reading on) one above `max` bytes or one that
+/// has not fully arrived within `within` (a client trickling its body holds a connection).
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    max: usize,
+    within: Duration,
+) -> Result<Vec<u8>, Response> {
+    match tokio::time::timeout(within, read_body_now(headers, body, max)).await {
+        Ok(r) => r,
+        Err(_) => Err(error_response(
+            ErrorCode::BadRequest,
+            format!("the request body did not arrive within {within:?}"),
+        )),
+    }
+}
+
+async fn read_body_now(headers: &HeaderMap, body: Body, max: usize) -> Result<Vec<u8>, Response> {
     let too_large = || {
         error_response(
             ErrorCode::FrameTooLarge,
@@ -112,7 +128,8 @@ async fn send_message(
         Err(r) => return r,
     };
     let limits = &shared.opts.limits;
-    let bytes = match read_body(&headers, body, limits.max_frame_bytes).await {
+    let within = shared.opts.header_read_timeout;
+    let bytes = match read_body(&headers, body, limits.max_frame_bytes, within).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -187,7 +204,8 @@ async fn ack_mailbox(
         Err(r) => return r,
     };
     let limits = &shared.opts.limits;
-    let bytes = match read_body(&headers, body, limits.max_frame_bytes).await {
+    let within = shared.opts.header_read_timeout;
+    let bytes = match read_body(&headers, body, limits.max_frame_bytes, within).await {
         Ok(b) => b,
         Err(r) => return r,
     };

@@ -15,7 +15,9 @@
 //! trimmed.
 //!
 //! A connection opened with a token ends when the token's `exp` passes: an `error` frame
-//! `token_expired`, then close code 4001 (every close code is a [`CloseCode`]).
+//! `token_expired`, then close code 4001 (every close code is a [`CloseCode`]). The reader
+//! pings a client it has heard nothing from for `ping_interval`, and closes one it has heard
+//! nothing from (not even a pong) for `idle_timeout` (4002).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,6 +28,7 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
 use tidemark_protocol::{
@@ -36,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::auth::{authenticate, Caller, Endpoint};
 use super::http::error_response;
+use super::listener::ConnSlot;
 use super::mailbox::Mailbox;
 use super::send;
 use super::state::Shared;
@@ -60,6 +64,8 @@ enum Out {
     Text(String),
     /// A `deliver` frame of `seq`.
     Deliver { seq: u64, text: String },
+    /// A ping (keep-alive probe).
+    Ping,
     /// Close the socket after what is queued before.
     Close(CloseCode),
 }
@@ -85,6 +91,7 @@ pub(crate) async fn handler(
     State(shared): State<Arc<Shared>>,
     uri: Uri,
     headers: HeaderMap,
+    slot: Option<Extension<ConnSlot>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let caller = match authenticate(&shared.opts, &headers, uri.query(), Endpoint::WebSocket) {
@@ -112,6 +119,8 @@ pub(crate) async fn handler(
         .max_frame_size(max)
         .on_upgrade(move |socket| async move {
             let _token = token;
+            // The socket counts as an open connection until it closes.
+            let _slot = slot;
             if shared.stop.is_cancelled() {
                 return;
             }
@@ -340,6 +349,11 @@ impl Reader<'_> {
     ) -> CloseCode {
         let expiry = tokio::time::sleep(self.until_expiry());
         tokio::pin!(expiry);
+        let opts = &self.shared.opts;
+        let ping_every = opts.ping_interval.max(Duration::from_millis(10));
+        let mut last_seen = tokio::time::Instant::now();
+        let keepalive = tokio::time::sleep_until(last_seen + ping_every);
+        tokio::pin!(keepalive);
         loop {
             let flush_at = self.last_ack_flush + ACK_FLUSH;
             let ack_due = self.pending_ack > self.last_ack;
@@ -360,6 +374,21 @@ impl Reader<'_> {
                     expiry.as_mut().reset(at);
                     continue;
                 }
+                _ = &mut keepalive => {
+                    let now = tokio::time::Instant::now();
+                    let idle_at = last_seen + opts.idle_timeout;
+                    if now >= idle_at {
+                        return CloseCode::IdleTimeout;
+                    }
+                    let mut next = last_seen + ping_every;
+                    if now >= next {
+                        // Never waits: a client whose queue is full is not reading anyway.
+                        let _ = self.tx.try_send(Out::Ping);
+                        next = now + ping_every;
+                    }
+                    keepalive.as_mut().reset(next.min(idle_at));
+                    continue;
+                }
                 _ = tokio::time::sleep_until(flush_at.into()), if ack_due => {
                     if !self.flush_ack().await {
                         return CloseCode::InternalError;
@@ -368,6 +397,7 @@ impl Reader<'_> {
                 }
                 m = stream.next() => m,
             };
+            last_seen = tokio::time::Instant::now();
             let ok = match msg {
                 None | Some(Ok(Message::Close(_))) => return CloseCode::Normal,
                 Some(Err(e)) => {
@@ -675,6 +705,7 @@ async fn writer(
                     written.fetch_max(seq, Ordering::Relaxed);
                     Message::Text(text.into())
                 }
+                Out::Ping => Message::Ping(Default::default()),
                 Out::Close(code) => {
                     close = Some(code);
                     break;

@@ -452,6 +452,26 @@ impl Ws {
         }
     }
 
+    /// Reads (answering pings) for `d`; returns the JSON frames that arrived. Panics if the
+    /// connection ends meanwhile.
+    pub async fn quiet_for(&mut self, d: Duration) -> Vec<Value> {
+        let until = tokio::time::Instant::now() + d;
+        let mut got = Vec::new();
+        loop {
+            let msg = match tokio::time::timeout_at(until, self.stream.next()).await {
+                Err(_) => return got,
+                Ok(m) => m,
+            };
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    got.push(serde_json::from_str(t.as_str()).expect("JSON frame"))
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                other => panic!("connection ended while quiet: {other:?}"),
+            }
+        }
+    }
+
     /// Closes from the client side.
     pub async fn close(mut self) {
         let _ = self.stream.close(None).await;

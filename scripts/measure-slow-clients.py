@@ -9,7 +9,9 @@ Then the same with PAGES never-read `GET /v1/mailbox?limit=1000`.
     scripts/measure-slow-clients.py BIN [extra `up` flags…]
     e.g. scripts/measure-slow-clients.py target/debug/tidemark --max-connections-per-user 200
 
-Environment: SOCKETS (200), PAGES (20), ENTRIES (300), BODY (16000), HOLD (15 s).
+Environment: SOCKETS (200), PAGES (20), ENTRIES (300), BODY (16000), HOLD (15 s), PARTS
+("ws,pages": which measurements to run; run them one at a time for figures that do not
+include memory the allocator kept from the other).
 Only the standard library is used (the WebSocket handshake is written by hand).
 """
 
@@ -28,6 +30,7 @@ PAGES = int(os.environ.get("PAGES", "20"))
 ENTRIES = int(os.environ.get("ENTRIES", "300"))
 BODY = int(os.environ.get("BODY", "16000"))
 HOLD = float(os.environ.get("HOLD", "15"))
+PARTS = os.environ.get("PARTS", "ws,pages").split(",")
 
 
 def free_port():
@@ -126,7 +129,7 @@ def main():
         print(f"baseline: {base / 1024:.0f} MB")
 
         socks = []
-        for _ in range(SOCKETS):
+        for _ in range(SOCKETS if "ws" in PARTS else 0):
             s = socket.create_connection(("127.0.0.1", port))
             key = base64.b64encode(os.urandom(16)).decode()
             s.sendall((f"GET /v1/ws?user=slow HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
@@ -134,19 +137,21 @@ def main():
                        f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
                        ).encode())
             socks.append(s)  # never read
-        hold(pid, f"{SOCKETS} never-reading WebSockets of one user")
-        for s in socks:
-            s.close()
-        time.sleep(3)
-        print(f"after closing them: {rss_kb(pid) / 1024:.0f} MB")
+        if socks:
+            hold(pid, f"{SOCKETS} never-reading WebSockets of one user")
+            for s in socks:
+                s.close()
+            time.sleep(3)
+            print(f"after closing them: {rss_kb(pid) / 1024:.0f} MB")
 
         pages = []
-        for _ in range(PAGES):
+        for _ in range(PAGES if "pages" in PARTS else 0):
             s = socket.create_connection(("127.0.0.1", port))
             s.sendall((f"GET /v1/mailbox?user=slow&after=0&limit=1000 HTTP/1.1\r\n"
                        f"Host: 127.0.0.1:{port}\r\n\r\n").encode())
             pages.append(s)  # never read
-        hold(pid, f"{PAGES} never-read GET /v1/mailbox?limit=1000")
+        if pages:
+            hold(pid, f"{PAGES} never-read GET /v1/mailbox?limit=1000")
         for s in pages:
             s.close()
     finally:

@@ -229,6 +229,33 @@ struct GatewayLimitArgs {
     /// Close a WebSocket (4002) from which nothing, not even a pong, arrived for this long.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     ws_idle_timeout: std::time::Duration,
+    /// Bytes of outbound frames one WebSocket may have queued (e.g. 65536, 64k, 1m).
+    #[arg(long, default_value = "64k", value_parser = parse_bytes)]
+    max_queued_bytes: usize,
+    /// Close a WebSocket (4003) whose frames waited this long for room; drop an HTTP
+    /// response whose writes made no progress for this long.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    slow_client_grace: std::time::Duration,
+    /// Bytes of mailbox entries in one `GET /v1/mailbox` page (e.g. 1m).
+    #[arg(long, default_value = "1m", value_parser = parse_bytes)]
+    max_page_bytes: usize,
+}
+
+/// A byte count: a number, optionally followed by k or m (KiB, MiB).
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let lower = s.to_ascii_lowercase();
+    let (num, mul) = match lower.strip_suffix('k') {
+        Some(n) => (n, 1024),
+        None => match lower.strip_suffix('m') {
+            Some(n) => (n, 1024 * 1024),
+            None => (lower.as_str(), 1),
+        },
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad byte count {s:?} (e.g. 262144, 256k, 1m)"))
 }
 
 impl GatewayLimitArgs {
@@ -239,6 +266,9 @@ impl GatewayLimitArgs {
             header_read_timeout: self.header_read_timeout,
             ping_interval: self.ws_ping_interval,
             idle_timeout: self.ws_idle_timeout,
+            max_queued_bytes: self.max_queued_bytes,
+            slow_client_grace: self.slow_client_grace,
+            max_page_bytes: self.max_page_bytes,
             ..GatewayOptions::default()
         }
     }

@@ -24,17 +24,21 @@ pub enum CloseCode {
     TokenExpired,
     /// 4002: nothing (not even a pong) arrived from the client within the idle timeout.
     IdleTimeout,
+    /// 4003: the client did not read: frames waited for room in its outbound budget longer
+    /// than the grace period. Reconnect and read faster.
+    SlowConsumer,
 }
 
 impl CloseCode {
     /// Every code, in documentation order.
-    pub const ALL: [CloseCode; 6] = [
+    pub const ALL: [CloseCode; 7] = [
         CloseCode::Normal,
         CloseCode::GoingAway,
         CloseCode::MessageTooBig,
         CloseCode::InternalError,
         CloseCode::TokenExpired,
         CloseCode::IdleTimeout,
+        CloseCode::SlowConsumer,
     ];
 
     /// The numeric code of the close frame.
@@ -46,6 +50,7 @@ impl CloseCode {
             CloseCode::InternalError => 1011,
             CloseCode::TokenExpired => 4001,
             CloseCode::IdleTimeout => 4002,
+            CloseCode::SlowConsumer => 4003,
         }
     }
 
@@ -58,6 +63,7 @@ impl CloseCode {
             CloseCode::InternalError => "internal_error",
             CloseCode::TokenExpired => "token_expired",
             CloseCode::IdleTimeout => "idle_timeout",
+            CloseCode::SlowConsumer => "slow_consumer",
         }
     }
 
@@ -70,6 +76,7 @@ impl CloseCode {
             CloseCode::InternalError => "internal error; reconnect",
             CloseCode::TokenExpired => "token expired",
             CloseCode::IdleTimeout => "no pong within the idle timeout",
+            CloseCode::SlowConsumer => "client too slow to read",
         }
     }
 

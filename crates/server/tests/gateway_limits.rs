@@ -32,7 +32,74 @@ async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool
 /// A WebSocket handshake on a raw socket (dev auth as `user`); returns the socket after the
 /// 101 head, so the test decides what (not) to read and answer.
 async fn raw_ws(addr: SocketAddr, user: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
+    raw_ws_on(TcpStream::connect(addr).await.expect("connect"), addr, user).await
+}
+
+/// A socket with a 4 KiB receive buffer: a peer that does not read fills it at once.
+async fn small_window(addr: SocketAddr) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(addr).await.expect("connect")
+}
+
+/// The server's WebSocket frames (unmasked) in `b`: (opcode, payload); a cut frame at the end
+/// is left out.
+fn ws_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while b.len() >= 2 {
+        let op = b[0] & 0x0f;
+        let (len, head) = match b[1] & 0x7f {
+            126 if b.len() >= 4 => (u16::from_be_bytes([b[2], b[3]]) as usize, 4),
+            127 if b.len() >= 10 => (
+                u64::from_be_bytes(b[2..10].try_into().unwrap()) as usize,
+                10,
+            ),
+            126 | 127 => break,
+            n => (n as usize, 2),
+        };
+        if b.len() < head + len {
+            break;
+        }
+        out.push((op, b[head..head + len].to_vec()));
+        b = &b[head + len..];
+    }
+    out
+}
+
+/// Commits `n` messages of `body_len` bytes to `to` over HTTP and waits until the last one
+/// is visible in the mailbox; returns the seqs.
+async fn fill_mailbox(d: &Deployment, to: &str, n: usize, body_len: usize) -> Vec<u64> {
+    let body = "z".repeat(body_len);
+    let mut seqs = Vec::new();
+    for i in 0..n {
+        let req = serde_json::json!({"id": format!("fill-{i}"), "to": [to], "body": body});
+        let (status, v) = d
+            .http_json(
+                "POST",
+                "/v1/messages?user=filler",
+                &[],
+                Some(req.to_string().as_bytes()),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let offsets = v["offsets"].as_object().unwrap();
+        seqs.push(offsets.values().next().unwrap().as_u64().unwrap());
+    }
+    let last = *seqs.last().unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let path = format!("/v1/mailbox?user={to}&limit=1&after={}", last - 1);
+        let (_, page) = d.http_json("GET", &path, &[], None).await;
+        if !page["entries"].as_array().unwrap().is_empty() {
+            return seqs;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never materialized");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A WebSocket handshake on `s` (dev auth as `user`); returns it after the 101 head.
+async fn raw_ws_on(mut s: TcpStream, addr: SocketAddr, user: &str) -> TcpStream {
     let req = format!(
         "GET /v1/ws?user={user} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n\
          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
@@ -309,5 +376,99 @@ async fn a_websocket_that_answers_no_ping_is_closed_with_4002() {
 
     polite.barrier().await;
     metric_reaches(&d, "tidemark_ws_closes_total{code=\"idle_timeout\"}", 1.0).await;
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_websocket_that_does_not_read_is_closed_with_4003_and_loses_nothing() {
+    let grace = Duration::from_secs(1);
+    let d = start_with(|o| {
+        o.max_queued_bytes = 64 * 1024;
+        o.slow_client_grace = grace;
+    })
+    .await;
+    // More than the socket buffers, the writer's buffer and the queue can hold.
+    let seqs = fill_mailbox(&d, "bob", 300, 16_000).await;
+    let mut bob = raw_ws_on(small_window(d.addr).await, d.addr, "bob").await;
+    let started = Instant::now();
+    metric_reaches(&d, "tidemark_ws_closes_total{code=\"slow_consumer\"}", 1.0).await;
+    let decided = started.elapsed();
+    assert!(decided >= grace, "closed after {decided:?}");
+    // Reading now: what was already in the socket, then the close frame 4003.
+    let (bytes, closed) = read_until_closed(&mut bob, WAIT).await;
+    assert!(closed, "not closed");
+    let frames = ws_frames(&bytes);
+    let delivered = frames.iter().filter(|(op, _)| *op == 1).count();
+    let (op, payload) = frames.last().expect("frames");
+    assert_eq!(*op, 8, "the last frame is the close frame");
+    assert_eq!(payload[..2], 4003u16.to_be_bytes());
+    assert!(
+        delivered < seqs.len(),
+        "{delivered} frames: the queue was not dropped"
+    );
+    eprintln!("a never-reading client was closed (4003) {decided:?} after connecting; {delivered} of {} deliveries had reached its socket", seqs.len());
+
+    // Nothing is lost: a reading client gets every entry, in order.
+    let mut again = d.ws_user("bob").await;
+    assert_eq!(again.recv().await["after"], 0);
+    for seq in &seqs {
+        assert_eq!(again.deliver().await["seq"].as_u64(), Some(*seq));
+    }
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn mailbox_pages_are_capped_in_bytes_and_unread_responses_are_dropped() {
+    let cap = 64 * 1024;
+    let d = start_with(|o| {
+        o.max_page_bytes = cap;
+        o.slow_client_grace = Duration::from_secs(1);
+    })
+    .await;
+    let seqs = fill_mailbox(&d, "carol", 20, 16_000).await;
+    // Paging through with limit=1000 returns everything, in pages of about the cap.
+    let (mut after, mut got, mut pages) = (0u64, Vec::new(), 0);
+    loop {
+        let path = format!("/v1/mailbox?user=carol&limit=1000&after={after}");
+        let (status, page) = d.http_json("GET", &path, &[], None).await;
+        assert_eq!(status, 200, "{page}");
+        let entries = page["entries"].as_array().unwrap();
+        if entries.is_empty() {
+            break;
+        }
+        pages += 1;
+        let bytes: usize = entries
+            .iter()
+            .map(|e| e["body"].as_str().unwrap().len())
+            .sum();
+        assert!(bytes <= cap + 16_000, "a page of {bytes} body bytes");
+        assert!(entries.len() < seqs.len());
+        got.extend(entries.iter().map(|e| e["seq"].as_u64().unwrap()));
+        after = page["next_after"].as_u64().unwrap();
+    }
+    assert_eq!(got, seqs);
+    assert!(pages >= 4, "{pages} pages");
+
+    // A response nobody reads does not stay: with a page cap of 4 MiB, its writes stall and
+    // the connection is dropped after the grace period.
+    d.shutdown().await;
+    let d = start_with(|o| {
+        o.max_page_bytes = 4 << 20;
+        o.slow_client_grace = Duration::from_secs(1);
+    })
+    .await;
+    fill_mailbox(&d, "dave", 300, 16_000).await;
+    let mut s = small_window(d.addr).await;
+    s.write_all(b"GET /v1/mailbox?user=dave&limit=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    metric_reaches(&d, "tidemark_write_stalls_total", 1.0).await;
+    let (bytes, closed) = read_until_closed(&mut s, WAIT).await;
+    assert!(closed);
+    assert!(
+        bytes.len() < 300 * 16_000,
+        "{} bytes: the whole page",
+        bytes.len()
+    );
     d.shutdown().await;
 }

@@ -16,10 +16,11 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use tidemark_protocol::{
     parse_ack_request, parse_mailbox_query, parse_send_request, AckResponse, ErrorBody, ErrorCode,
-    FrameError, MailboxPage, SendResponse,
+    FrameError, Limits, MailboxPage, SendResponse,
 };
 
 use super::auth::{authenticate, Endpoint};
+use super::mailbox::PageSizer;
 use super::send;
 use super::state::Shared;
 use super::ws;
@@ -48,6 +49,11 @@ pub(crate) fn error_response(code: ErrorCode, message: impl Into<String>) -> Res
     let status =
         StatusCode::from_u16(body.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, Json(body)).into_response()
+}
+
+/// The largest stored mailbox entry the limits allow (body, sender, header).
+pub(crate) fn largest_entry(limits: &Limits) -> usize {
+    limits.max_body_bytes + tidemark_protocol::MAX_USER_ID_BYTES + 64
 }
 
 fn frame_error(e: &FrameError) -> Response {
@@ -174,20 +180,35 @@ async fn read_mailbox(State(shared): State<Arc<Shared>>, uri: Uri, headers: Head
             Err(e) => return internal("reading the acked cursor", &e),
         },
     };
-    let page = match mailbox.read_visible(after, q.limit as usize).await {
-        Ok(p) => p,
-        Err(e) => return internal("reading the mailbox", &e),
-    };
-    let mut entries = Vec::with_capacity(page.entries.len());
-    for e in page.entries {
-        match e {
-            Ok(e) => entries.push(e),
-            Err(seq) => {
-                return error_response(
-                    ErrorCode::Internal,
-                    format!("mailbox entry {seq} is unreadable"),
-                )
+    // Up to `limit` entries and about `max_page_bytes`, in reads sized to fetch not much more.
+    let limit = q.limit as usize;
+    let max_bytes = shared.opts.max_page_bytes.max(1);
+    let mut sizer = PageSizer::new(limit, max_bytes, largest_entry(&shared.opts.limits));
+    let (mut entries, mut bytes, mut cursor) = (Vec::new(), 0usize, after);
+    loop {
+        let want = sizer.count().min(limit - entries.len());
+        let page = match mailbox.read_visible(cursor, want, max_bytes - bytes).await {
+            Ok(p) => p,
+            Err(e) => return internal("reading the mailbox", &e),
+        };
+        sizer.observe(page.entries.len(), page.bytes);
+        bytes += page.bytes;
+        for e in page.entries {
+            match e {
+                Ok(e) => {
+                    cursor = e.seq;
+                    entries.push(e);
+                }
+                Err(seq) => {
+                    return error_response(
+                        ErrorCode::Internal,
+                        format!("mailbox entry {seq} is unreadable"),
+                    )
+                }
             }
+        }
+        if !page.more || entries.len() >= limit || bytes >= max_bytes {
+            break;
         }
     }
     Json(MailboxPage::new(entries, after)).into_response()

@@ -9,14 +9,19 @@
 //! ```
 //!
 //! A connection counts from `accept` until its socket is closed, WebSocket lifetime included
-//! (the [`ConnSlot`] travels with the upgraded request). The reserve keeps `/healthz`
+//! (the [`ConnSlot`] travels with the upgraded request). A socket whose writes make no
+//! progress for `slow_client_grace` (a response nobody reads) fails and is closed: a
+//! WebSocket sets a longer limit, as it closes a client that does not read by itself. The reserve keeps `/healthz`
 //! answering while the cap is reached. The header-read timeout covers a request's head and
 //! an idle keep-alive connection alike: a socket that sends no complete request head within
 //! it is closed.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -28,7 +33,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tidemark_protocol::{ErrorBody, ErrorCode};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -48,14 +53,119 @@ const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 /// One open connection; the count drops when the last clone is dropped (for a WebSocket: when
 /// the socket closes).
 #[derive(Clone)]
-pub(crate) struct ConnSlot(#[allow(dead_code)] Arc<SlotGuard>);
+pub(crate) struct ConnSlot(Arc<SlotGuard>);
 
-struct SlotGuard(Arc<AtomicUsize>);
+struct SlotGuard {
+    open: Arc<AtomicUsize>,
+    /// The socket's write-stall limit, in milliseconds (read by its [`StallIo`]).
+    write_stall_ms: Arc<AtomicU64>,
+}
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.open.fetch_sub(1, Ordering::AcqRel);
         metrics::gauge!("tidemark_open_connections").decrement(1.0);
+    }
+}
+
+impl ConnSlot {
+    /// Changes how long the socket's writes may make no progress before they fail.
+    pub(crate) fn set_write_stall(&self, limit: Duration) {
+        self.0
+            .write_stall_ms
+            .store(limit.as_millis() as u64, Ordering::Relaxed);
+    }
+}
+
+/// A socket whose writes fail (`TimedOut`) after making no progress for the limit: a peer
+/// that does not read cannot hold a response, or the memory behind it, for ever.
+struct StallIo {
+    tcp: TcpStream,
+    limit_ms: Arc<AtomicU64>,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    armed: bool,
+}
+
+impl StallIo {
+    fn new(tcp: TcpStream, limit_ms: Arc<AtomicU64>) -> StallIo {
+        StallIo {
+            tcp,
+            limit_ms,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            armed: false,
+        }
+    }
+
+    /// Maps a write's result: progress disarms the timer; `Pending` arms it, and fails once
+    /// it has run out.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        if r.is_ready() {
+            self.armed = false;
+            return r;
+        }
+        if !self.armed {
+            let limit = Duration::from_millis(self.limit_ms.load(Ordering::Relaxed));
+            self.timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + limit);
+            self.armed = true;
+        }
+        match self.timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                metrics::counter!("tidemark_write_stalls_total").increment(1);
+                Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the peer read nothing for too long",
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for StallIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for StallIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.tcp).poll_write(cx, buf);
+        self.check(cx, r)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
+        self.check(cx, r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
     }
 }
 
@@ -73,6 +183,7 @@ pub(crate) async fn serve(
     let max = opts.max_connections.max(1);
     let reserve = opts.health_reserve;
     let header_timeout = opts.header_read_timeout;
+    let write_stall = opts.slow_client_grace;
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
@@ -102,13 +213,18 @@ pub(crate) async fn serve(
             continue;
         }
         metrics::gauge!("tidemark_open_connections").increment(1.0);
-        let slot = ConnSlot(Arc::new(SlotGuard(open.clone())));
+        let write_stall_ms = Arc::new(AtomicU64::new(write_stall.as_millis() as u64));
+        let io = StallIo::new(tcp, write_stall_ms.clone());
+        let slot = ConnSlot(Arc::new(SlotGuard {
+            open: open.clone(),
+            write_stall_ms,
+        }));
         let overflow = n > max;
         if overflow {
             metrics::counter!("tidemark_connections_refused_total").increment(1);
         }
         tracker.spawn(serve_connection(
-            tcp,
+            io,
             app.clone(),
             slot,
             overflow,
@@ -120,7 +236,7 @@ pub(crate) async fn serve(
 
 /// Serves one connection; `overflow`: above the cap, only health and metrics are answered.
 async fn serve_connection(
-    tcp: TcpStream,
+    io: StallIo,
     app: Router,
     slot: ConnSlot,
     overflow: bool,
@@ -142,7 +258,7 @@ async fn serve_connection(
         .header_read_timeout(header_timeout)
         .keep_alive(!overflow);
     let conn = builder
-        .serve_connection(TokioIo::new(tcp), service)
+        .serve_connection(TokioIo::new(io), service)
         .with_upgrades();
     tokio::pin!(conn);
     tokio::select! {

@@ -25,6 +25,11 @@
 //!   most `max_connections` open sockets (WebSockets included), a small reserve above it for
 //!   `/healthz` and `/metrics`, and an HTTP 503 `overloaded` beyond. A WebSocket is pinged
 //!   every `ping_interval` and closed (4002) when nothing arrives for `idle_timeout`.
+//! - **Memory per client**: a WebSocket's queued outbound frames are bounded in bytes
+//!   (`max_queued_bytes`); a connection whose frames wait for room longer than
+//!   `slow_client_grace` is closed (4003). Mailbox pages are bounded in bytes
+//!   (`max_page_bytes`), and any socket whose writes make no progress for the grace period
+//!   (an HTTP response nobody reads) is closed.
 //! - **Shutdown**: on `cancel` the listener stops, every socket is closed (1001 going away),
 //!   and every task this module spawned is joined before [`serve`] returns.
 
@@ -73,6 +78,16 @@ pub struct GatewayOptions {
     pub ping_interval: Duration,
     /// A WebSocket from which nothing (not even a pong) arrives for this long is closed (4002).
     pub idle_timeout: Duration,
+    /// Bytes of outbound frames a WebSocket may have queued for its writer (one frame larger
+    /// than this still goes, alone).
+    pub max_queued_bytes: usize,
+    /// A WebSocket whose frames wait this long for room in its queue is closed (4003); an
+    /// HTTP response whose writes make no progress for this long is dropped.
+    pub slow_client_grace: Duration,
+    /// Stored bytes of mailbox entries in one `GET /v1/mailbox` page (the entry that reaches
+    /// it is the page's last); WebSocket delivery reads pages of at most this and
+    /// `max_queued_bytes`.
+    pub max_page_bytes: usize,
 }
 
 impl Default for GatewayOptions {
@@ -88,6 +103,9 @@ impl Default for GatewayOptions {
             header_read_timeout: Duration::from_secs(10),
             ping_interval: Duration::from_secs(20),
             idle_timeout: Duration::from_secs(60),
+            max_queued_bytes: 64 * 1024,
+            slow_client_grace: Duration::from_secs(30),
+            max_page_bytes: 1024 * 1024,
         }
     }
 }

@@ -9,8 +9,11 @@
 //!   every task ── Out (bounded channel) ──▶ writer task (owns the sink) ◀─────┘
 //! ```
 //!
-//! The writer is the only owner of the sink. The delivery task waits for room in the channel
-//! (backpressure: a slow client slows its own delivery, nothing else). An `ack` is capped at
+//! The writer is the only owner of the sink. Its queue ([`Outbox`]) is bounded in frames and
+//! in bytes (`max_queued_bytes`); the delivery task waits for room (backpressure: a slow
+//! client slows its own delivery, nothing else). A frame that waits longer than
+//! `slow_client_grace` marks the client as not reading: queued frames are dropped and the
+//! connection is closed with 4003 (nothing is lost: the mailbox still holds the entries). An `ack` is capped at
 //! the highest seq this connection has written to the socket, so nothing undelivered is ever
 //! trimmed.
 //!
@@ -34,13 +37,14 @@ use futures::{SinkExt, StreamExt};
 use tidemark_protocol::{
     parse_client_frame, ClientFrame, CloseCode, ErrorCode, SendRequest, ServerFrame,
 };
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{authenticate, Caller, Endpoint};
 use super::http::error_response;
+use super::http::largest_entry;
 use super::listener::ConnSlot;
-use super::mailbox::Mailbox;
+use super::mailbox::{Mailbox, PageSizer};
 use super::send;
 use super::state::Shared;
 
@@ -48,7 +52,7 @@ use super::state::Shared;
 const OUT_CAPACITY: usize = 1024;
 /// Sends queued (permit held) for the sender task per connection.
 const SEND_QUEUE: usize = 64;
-/// Mailbox page size of the delivery loop.
+/// Most entries in a mailbox page of the delivery loop (pages are also bounded in bytes).
 const PAGE: usize = 256;
 /// Most frames written before a flush.
 const WRITE_BATCH: usize = 64;
@@ -70,8 +74,113 @@ enum Out {
     Close(CloseCode),
 }
 
+impl Out {
+    /// Bytes this frame holds while queued.
+    fn bytes(&self) -> usize {
+        match self {
+            Out::Text(t) | Out::Deliver { text: t, .. } => t.len(),
+            Out::Ping | Out::Close(_) => 0,
+        }
+    }
+}
+
+/// A frame in the writer's queue, with the byte permits it holds until it is written.
+struct Queued {
+    out: Out,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// The connection is gone (or its client stopped reading): nothing more is queued.
+struct Gone;
+
+/// The writer's queue: at most [`OUT_CAPACITY`] frames and about `max_queued_bytes` bytes
+/// (one permit of `bytes` per byte; a frame larger than the budget takes all of it). A frame
+/// that finds no room within the grace period cancels `stalled`.
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::Sender<Queued>,
+    bytes: Arc<Semaphore>,
+    budget: usize,
+    grace: Duration,
+    stalled: CancellationToken,
+}
+
+impl Outbox {
+    fn new(budget: usize, grace: Duration) -> (Outbox, mpsc::Receiver<Queued>) {
+        let budget = budget.clamp(1, u32::MAX as usize >> 1);
+        let (tx, rx) = mpsc::channel(OUT_CAPACITY);
+        let outbox = Outbox {
+            tx,
+            bytes: Arc::new(Semaphore::new(budget)),
+            budget,
+            grace,
+            stalled: CancellationToken::new(),
+        };
+        (outbox, rx)
+    }
+
+    /// Queues `out`, waiting for room at most the grace period.
+    async fn send(&self, out: Out) -> Result<(), Gone> {
+        if self.stalled.is_cancelled() {
+            return Err(Gone);
+        }
+        let n = out.bytes().clamp(1, self.budget) as u32;
+        let deadline = tokio::time::Instant::now() + self.grace;
+        let permit =
+            match tokio::time::timeout_at(deadline, self.bytes.clone().acquire_many_owned(n)).await
+            {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => return Err(Gone),
+                Err(_) => return Err(self.stall()),
+            };
+        let queued = Queued {
+            out,
+            _bytes: Some(permit),
+        };
+        match tokio::time::timeout_at(deadline, self.tx.send(queued)).await {
+            Ok(r) => r.map_err(|_| Gone),
+            Err(_) => Err(self.stall()),
+        }
+    }
+
+    /// Queues `out` if there is room right now.
+    fn try_send(&self, out: Out) -> bool {
+        let n = out.bytes().clamp(1, self.budget) as u32;
+        let Ok(permit) = self.bytes.clone().try_acquire_many_owned(n) else {
+            return false;
+        };
+        self.tx
+            .try_send(Queued {
+                out,
+                _bytes: Some(permit),
+            })
+            .is_ok()
+    }
+
+    /// Queues the close frame (outside the byte budget), waiting until `deadline`.
+    async fn close(&self, code: CloseCode, deadline: tokio::time::Instant) {
+        let queued = Queued {
+            out: Out::Close(code),
+            _bytes: None,
+        };
+        let _ = tokio::time::timeout_at(deadline, self.tx.send(queued)).await;
+    }
+
+    fn stall(&self) -> Gone {
+        if !self.stalled.is_cancelled() {
+            metrics::counter!("tidemark_slow_clients_total").increment(1);
+            self.stalled.cancel();
+        }
+        Gone
+    }
+}
+
 /// WebSocket read buffer of each connection.
 const WS_READ_BUFFER: usize = 8 * 1024;
+/// WebSocket write buffer of each connection (tungstenite's default is 128 KiB): it holds
+/// frames taken from the queue, so it adds to what a client that does not read costs. The
+/// writer flushes every batch anyway.
+const WS_WRITE_BUFFER: usize = 32 * 1024;
 
 fn text(frame: &ServerFrame) -> Out {
     Out::Text(frame.to_json())
@@ -115,11 +224,17 @@ pub(crate) async fn handler(
     // tungstenite zeroes its whole read buffer on every read (128 KiB by default): perf put
     // that memset at 18% of the gateway's CPU. Frames are small; 8 KiB is plenty.
     ws.read_buffer_size(WS_READ_BUFFER)
+        .write_buffer_size(WS_WRITE_BUFFER)
         .max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| async move {
             let _token = token;
-            // The socket counts as an open connection until it closes.
+            // The socket counts as an open connection until it closes. Its writes may stall
+            // longer than an HTTP response's: the connection itself closes a client that
+            // stops reading (4003) and needs the socket until then.
+            if let Some(Extension(slot)) = &slot {
+                slot.set_write_stall(shared.opts.slow_client_grace * 2 + CLOSE_GRACE);
+            }
             let _slot = slot;
             if shared.stop.is_cancelled() {
                 return;
@@ -153,7 +268,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     let conn = shared.stop.child_token();
     let kill = CancellationToken::new();
     let (sink, stream) = socket.split();
-    let (tx, rx) = mpsc::channel::<Out>(OUT_CAPACITY);
+    let (tx, rx) = Outbox::new(shared.opts.max_queued_bytes, shared.opts.slow_client_grace);
     // Highest seq handed to the socket: the cap of this connection's acks.
     let written = Arc::new(AtomicU64::new(0));
     let mut writer = shared.tracker.spawn(writer(
@@ -162,6 +277,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         written.clone(),
         conn.clone(),
         kill.clone(),
+        tx.stalled.clone(),
     ));
 
     // Register before the first read, so no hint falls between the read and the wait.
@@ -270,17 +386,18 @@ async fn close_on_panic(
     }
 }
 
-/// Queues the close frame behind what is queued and lets the writer finish, all within
-/// [`CLOSE_GRACE`]; then aborts the writer (a client that does not read).
+/// Queues the close frame behind what is queued (a stalled connection's queue is dropped
+/// instead) and lets the writer finish, all within [`CLOSE_GRACE`]; then aborts the writer
+/// (a client that does not read).
 async fn close(
-    tx: mpsc::Sender<Out>,
+    tx: Outbox,
     code: CloseCode,
     writer: &mut tokio::task::JoinHandle<()>,
     kill: &CancellationToken,
 ) {
     metrics::counter!("tidemark_ws_closes_total", "code" => code.as_str()).increment(1);
     let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
-    let _ = tokio::time::timeout_at(deadline, tx.send(Out::Close(code))).await;
+    tx.close(code, deadline).await;
     drop(tx);
     if tokio::time::timeout_at(deadline, &mut *writer)
         .await
@@ -294,7 +411,7 @@ async fn close(
 struct Reader<'a> {
     shared: &'a Shared,
     mailbox: Mailbox,
-    tx: &'a mpsc::Sender<Out>,
+    tx: &'a Outbox,
     sync_tx: mpsc::Sender<u64>,
     send_tx: mpsc::Sender<(SendRequest, OwnedSemaphorePermit, Instant)>,
     written: Arc<AtomicU64>,
@@ -358,12 +475,13 @@ impl Reader<'_> {
             let flush_at = self.last_ack_flush + ACK_FLUSH;
             let ack_due = self.pending_ack > self.last_ack;
             let msg = tokio::select! {
+                _ = self.tx.stalled.cancelled() => return CloseCode::SlowConsumer,
                 _ = conn.cancelled() => return CloseCode::GoingAway,
                 _ = self.died.cancelled() => return CloseCode::InternalError,
                 _ = &mut expiry, if self.expires_at.is_some() => {
                     if self.until_expiry().is_zero() {
                         // Best effort (never waits): the close code says it anyway.
-                        let _ = self.tx.try_send(error_frame(
+                        self.tx.try_send(error_frame(
                             ErrorCode::TokenExpired,
                             "the token expired; reconnect with a new token",
                             None,
@@ -383,7 +501,7 @@ impl Reader<'_> {
                     let mut next = last_seen + ping_every;
                     if now >= next {
                         // Never waits: a client whose queue is full is not reading anyway.
-                        let _ = self.tx.try_send(Out::Ping);
+                        self.tx.try_send(Out::Ping);
                         next = now + ping_every;
                     }
                     keepalive.as_mut().reset(next.min(idle_at));
@@ -427,7 +545,11 @@ impl Reader<'_> {
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => true,
             };
             if !ok {
-                return CloseCode::InternalError;
+                return if self.tx.stalled.is_cancelled() {
+                    CloseCode::SlowConsumer
+                } else {
+                    CloseCode::InternalError
+                };
             }
         }
     }
@@ -508,7 +630,7 @@ async fn send_loop(
     shared: Arc<Shared>,
     user: String,
     mut rx: mpsc::Receiver<(SendRequest, OwnedSemaphorePermit, Instant)>,
-    tx: mpsc::Sender<Out>,
+    tx: Outbox,
     conn: CancellationToken,
 ) {
     loop {
@@ -557,7 +679,7 @@ async fn delivery_loop(
     mut cursor: u64,
     notify: Arc<Notify>,
     mut sync_rx: mpsc::Receiver<u64>,
-    tx: mpsc::Sender<Out>,
+    tx: Outbox,
     conn: CancellationToken,
 ) {
     let mut tick =
@@ -572,6 +694,13 @@ async fn delivery_loop(
     let mut hinted = false;
     let mut lane_present = false;
     let push = |out: Out| until_cancelled(&conn, tx.send(out));
+    // Pages of about what the queue holds: a client that does not read holds little.
+    let target = shared
+        .opts
+        .max_page_bytes
+        .min(shared.opts.max_queued_bytes)
+        .max(1);
+    let mut sizer = PageSizer::new(PAGE, target, largest_entry(&shared.opts.limits));
     loop {
         // Read until caught up with what is visible.
         'read: loop {
@@ -584,15 +713,16 @@ async fn delivery_loop(
                 _ = conn.cancelled() => return,
                 p = async {
                     if use_hint {
-                        mailbox.read_hinted(cursor, bound, PAGE).await
+                        mailbox.read_hinted(cursor, bound, sizer.count(), target).await
                     } else {
-                        mailbox.read_visible(cursor, PAGE).await
+                        mailbox.read_visible(cursor, sizer.count(), target).await
                     }
                 } => p,
             };
             let page = match page {
                 Ok(p) => {
                     failing = false;
+                    sizer.observe(p.entries.len(), p.bytes);
                     if !use_hint {
                         lane_present = p.lane_present;
                     }
@@ -677,13 +807,15 @@ fn latest_sync(rx: &mut mpsc::Receiver<u64>) -> Option<u64> {
 }
 
 /// Owns the sink: writes queued frames (batched, one flush per batch) until the channel
-/// closes or a `Close` is queued; `kill` aborts it.
+/// closes or a `Close` is queued; `kill` aborts it. Once `stalled`, queued frames are dropped
+/// unwritten (only the close frame goes out).
 async fn writer(
     mut sink: SplitSink<WebSocket, Message>,
-    mut rx: mpsc::Receiver<Out>,
+    mut rx: mpsc::Receiver<Queued>,
     written: Arc<AtomicU64>,
     conn: CancellationToken,
     kill: CancellationToken,
+    stalled: CancellationToken,
 ) {
     let mut close = None;
     'outer: loop {
@@ -697,8 +829,13 @@ async fn writer(
         };
         let mut next = Some(first);
         let mut batch = 0;
-        while let Some(out) = next.take() {
+        while let Some(Queued { out, _bytes }) = next.take() {
+            let dropped = stalled.is_cancelled() && !matches!(out, Out::Close(_));
             let msg = match out {
+                _ if dropped => {
+                    next = rx.try_recv().ok();
+                    continue;
+                }
                 Out::Text(t) => Message::Text(t.into()),
                 Out::Deliver { seq, text } => {
                     // Handed to the socket: from now on the client may ack it.

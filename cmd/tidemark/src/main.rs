@@ -239,6 +239,18 @@ struct GatewayLimitArgs {
     /// Bytes of mailbox entries in one `GET /v1/mailbox` page (e.g. 1m).
     #[arg(long, default_value = "1m", value_parser = parse_bytes)]
     max_page_bytes: usize,
+    /// Most open WebSockets of one user; beyond: HTTP 429 `too_many_connections`.
+    #[arg(long, default_value_t = 16)]
+    max_connections_per_user: usize,
+    /// Most commits in flight for one user (0: an eighth of the gateway's 4096).
+    #[arg(long, default_value_t = 0)]
+    max_inflight_commits_per_user: usize,
+    /// Sends per second one user may make (0: no limit); beyond: `rate_limited`.
+    #[arg(long, default_value_t = 0.0)]
+    send_rate_per_user: f64,
+    /// Sends one user may make at once before the rate applies (0: one second's worth).
+    #[arg(long, default_value_t = 0)]
+    send_burst_per_user: u32,
 }
 
 /// A byte count: a number, optionally followed by k or m (KiB, MiB).
@@ -269,6 +281,10 @@ impl GatewayLimitArgs {
             max_queued_bytes: self.max_queued_bytes,
             slow_client_grace: self.slow_client_grace,
             max_page_bytes: self.max_page_bytes,
+            max_connections_per_user: self.max_connections_per_user,
+            max_inflight_commits_per_user: self.max_inflight_commits_per_user,
+            send_rate_per_user: self.send_rate_per_user,
+            send_burst_per_user: self.send_burst_per_user,
             ..GatewayOptions::default()
         }
     }

@@ -53,11 +53,14 @@ pub enum ErrorCode {
     NotFound,
     /// The client exceeded its request rate; retry later.
     RateLimited,
+    /// The user already has as many open connections as a gateway allows; retry once one
+    /// has closed.
+    TooManyConnections,
 }
 
 impl ErrorCode {
     /// Every code, in documentation order.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::UnknownType,
@@ -74,6 +77,7 @@ impl ErrorCode {
         ErrorCode::Internal,
         ErrorCode::NotFound,
         ErrorCode::RateLimited,
+        ErrorCode::TooManyConnections,
     ];
 
     /// The stable wire string, e.g. `"bad_request"`.
@@ -95,19 +99,24 @@ impl ErrorCode {
             ErrorCode::Internal => "internal",
             ErrorCode::NotFound => "not_found",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::TooManyConnections => "too_many_connections",
         }
     }
 
     /// Whether the same request may be sent again unchanged, after a backoff.
     ///
-    /// True for `overloaded`, `rate_limited` and `internal`: the request itself was fine. A
+    /// True for `overloaded`, `rate_limited`, `too_many_connections` and `internal`: the
+    /// request itself was fine. A
     /// retried `send` must reuse its `id`; the server dedupes on (sender, id), so a send that
     /// was in fact committed is not committed twice. Every other code needs a changed request
     /// (or, for `token_expired`, a new token) first.
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::Overloaded | ErrorCode::RateLimited | ErrorCode::Internal
+            ErrorCode::Overloaded
+                | ErrorCode::RateLimited
+                | ErrorCode::TooManyConnections
+                | ErrorCode::Internal
         )
     }
 
@@ -126,7 +135,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::FrameTooLarge | ErrorCode::BodyTooLarge => 413,
-            ErrorCode::RateLimited => 429,
+            ErrorCode::RateLimited | ErrorCode::TooManyConnections => 429,
             ErrorCode::Internal => 500,
             ErrorCode::Overloaded => 503,
         }
@@ -236,6 +245,7 @@ mod tests {
             (Internal, 500, true),
             (NotFound, 404, false),
             (RateLimited, 429, true),
+            (TooManyConnections, 429, true),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, retry) in table {

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gateway_support::{now_unix, start, start_with, token_for, Deployment, SECRET, WAIT};
-use serde_json::Value;
+use serde_json::{json, Value};
 use tidemark_protocol::token;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -470,5 +470,139 @@ async fn mailbox_pages_are_capped_in_bytes_and_unread_responses_are_dropped() {
         "{} bytes: the whole page",
         bytes.len()
     );
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_may_open_only_so_many_websockets() {
+    let d = start_with(|o| o.max_connections_per_user = 2).await;
+    let mut a1 = d.ws_user("alice").await;
+    assert_eq!(a1.recv().await["type"], "ready");
+    let mut a2 = d.ws(&format!("token={}", token_for("alice")), &[]).await;
+    assert_eq!(a2.recv().await["type"], "ready");
+    // A third one of alice's, however authenticated, is refused before the upgrade.
+    let (status, body) = d.try_ws("user=alice", &[]).await.err().expect("refused");
+    assert_eq!(status, 429, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "too_many_connections", "{v}");
+    // Other users are not affected; alice's HTTP requests neither.
+    let mut b = d.ws_user("bob").await;
+    assert_eq!(b.recv().await["type"], "ready");
+    let (status, _) = d.http("GET", "/v1/mailbox?user=alice", &[], None).await;
+    assert_eq!(status, 200);
+    // Once one closes, alice may connect again.
+    a1.close().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut a3 = loop {
+        match d.try_ws("user=alice", &[]).await {
+            Ok(ws) => break ws,
+            Err((429, _)) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(a3.recv().await["type"], "ready");
+    a2.barrier().await;
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_user_flooding_commits_does_not_starve_the_others() {
+    // 8 permits in all, 2 per user: before, one user's queued sends took all 8.
+    let d = start_with(|o| {
+        o.max_inflight_commits = 8;
+        o.max_inflight_commits_per_user = 2;
+    })
+    .await;
+    let mut greedy = Vec::new();
+    for _ in 0..4 {
+        let mut ws = d.ws_user("greedy").await;
+        ws.recv().await;
+        greedy.push(ws);
+    }
+    let mut carol = d.ws_user("carol").await;
+    carol.recv().await;
+
+    // Pause the core: every admitted commit holds its permits until it resumes.
+    let client = redis::Client::open(d.core_url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2000)
+        .arg("ALL")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let paused = Instant::now();
+    for (i, ws) in greedy.iter_mut().enumerate() {
+        for j in 0..4 {
+            ws.send_json(&json!({"type":"send","id":format!("g{i}-{j}"),"to":["bob"],"body":"x"}))
+                .await;
+        }
+    }
+    // Each connection answers its sends in order: admitted ones later, refused ones now.
+    let mut overloaded = 0;
+    for ws in &mut greedy {
+        ws.barrier().await;
+        while let Some(e) = ws.try_pending(|v| v["type"] == "error") {
+            assert_eq!(e["code"], "overloaded", "{e}");
+            overloaded += 1;
+        }
+    }
+    assert_eq!(overloaded, 16 - 2, "greedy holds exactly its share of 2");
+    // carol still gets in: her send waits for the core, then is acked.
+    let r = carol.send_msg("c-1", &["bob"], "hello").await;
+    assert_eq!(r["type"], "send_ack", "{r}");
+    assert!(
+        paused.elapsed() >= Duration::from_millis(1500),
+        "acked during the pause?"
+    );
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn sends_above_the_per_user_rate_get_rate_limited() {
+    let d = start_with(|o| {
+        o.send_rate_per_user = 10.0;
+        o.send_burst_per_user = 5;
+    })
+    .await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    for i in 0..5 {
+        alice.send_ok(&format!("a{i}"), &["bob"], "x").await;
+    }
+    let r = alice.send_msg("a5", &["bob"], "x").await;
+    assert_eq!(
+        (r["type"].as_str(), r["code"].as_str()),
+        (Some("error"), Some("rate_limited")),
+        "{r}"
+    );
+    assert_eq!(r["id"], "a5");
+    // HTTP sends draw from the same bucket: 429.
+    let (status, v) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=alice",
+            &[],
+            Some(br#"{"id":"a5","to":["bob"],"body":"x"}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (429, Some("rate_limited")),
+        "{v}"
+    );
+    // Other users have their own bucket.
+    let mut carol = d.ws_user("carol").await;
+    carol.recv().await;
+    carol.send_ok("c0", &["bob"], "x").await;
+    // The bucket refills at 10/s: the retry (same id) goes through.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    alice.send_ok("a5", &["bob"], "x").await;
     d.shutdown().await;
 }

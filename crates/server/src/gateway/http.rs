@@ -143,7 +143,7 @@ async fn send_message(
         Ok(r) => r,
         Err(e) => return frame_error(&e),
     };
-    let permit = match send::reserve(&shared, &req).await {
+    let permit = match send::reserve(&shared, &user, &req).await {
         Ok(p) => p,
         Err((code, message)) => return error_response(code, message),
     };

@@ -11,8 +11,10 @@
 //!
 //! - **Send** ([`send`]): recipients are grouped by shard and committed to every shard's core
 //!   instance concurrently; `send_ack` once all have committed. At most
-//!   `max_inflight_commits` commits are in flight gateway-wide; a send that finds no room
-//!   within 100 ms is refused with `overloaded` (retryable, nothing lost). A WebSocket
+//!   `max_inflight_commits` commits are in flight gateway-wide, and at most a per-user share
+//!   of them for one user; a send that finds no room within 100 ms is refused with
+//!   `overloaded` (retryable, nothing lost). An optional per-user send rate refuses sends
+//!   above it with `rate_limited` ([`users`]). A WebSocket
 //!   connection commits its sends one after another, so a client's sends to one mailbox keep
 //!   their order.
 //! - **Delivery** ([`ws`]): each connection has a delivery loop that reads the mailbox after
@@ -49,6 +51,7 @@ mod listener;
 mod mailbox;
 mod send;
 mod state;
+mod users;
 mod wake;
 mod ws;
 
@@ -63,6 +66,17 @@ pub struct GatewayOptions {
     pub dev_auth: bool,
     /// Most commits in flight before `send` is refused with `overloaded`.
     pub max_inflight_commits: usize,
+    /// Most commits in flight (or queued on its connections) for one user; 0: an eighth of
+    /// `max_inflight_commits`. Keeps one user from taking every permit.
+    pub max_inflight_commits_per_user: usize,
+    /// Most open WebSockets of one user; beyond, the upgrade is refused with 429
+    /// `too_many_connections`.
+    pub max_connections_per_user: usize,
+    /// Sends per second one user may make (WebSocket and HTTP together); 0: no limit. Above
+    /// it a send is refused with `rate_limited`.
+    pub send_rate_per_user: f64,
+    /// Sends a user may make at once before the rate applies; 0: one second's worth.
+    pub send_burst_per_user: u32,
     /// Periodic re-check of every connected mailbox (missed wake-up hints).
     pub recheck_interval: Duration,
     /// Most open client connections (sockets, WebSockets included); above it requests are
@@ -97,6 +111,10 @@ impl Default for GatewayOptions {
             token_secret: None,
             dev_auth: false,
             max_inflight_commits: 4096,
+            max_inflight_commits_per_user: 0,
+            max_connections_per_user: 16,
+            send_rate_per_user: 0.0,
+            send_burst_per_user: 0,
             recheck_interval: Duration::from_secs(1),
             max_connections: 10_000,
             health_reserve: 32,

@@ -45,7 +45,7 @@ use super::http::error_response;
 use super::http::largest_entry;
 use super::listener::ConnSlot;
 use super::mailbox::{Mailbox, PageSizer};
-use super::send;
+use super::send::{self, CommitPermit};
 use super::state::Shared;
 
 /// Frames queued for the writer per connection.
@@ -211,6 +211,15 @@ pub(crate) async fn handler(
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
     };
+    let Some(user_conn) = shared.users.connect(&caller.user) else {
+        return error_response(
+            ErrorCode::TooManyConnections,
+            format!(
+                "this user has {} open connections already; close one, then retry",
+                shared.opts.max_connections_per_user
+            ),
+        );
+    };
     // Above the protocol's frame limit, so a moderately oversized frame reaches the parser
     // and gets its `frame_too_large` error frame; only a huge one is cut by the socket.
     let max = shared
@@ -236,6 +245,7 @@ pub(crate) async fn handler(
                 slot.set_write_stall(shared.opts.slow_client_grace * 2 + CLOSE_GRACE);
             }
             let _slot = slot;
+            let _user_conn = user_conn;
             if shared.stop.is_cancelled() {
                 return;
             }
@@ -413,7 +423,7 @@ struct Reader<'a> {
     mailbox: Mailbox,
     tx: &'a Outbox,
     sync_tx: mpsc::Sender<u64>,
-    send_tx: mpsc::Sender<(SendRequest, OwnedSemaphorePermit, Instant)>,
+    send_tx: mpsc::Sender<(SendRequest, CommitPermit, Instant)>,
     written: Arc<AtomicU64>,
     last_ack: u64,
     /// Highest ack received but not yet written to Redis (acks are coalesced).
@@ -580,7 +590,7 @@ impl Reader<'_> {
             Ok(ClientFrame::Send(req)) => {
                 let permit = tokio::select! {
                     _ = conn.cancelled() => return false,
-                    p = send::reserve(self.shared, &req) => p,
+                    p = send::reserve(self.shared, &self.mailbox.user, &req) => p,
                 };
                 match permit {
                     Ok(permit) => {
@@ -629,7 +639,7 @@ async fn until_cancelled<E>(
 async fn send_loop(
     shared: Arc<Shared>,
     user: String,
-    mut rx: mpsc::Receiver<(SendRequest, OwnedSemaphorePermit, Instant)>,
+    mut rx: mpsc::Receiver<(SendRequest, CommitPermit, Instant)>,
     tx: Outbox,
     conn: CancellationToken,
 ) {

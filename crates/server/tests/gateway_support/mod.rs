@@ -397,6 +397,12 @@ impl Ws {
         }
     }
 
+    /// Takes the first pending frame matching `pred`, without reading the socket.
+    pub fn try_pending(&mut self, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+        let i = self.pending.iter().position(pred)?;
+        self.pending.remove(i)
+    }
+
     /// The next frame of type `ty` (other types stay pending).
     pub async fn recv_type(&mut self, ty: &str) -> Value {
         self.recv_where(|v| v["type"] == ty).await

@@ -4,13 +4,14 @@
 Starts `tidemark up` (its own redis-servers, a temporary data dir, dev auth), fills one
 mailbox with ENTRIES messages of BODY bytes, then opens SOCKETS WebSocket connections of that
 user that never read a byte, and samples the gateway process's VmRSS (/proc/<pid>/status).
-Then the same with PAGES never-read `GET /v1/mailbox?limit=1000`.
+Then the same with PAGES never-read `GET /v1/mailbox?limit=1000`, and the time until
+SOCKETS half-sent requests are closed (part "halfsent", waiting at most 30 s).
 
     scripts/measure-slow-clients.py BIN [extra `up` flags…]
     e.g. scripts/measure-slow-clients.py target/debug/tidemark --max-connections-per-user 200
 
 Environment: SOCKETS (200), PAGES (20), ENTRIES (300), BODY (16000), HOLD (15 s), PARTS
-("ws,pages": which measurements to run; run them one at a time for figures that do not
+("ws,pages,halfsent": which measurements to run; run them one at a time for figures that do not
 include memory the allocator kept from the other).
 Only the standard library is used (the WebSocket handshake is written by hand).
 """
@@ -30,7 +31,7 @@ PAGES = int(os.environ.get("PAGES", "20"))
 ENTRIES = int(os.environ.get("ENTRIES", "300"))
 BODY = int(os.environ.get("BODY", "16000"))
 HOLD = float(os.environ.get("HOLD", "15"))
-PARTS = os.environ.get("PARTS", "ws,pages").split(",")
+PARTS = os.environ.get("PARTS", "ws,pages,halfsent").split(",")
 
 
 def free_port():
@@ -154,6 +155,36 @@ def main():
             hold(pid, f"{PAGES} never-read GET /v1/mailbox?limit=1000")
         for s in pages:
             s.close()
+
+        if "halfsent" in PARTS:
+            half = []
+            for _ in range(SOCKETS):
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                s.setblocking(False)
+                half.append(s)
+            t0 = time.time()
+            closed = {}
+            while len(closed) < len(half) and time.time() - t0 < 30:
+                for i, s in enumerate(half):
+                    if i in closed:
+                        continue
+                    try:
+                        if s.recv(4096) == b"":
+                            closed[i] = time.time() - t0
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        closed[i] = time.time() - t0
+                time.sleep(0.05)
+            if closed:
+                print(f"{SOCKETS} half-sent requests: {len(closed)} closed, after "
+                      f"{min(closed.values()):.2f} to {max(closed.values()):.2f} s; "
+                      f"{len(half) - len(closed)} still open after 30 s")
+            else:
+                print(f"{SOCKETS} half-sent requests: none closed within 30 s")
+            for s in half:
+                s.close()
     finally:
         proc.terminate()
         try:

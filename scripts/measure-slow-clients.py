@@ -20,6 +20,7 @@ import base64
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -191,6 +192,8 @@ def main():
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -194,6 +194,8 @@ struct UpArgs {
     /// appendfsync of every instance: always (default: nothing acknowledged is lost), everysec.
     #[arg(long, default_value = "always")]
     appendfsync: String,
+    #[command(flatten)]
+    limits: GatewayLimitArgs,
 }
 
 #[derive(Args)]
@@ -232,6 +234,84 @@ struct ServeArgs {
     /// Fault injection for fault runs: fail this percentage of lane chunk writes.
     #[arg(long, hide = true, default_value_t = 0)]
     fault_chunk_fail_pct: u8,
+    #[command(flatten)]
+    limits: GatewayLimitArgs,
+}
+
+/// Limits on slow, idle and greedy clients (`serve` and `up`; docs/operations.md, ADR-0025).
+#[derive(Args)]
+struct GatewayLimitArgs {
+    /// Most open client connections (WebSockets included); beyond: HTTP 503 `overloaded`.
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
+    /// A request head (or body) must arrive within this time, e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = tidemark_client::parse_ttl)]
+    header_read_timeout: std::time::Duration,
+    /// Ping a WebSocket client after this much silence.
+    #[arg(long, default_value = "20s", value_parser = tidemark_client::parse_ttl)]
+    ws_ping_interval: std::time::Duration,
+    /// Close a WebSocket (4002) from which nothing, not even a pong, arrived for this long.
+    #[arg(long, default_value = "60s", value_parser = tidemark_client::parse_ttl)]
+    ws_idle_timeout: std::time::Duration,
+    /// Bytes of outbound frames one WebSocket may have queued (e.g. 65536, 64k, 1m).
+    #[arg(long, default_value = "64k", value_parser = parse_bytes)]
+    max_queued_bytes: usize,
+    /// Close a WebSocket (4003) whose frames waited this long for room; drop an HTTP
+    /// response whose writes made no progress for this long.
+    #[arg(long, default_value = "30s", value_parser = tidemark_client::parse_ttl)]
+    slow_client_grace: std::time::Duration,
+    /// Bytes of mailbox entries in one `GET /v1/mailbox` page (e.g. 1m).
+    #[arg(long, default_value = "1m", value_parser = parse_bytes)]
+    max_page_bytes: usize,
+    /// Most open WebSockets of one user; beyond: HTTP 429 `too_many_connections`.
+    #[arg(long, default_value_t = 16)]
+    max_connections_per_user: usize,
+    /// Most commits in flight for one user (0: an eighth of the gateway's 4096).
+    #[arg(long, default_value_t = 0)]
+    max_inflight_commits_per_user: usize,
+    /// Sends per second one user may make (0: no limit); beyond: `rate_limited`.
+    #[arg(long, default_value_t = 0.0)]
+    send_rate_per_user: f64,
+    /// Sends one user may make at once before the rate applies (0: one second's worth).
+    #[arg(long, default_value_t = 0)]
+    send_burst_per_user: u32,
+}
+
+/// A byte count: a number, optionally followed by k or m (KiB, MiB).
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let lower = s.to_ascii_lowercase();
+    let (num, mul) = match lower.strip_suffix('k') {
+        Some(n) => (n, 1024),
+        None => match lower.strip_suffix('m') {
+            Some(n) => (n, 1024 * 1024),
+            None => (lower.as_str(), 1),
+        },
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad byte count {s:?} (e.g. 262144, 256k, 1m)"))
+}
+
+impl GatewayLimitArgs {
+    /// Gateway options with these limits (and defaults for everything else).
+    fn options(&self) -> GatewayOptions {
+        GatewayOptions {
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            ping_interval: self.ws_ping_interval,
+            idle_timeout: self.ws_idle_timeout,
+            max_queued_bytes: self.max_queued_bytes,
+            slow_client_grace: self.slow_client_grace,
+            max_page_bytes: self.max_page_bytes,
+            max_connections_per_user: self.max_connections_per_user,
+            max_inflight_commits_per_user: self.max_inflight_commits_per_user,
+            send_rate_per_user: self.send_rate_per_user,
+            send_burst_per_user: self.send_burst_per_user,
+            ..GatewayOptions::default()
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -854,7 +934,7 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
             gateway: GatewayOptions {
                 dev_auth: a.dev_auth,
                 token_secret: Some(secret.into_bytes()),
-                ..Default::default()
+                ..a.limits.options()
             },
             materializer: Default::default(),
             appendfsync: a.appendfsync,
@@ -918,7 +998,7 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             gateway: GatewayOptions {
                 dev_auth: a.dev_auth,
                 token_secret: secret,
-                ..Default::default()
+                ..a.limits.options()
             },
             materializer: MaterializerOptions {
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {

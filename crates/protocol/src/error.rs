@@ -65,11 +65,14 @@ pub enum ErrorCode {
     /// another message (other recipients or another body). Nothing was committed. Not
     /// retryable: a new message needs a new id.
     IdReused,
+    /// The user already has as many open connections as a gateway allows; retry once one
+    /// has closed.
+    TooManyConnections,
 }
 
 impl ErrorCode {
     /// Every code, in documentation order.
-    pub const ALL: [ErrorCode; 18] = [
+    pub const ALL: [ErrorCode; 19] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::UnknownType,
@@ -88,6 +91,7 @@ impl ErrorCode {
         ErrorCode::RateLimited,
         ErrorCode::LogExhausted,
         ErrorCode::IdReused,
+        ErrorCode::TooManyConnections,
     ];
 
     /// The stable wire string, e.g. `"bad_request"`.
@@ -111,19 +115,24 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::LogExhausted => "log_exhausted",
             ErrorCode::IdReused => "id_reused",
+            ErrorCode::TooManyConnections => "too_many_connections",
         }
     }
 
     /// Whether the same request may be sent again unchanged, after a backoff.
     ///
-    /// True for `overloaded`, `rate_limited` and `internal`: the request itself was fine. A
+    /// True for `overloaded`, `rate_limited`, `too_many_connections` and `internal`: the
+    /// request itself was fine. A
     /// retried `send` must reuse its `id`; the server dedupes on (sender, id), so a send that
     /// was in fact committed is not committed twice. Every other code needs a changed request
     /// (or, for `token_expired`, a new token) first.
     pub fn retryable(self) -> bool {
         matches!(
             self,
-            ErrorCode::Overloaded | ErrorCode::RateLimited | ErrorCode::Internal
+            ErrorCode::Overloaded
+                | ErrorCode::RateLimited
+                | ErrorCode::TooManyConnections
+                | ErrorCode::Internal
         )
     }
 
@@ -142,7 +151,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::FrameTooLarge | ErrorCode::BodyTooLarge => 413,
-            ErrorCode::RateLimited => 429,
+            ErrorCode::RateLimited | ErrorCode::TooManyConnections => 429,
             ErrorCode::Internal => 500,
             ErrorCode::Overloaded => 503,
             ErrorCode::LogExhausted => 507,
@@ -261,6 +270,7 @@ mod tests {
             (RateLimited, 429, true),
             (LogExhausted, 507, false),
             (IdReused, 422, false),
+            (TooManyConnections, 429, true),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, retry) in table {

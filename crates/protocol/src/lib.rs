@@ -9,15 +9,17 @@
 //! - [`secret`]: the one loader of the token secret (file or environment, at least 32 bytes
 //!   after trimming) used by the server, the CLI and the client helpers.
 //! - [`entry`]: the binary mailbox entry stored as a sorted-set member in the mailbox Redis.
+//! - [`close`]: the WebSocket close codes the gateway sends ([`CloseCode`]).
 //! - [`error`]: the crate's [`Error`] and the wire-level [`ErrorCode`]s (stable strings,
 //!   HTTP status, retryable or not).
 //!
 //! The normative description of the protocol is `docs/protocol.md`; this crate implements it
-//! and its tests check the two agree on the error-code table.
+//! and its tests check the two agree on the error-code and close-code tables.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod close;
 pub mod entry;
 pub mod error;
 pub mod frames;
@@ -25,6 +27,7 @@ pub mod http;
 pub mod secret;
 pub mod token;
 
+pub use close::CloseCode;
 pub use entry::{decode_entry, encode_entry, Entry};
 pub use error::{Error, ErrorCode};
 pub use frames::{parse_client_frame, ClientFrame, FrameError, Limits, ServerFrame};

@@ -1,10 +1,11 @@
 //! `docs/protocol.md` is the normative protocol description: its error-code table must list
-//! exactly the codes of [`ErrorCode`], with the same retry policy and HTTP status.
+//! exactly the codes of [`ErrorCode`], with the same retry policy and HTTP status, and its
+//! close-code table exactly the codes of [`CloseCode`].
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use tidemark_protocol::{ErrorCode, Limits};
+use tidemark_protocol::{CloseCode, ErrorCode, Limits};
 
 fn protocol_md() -> String {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/protocol.md");
@@ -62,4 +63,39 @@ fn documented_limits_are_the_defaults() {
         assert!(doc.contains(&n.to_string()), "{n} not in docs/protocol.md");
     }
     assert!(doc.contains(&format!("1–{} bytes", l.max_id_bytes)));
+}
+
+#[test]
+fn close_code_table_matches_close_code() {
+    let doc = protocol_md();
+    let table = doc
+        .split("## Close codes")
+        .nth(1)
+        .expect("docs/protocol.md has a `## Close codes` section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let mut rows = HashMap::new();
+    for line in table
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| code"))
+    {
+        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        let Ok(num) = cells[0].parse::<u16>() else {
+            continue; // the separator row
+        };
+        let name = cells[1].trim_matches('`').to_owned();
+        assert!(rows.insert(num, name).is_none(), "{num} listed twice");
+    }
+    assert_eq!(
+        rows.len(),
+        CloseCode::ALL.len(),
+        "codes in the table: {rows:?}"
+    );
+    for code in CloseCode::ALL {
+        let name = rows
+            .get(&code.as_u16())
+            .unwrap_or_else(|| panic!("{code} missing from docs/protocol.md"));
+        assert_eq!(name, code.as_str(), "{code}");
+    }
 }

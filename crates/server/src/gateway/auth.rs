@@ -24,17 +24,25 @@ pub(crate) enum Endpoint {
 /// A refusal: the code (`unauthorized` or `token_expired`) and a message.
 pub(crate) type Refusal = (ErrorCode, String);
 
+/// Who is calling, and until when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Caller {
+    pub user: String,
+    /// The token's `exp` (unix seconds); `None` for a `?user=` (dev auth) caller.
+    pub expires_at_unix: Option<u64>,
+}
+
 fn unauthorized(msg: impl Into<String>) -> Refusal {
     (ErrorCode::Unauthorized, msg.into())
 }
 
-/// The authenticated user of a request.
+/// The authenticated caller of a request.
 pub(crate) fn authenticate(
     opts: &GatewayOptions,
     headers: &HeaderMap,
     query: Option<&str>,
     endpoint: Endpoint,
-) -> Result<String, Refusal> {
+) -> Result<Caller, Refusal> {
     let query = query.unwrap_or("");
     let mut tokens = headers.get_all(header::AUTHORIZATION).iter();
     let header_token = match (tokens.next(), tokens.next()) {
@@ -66,7 +74,10 @@ pub(crate) fn authenticate(
             return Err(unauthorized(token::INVALID_TOKEN_MESSAGE));
         };
         return match token::verify(secret, &t, now_unix()) {
-            Ok(claims) => Ok(claims.user),
+            Ok(claims) => Ok(Caller {
+                user: claims.user,
+                expires_at_unix: Some(claims.expires_at_unix),
+            }),
             Err(e) => {
                 // the detail (malformed or mis-signed) is for the log only
                 tracing::info!(code = e.code(), error = %e, "token refused");
@@ -81,7 +92,10 @@ pub(crate) fn authenticate(
                     "`user` must be 1..=128 bytes without control characters",
                 ));
             }
-            return Ok(user);
+            return Ok(Caller {
+                user,
+                expires_at_unix: None,
+            });
         }
     }
     Err(unauthorized("missing credentials"))
@@ -171,13 +185,25 @@ mod tests {
         let http = Endpoint::Http;
         // header token, any endpoint; `?user=` never overrides it
         assert_eq!(
-            authenticate(&opts(true), &bearer(&good), Some("user=bob"), http).unwrap(),
+            authenticate(&opts(true), &bearer(&good), Some("user=bob"), http)
+                .unwrap()
+                .user,
             "alice"
+        );
+        // the token's expiry comes along (a WebSocket is closed when it passes)
+        let exp = token::verify(SECRET, &good, 0).unwrap().expires_at_unix;
+        assert_eq!(
+            authenticate(&opts(false), &bearer(&good), None, ws)
+                .unwrap()
+                .expires_at_unix,
+            Some(exp)
         );
         // query token: WebSocket only
         let q = format!("token={good}");
         assert_eq!(
-            authenticate(&opts(false), &none, Some(&q), ws).unwrap(),
+            authenticate(&opts(false), &none, Some(&q), ws)
+                .unwrap()
+                .user,
             "alice"
         );
         assert_eq!(
@@ -204,7 +230,10 @@ mod tests {
         // dev users
         assert_eq!(
             authenticate(&opts(true), &none, Some("user=b%C3%B6b+x"), http).unwrap(),
-            "böb x"
+            Caller {
+                user: "böb x".into(),
+                expires_at_unix: None
+            }
         );
         assert!(authenticate(&opts(false), &none, Some("user=bob"), http).is_err());
         assert!(authenticate(&opts(true), &none, Some("user="), http).is_err());
@@ -223,7 +252,9 @@ mod tests {
         assert!(authenticate(&opts(true), &none, None, http).is_err());
         // `user` is not looked at when a token is given or dev auth is off
         assert_eq!(
-            authenticate(&opts(false), &bearer(&good), Some("user=a&user=%FF"), http).unwrap(),
+            authenticate(&opts(false), &bearer(&good), Some("user=a&user=%FF"), http)
+                .unwrap()
+                .user,
             "alice"
         );
         // no secret: tokens refused

@@ -16,10 +16,11 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use tidemark_protocol::{
     parse_ack_request, parse_mailbox_query, parse_send_request, AckResponse, ErrorBody, ErrorCode,
-    FrameError, MailboxPage, SendResponse,
+    FrameError, Limits, MailboxPage, SendResponse,
 };
 
 use super::auth::{authenticate, Endpoint};
+use super::mailbox::PageSizer;
 use super::send;
 use super::state::Shared;
 use super::ws;
@@ -50,6 +51,11 @@ pub(crate) fn error_response(code: ErrorCode, message: impl Into<String>) -> Res
     (status, Json(body)).into_response()
 }
 
+/// The largest stored mailbox entry the limits allow (body, sender, header).
+pub(crate) fn largest_entry(limits: &Limits) -> usize {
+    limits.max_body_bytes + tidemark_protocol::MAX_USER_ID_BYTES + 64
+}
+
 fn frame_error(e: &FrameError) -> Response {
     error_response(e.error_code(), e.message())
 }
@@ -67,11 +73,28 @@ async fn not_found() -> Response {
 #[allow(clippy::result_large_err)]
 fn user_of(shared: &Shared, headers: &HeaderMap, uri: &Uri) -> Result<String, Response> {
     authenticate(&shared.opts, headers, uri.query(), Endpoint::Http)
+        .map(|caller| caller.user)
         .map_err(|(code, message)| error_response(code, message))
 }
 
-/// Reads a request body, refusing (without reading on) one above `max` bytes.
-async fn read_body(headers: &HeaderMap, body: Body, max: usize) -> Result<Vec<u8>, Response> {
+/// Reads a request body, refusing (without reading on) one above `max` bytes or one that
+/// has not fully arrived within `within` (a client trickling its body holds a connection).
+async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    max: usize,
+    within: Duration,
+) -> Result<Vec<u8>, Response> {
+    match tokio::time::timeout(within, read_body_now(headers, body, max)).await {
+        Ok(r) => r,
+        Err(_) => Err(error_response(
+            ErrorCode::BadRequest,
+            format!("the request body did not arrive within {within:?}"),
+        )),
+    }
+}
+
+async fn read_body_now(headers: &HeaderMap, body: Body, max: usize) -> Result<Vec<u8>, Response> {
     let too_large = || {
         error_response(
             ErrorCode::FrameTooLarge,
@@ -111,7 +134,8 @@ async fn send_message(
         Err(r) => return r,
     };
     let limits = &shared.opts.limits;
-    let bytes = match read_body(&headers, body, limits.max_frame_bytes).await {
+    let within = shared.opts.header_read_timeout;
+    let bytes = match read_body(&headers, body, limits.max_frame_bytes, within).await {
         Ok(b) => b,
         Err(r) => return r,
     };
@@ -119,7 +143,7 @@ async fn send_message(
         Ok(r) => r,
         Err(e) => return frame_error(&e),
     };
-    let permit = match send::reserve(&shared, &req).await {
+    let permit = match send::reserve(&shared, &user, &req).await {
         Ok(p) => p,
         Err((code, message)) => return error_response(code, message),
     };
@@ -156,20 +180,35 @@ async fn read_mailbox(State(shared): State<Arc<Shared>>, uri: Uri, headers: Head
             Err(e) => return internal("reading the acked cursor", &e),
         },
     };
-    let page = match mailbox.read_visible(after, q.limit as usize).await {
-        Ok(p) => p,
-        Err(e) => return internal("reading the mailbox", &e),
-    };
-    let mut entries = Vec::with_capacity(page.entries.len());
-    for e in page.entries {
-        match e {
-            Ok(e) => entries.push(e),
-            Err(seq) => {
-                return error_response(
-                    ErrorCode::Internal,
-                    format!("mailbox entry {seq} is unreadable"),
-                )
+    // Up to `limit` entries and about `max_page_bytes`, in reads sized to fetch not much more.
+    let limit = q.limit as usize;
+    let max_bytes = shared.opts.max_page_bytes.max(1);
+    let mut sizer = PageSizer::new(limit, max_bytes, largest_entry(&shared.opts.limits));
+    let (mut entries, mut bytes, mut cursor) = (Vec::new(), 0usize, after);
+    loop {
+        let want = sizer.count().min(limit - entries.len());
+        let page = match mailbox.read_visible(cursor, want, max_bytes - bytes).await {
+            Ok(p) => p,
+            Err(e) => return internal("reading the mailbox", &e),
+        };
+        sizer.observe(page.entries.len(), page.bytes);
+        bytes += page.bytes;
+        for e in page.entries {
+            match e {
+                Ok(e) => {
+                    cursor = e.seq;
+                    entries.push(e);
+                }
+                Err(seq) => {
+                    return error_response(
+                        ErrorCode::Internal,
+                        format!("mailbox entry {seq} is unreadable"),
+                    )
+                }
             }
+        }
+        if !page.more || entries.len() >= limit || bytes >= max_bytes {
+            break;
         }
     }
     Json(MailboxPage::new(entries, after)).into_response()
@@ -186,7 +225,8 @@ async fn ack_mailbox(
         Err(r) => return r,
     };
     let limits = &shared.opts.limits;
-    let bytes = match read_body(&headers, body, limits.max_frame_bytes).await {
+    let within = shared.opts.header_read_timeout;
+    let bytes = match read_body(&headers, body, limits.max_frame_bytes, within).await {
         Ok(b) => b,
         Err(r) => return r,
     };

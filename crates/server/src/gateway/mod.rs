@@ -11,8 +11,10 @@
 //!
 //! - **Send** ([`send`]): recipients are grouped by shard and committed to every shard's core
 //!   instance concurrently; `send_ack` once all have committed. At most
-//!   `max_inflight_commits` commits are in flight gateway-wide; a send that finds no room
-//!   within 100 ms is refused with `overloaded` (retryable, nothing lost). A WebSocket
+//!   `max_inflight_commits` commits are in flight gateway-wide, and at most a per-user share
+//!   of them for one user; a send that finds no room within 100 ms is refused with
+//!   `overloaded` (retryable, nothing lost). An optional per-user send rate refuses sends
+//!   above it with `rate_limited` ([`users`]). A WebSocket
 //!   connection commits its sends one after another, so a client's sends to one mailbox keep
 //!   their order.
 //! - **Delivery** ([`ws`]): each connection has a delivery loop that reads the mailbox after
@@ -21,6 +23,15 @@
 //!   re-check (missed hints) and by `sync`. Pub/Sub is a hint only, never the data path.
 //! - **Writer**: one task per socket owns the sink and drains a bounded channel; the reader,
 //!   the sender and the delivery loop feed it (the delivery loop waits for room: backpressure).
+//! - **Connections** ([`listener`]): HTTP/1.1 served by hyper with a header-read timeout; at
+//!   most `max_connections` open sockets (WebSockets included), a small reserve above it for
+//!   `/healthz` and `/metrics`, and an HTTP 503 `overloaded` beyond. A WebSocket is pinged
+//!   every `ping_interval` and closed (4002) when nothing arrives for `idle_timeout`.
+//! - **Memory per client**: a WebSocket's queued outbound frames are bounded in bytes
+//!   (`max_queued_bytes`); a connection whose frames wait for room longer than
+//!   `slow_client_grace` is closed (4003). Mailbox pages are bounded in bytes
+//!   (`max_page_bytes`), and any socket whose writes make no progress for the grace period
+//!   (an HTTP response nobody reads) is closed.
 //! - **Shutdown**: on `cancel` the listener stops, every socket is closed (1001 going away),
 //!   and every task this module spawned is joined before [`serve`] returns.
 
@@ -36,9 +47,11 @@ use crate::materializer::HealthBoard;
 
 mod auth;
 mod http;
+mod listener;
 mod mailbox;
 mod send;
 mod state;
+mod users;
 mod wake;
 mod ws;
 
@@ -53,8 +66,42 @@ pub struct GatewayOptions {
     pub dev_auth: bool,
     /// Most commits in flight before `send` is refused with `overloaded`.
     pub max_inflight_commits: usize,
+    /// Most commits in flight (or queued on its connections) for one user; 0: an eighth of
+    /// `max_inflight_commits`. Keeps one user from taking every permit.
+    pub max_inflight_commits_per_user: usize,
+    /// Most open WebSockets of one user; beyond, the upgrade is refused with 429
+    /// `too_many_connections`.
+    pub max_connections_per_user: usize,
+    /// Sends per second one user may make (WebSocket and HTTP together); 0: no limit. Above
+    /// it a send is refused with `rate_limited`.
+    pub send_rate_per_user: f64,
+    /// Sends a user may make at once before the rate applies; 0: one second's worth.
+    pub send_burst_per_user: u32,
     /// Periodic re-check of every connected mailbox (missed wake-up hints).
     pub recheck_interval: Duration,
+    /// Most open client connections (sockets, WebSockets included); above it requests are
+    /// answered 503 `overloaded`. Lowered at start to fit the open-file limit.
+    pub max_connections: usize,
+    /// Connections above `max_connections` that are still read, to answer `GET /healthz` and
+    /// `GET /metrics` (every other request on them gets 503 `overloaded`).
+    pub health_reserve: usize,
+    /// A request head (or the next one on an idle keep-alive connection) must arrive within
+    /// this time; a request body too.
+    pub header_read_timeout: Duration,
+    /// A WebSocket is pinged after this long without a frame from the client.
+    pub ping_interval: Duration,
+    /// A WebSocket from which nothing (not even a pong) arrives for this long is closed (4002).
+    pub idle_timeout: Duration,
+    /// Bytes of outbound frames a WebSocket may have queued for its writer (one frame larger
+    /// than this still goes, alone).
+    pub max_queued_bytes: usize,
+    /// A WebSocket whose frames wait this long for room in its queue is closed (4003); an
+    /// HTTP response whose writes make no progress for this long is dropped.
+    pub slow_client_grace: Duration,
+    /// Stored bytes of mailbox entries in one `GET /v1/mailbox` page (the entry that reaches
+    /// it is the page's last); WebSocket delivery reads pages of at most this and
+    /// `max_queued_bytes`.
+    pub max_page_bytes: usize,
 }
 
 impl Default for GatewayOptions {
@@ -64,7 +111,19 @@ impl Default for GatewayOptions {
             token_secret: None,
             dev_auth: false,
             max_inflight_commits: 4096,
+            max_inflight_commits_per_user: 0,
+            max_connections_per_user: 16,
+            send_rate_per_user: 0.0,
+            send_burst_per_user: 0,
             recheck_interval: Duration::from_secs(1),
+            max_connections: 10_000,
+            health_reserve: 32,
+            header_read_timeout: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(60),
+            max_queued_bytes: 64 * 1024,
+            slow_client_grace: Duration::from_secs(30),
+            max_page_bytes: 1024 * 1024,
         }
     }
 }
@@ -108,6 +167,8 @@ pub async fn serve(
     topology
         .validate()
         .map_err(|e| GatewayError::Config(e.to_string()))?;
+    let mut opts = opts;
+    opts.max_connections = fit_to_open_file_limit(opts.max_connections, opts.health_reserve);
     // Our own token: stopping the gateway (also on a listener failure) must not cancel the
     // caller's other services.
     let stop = cancel.child_token();
@@ -135,17 +196,53 @@ pub async fn serve(
     let addr = listener.local_addr().ok();
     tracing::info!(?addr, "gateway listening");
     let app = http::router(shared.clone());
-    // Small frames must not wait for Nagle's algorithm (it added ~40 ms to acks and deliveries).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(stop.clone().cancelled_owned())
-        .await;
-    // Stops sockets and hubs (also when the listener failed on its own).
+    listener::serve(listener, app, &shared.opts, stop.clone(), tracker.clone()).await;
+    // Stops sockets and hubs.
     stop.cancel();
     tracker.close();
     tracker.wait().await;
     tracing::info!(?addr, "gateway stopped");
-    served.map_err(GatewayError::from)
+    Ok(())
+}
+
+/// File descriptors kept for everything but client sockets (Redis connections, files).
+const FD_HEADROOM: usize = 256;
+
+/// Raises the soft open-file limit towards the hard one and returns `max_connections`,
+/// lowered (with a warning) if the limit cannot hold it: a gateway out of descriptors can
+/// no longer accept anything, `/healthz` included.
+fn fit_to_open_file_limit(max_connections: usize, reserve: usize) -> usize {
+    let want = (max_connections + reserve + FD_HEADROOM) as libc::rlim_t;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return max_connections;
+    }
+    if lim.rlim_cur < want && lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max.min(want),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim.rlim_cur = raised.rlim_cur;
+        }
+    }
+    let limit = lim.rlim_cur;
+    if limit >= want {
+        return max_connections;
+    }
+    let fit = (limit as usize)
+        .saturating_sub(reserve + FD_HEADROOM)
+        .max(1);
+    tracing::warn!(
+        max_connections,
+        open_file_limit = limit,
+        using = fit,
+        "the open-file limit cannot hold --max-connections; raise it (ulimit -n, LimitNOFILE=)"
+    );
+    fit
 }

@@ -6,6 +6,12 @@
 //! did commit are not committed twice. The one permanent failure is a shard whose log has
 //! used up its offsets (head at 2^48-1): `log_exhausted`, not retryable, reported even when
 //! another shard failed transiently (a retry could never complete the send).
+//!
+//! Admission ([`reserve`]): the sender's send rate first (`rate_limited`), then the sender's
+//! share of commit permits, then the gateway's; both permit waits together last at most
+//! [`PERMIT_WAIT`] (`overloaded`). A user's waiters queue on the user's own semaphore, so the
+//! gateway's FIFO queue holds at most a share's worth of one user: a user who floods does
+//! not push the others back.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,9 +21,11 @@ use tidemark_protocol::{ErrorCode, SendRequest};
 use tidemark_store::redis::dlog::DEFAULT_DEDUPE_TTL_S;
 use tidemark_store::routing::route;
 use tidemark_store::Error as StoreError;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::state::Shared;
+use super::users::Users;
 
 /// How long a send waits for room among the commits in flight before `overloaded`.
 pub(crate) const PERMIT_WAIT: Duration = Duration::from_millis(100);
@@ -39,28 +47,75 @@ pub(crate) fn group_by_shard(to: &[String], shards: u32) -> BTreeMap<u32, Vec<&s
     by
 }
 
-/// Reserves room for `req`'s commits (one permit per shard touched, capped at the total), or
-/// `overloaded` if none frees up within [`PERMIT_WAIT`].
+/// Room for one send's commits: permits of the sender's share and of the gateway.
+pub(crate) struct CommitPermit {
+    user_permits: Option<OwnedSemaphorePermit>,
+    permits: Option<OwnedSemaphorePermit>,
+    users: Arc<Users>,
+    user: String,
+}
+
+impl Drop for CommitPermit {
+    fn drop(&mut self) {
+        self.permits.take();
+        self.user_permits.take();
+        self.users.commits_released(&self.user);
+    }
+}
+
+/// Takes `n` permits of `sem`, waiting until `deadline` at most.
+async fn acquire(sem: Arc<Semaphore>, n: u32, deadline: Instant) -> Option<OwnedSemaphorePermit> {
+    match sem.clone().try_acquire_many_owned(n) {
+        Ok(p) => Some(p),
+        Err(_) => tokio::time::timeout_at(deadline, sem.acquire_many_owned(n))
+            .await
+            .ok()?
+            .ok(),
+    }
+}
+
+/// Admits `req` from `user`: a token of the user's send rate, then room for its commits
+/// (one permit per shard touched) in the user's share and in the gateway; `rate_limited`, or
+/// `overloaded` if no room frees up within [`PERMIT_WAIT`].
 pub(crate) async fn reserve(
     shared: &Shared,
+    user: &str,
     req: &SendRequest,
-) -> Result<OwnedSemaphorePermit, SendFailure> {
+) -> Result<CommitPermit, SendFailure> {
+    if let Err(wait) = shared.users.take_send(user) {
+        return Err((
+            ErrorCode::RateLimited,
+            format!(
+                "too many sends from this user; retry in {} ms with the same id",
+                wait.as_millis().max(1)
+            ),
+        ));
+    }
     let shards = group_by_shard(&req.to, shared.topology.shards).len();
     let n = shards.clamp(1, shared.commit_permits()) as u32;
-    let sem = Arc::clone(&shared.commits);
-    let permit = match sem.clone().try_acquire_many_owned(n) {
-        Ok(p) => Ok(p),
-        Err(_) => tokio::time::timeout(PERMIT_WAIT, sem.acquire_many_owned(n))
-            .await
-            .map_err(|_| ())
-            .and_then(|r| r.map_err(|_| ())),
+    let deadline = Instant::now() + PERMIT_WAIT;
+    let mut permit = CommitPermit {
+        user_permits: None,
+        permits: None,
+        users: Arc::clone(&shared.users),
+        user: user.to_string(),
     };
-    permit.map_err(|()| {
-        (
+    let mine = n.min(shared.users.commit_share() as u32);
+    permit.user_permits = acquire(shared.users.commits(user), mine, deadline).await;
+    if permit.user_permits.is_none() {
+        return Err((
+            ErrorCode::Overloaded,
+            "too many of this user's commits in flight; retry with the same id".to_string(),
+        ));
+    }
+    permit.permits = acquire(Arc::clone(&shared.commits), n, deadline).await;
+    if permit.permits.is_none() {
+        return Err((
             ErrorCode::Overloaded,
             "too many commits in flight; retry with the same id".to_string(),
-        )
-    })
+        ));
+    }
+    Ok(permit)
 }
 
 /// Commits `req` from `sender` to every shard it touches. Returns shard → offset.

@@ -1,5 +1,6 @@
 //! What every handler shares: the topology, one connection per Redis instance (each a
-//! multiplexed `ConnectionManager`, cloned per task), the commit semaphore and the wake hub.
+//! multiplexed `ConnectionManager`, cloned per task), the commit semaphore, the per-user
+//! table and the wake hub.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::mailbox::Mailbox;
+use super::users::Users;
 use super::wake::WakeHub;
 use super::{GatewayError, GatewayOptions};
 use crate::config::Topology;
@@ -30,6 +32,8 @@ pub(crate) struct Shared {
     mailbox_of_shard: Vec<usize>,
     /// Permits = commits that may be in flight (or queued on a connection) gateway-wide.
     pub commits: Arc<Semaphore>,
+    /// Per-user connection counts, commit shares and send buckets.
+    pub users: Arc<Users>,
     pub hub: Arc<WakeHub>,
     /// Cancelled when the gateway stops.
     pub stop: CancellationToken,
@@ -56,6 +60,13 @@ impl Shared {
             mailboxes.push(Store::connect(url, topology.layout).await?);
         }
         let permits = opts.max_inflight_commits.clamp(1, Semaphore::MAX_PERMITS);
+        let users = Arc::new(Users::new(
+            opts.max_connections_per_user,
+            permits,
+            opts.max_inflight_commits_per_user,
+            opts.send_rate_per_user,
+            f64::from(opts.send_burst_per_user),
+        ));
         Ok(Arc::new(Shared {
             core_of_shard: topology.core_table(),
             mailbox_of_shard: topology.mailbox_table(),
@@ -65,6 +76,7 @@ impl Shared {
             cores,
             mailboxes,
             commits: Arc::new(Semaphore::new(permits)),
+            users,
             hub: Arc::new(WakeHub::default()),
             stop,
             tracker,

@@ -9,10 +9,18 @@
 //!   every task ── Out (bounded channel) ──▶ writer task (owns the sink) ◀─────┘
 //! ```
 //!
-//! The writer is the only owner of the sink. The delivery task waits for room in the channel
-//! (backpressure: a slow client slows its own delivery, nothing else). An `ack` is capped at
+//! The writer is the only owner of the sink. Its queue ([`Outbox`]) is bounded in frames and
+//! in bytes (`max_queued_bytes`); the delivery task waits for room (backpressure: a slow
+//! client slows its own delivery, nothing else). A frame that waits longer than
+//! `slow_client_grace` marks the client as not reading: queued frames are dropped and the
+//! connection is closed with 4003 (nothing is lost: the mailbox still holds the entries). An `ack` is capped at
 //! the highest seq this connection has written to the socket, so nothing undelivered is ever
 //! trimmed.
+//!
+//! A connection opened with a token ends when the token's `exp` passes: an `error` frame
+//! `token_expired`, then close code 4001 (every close code is a [`CloseCode`]). The reader
+//! pings a client it has heard nothing from for `ping_interval`, and closes one it has heard
+//! nothing from (not even a pong) for `idle_timeout` (4002).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -23,33 +31,36 @@ use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use futures::stream::{SplitSink, SplitStream};
 use futures::{SinkExt, StreamExt};
-use tidemark_protocol::{parse_client_frame, ClientFrame, ErrorCode, SendRequest, ServerFrame};
-use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit};
+use tidemark_protocol::{
+    parse_client_frame, ClientFrame, CloseCode, ErrorCode, SendRequest, ServerFrame,
+};
+use tokio::sync::{mpsc, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::auth::{authenticate, Endpoint};
+use super::auth::{authenticate, Caller, Endpoint};
 use super::http::error_response;
-use super::mailbox::Mailbox;
-use super::send;
+use super::http::largest_entry;
+use super::listener::ConnSlot;
+use super::mailbox::{Mailbox, PageSizer};
+use super::send::{self, CommitPermit};
 use super::state::Shared;
 
 /// Frames queued for the writer per connection.
 const OUT_CAPACITY: usize = 1024;
 /// Sends queued (permit held) for the sender task per connection.
 const SEND_QUEUE: usize = 64;
-/// Mailbox page size of the delivery loop.
+/// Most entries in a mailbox page of the delivery loop (pages are also bounded in bytes).
 const PAGE: usize = 256;
 /// Most frames written before a flush.
 const WRITE_BATCH: usize = 64;
 /// How long a closing connection may take to flush its last frames.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
-const CLOSE_NORMAL: u16 = 1000;
-const CLOSE_GOING_AWAY: u16 = 1001;
-const CLOSE_TOO_BIG: u16 = 1009;
-const CLOSE_ERROR: u16 = 1011;
+/// A token's expiry is re-checked at least this often (a far `exp` is not one long timer).
+const EXPIRY_RECHECK: Duration = Duration::from_secs(3600);
 
 /// What the writer sends.
 enum Out {
@@ -57,12 +68,119 @@ enum Out {
     Text(String),
     /// A `deliver` frame of `seq`.
     Deliver { seq: u64, text: String },
+    /// A ping (keep-alive probe).
+    Ping,
     /// Close the socket after what is queued before.
-    Close { code: u16, reason: &'static str },
+    Close(CloseCode),
+}
+
+impl Out {
+    /// Bytes this frame holds while queued.
+    fn bytes(&self) -> usize {
+        match self {
+            Out::Text(t) | Out::Deliver { text: t, .. } => t.len(),
+            Out::Ping | Out::Close(_) => 0,
+        }
+    }
+}
+
+/// A frame in the writer's queue, with the byte permits it holds until it is written.
+struct Queued {
+    out: Out,
+    _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// The connection is gone (or its client stopped reading): nothing more is queued.
+struct Gone;
+
+/// The writer's queue: at most [`OUT_CAPACITY`] frames and about `max_queued_bytes` bytes
+/// (one permit of `bytes` per byte; a frame larger than the budget takes all of it). A frame
+/// that finds no room within the grace period cancels `stalled`.
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::Sender<Queued>,
+    bytes: Arc<Semaphore>,
+    budget: usize,
+    grace: Duration,
+    stalled: CancellationToken,
+}
+
+impl Outbox {
+    fn new(budget: usize, grace: Duration) -> (Outbox, mpsc::Receiver<Queued>) {
+        let budget = budget.clamp(1, u32::MAX as usize >> 1);
+        let (tx, rx) = mpsc::channel(OUT_CAPACITY);
+        let outbox = Outbox {
+            tx,
+            bytes: Arc::new(Semaphore::new(budget)),
+            budget,
+            grace,
+            stalled: CancellationToken::new(),
+        };
+        (outbox, rx)
+    }
+
+    /// Queues `out`, waiting for room at most the grace period.
+    async fn send(&self, out: Out) -> Result<(), Gone> {
+        if self.stalled.is_cancelled() {
+            return Err(Gone);
+        }
+        let n = out.bytes().clamp(1, self.budget) as u32;
+        let deadline = tokio::time::Instant::now() + self.grace;
+        let permit =
+            match tokio::time::timeout_at(deadline, self.bytes.clone().acquire_many_owned(n)).await
+            {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => return Err(Gone),
+                Err(_) => return Err(self.stall()),
+            };
+        let queued = Queued {
+            out,
+            _bytes: Some(permit),
+        };
+        match tokio::time::timeout_at(deadline, self.tx.send(queued)).await {
+            Ok(r) => r.map_err(|_| Gone),
+            Err(_) => Err(self.stall()),
+        }
+    }
+
+    /// Queues `out` if there is room right now.
+    fn try_send(&self, out: Out) -> bool {
+        let n = out.bytes().clamp(1, self.budget) as u32;
+        let Ok(permit) = self.bytes.clone().try_acquire_many_owned(n) else {
+            return false;
+        };
+        self.tx
+            .try_send(Queued {
+                out,
+                _bytes: Some(permit),
+            })
+            .is_ok()
+    }
+
+    /// Queues the close frame (outside the byte budget), waiting until `deadline`.
+    async fn close(&self, code: CloseCode, deadline: tokio::time::Instant) {
+        let queued = Queued {
+            out: Out::Close(code),
+            _bytes: None,
+        };
+        let _ = tokio::time::timeout_at(deadline, self.tx.send(queued)).await;
+    }
+
+    fn stall(&self) -> Gone {
+        if !self.stalled.is_cancelled() {
+            metrics::counter!("tidemark_slow_clients_total").increment(1);
+            self.stalled.cancel();
+        }
+        Gone
+    }
 }
 
 /// WebSocket read buffer of each connection.
 const WS_READ_BUFFER: usize = 8 * 1024;
+/// WebSocket write buffer of each connection (tungstenite's default is 128 KiB): it holds
+/// frames taken from the queue, so it adds to what a client that does not read costs. The
+/// writer flushes every batch anyway.
+const WS_WRITE_BUFFER: usize = 32 * 1024;
 
 fn text(frame: &ServerFrame) -> Out {
     Out::Text(frame.to_json())
@@ -82,15 +200,25 @@ pub(crate) async fn handler(
     State(shared): State<Arc<Shared>>,
     uri: Uri,
     headers: HeaderMap,
+    slot: Option<Extension<ConnSlot>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let user = match authenticate(&shared.opts, &headers, uri.query(), Endpoint::WebSocket) {
-        Ok(u) => u,
+    let caller = match authenticate(&shared.opts, &headers, uri.query(), Endpoint::WebSocket) {
+        Ok(c) => c,
         Err((code, message)) => return error_response(code, message),
     };
     let ws = match ws {
         Ok(ws) => ws,
         Err(rejection) => return rejection.into_response(),
+    };
+    let Some(user_conn) = shared.users.connect(&caller.user) else {
+        return error_response(
+            ErrorCode::TooManyConnections,
+            format!(
+                "this user has {} open connections already; close one, then retry",
+                shared.opts.max_connections_per_user
+            ),
+        );
     };
     // Above the protocol's frame limit, so a moderately oversized frame reaches the parser
     // and gets its `frame_too_large` error frame; only a huge one is cut by the socket.
@@ -105,14 +233,23 @@ pub(crate) async fn handler(
     // tungstenite zeroes its whole read buffer on every read (128 KiB by default): perf put
     // that memset at 18% of the gateway's CPU. Frames are small; 8 KiB is plenty.
     ws.read_buffer_size(WS_READ_BUFFER)
+        .write_buffer_size(WS_WRITE_BUFFER)
         .max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| async move {
             let _token = token;
+            // The socket counts as an open connection until it closes. Its writes may stall
+            // longer than an HTTP response's: the connection itself closes a client that
+            // stops reading (4003) and needs the socket until then.
+            if let Some(Extension(slot)) = &slot {
+                slot.set_write_stall(shared.opts.slow_client_grace * 2 + CLOSE_GRACE);
+            }
+            let _slot = slot;
+            let _user_conn = user_conn;
             if shared.stop.is_cancelled() {
                 return;
             }
-            run(shared, user, socket).await;
+            run(shared, caller, socket).await;
         })
 }
 
@@ -132,12 +269,16 @@ impl Drop for ConnectedGauge {
 }
 
 /// One connection, from upgrade to close.
-async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
+async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
+    let Caller {
+        user,
+        expires_at_unix,
+    } = caller;
     let _gauge = ConnectedGauge::new();
     let conn = shared.stop.child_token();
     let kill = CancellationToken::new();
     let (sink, stream) = socket.split();
-    let (tx, rx) = mpsc::channel::<Out>(OUT_CAPACITY);
+    let (tx, rx) = Outbox::new(shared.opts.max_queued_bytes, shared.opts.slow_client_grace);
     // Highest seq handed to the socket: the cap of this connection's acks.
     let written = Arc::new(AtomicU64::new(0));
     let mut writer = shared.tracker.spawn(writer(
@@ -146,6 +287,7 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
         written.clone(),
         conn.clone(),
         kill.clone(),
+        tx.stalled.clone(),
     ));
 
     // Register before the first read, so no hint falls between the read and the wait.
@@ -169,11 +311,11 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
     };
     let Some(acked) = acked else {
         let code = if conn.is_cancelled() {
-            CLOSE_GOING_AWAY
+            CloseCode::GoingAway
         } else {
-            CLOSE_ERROR
+            CloseCode::InternalError
         };
-        close(tx, Out::Close { code, reason: "" }, &mut writer, &kill).await;
+        close(tx, code, &mut writer, &kill).await;
         return;
     };
     written.fetch_max(acked, Ordering::Relaxed);
@@ -226,8 +368,9 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
         last_ack_flush: Instant::now(),
         conn: conn.clone(),
         died,
+        expires_at: expires_at_unix.map(|s| UNIX_EPOCH + Duration::from_secs(s)),
     };
-    let (code, reason) = reader.run(stream, &conn).await;
+    let code = reader.run(stream, &conn).await;
     // best effort: a coalesced ack is not left behind by a clean close
     let _ = tokio::time::timeout(CLOSE_GRACE, reader.flush_ack()).await;
     drop(reader);
@@ -235,8 +378,8 @@ async fn run(shared: Arc<Shared>, user: String, socket: WebSocket) {
     conn.cancel();
     let _ = delivery.await;
     let _ = sender.await;
-    close(tx, Out::Close { code, reason }, &mut writer, &kill).await;
-    tracing::debug!(%user, code, "client disconnected");
+    close(tx, code, &mut writer, &kill).await;
+    tracing::debug!(%user, %code, "client disconnected");
 }
 
 /// Runs a connection task; a panic is logged, counted and ends the connection via `died`.
@@ -253,16 +396,18 @@ async fn close_on_panic(
     }
 }
 
-/// Queues the close frame behind what is queued and lets the writer finish, all within
-/// [`CLOSE_GRACE`]; then aborts the writer (a client that does not read).
+/// Queues the close frame behind what is queued (a stalled connection's queue is dropped
+/// instead) and lets the writer finish, all within [`CLOSE_GRACE`]; then aborts the writer
+/// (a client that does not read).
 async fn close(
-    tx: mpsc::Sender<Out>,
-    frame: Out,
+    tx: Outbox,
+    code: CloseCode,
     writer: &mut tokio::task::JoinHandle<()>,
     kill: &CancellationToken,
 ) {
+    metrics::counter!("tidemark_ws_closes_total", "code" => code.as_str()).increment(1);
     let deadline = tokio::time::Instant::now() + CLOSE_GRACE;
-    let _ = tokio::time::timeout_at(deadline, tx.send(frame)).await;
+    tx.close(code, deadline).await;
     drop(tx);
     if tokio::time::timeout_at(deadline, &mut *writer)
         .await
@@ -276,9 +421,9 @@ async fn close(
 struct Reader<'a> {
     shared: &'a Shared,
     mailbox: Mailbox,
-    tx: &'a mpsc::Sender<Out>,
+    tx: &'a Outbox,
     sync_tx: mpsc::Sender<u64>,
-    send_tx: mpsc::Sender<(SendRequest, OwnedSemaphorePermit, Instant)>,
+    send_tx: mpsc::Sender<(SendRequest, CommitPermit, Instant)>,
     written: Arc<AtomicU64>,
     last_ack: u64,
     /// Highest ack received but not yet written to Redis (acks are coalesced).
@@ -288,6 +433,8 @@ struct Reader<'a> {
     conn: CancellationToken,
     /// Cancelled when the delivery or send loop panicked: the connection is closed.
     died: CancellationToken,
+    /// When the connection's token expires (`None`: dev auth, no token).
+    expires_at: Option<SystemTime>,
 }
 
 /// Acks are written to Redis at most this often per connection (the rest are coalesced into
@@ -320,29 +467,67 @@ impl Reader<'_> {
         }
     }
 
-    /// Reads frames until the client leaves or the connection is cancelled; returns the
-    /// close code and reason to send.
+    /// Reads frames until the client leaves, the token expires or the connection is
+    /// cancelled; returns the close code to send.
     async fn run(
         &mut self,
         mut stream: SplitStream<WebSocket>,
         conn: &CancellationToken,
-    ) -> (u16, &'static str) {
+    ) -> CloseCode {
+        let expiry = tokio::time::sleep(self.until_expiry());
+        tokio::pin!(expiry);
+        let opts = &self.shared.opts;
+        let ping_every = opts.ping_interval.max(Duration::from_millis(10));
+        let mut last_seen = tokio::time::Instant::now();
+        let keepalive = tokio::time::sleep_until(last_seen + ping_every);
+        tokio::pin!(keepalive);
         loop {
             let flush_at = self.last_ack_flush + ACK_FLUSH;
             let ack_due = self.pending_ack > self.last_ack;
             let msg = tokio::select! {
-                _ = conn.cancelled() => return (CLOSE_GOING_AWAY, "server shutting down"),
-                _ = self.died.cancelled() => return (CLOSE_ERROR, "internal error; reconnect"),
+                _ = self.tx.stalled.cancelled() => return CloseCode::SlowConsumer,
+                _ = conn.cancelled() => return CloseCode::GoingAway,
+                _ = self.died.cancelled() => return CloseCode::InternalError,
+                _ = &mut expiry, if self.expires_at.is_some() => {
+                    if self.until_expiry().is_zero() {
+                        // Best effort (never waits): the close code says it anyway.
+                        self.tx.try_send(error_frame(
+                            ErrorCode::TokenExpired,
+                            "the token expired; reconnect with a new token",
+                            None,
+                        ));
+                        return CloseCode::TokenExpired;
+                    }
+                    let at = tokio::time::Instant::now() + self.until_expiry();
+                    expiry.as_mut().reset(at);
+                    continue;
+                }
+                _ = &mut keepalive => {
+                    let now = tokio::time::Instant::now();
+                    let idle_at = last_seen + opts.idle_timeout;
+                    if now >= idle_at {
+                        return CloseCode::IdleTimeout;
+                    }
+                    let mut next = last_seen + ping_every;
+                    if now >= next {
+                        // Never waits: a client whose queue is full is not reading anyway.
+                        self.tx.try_send(Out::Ping);
+                        next = now + ping_every;
+                    }
+                    keepalive.as_mut().reset(next.min(idle_at));
+                    continue;
+                }
                 _ = tokio::time::sleep_until(flush_at.into()), if ack_due => {
                     if !self.flush_ack().await {
-                        return (CLOSE_ERROR, "connection failed");
+                        return CloseCode::InternalError;
                     }
                     continue;
                 }
                 m = stream.next() => m,
             };
+            last_seen = tokio::time::Instant::now();
             let ok = match msg {
-                None | Some(Ok(Message::Close(_))) => return (CLOSE_NORMAL, ""),
+                None | Some(Ok(Message::Close(_))) => return CloseCode::Normal,
                 Some(Err(e)) => {
                     let e = e.to_string();
                     if e.contains("Space limit exceeded") {
@@ -353,10 +538,10 @@ impl Reader<'_> {
                             None,
                         ))
                         .await;
-                        return (CLOSE_TOO_BIG, "frame too large");
+                        return CloseCode::MessageTooBig;
                     }
                     tracing::debug!(error = %e, "websocket read failed");
-                    return (CLOSE_ERROR, "read error");
+                    return CloseCode::InternalError;
                 }
                 Some(Ok(Message::Text(t))) => self.on_text(t.as_str(), conn).await,
                 Some(Ok(Message::Binary(_))) => {
@@ -370,9 +555,23 @@ impl Reader<'_> {
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => true,
             };
             if !ok {
-                return (CLOSE_ERROR, "connection failed");
+                return if self.tx.stalled.is_cancelled() {
+                    CloseCode::SlowConsumer
+                } else {
+                    CloseCode::InternalError
+                };
             }
         }
+    }
+
+    /// Time left until the token's `exp` (capped at [`EXPIRY_RECHECK`]; zero once passed).
+    fn until_expiry(&self) -> Duration {
+        self.expires_at
+            .map_or(EXPIRY_RECHECK, |at| {
+                at.duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO)
+            })
+            .min(EXPIRY_RECHECK)
     }
 
     /// Queues a frame for the writer (waiting for room); false when the connection is gone.
@@ -391,7 +590,7 @@ impl Reader<'_> {
             Ok(ClientFrame::Send(req)) => {
                 let permit = tokio::select! {
                     _ = conn.cancelled() => return false,
-                    p = send::reserve(self.shared, &req) => p,
+                    p = send::reserve(self.shared, &self.mailbox.user, &req) => p,
                 };
                 match permit {
                     Ok(permit) => {
@@ -440,8 +639,8 @@ async fn until_cancelled<E>(
 async fn send_loop(
     shared: Arc<Shared>,
     user: String,
-    mut rx: mpsc::Receiver<(SendRequest, OwnedSemaphorePermit, Instant)>,
-    tx: mpsc::Sender<Out>,
+    mut rx: mpsc::Receiver<(SendRequest, CommitPermit, Instant)>,
+    tx: Outbox,
     conn: CancellationToken,
 ) {
     loop {
@@ -490,7 +689,7 @@ async fn delivery_loop(
     mut cursor: u64,
     notify: Arc<Notify>,
     mut sync_rx: mpsc::Receiver<u64>,
-    tx: mpsc::Sender<Out>,
+    tx: Outbox,
     conn: CancellationToken,
 ) {
     let mut tick =
@@ -506,6 +705,13 @@ async fn delivery_loop(
     let mut hinted = false;
     let mut lane_present = false;
     let push = |out: Out| until_cancelled(&conn, tx.send(out));
+    // Pages of about what the queue holds: a client that does not read holds little.
+    let target = shared
+        .opts
+        .max_page_bytes
+        .min(shared.opts.max_queued_bytes)
+        .max(1);
+    let mut sizer = PageSizer::new(PAGE, target, largest_entry(&shared.opts.limits));
     loop {
         // Read until caught up with what is visible.
         'read: loop {
@@ -518,15 +724,16 @@ async fn delivery_loop(
                 _ = conn.cancelled() => return,
                 p = async {
                     if use_hint {
-                        mailbox.read_hinted(cursor, bound, PAGE).await
+                        mailbox.read_hinted(cursor, bound, sizer.count(), target).await
                     } else {
-                        mailbox.read_visible(cursor, PAGE).await
+                        mailbox.read_visible(cursor, sizer.count(), target).await
                     }
                 } => p,
             };
             let page = match page {
                 Ok(p) => {
                     failing = false;
+                    sizer.observe(p.entries.len(), p.bytes);
                     if !use_hint {
                         lane_present = p.lane_present;
                     }
@@ -617,13 +824,15 @@ fn latest_sync(rx: &mut mpsc::Receiver<u64>) -> Option<u64> {
 }
 
 /// Owns the sink: writes queued frames (batched, one flush per batch) until the channel
-/// closes or a `Close` is queued; `kill` aborts it.
+/// closes or a `Close` is queued; `kill` aborts it. Once `stalled`, queued frames are dropped
+/// unwritten (only the close frame goes out).
 async fn writer(
     mut sink: SplitSink<WebSocket, Message>,
-    mut rx: mpsc::Receiver<Out>,
+    mut rx: mpsc::Receiver<Queued>,
     written: Arc<AtomicU64>,
     conn: CancellationToken,
     kill: CancellationToken,
+    stalled: CancellationToken,
 ) {
     let mut close = None;
     'outer: loop {
@@ -637,16 +846,22 @@ async fn writer(
         };
         let mut next = Some(first);
         let mut batch = 0;
-        while let Some(out) = next.take() {
+        while let Some(Queued { out, _bytes }) = next.take() {
+            let dropped = stalled.is_cancelled() && !matches!(out, Out::Close(_));
             let msg = match out {
+                _ if dropped => {
+                    next = rx.try_recv().ok();
+                    continue;
+                }
                 Out::Text(t) => Message::Text(t.into()),
                 Out::Deliver { seq, text } => {
                     // Handed to the socket: from now on the client may ack it.
                     written.fetch_max(seq, Ordering::Relaxed);
                     Message::Text(text.into())
                 }
-                Out::Close { code, reason } => {
-                    close = Some((code, reason));
+                Out::Ping => Message::Ping(Default::default()),
+                Out::Close(code) => {
+                    close = Some(code);
                     break;
                 }
             };
@@ -677,10 +892,10 @@ async fn writer(
             break 'outer;
         }
     }
-    let (code, reason) = close.unwrap_or((CLOSE_NORMAL, ""));
+    let code = close.unwrap_or(CloseCode::Normal);
     let frame = Message::Close(Some(CloseFrame {
-        code,
-        reason: reason.into(),
+        code: code.as_u16(),
+        reason: code.reason().into(),
     }));
     tokio::select! {
         biased;

@@ -397,6 +397,12 @@ impl Ws {
         }
     }
 
+    /// Takes the first pending frame matching `pred`, without reading the socket.
+    pub fn try_pending(&mut self, pred: impl Fn(&Value) -> bool) -> Option<Value> {
+        let i = self.pending.iter().position(pred)?;
+        self.pending.remove(i)
+    }
+
     /// The next frame of type `ty` (other types stay pending).
     pub async fn recv_type(&mut self, ty: &str) -> Value {
         self.recv_where(|v| v["type"] == ty).await
@@ -448,6 +454,26 @@ impl Ws {
                 Some(Err(_)) => return None,
                 Some(Ok(Message::Close(f))) => return f.map(|f| u16::from(f.code)),
                 Some(Ok(_)) => continue,
+            }
+        }
+    }
+
+    /// Reads (answering pings) for `d`; returns the JSON frames that arrived. Panics if the
+    /// connection ends meanwhile.
+    pub async fn quiet_for(&mut self, d: Duration) -> Vec<Value> {
+        let until = tokio::time::Instant::now() + d;
+        let mut got = Vec::new();
+        loop {
+            let msg = match tokio::time::timeout_at(until, self.stream.next()).await {
+                Err(_) => return got,
+                Ok(m) => m,
+            };
+            match msg {
+                Some(Ok(Message::Text(t))) => {
+                    got.push(serde_json::from_str(t.as_str()).expect("JSON frame"))
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+                other => panic!("connection ended while quiet: {other:?}"),
             }
         }
     }

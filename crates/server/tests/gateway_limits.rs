@@ -1,0 +1,608 @@
+//! Slow, idle and greedy clients against a real deployment (issue 9; ADR-0025): token expiry
+//! on an open WebSocket, header-read timeout, connection caps, ping/idle timeout, outbound
+//! byte budgets, mailbox page caps, per-user connection caps, fair commit admission and the
+//! per-user send rate.
+
+mod gateway_support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use gateway_support::{now_unix, start, start_with, token_for, Deployment, SECRET, WAIT};
+use serde_json::{json, Value};
+use tidemark_protocol::token;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Reads until the server closes the connection (EOF or reset) or `limit` passes; returns
+/// the bytes read and whether it closed.
+async fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(until, s.read(&mut buf)).await {
+            Err(_) => return (got, false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// A WebSocket handshake on a raw socket (dev auth as `user`); returns the socket after the
+/// 101 head, so the test decides what (not) to read and answer.
+async fn raw_ws(addr: SocketAddr, user: &str) -> TcpStream {
+    raw_ws_on(TcpStream::connect(addr).await.expect("connect"), addr, user).await
+}
+
+/// A socket with a 4 KiB receive buffer: a peer that does not read fills it at once.
+async fn small_window(addr: SocketAddr) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    sock.connect(addr).await.expect("connect")
+}
+
+/// The server's WebSocket frames (unmasked) in `b`: (opcode, payload); a cut frame at the end
+/// is left out.
+fn ws_frames(mut b: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let mut out = Vec::new();
+    while b.len() >= 2 {
+        let op = b[0] & 0x0f;
+        let (len, head) = match b[1] & 0x7f {
+            126 if b.len() >= 4 => (u16::from_be_bytes([b[2], b[3]]) as usize, 4),
+            127 if b.len() >= 10 => (
+                u64::from_be_bytes(b[2..10].try_into().unwrap()) as usize,
+                10,
+            ),
+            126 | 127 => break,
+            n => (n as usize, 2),
+        };
+        if b.len() < head + len {
+            break;
+        }
+        out.push((op, b[head..head + len].to_vec()));
+        b = &b[head + len..];
+    }
+    out
+}
+
+/// Commits `n` messages of `body_len` bytes to `to` over HTTP and waits until the last one
+/// is visible in the mailbox; returns the seqs.
+async fn fill_mailbox(d: &Deployment, to: &str, n: usize, body_len: usize) -> Vec<u64> {
+    let body = "z".repeat(body_len);
+    let mut seqs = Vec::new();
+    for i in 0..n {
+        let req = serde_json::json!({"id": format!("fill-{i}"), "to": [to], "body": body});
+        let (status, v) = d
+            .http_json(
+                "POST",
+                "/v1/messages?user=filler",
+                &[],
+                Some(req.to_string().as_bytes()),
+            )
+            .await;
+        assert_eq!(status, 200, "{v}");
+        let offsets = v["offsets"].as_object().unwrap();
+        seqs.push(offsets.values().next().unwrap().as_u64().unwrap());
+    }
+    let last = *seqs.last().unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let path = format!("/v1/mailbox?user={to}&limit=1&after={}", last - 1);
+        let (_, page) = d.http_json("GET", &path, &[], None).await;
+        if !page["entries"].as_array().unwrap().is_empty() {
+            return seqs;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never materialized");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A WebSocket handshake on `s` (dev auth as `user`); returns it after the 101 head.
+async fn raw_ws_on(mut s: TcpStream, addr: SocketAddr, user: &str) -> TcpStream {
+    let req = format!(
+        "GET /v1/ws?user={user} HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Version: 13\r\n\r\n"
+    );
+    s.write_all(req.as_bytes()).await.expect("write handshake");
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(WAIT, s.read(&mut b))
+            .await
+            .expect("handshake answered")
+            .expect("read handshake");
+        assert_eq!(
+            n,
+            1,
+            "closed during the handshake: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    s
+}
+
+/// The status and body of a raw HTTP response.
+fn status_and_body(resp: &[u8]) -> (u16, String) {
+    let text = String::from_utf8_lossy(resp);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad response: {text:?}"));
+    (status, body.to_string())
+}
+
+/// Polls `/metrics` until `line` (a metric with its labels) is at least `n`.
+async fn metric_reaches(d: &Deployment, line: &str, n: f64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (_, text) = d.http("GET", "/metrics", &[], None).await;
+        let v = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(line)
+                    .and_then(|r| r.trim().parse::<f64>().ok())
+            })
+            .unwrap_or(0.0);
+        if v >= n {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{line} stayed at {v}, wanted {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_websocket_is_closed_with_4001_when_its_token_expires() {
+    let d = start().await;
+    let exp = now_unix() + 2;
+    let short = token::sign(SECRET, "alice", exp);
+    let mut ws = d.ws(&format!("token={short}"), &[]).await;
+    assert_eq!(ws.recv().await["type"], "ready");
+    // Same user, a long-lived token and a dev-auth connection: both stay open.
+    let mut long = d.ws(&format!("token={}", token_for("alice")), &[]).await;
+    assert_eq!(long.recv().await["type"], "ready");
+    let mut dev = d.ws_user("alice").await;
+    assert_eq!(dev.recv().await["type"], "ready");
+
+    let opened = Instant::now();
+    let e: Value = ws.recv_type("error").await;
+    assert_eq!(e["code"], "token_expired", "{e}");
+    assert_eq!(ws.closed().await, Some(4001));
+    let after = opened.elapsed();
+    assert!(
+        SystemTime::now() >= UNIX_EPOCH + Duration::from_secs(exp),
+        "closed before exp"
+    );
+    assert!(
+        after < Duration::from_secs(4),
+        "closed {after:?} after opening"
+    );
+    eprintln!("token with exp in ≤ 2 s: closed {after:?} after opening");
+
+    // The expired token cannot reconnect; a new one can.
+    let (status, body) = d
+        .try_ws(&format!("token={short}"), &[])
+        .await
+        .err()
+        .expect("expired token refused");
+    assert_eq!(status, 401);
+    assert!(body.contains("token_expired"), "{body}");
+    let mut again = d.ws(&format!("token={}", token_for("alice")), &[]).await;
+    assert_eq!(again.recv().await["type"], "ready");
+
+    // The others were not touched.
+    long.barrier().await;
+    dev.barrier().await;
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn half_sent_requests_are_closed_after_the_header_read_timeout() {
+    let timeout = Duration::from_secs(1);
+    let d = start_with(|o| o.header_read_timeout = timeout).await;
+    // 200 connections with half a request head each, and one that sends nothing.
+    let mut socks = Vec::new();
+    for _ in 0..200 {
+        let mut s = TcpStream::connect(d.addr).await.unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .await
+            .unwrap();
+        socks.push(s);
+    }
+    let mut silent = TcpStream::connect(d.addr).await.unwrap();
+    let started = Instant::now();
+    // Meanwhile the gateway answers.
+    let (status, body) = d.http("GET", "/healthz", &[], None).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+
+    let (_, closed) = read_until_closed(&mut socks[0], WAIT).await;
+    let first = started.elapsed();
+    assert!(closed, "a half-sent request was not closed within {WAIT:?}");
+    for s in &mut socks[1..] {
+        let (_, closed) = read_until_closed(s, Duration::from_secs(2)).await;
+        assert!(closed, "a half-sent request stayed open");
+    }
+    let all = started.elapsed();
+    let (_, closed) = read_until_closed(&mut silent, Duration::from_secs(2)).await;
+    assert!(closed, "a silent connection stayed open");
+    eprintln!("header-read timeout {timeout:?}: first half-sent request closed after {first:?}, all 200 after {all:?}");
+    assert!(first >= timeout - Duration::from_millis(100), "{first:?}");
+    assert!(all < timeout + Duration::from_secs(2), "{all:?}");
+
+    // A body that trickles is refused once the same time has passed.
+    let mut slow = TcpStream::connect(d.addr).await.unwrap();
+    slow.write_all(
+        b"POST /v1/messages?user=a HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"id\"",
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    let (resp, _) = read_until_closed(&mut slow, WAIT).await;
+    let (status, body) = status_and_body(&resp);
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        t.elapsed() >= timeout - Duration::from_millis(100),
+        "{:?}",
+        t.elapsed()
+    );
+
+    // A keep-alive connection that goes quiet after a response is closed the same way.
+    let mut ka = TcpStream::connect(d.addr).await.unwrap();
+    ka.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (resp, closed) = read_until_closed(&mut ka, timeout * 3).await;
+    assert!(closed, "an idle keep-alive connection stayed open");
+    assert_eq!(status_and_body(&resp).0, 200);
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_cap_get_503_and_healthz_still_answers() {
+    let d = start_with(|o| {
+        o.max_connections = 4;
+        o.health_reserve = 2;
+    })
+    .await;
+    // Four WebSockets fill the cap (they count for as long as they are open).
+    let mut held = Vec::new();
+    for i in 0..4 {
+        let mut ws = d.ws_user(&format!("u{i}")).await;
+        assert_eq!(ws.recv().await["type"], "ready");
+        held.push(ws);
+    }
+    // Above the cap: health and metrics answer, everything else is 503 `overloaded`.
+    let (status, body) = d.http("GET", "/healthz", &[], None).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    let (status, _) = d.http("GET", "/metrics", &[], None).await;
+    assert_eq!(status, 200);
+    let (status, v) = d.http_json("GET", "/v1/mailbox?user=u0", &[], None).await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (503, Some("overloaded")),
+        "{v}"
+    );
+    let (status, body) = d
+        .try_ws("user=u9", &[])
+        .await
+        .err()
+        .expect("a WebSocket above the cap is refused");
+    assert_eq!(status, 503, "{body}");
+
+    // Fill the reserve with silent sockets: the next connection gets a 503 written raw.
+    let mut silent = Vec::new();
+    for _ in 0..2 {
+        silent.push(TcpStream::connect(d.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await; // accepted
+    let mut s = TcpStream::connect(d.addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (resp, closed) = read_until_closed(&mut s, WAIT).await;
+    assert!(closed);
+    let (status, body) = status_and_body(&resp);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("overloaded"), "{body}");
+    drop(silent);
+    metric_reaches(&d, "tidemark_connections_refused_total", 4.0).await;
+
+    // A closed WebSocket frees its slot.
+    held.pop().unwrap().close().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (status, _) = d.http("GET", "/v1/mailbox?user=u0", &[], None).await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_websocket_that_answers_no_ping_is_closed_with_4002() {
+    let d = start_with(|o| {
+        o.ping_interval = Duration::from_millis(200);
+        o.idle_timeout = Duration::from_secs(1);
+    })
+    .await;
+    // A client that reads but never answers: pings, then 4002 after the idle timeout.
+    let mut mute = raw_ws(d.addr, "mute").await;
+    let started = Instant::now();
+    // A client library answers pings by itself: it stays.
+    let mut polite = d.ws_user("polite").await;
+    assert_eq!(polite.recv().await["type"], "ready");
+
+    // Both at once: the polite client must be polled to answer its pings.
+    let ((bytes, closed, after), polite_got) = tokio::join!(
+        async {
+            let (bytes, closed) = read_until_closed(&mut mute, WAIT).await;
+            (bytes, closed, started.elapsed())
+        },
+        polite.quiet_for(Duration::from_secs(3)),
+    );
+    assert!(polite_got.is_empty(), "{polite_got:?}");
+    assert!(closed, "the mute client was not closed");
+    assert!(
+        bytes.windows(2).any(|w| w == [0x89, 0x00]),
+        "no ping frame seen"
+    );
+    // close frame: FIN+close opcode, length, then the code 4002 big-endian
+    let close = bytes
+        .windows(2)
+        .position(|w| w[0] == 0x88)
+        .expect("a close frame");
+    assert_eq!(&bytes[close + 2..close + 4], &4002u16.to_be_bytes());
+    assert!(
+        after >= Duration::from_millis(900) && after < Duration::from_secs(3),
+        "{after:?}"
+    );
+    eprintln!("idle timeout 1 s: the mute client was closed after {after:?}");
+
+    polite.barrier().await;
+    metric_reaches(&d, "tidemark_ws_closes_total{code=\"idle_timeout\"}", 1.0).await;
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_websocket_that_does_not_read_is_closed_with_4003_and_loses_nothing() {
+    let grace = Duration::from_secs(1);
+    let d = start_with(|o| {
+        o.max_queued_bytes = 64 * 1024;
+        o.slow_client_grace = grace;
+    })
+    .await;
+    // More than the socket buffers, the writer's buffer and the queue can hold.
+    let seqs = fill_mailbox(&d, "bob", 300, 16_000).await;
+    let mut bob = raw_ws_on(small_window(d.addr).await, d.addr, "bob").await;
+    let started = Instant::now();
+    metric_reaches(&d, "tidemark_ws_closes_total{code=\"slow_consumer\"}", 1.0).await;
+    let decided = started.elapsed();
+    assert!(decided >= grace, "closed after {decided:?}");
+    // Reading now: what was already in the socket, then the close frame 4003.
+    let (bytes, closed) = read_until_closed(&mut bob, WAIT).await;
+    assert!(closed, "not closed");
+    let frames = ws_frames(&bytes);
+    let delivered = frames.iter().filter(|(op, _)| *op == 1).count();
+    let (op, payload) = frames.last().expect("frames");
+    assert_eq!(*op, 8, "the last frame is the close frame");
+    assert_eq!(payload[..2], 4003u16.to_be_bytes());
+    assert!(
+        delivered < seqs.len(),
+        "{delivered} frames: the queue was not dropped"
+    );
+    eprintln!("a never-reading client was closed (4003) {decided:?} after connecting; {delivered} of {} deliveries had reached its socket", seqs.len());
+
+    // Nothing is lost: a reading client gets every entry, in order.
+    let mut again = d.ws_user("bob").await;
+    assert_eq!(again.recv().await["after"], 0);
+    for seq in &seqs {
+        assert_eq!(again.deliver().await["seq"].as_u64(), Some(*seq));
+    }
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn mailbox_pages_are_capped_in_bytes_and_unread_responses_are_dropped() {
+    let cap = 64 * 1024;
+    let d = start_with(|o| {
+        o.max_page_bytes = cap;
+        o.slow_client_grace = Duration::from_secs(1);
+    })
+    .await;
+    let seqs = fill_mailbox(&d, "carol", 20, 16_000).await;
+    // Paging through with limit=1000 returns everything, in pages of about the cap.
+    let (mut after, mut got, mut pages) = (0u64, Vec::new(), 0);
+    loop {
+        let path = format!("/v1/mailbox?user=carol&limit=1000&after={after}");
+        let (status, page) = d.http_json("GET", &path, &[], None).await;
+        assert_eq!(status, 200, "{page}");
+        let entries = page["entries"].as_array().unwrap();
+        if entries.is_empty() {
+            break;
+        }
+        pages += 1;
+        let bytes: usize = entries
+            .iter()
+            .map(|e| e["body"].as_str().unwrap().len())
+            .sum();
+        assert!(bytes <= cap + 16_000, "a page of {bytes} body bytes");
+        assert!(entries.len() < seqs.len());
+        got.extend(entries.iter().map(|e| e["seq"].as_u64().unwrap()));
+        after = page["next_after"].as_u64().unwrap();
+    }
+    assert_eq!(got, seqs);
+    assert!(pages >= 4, "{pages} pages");
+
+    // A response nobody reads does not stay: with a page cap of 4 MiB, its writes stall and
+    // the connection is dropped after the grace period.
+    d.shutdown().await;
+    let d = start_with(|o| {
+        o.max_page_bytes = 4 << 20;
+        o.slow_client_grace = Duration::from_secs(1);
+    })
+    .await;
+    fill_mailbox(&d, "dave", 300, 16_000).await;
+    let mut s = small_window(d.addr).await;
+    s.write_all(b"GET /v1/mailbox?user=dave&limit=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    metric_reaches(&d, "tidemark_write_stalls_total", 1.0).await;
+    let (bytes, closed) = read_until_closed(&mut s, WAIT).await;
+    assert!(closed);
+    assert!(
+        bytes.len() < 300 * 16_000,
+        "{} bytes: the whole page",
+        bytes.len()
+    );
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_user_may_open_only_so_many_websockets() {
+    let d = start_with(|o| o.max_connections_per_user = 2).await;
+    let mut a1 = d.ws_user("alice").await;
+    assert_eq!(a1.recv().await["type"], "ready");
+    let mut a2 = d.ws(&format!("token={}", token_for("alice")), &[]).await;
+    assert_eq!(a2.recv().await["type"], "ready");
+    // A third one of alice's, however authenticated, is refused before the upgrade.
+    let (status, body) = d.try_ws("user=alice", &[]).await.err().expect("refused");
+    assert_eq!(status, 429, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "too_many_connections", "{v}");
+    // Other users are not affected; alice's HTTP requests neither.
+    let mut b = d.ws_user("bob").await;
+    assert_eq!(b.recv().await["type"], "ready");
+    let (status, _) = d.http("GET", "/v1/mailbox?user=alice", &[], None).await;
+    assert_eq!(status, 200);
+    // Once one closes, alice may connect again.
+    a1.close().await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut a3 = loop {
+        match d.try_ws("user=alice", &[]).await {
+            Ok(ws) => break ws,
+            Err((429, _)) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(a3.recv().await["type"], "ready");
+    a2.barrier().await;
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn one_user_flooding_commits_does_not_starve_the_others() {
+    // 8 permits in all, 2 per user: before, one user's queued sends took all 8.
+    let d = start_with(|o| {
+        o.max_inflight_commits = 8;
+        o.max_inflight_commits_per_user = 2;
+    })
+    .await;
+    let mut greedy = Vec::new();
+    for _ in 0..4 {
+        let mut ws = d.ws_user("greedy").await;
+        ws.recv().await;
+        greedy.push(ws);
+    }
+    let mut carol = d.ws_user("carol").await;
+    carol.recv().await;
+
+    // Pause the core: every admitted commit holds its permits until it resumes.
+    let client = redis::Client::open(d.core_url.as_str()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(2000)
+        .arg("ALL")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let paused = Instant::now();
+    for (i, ws) in greedy.iter_mut().enumerate() {
+        for j in 0..4 {
+            ws.send_json(&json!({"type":"send","id":format!("g{i}-{j}"),"to":["bob"],"body":"x"}))
+                .await;
+        }
+    }
+    // Each connection answers its sends in order: admitted ones later, refused ones now.
+    let mut overloaded = 0;
+    for ws in &mut greedy {
+        ws.barrier().await;
+        while let Some(e) = ws.try_pending(|v| v["type"] == "error") {
+            assert_eq!(e["code"], "overloaded", "{e}");
+            overloaded += 1;
+        }
+    }
+    assert_eq!(overloaded, 16 - 2, "greedy holds exactly its share of 2");
+    // carol still gets in: her send waits for the core, then is acked.
+    let r = carol.send_msg("c-1", &["bob"], "hello").await;
+    assert_eq!(r["type"], "send_ack", "{r}");
+    assert!(
+        paused.elapsed() >= Duration::from_millis(1500),
+        "acked during the pause?"
+    );
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn sends_above_the_per_user_rate_get_rate_limited() {
+    let d = start_with(|o| {
+        o.send_rate_per_user = 10.0;
+        o.send_burst_per_user = 5;
+    })
+    .await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    for i in 0..5 {
+        alice.send_ok(&format!("a{i}"), &["bob"], "x").await;
+    }
+    let r = alice.send_msg("a5", &["bob"], "x").await;
+    assert_eq!(
+        (r["type"].as_str(), r["code"].as_str()),
+        (Some("error"), Some("rate_limited")),
+        "{r}"
+    );
+    assert_eq!(r["id"], "a5");
+    // HTTP sends draw from the same bucket: 429.
+    let (status, v) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=alice",
+            &[],
+            Some(br#"{"id":"a5","to":["bob"],"body":"x"}"#),
+        )
+        .await;
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (429, Some("rate_limited")),
+        "{v}"
+    );
+    // Other users have their own bucket.
+    let mut carol = d.ws_user("carol").await;
+    carol.recv().await;
+    carol.send_ok("c0", &["bob"], "x").await;
+    // The bucket refills at 10/s: the retry (same id) goes through.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    alice.send_ok("a5", &["bob"], "x").await;
+    d.shutdown().await;
+}

@@ -73,6 +73,12 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_head_raised_total", Kind::Counter, "Log heads raised to W: a core instance was behind the mailbox side (restored?)."),
     ("tidemark_task_restarts_total", Kind::Counter, "Supervised tasks restarted, by task and reason (panic, exit)."),
     ("tidemark_wake_hints_total", Kind::Counter, "Wake-up hints received over Pub/Sub."),
+    ("tidemark_open_connections", Kind::Gauge, "Open TCP connections of the gateway (HTTP and WebSocket)."),
+    ("tidemark_connections_refused_total", Kind::Counter, "Connections refused beyond --max-connections (503)."),
+    ("tidemark_accept_errors_total", Kind::Counter, "accept() failures of the listener."),
+    ("tidemark_write_stalls_total", Kind::Counter, "Connections dropped because their writes made no progress for the grace period."),
+    ("tidemark_slow_clients_total", Kind::Counter, "WebSockets closed with 4003: over their queued-bytes budget for the grace period."),
+    ("tidemark_ws_closes_total", Kind::Counter, "WebSocket closes by close code."),
     ("tidemark_wake_reconnects_total", Kind::Counter, "Wake-up subscriptions re-established."),
     ("tidemark_shard_min_w", Kind::Gauge, "Lowest present W of each owned shard."),
     ("tidemark_shard_head", Kind::Gauge, "Log head of each owned shard (kept live for stopped shards)."),
@@ -142,6 +148,11 @@ mod tests {
             include_str!("gateway/send.rs"),
             include_str!("gateway/wake.rs"),
             include_str!("gateway/mailbox.rs"),
+            include_str!("gateway/listener.rs"),
+            include_str!("gateway/users.rs"),
+            include_str!("gateway/auth.rs"),
+            include_str!("gateway/mod.rs"),
+            include_str!("run.rs"),
         );
         let mut missing = Vec::new();
         for (i, _) in src.match_indices("\"tidemark_") {

@@ -322,7 +322,24 @@ async fn a_corrupt_shard_stops_only_itself() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(body.lines().count(), 1, "only shard 1: {body}");
+    // sends to the corrupt shard are refused before anything commits (issue 10, item 4)
+    let on_shard_1 = (0..)
+        .map(|i| format!("u{i}"))
+        .find(|u| tidemark_store::routing::route(u, SHARDS).shard == 1)
+        .unwrap();
+    let (status, body) = support::http_post(
+        port,
+        "/v1/messages?user=alice",
+        &format!(r#"{{"id":"c-1","to":["{on_shard_1}"],"body":"x"}}"#),
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("shard_unavailable"), "{body}");
     let mut commits = CoreStore::connect(&core.url()).await.unwrap();
+    assert_eq!(
+        commits.head(1).await.unwrap(),
+        0,
+        "nothing committed to shard 1"
+    );
     commits
         .commit(0, "a", "m1", &["bob"], "hi", 1, DEFAULT_DEDUPE_TTL_S)
         .await

@@ -47,8 +47,6 @@ pub enum ErrorCode {
     Unauthorized,
     /// A token whose signature is valid but whose expiry has passed.
     TokenExpired,
-    /// Authenticated, but not allowed to do this.
-    Forbidden,
     /// The commit side is pushing back; nothing was lost, retry later (same `id` for a send).
     Overloaded,
     /// An unexpected server failure; retry later (same `id` for a send).
@@ -68,6 +66,10 @@ pub enum ErrorCode {
     /// The user already has as many open connections as a gateway allows; retry once one
     /// has closed.
     TooManyConnections,
+    /// A shard the recipients fall in is stopped on this gateway's node because its watermark
+    /// is corrupt (fail closed): nothing was committed, so nothing waits there undelivered.
+    /// Retryable once an operator has repaired the shard.
+    ShardUnavailable,
 }
 
 impl ErrorCode {
@@ -84,7 +86,6 @@ impl ErrorCode {
         ErrorCode::SeqOutOfRange,
         ErrorCode::Unauthorized,
         ErrorCode::TokenExpired,
-        ErrorCode::Forbidden,
         ErrorCode::Overloaded,
         ErrorCode::Internal,
         ErrorCode::NotFound,
@@ -92,6 +93,7 @@ impl ErrorCode {
         ErrorCode::LogExhausted,
         ErrorCode::IdReused,
         ErrorCode::TooManyConnections,
+        ErrorCode::ShardUnavailable,
     ];
 
     /// The stable wire string, e.g. `"bad_request"`.
@@ -108,7 +110,6 @@ impl ErrorCode {
             ErrorCode::SeqOutOfRange => "seq_out_of_range",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::TokenExpired => "token_expired",
-            ErrorCode::Forbidden => "forbidden",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::Internal => "internal",
             ErrorCode::NotFound => "not_found",
@@ -116,6 +117,7 @@ impl ErrorCode {
             ErrorCode::LogExhausted => "log_exhausted",
             ErrorCode::IdReused => "id_reused",
             ErrorCode::TooManyConnections => "too_many_connections",
+            ErrorCode::ShardUnavailable => "shard_unavailable",
         }
     }
 
@@ -132,6 +134,7 @@ impl ErrorCode {
             ErrorCode::Overloaded
                 | ErrorCode::RateLimited
                 | ErrorCode::TooManyConnections
+                | ErrorCode::ShardUnavailable
                 | ErrorCode::Internal
         )
     }
@@ -148,12 +151,11 @@ impl ErrorCode {
             | ErrorCode::BadId
             | ErrorCode::SeqOutOfRange => 400,
             ErrorCode::Unauthorized | ErrorCode::TokenExpired => 401,
-            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::FrameTooLarge | ErrorCode::BodyTooLarge => 413,
             ErrorCode::RateLimited | ErrorCode::TooManyConnections => 429,
             ErrorCode::Internal => 500,
-            ErrorCode::Overloaded => 503,
+            ErrorCode::Overloaded | ErrorCode::ShardUnavailable => 503,
             ErrorCode::LogExhausted => 507,
             ErrorCode::IdReused => 422,
         }
@@ -263,7 +265,6 @@ mod tests {
             (SeqOutOfRange, 400, false),
             (Unauthorized, 401, false),
             (TokenExpired, 401, false),
-            (Forbidden, 403, false),
             (Overloaded, 503, true),
             (Internal, 500, true),
             (NotFound, 404, false),
@@ -271,6 +272,7 @@ mod tests {
             (LogExhausted, 507, false),
             (IdReused, 422, false),
             (TooManyConnections, 429, true),
+            (ShardUnavailable, 503, true),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, retry) in table {

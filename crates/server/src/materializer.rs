@@ -171,6 +171,15 @@ impl HealthBoard {
         }
     }
 
+    /// True when `shard` is owned here and stopped because its watermark is corrupt.
+    pub fn is_corrupt(&self, shard: u32) -> bool {
+        self.shards
+            .lock()
+            .expect("health lock")
+            .get(&shard)
+            .is_some_and(|h| matches!(h.status, ShardStatus::Corrupt(_)))
+    }
+
     /// A copy of every shard's health.
     pub fn snapshot(&self) -> BTreeMap<u32, ShardHealth> {
         self.shards.lock().expect("health lock").clone()

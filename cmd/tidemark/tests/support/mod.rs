@@ -91,3 +91,31 @@ pub async fn wait_healthy(port: u16) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// `POST path` with a JSON `body` on 127.0.0.1:`port`: (status, body).
+#[allow(dead_code)]
+pub fn http_post(port: u16, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let _ = write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    let status = resp
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = resp
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}

@@ -129,6 +129,17 @@ pub(crate) async fn commit(
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
     let groups = group_by_shard(&req.to, shared.topology.shards);
+    // a shard stopped here because its watermark is corrupt takes no new message: refused
+    // before anything commits (else it would wait, acknowledged, until a repair)
+    if let Some(&bad) = groups.keys().find(|&&s| shared.health.is_corrupt(s)) {
+        return Err((
+            ErrorCode::ShardUnavailable,
+            format!(
+                "shard {bad} is stopped (corrupt watermark) until an operator repairs it; \
+                 nothing was committed"
+            ),
+        ));
+    }
     // one digest for the whole message: a resend with the same id must be the same message
     // on every shard (the same recipients, the same body)
     let all: Vec<&str> = req.to.iter().map(String::as_str).collect();

@@ -77,6 +77,7 @@ enum SecretCmd {
 
 #[derive(Args)]
 struct TokenArgs {
+    /// The user the token names (1..=128 bytes, no control character).
     #[arg(long)]
     user: String,
     /// Lifetime: whole seconds with an optional unit, e.g. 3600, 90s, 15m, 24h, 7d (not 0).
@@ -147,8 +148,10 @@ struct TraceArgs {
     /// TOML deployment file: the shard's instances come from its tables.
     #[arg(long, conflicts_with_all = ["core", "mailbox", "shards"])]
     config: Option<std::path::PathBuf>,
+    /// The shard (the key of `send_ack`'s `offsets`).
     #[arg(long)]
     shard: u32,
+    /// The offset in the shard's log (the `seq` a client sees).
     #[arg(long)]
     offset: u64,
     /// One JSON object instead of text.
@@ -318,12 +321,16 @@ impl GatewayLimitArgs {
 enum WmCmd {
     /// Create fresh watermarks (all lanes present at offset 0) for shards 0..S.
     Init {
+        /// The mailbox Redis instance.
         #[arg(long)]
         redis: String,
+        /// Initialise shards 0..SHARDS (the deployment's shard count).
         #[arg(long)]
         shards: u32,
+        /// Layout written: packed-v2 (default) or packed-v1.
         #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
         layout: Layout,
+        /// Epoch of the new watermarks (an owner raises it when it claims the shard).
         #[arg(long, default_value_t = 1)]
         epoch: u64,
         /// Overwrite existing watermarks (DANGEROUS: W goes back to 0, so records above it in
@@ -333,10 +340,13 @@ enum WmCmd {
     },
     /// Show one shard's watermark (read through read_log_watermarks.lua).
     Inspect {
+        /// The mailbox Redis instance holding the shard.
         #[arg(long)]
         redis: String,
+        /// The shard.
         #[arg(long)]
         shard: u32,
+        /// One JSON object instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -385,8 +395,10 @@ enum ShardCmd {
     },
     /// Raise a shard's epoch so a running old owner fails closed on its next script.
     Fence {
+        /// The mailbox Redis instance holding the shard.
         #[arg(long)]
         redis: String,
+        /// The shard.
         #[arg(long)]
         shard: u32,
     },
@@ -552,8 +564,10 @@ struct LuaArgs {
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Script calls timed per round and variant.
     #[arg(long, default_value_t = 20000)]
     calls: usize,
+    /// Rounds (the report keeps the median).
     #[arg(long, default_value_t = 7)]
     rounds: usize,
 }
@@ -1104,5 +1118,36 @@ fn main() -> ExitCode {
             }
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every command says what it is for (`--help`).
+    #[test]
+    fn every_flag_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path} --{id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (no about)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "tidemark", &mut missing);
+        assert!(missing.is_empty(), "no help text: {missing:#?}");
     }
 }

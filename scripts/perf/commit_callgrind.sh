@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Instructions per call of the commit script, a plain SET NX + INCR + XADD script and a no-op
+# script, each on a fresh redis-server under valgrind's callgrind (counts instructions, not
+# time: the same figures on a busy or an idle machine). Needs valgrind (apt-get install
+# valgrind). usage: scripts/perf/commit_callgrind.sh [N=2000]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+n="${1:-2000}"
+out="$(mktemp -d)"
+for v in noop plain commit; do
+  port=$((20000 + RANDOM % 20000))
+  valgrind --tool=callgrind --callgrind-out-file="$out/cg.$v" \
+    redis-server --port "$port" --save '' --appendonly no >"$out/valgrind.$v.log" 2>&1 &
+  vp=$!
+  for _ in $(seq 1 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  coproc P { python3 "$here/commit_script.py" "$port" "$v" "$n" --wait; }
+  sleep 3
+  callgrind_control -z "$vp" >/dev/null
+  echo go >&"${P[1]}"
+  read -r line <&"${P[0]}"
+  callgrind_control -d "$vp" >/dev/null
+  kill "$vp"; wait "$vp" 2>/dev/null || true
+  total=$(callgrind_annotate "$out/cg.$v.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  echo "$v: $((total / n)) instructions per call ($line)"
+done
+rm -rf "$out"

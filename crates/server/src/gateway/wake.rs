@@ -1,10 +1,11 @@
-//! The wake hub: materializers publish `wake:{s}` = `"<min_w>\n<recipient>\n…"` on the
-//! mailbox Redis after W moves; one subscriber task per mailbox instance (`PSUBSCRIBE wake:*`)
-//! wakes the connections of the users named.
+//! The wake hub: materializers publish `wake:{s}` (the shard's lowest present W and the
+//! recipients that got entries, length-prefixed: `tidemark_store::wake`) on the mailbox Redis
+//! after W moves; one subscriber task per mailbox instance (`PSUBSCRIBE wake:*`) wakes the
+//! connections of the users named.
 //!
 //! A hint is only a hint: the data path is always the mailbox read (never above the lane's
-//! W), and every connection also re-checks periodically, so a lost hint (a reconnect, a user
-//! id containing a newline) only delays delivery. Waking uses `Notify::notify_one`, which
+//! W), and every connection also re-checks periodically, so a lost hint (a Pub/Sub reconnect)
+//! only delays delivery. Waking uses `Notify::notify_one`, which
 //! stores a permit when the connection is busy reading, so a hint is never lost between
 //! reads.
 
@@ -73,7 +74,7 @@ impl WakeHub {
 
     /// Wakes the connections of every user named in a hint payload. Returns how many.
     pub(crate) fn wake_payload(&self, shard: Option<u32>, payload: &[u8]) -> usize {
-        // The shard's lowest W is not needed: every read checks the lane's W.
+        // The shard's lowest W bounds what a hinted reader may read without the watermark.
         let Some((min_w, named)) = tidemark_store::wake::decode(payload) else {
             return 0;
         };

@@ -27,7 +27,9 @@
 //! `W` of a lane: every record of `dlog:{s}` at or below `W` is fully materialised for the
 //! mailboxes of that lane. Anything that breaks the rules above is *corrupt* and is refused
 //! with a [`CorruptCause`] naming what broke; nothing is guessed or repaired. The same checks,
-//! in the same order, are made by the Lua scripts (`lua/v2/_lib.lua`), so that Rust and Lua
+//! in the same order, are made by the Lua scripts (`lua/common/_lanes.lua` with the layout
+//! prelude `lua/v2/_layout.lua` or `lua/v1/_layout.lua`; the self-contained hot path repeats
+//! them), so that Rust and Lua
 //! give identical verdicts on identical bytes (tested with one table of vectors).
 //!
 //! Check order (first failure wins): field count, missing field (layout, epoch, blob),

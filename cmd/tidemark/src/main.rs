@@ -412,6 +412,21 @@ enum BenchCmd {
     Load(LoadArgs),
     /// Capacity ladder: the load repeated over M+C@R steps.
     Ladder(LadderArgs),
+    /// The tables (and, with --plot, the figures) of a JSON report that `bench load|ladder
+    /// --json` wrote, without running anything.
+    Report(ReportArgs),
+}
+
+#[derive(Args)]
+struct ReportArgs {
+    /// The JSON report (`{"runs":[…]}`).
+    json: std::path::PathBuf,
+    /// Also the ladder table (ρ ≤ 0.65 sizing per step).
+    #[arg(long)]
+    ladder: bool,
+    /// Redraw the PNG and SVG plots into this directory.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
 }
 
 #[derive(Args, Clone)]
@@ -840,6 +855,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 a.load.json.as_deref(),
                 a.load.plot.as_deref(),
             )?;
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Bench(BenchCmd::Report(a)) => {
+            let text = std::fs::read_to_string(&a.json)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
+            let runs = tidemark_bench::load::from_json(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
+            let text = tidemark_bench::load::render(&runs, a.ladder, None, a.plot.as_deref())?;
             print!("{text}");
             Ok(ExitCode::SUCCESS)
         }

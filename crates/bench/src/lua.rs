@@ -961,11 +961,16 @@ impl LuaBenchReport {
     }
 
     /// The report as JSON:
-    /// `{"redis_version", "noop_evalsha_us", "scripts": {name: {"packed-v1", "packed-v2"}},
-    /// "uniform_checks_us": {"two_sub", "rep", "byte_loop", "length"}}`.
+    /// `{"redis_version", "calls_per_round", "rounds", "noop_evalsha_us",
+    /// "scripts": {name: {"packed-v1", "packed-v2"}},
+    /// "uniform_checks_us": {"two_sub", "rep", "byte_loop", "length"}}`
+    /// (`calls_per_round` and `rounds` are missing from reports written before they were added,
+    /// e.g. `docs/perf/lua.json`).
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "redis_version": self.redis_version,
+            "calls_per_round": self.calls_per_round,
+            "rounds": self.rounds,
             "noop_evalsha_us": self.noop_evalsha_us,
             "scripts": self.scripts,
             "uniform_checks_us": self.uniform_checks_us,

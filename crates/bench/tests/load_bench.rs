@@ -61,7 +61,17 @@ fn check_run(r: &RunReport, layout: Layout) {
     assert_eq!(r.send_acked, r.sent);
     assert_eq!(r.delivered, r.expected);
     assert_eq!(r.delivered_in_window_pct, 100.0);
-    assert!((r.committed_per_s - 200.0).abs() < 1e-9);
+    // Only acks that arrived while sending count towards the rate: at most the offered rate
+    // (200/s), and exactly that count over the 2 s of sending.
+    let while_sending = r.send_acked_while_sending.expect("a new report has it");
+    assert!(
+        while_sending > 0 && while_sending <= r.send_acked,
+        "{while_sending} of {}",
+        r.send_acked
+    );
+    let per_s = r.acked_per_s_while_sending.expect("a new report has it");
+    assert_eq!(per_s, while_sending as f64 / 2.0);
+    assert!(per_s <= 200.0, "{per_s}");
     check_percentiles(&r.e2e_ms, "e2e");
     check_percentiles(&r.send_ack_ms, "send_ack");
     for curve in [&r.e2e_curve, &r.send_ack_curve] {
@@ -137,7 +147,8 @@ async fn tiny_run_both_layouts() {
                 "duration_s",
                 "sent",
                 "send_acked",
-                "committed_per_s",
+                "send_acked_while_sending",
+                "acked_per_s_while_sending",
                 "delivered_in_window_pct",
                 "e2e_ms",
                 "send_ack_ms",
@@ -148,6 +159,7 @@ async fn tiny_run_both_layouts() {
         assert_eq!(run["layout"], layout);
         assert_eq!(run["sent"], 400);
         assert_eq!(run["delivered_in_window_pct"], 100.0);
+        assert!(run.get("committed_per_s").is_none(), "renamed: {run}");
         for k in ["e2e_ms", "send_ack_ms"] {
             assert_keys(&run[k], &["p50", "p99", "p999", "max"]);
         }
@@ -166,11 +178,30 @@ async fn tiny_run_both_layouts() {
         "| end-to-end P99 |",
         "| SEND_ACK P99 |",
         "| delivered within window | 100% | 100% | +0.0% |",
-        "| committed | 200/s | 200/s | +0.0% |",
+        "| acked while sending |",
         "| mailbox CPU per message |",
+        "| errors | none | none | — |",
     ] {
         assert!(table.contains(row), "no {row:?} in\n{table}");
     }
+    // The JSON reads back as it was written (floats to serde_json's precision).
+    let text = serde_json::to_string(&json).unwrap();
+    let back = load::from_json(&text).unwrap();
+    let key = |r: &RunReport| {
+        (
+            r.layout,
+            r.sent,
+            r.send_acked,
+            r.send_acked_while_sending,
+            r.delivered,
+            r.errors.clone(),
+        )
+    };
+    assert_eq!(
+        back.iter().map(key).collect::<Vec<_>>(),
+        runs.iter().map(key).collect::<Vec<_>>()
+    );
+    assert_eq!(markdown_table(&back), table);
     let ladder = ladder_table(&runs);
     assert_eq!(ladder.lines().count(), 4, "{ladder}");
     assert!(ladder.contains("| 1+1 | packed-v1 | 200 |"), "{ladder}");
@@ -296,7 +327,8 @@ fn synthetic(layout: Layout, mailbox: usize, rate: f64, p99: f64, cpu: f64) -> R
         seed: 1,
         sent: (rate * 10.0) as u64,
         send_acked: (rate * 10.0) as u64,
-        committed_per_s: rate,
+        send_acked_while_sending: Some((rate * 9.0) as u64),
+        acked_per_s_while_sending: Some(rate * 0.9),
         delivered: (rate * 10.0) as u64,
         expected: (rate * 10.0) as u64,
         delivered_in_window_pct: 100.0,
@@ -331,7 +363,7 @@ fn ladder_plots_and_table() {
     ];
     let table = ladder_table(&runs);
     assert!(
-        table.contains("| 1+1 | 5,000 | end-to-end P99 40.0ms, 100% delivered, committed 5,000/s, mailbox CPU 80.0%, core CPU 40.0% | 2 | 1 |"),
+        table.contains("| 1+1 | 5,000 | end-to-end P99 40.0ms, 100% delivered, acked while sending 4,500/s, errors: none, mailbox CPU 80.0%, core CPU 40.0% | 2 | 1 |"),
         "{table}"
     );
     let dir = tempfile::tempdir().unwrap();

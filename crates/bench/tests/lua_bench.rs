@@ -94,11 +94,17 @@ async fn report_is_well_formed() {
     assert_eq!(
         keys,
         [
+            "calls_per_round",
             "noop_evalsha_us",
             "redis_version",
+            "rounds",
             "scripts",
             "uniform_checks_us"
         ]
+    );
+    assert_eq!(
+        (j["calls_per_round"].as_u64(), j["rounds"].as_u64()),
+        (Some(500), Some(2))
     );
     assert!(j["redis_version"].is_string());
     assert!(j["noop_evalsha_us"].as_f64().unwrap() > 0.0);

@@ -130,6 +130,50 @@ pub(crate) async fn run_remote(opts: &LoadOptions, layout: Layout) -> Result<Run
     drive(opts, &setup).await
 }
 
+/// The `send_ack`s of a run: all of them, and those that arrived while sending.
+#[derive(Debug)]
+struct Acks {
+    /// End of sending: `t0 + duration`.
+    end_of_sending: Instant,
+    /// Every ack that arrived in the window (drain grace included).
+    total: AtomicU64,
+    /// Acks that arrived by `end_of_sending`.
+    while_sending: AtomicU64,
+}
+
+impl Acks {
+    fn new(end_of_sending: Instant) -> Self {
+        Acks {
+            end_of_sending,
+            total: AtomicU64::new(0),
+            while_sending: AtomicU64::new(0),
+        }
+    }
+
+    /// An ack arrived at `at`.
+    fn arrived(&self, at: Instant) {
+        self.total.fetch_add(1, Ordering::Relaxed);
+        if at <= self.end_of_sending {
+            self.while_sending.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
+    }
+
+    /// `(send_acked, send_acked_while_sending, acked_per_s_while_sending)` of a run that sent
+    /// for `duration_s`: the rate counts only the acks that arrived while sending.
+    fn report(&self, duration_s: f64) -> (u64, u64, f64) {
+        let while_sending = self.while_sending.load(Ordering::Relaxed);
+        (
+            self.total(),
+            while_sending,
+            while_sending as f64 / duration_s,
+        )
+    }
+}
+
 /// State shared by the scheduler, the ack waiters and the receivers.
 struct Shared {
     t0: Instant,
@@ -137,7 +181,7 @@ struct Shared {
     total: u64,
     /// End of the window: `t0 + duration + drain_grace`.
     deadline: Instant,
-    acked: AtomicU64,
+    acks: Acks,
     delivered: AtomicU64,
     /// Ack waiters still running.
     outstanding: AtomicU64,
@@ -267,7 +311,7 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
         rate: opts.rate,
         total,
         deadline: t0 + opts.duration + opts.drain_grace,
-        acked: AtomicU64::new(0),
+        acks: Acks::new(t0 + opts.duration),
         delivered: AtomicU64::new(0),
         outstanding: AtomicU64::new(0),
         e2e: Mutex::new(new_histogram()),
@@ -326,11 +370,9 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
                     let left = shared.deadline.saturating_duration_since(Instant::now());
                     match pending.wait(left).await {
                         Ok(_) => {
-                            record(
-                                &shared.send_ack,
-                                Instant::now().saturating_duration_since(intended),
-                            );
-                            shared.acked.fetch_add(1, Ordering::Relaxed);
+                            let now = Instant::now();
+                            record(&shared.send_ack, now.saturating_duration_since(intended));
+                            shared.acks.arrived(now);
                         }
                         Err(e) => shared.error(e.code()),
                     }
@@ -374,10 +416,10 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
         shared.outstanding.load(Ordering::Relaxed),
     );
     let delivered = shared.delivered.load(Ordering::Relaxed);
-    let acked = shared.acked.load(Ordering::Relaxed);
     let e2e = lock(&shared.e2e).clone();
     let send_ack = lock(&shared.send_ack).clone();
     let duration_s = opts.duration.as_secs_f64();
+    let (acked, acked_while_sending, acked_per_s_while_sending) = shared.acks.report(duration_s);
 
     // Server side.
     let mut per_instance = Vec::new();
@@ -419,7 +461,8 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
         seed: opts.seed,
         sent: total,
         send_acked: acked,
-        committed_per_s: acked as f64 / duration_s,
+        send_acked_while_sending: Some(acked_while_sending),
+        acked_per_s_while_sending: Some(acked_per_s_while_sending),
         delivered,
         expected,
         delivered_in_window_pct: if expected > 0 {
@@ -582,7 +625,7 @@ async fn tick(
         pb.set_position(s);
         pb.set_message(format!(
             "acked {} delivered {}/{} rate {:.0}/s",
-            shared.acked.load(Ordering::Relaxed),
+            shared.acks.total(),
             shared.delivered.load(Ordering::Relaxed),
             s * fanout,
             rate
@@ -653,6 +696,36 @@ mod tests {
                 assert_eq!(v.len(), k);
             }
         }
+    }
+
+    /// Acks that arrive during the drain grace are not throughput: a run whose service fell
+    /// behind and caught up after sending stopped must not report the offered rate.
+    #[test]
+    fn acks_after_sending_do_not_count_towards_the_rate() {
+        let t0 = Instant::now();
+        let duration = Duration::from_secs(10);
+        let acks = Acks::new(t0 + duration);
+        acks.arrived(t0 + Duration::from_secs(1));
+        acks.arrived(t0 + duration); // the last instant of sending still counts
+        acks.arrived(t0 + duration + Duration::from_millis(1));
+        acks.arrived(t0 + duration + Duration::from_secs(4));
+        let (total, while_sending, per_s) = acks.report(duration.as_secs_f64());
+        assert_eq!(total, 4, "every ack of the window is in send_acked");
+        assert_eq!(
+            while_sending, 2,
+            "only the acks that arrived by t0 + duration"
+        );
+        assert_eq!(
+            per_s, 0.2,
+            "2 acks over 10 s, not 4 (acks of the drain grace)"
+        );
+
+        // Everything acked, but only after sending stopped: nothing was acked while sending.
+        let late = Acks::new(t0 + duration);
+        for k in 1..=100 {
+            late.arrived(t0 + duration + Duration::from_millis(k));
+        }
+        assert_eq!(late.report(duration.as_secs_f64()), (100, 0, 0.0));
     }
 
     #[test]

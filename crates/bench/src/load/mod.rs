@@ -20,11 +20,15 @@
 //!   message `i` is `i:<i>`; a receiver computes `deliver time − (t0 + i / rate)`.
 //!   SEND_ACK latency is `ack time − intended time`. Both go to HDR histograms in µs
 //!   (3 significant figures).
-//! - **Window.** Sending stops at `t0 + duration`; deliveries are counted until
+//! - **Window.** Sending stops at `t0 + duration`; deliveries and acks are counted until
 //!   `t0 + duration + drain_grace` (earlier if every (message, recipient) pair and every ack
 //!   has arrived). `delivered_in_window_pct` = pairs delivered in the window / pairs sent
-//!   (`sent × fanout`); a send the server refused counts as not delivered. `committed_per_s` =
-//!   `send_acked / duration`.
+//!   (`sent × fanout`); a send the server refused counts as not delivered. `send_acked`
+//!   counts the acks of the whole window; `acked_per_s_while_sending` =
+//!   `send_acked_while_sending / duration`, where only acks that arrived by
+//!   `t0 + duration` count: acks of the drain grace are not throughput. (Reports written
+//!   before had `committed_per_s` = `send_acked / duration` instead, which equals the offered
+//!   rate whenever every send is eventually acked.)
 //! - **Server side.** `INFO commandstats`, `INFO cpu` and `INFO stats` of every Redis instance
 //!   at `t0` (A), at the end of sending (B) and at the end of the window (C). Redis CPU % and
 //!   ops/s use A→B (the loaded interval); µs per `EVALSHA` (Δusec / Δcalls, summed over a
@@ -46,8 +50,8 @@ use std::time::Duration;
 use tidemark_store::redis::watermark::Layout;
 
 pub use report::{
-    group_thousands, ladder_table, markdown_table, parse_steps, to_json, InstanceStats, LadderStep,
-    Percentiles, PoolPair, RunReport, CURVE_PERCENTILES,
+    from_json, group_thousands, ladder_table, markdown_table, parse_steps, to_json, InstanceStats,
+    LadderStep, Percentiles, PoolPair, RunReport, CURVE_PERCENTILES,
 };
 
 /// ρ the ladder sizes pools for (ADR-0014: instance count from ρ ≤ 0.65).
@@ -325,10 +329,12 @@ pub fn render(
         }
         let _ = writeln!(
             out,
-            "{}: sent {} acked {} delivered {}/{}, e2e max {:.1} ms, generator lag max {:.1} ms",
+            "{}: sent {} acked {} ({} while sending) delivered {}/{}, e2e max {:.1} ms, generator lag max {:.1} ms",
             r.layout,
             r.sent,
             r.send_acked,
+            r.send_acked_while_sending
+                .map_or_else(|| "—".to_owned(), |n| n.to_string()),
             r.delivered,
             r.expected,
             r.e2e_ms.max,

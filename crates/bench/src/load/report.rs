@@ -1,5 +1,6 @@
 //! What a run reports, and its tables: [`markdown_table`] (ADR-0015's "Measured" table),
-//! [`ladder_table`], [`to_json`]; and the ladder's step syntax ([`parse_steps`]).
+//! [`ladder_table`], [`to_json`] / [`from_json`]; and the ladder's step syntax
+//! ([`parse_steps`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -83,10 +84,22 @@ pub struct RunReport {
     pub seed: u64,
     /// `send` frames queued (messages).
     pub sent: u64,
-    /// `send_ack`s received in the window.
+    /// `send_ack`s received by the end of the window (`t0 + duration + drain_grace`), the
+    /// drain grace included.
     pub send_acked: u64,
-    /// `send_acked / duration_s`.
-    pub committed_per_s: f64,
+    /// `send_ack`s that arrived while sending, i.e. by `t0 + duration` (a subset of
+    /// `send_acked`: an ack that arrives during the drain grace is not counted).
+    ///
+    /// `None` in reports written before this field existed: those carry `committed_per_s`
+    /// instead (`send_acked / duration_s`, acks of the drain grace included), which is not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_acked_while_sending: Option<u64>,
+    /// `send_acked_while_sending / duration_s`: the rate at which the service acked sends
+    /// while load was offered. Below the offered rate by about `rate × SEND_ACK latency /
+    /// duration` even when nothing is refused; far below it when the service falls behind.
+    /// `None` in reports written before this field existed (see `send_acked_while_sending`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acked_per_s_while_sending: Option<f64>,
     /// (message, recipient) pairs delivered in the window (duplicates dropped).
     pub delivered: u64,
     /// (message, recipient) pairs sent: `sent × fanout`.
@@ -140,6 +153,17 @@ pub fn to_json(runs: &[RunReport]) -> serde_json::Value {
     serde_json::json!({ "runs": runs })
 }
 
+/// The runs of a report [`to_json`] wrote (`{"runs":[…]}`), also one written before
+/// `send_acked_while_sending` existed (those fields are then `None`; its `committed_per_s`
+/// is ignored).
+pub fn from_json(text: &str) -> Result<Vec<RunReport>, serde_json::Error> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        runs: Vec<RunReport>,
+    }
+    Ok(serde_json::from_str::<File>(text)?.runs)
+}
+
 /// A number with `,` thousands separators and `decimals` decimals (`10,657.4`; negative
 /// numbers with `−`), as in the tables.
 pub fn group_thousands(x: f64, decimals: usize) -> String {
@@ -188,6 +212,23 @@ fn per_s(x: f64) -> String {
     format!("{}/s", group_thousands(x, 0))
 }
 
+/// `—` for a figure a report does not hold (a field that older reports lack).
+fn or_dash(x: Option<f64>, fmt: fn(f64) -> String) -> String {
+    x.map_or_else(|| "—".to_owned(), fmt)
+}
+
+/// Errors by code, e.g. `overloaded 31,178`; `none` when there were none.
+fn errors_cell(errors: &BTreeMap<String, u64>) -> String {
+    if errors.is_empty() {
+        return "none".into();
+    }
+    errors
+        .iter()
+        .map(|(code, n)| format!("{code} {}", group_thousands(*n as f64, 0)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn delta(v1: f64, v2: f64) -> String {
     if v1 == 0.0 || !v1.is_finite() || !v2.is_finite() {
         return "—".into();
@@ -200,42 +241,65 @@ fn delta(v1: f64, v2: f64) -> String {
     }
 }
 
-/// Column headers: the layout, numbered when a layout repeats.
+/// Column headers: the layout; when a layout repeats, with its `M+C@rate` (a ladder), or
+/// numbered when even that repeats.
 fn headers(runs: &[RunReport]) -> Vec<String> {
+    let step = |r: &RunReport| format!("{}@{}", r.instances_label(), group_thousands(r.rate, 0));
     runs.iter()
         .enumerate()
         .map(|(i, r)| {
-            let same = runs.iter().filter(|o| o.layout == r.layout).count();
-            if same > 1 {
-                format!("{} #{}", r.layout, i + 1)
-            } else {
+            let same: Vec<&RunReport> = runs.iter().filter(|o| o.layout == r.layout).collect();
+            if same.len() == 1 {
                 r.layout.to_string()
+            } else if same.iter().filter(|o| step(o) == step(r)).count() == 1 {
+                format!("{} {}", r.layout, step(r))
+            } else {
+                format!("{} #{}", r.layout, i + 1)
             }
         })
         .collect()
 }
 
+/// A row of [`markdown_table`]: its name, the figure (`None`: the report does not hold it),
+/// and how it is written.
+type Row = (
+    &'static str,
+    fn(&RunReport) -> Option<f64>,
+    fn(f64) -> String,
+);
+
+/// The rows of [`markdown_table`], in order (the `errors` row follows them).
+const ROWS: [Row; 10] = [
+    ("evalsha (mailbox)", |r| Some(r.evalsha_us.mailbox), us),
+    ("mailbox Redis CPU", |r| Some(r.redis_cpu_pct.mailbox), pct),
+    ("end-to-end P50", |r| Some(r.e2e_ms.p50), ms),
+    ("end-to-end P99", |r| Some(r.e2e_ms.p99), ms),
+    ("SEND_ACK P99", |r| Some(r.send_ack_ms.p99), ms),
+    (
+        "delivered within window",
+        |r| Some(r.delivered_in_window_pct),
+        pct,
+    ),
+    (
+        "acked while sending",
+        |r| r.acked_per_s_while_sending,
+        per_s,
+    ),
+    (
+        "mailbox CPU per message",
+        |r| Some(r.mailbox_cpu_us_per_msg),
+        us,
+    ),
+    ("evalsha (core)", |r| Some(r.evalsha_us.core), us),
+    ("core Redis CPU", |r| Some(r.redis_cpu_pct.core), pct),
+];
+
 /// ADR-0015's "Measured" table: one row per metric, one column per run, and a
 /// `Δ v2 vs v1` column (relative change of packed-v2 against packed-v1, first run of each)
-/// when both layouts are present.
+/// when both layouts are present. The last row, `errors`, has every error and refusal by
+/// code (e.g. `overloaded`); `—` stands for a figure the report does not hold (older reports
+/// have no `acked_per_s_while_sending`).
 pub fn markdown_table(runs: &[RunReport]) -> String {
-    type Row = (&'static str, fn(&RunReport) -> f64, fn(f64) -> String);
-    let rows: [Row; 10] = [
-        ("evalsha (mailbox)", |r| r.evalsha_us.mailbox, us),
-        ("mailbox Redis CPU", |r| r.redis_cpu_pct.mailbox, pct),
-        ("end-to-end P50", |r| r.e2e_ms.p50, ms),
-        ("end-to-end P99", |r| r.e2e_ms.p99, ms),
-        ("SEND_ACK P99", |r| r.send_ack_ms.p99, ms),
-        (
-            "delivered within window",
-            |r| r.delivered_in_window_pct,
-            pct,
-        ),
-        ("committed", |r| r.committed_per_s, per_s),
-        ("mailbox CPU per message", |r| r.mailbox_cpu_us_per_msg, us),
-        ("evalsha (core)", |r| r.evalsha_us.core, us),
-        ("core Redis CPU", |r| r.redis_cpu_pct.core, pct),
-    ];
     let v1 = runs.iter().find(|r| r.layout == Layout::PackedV1);
     let v2 = runs.iter().find(|r| r.layout == Layout::PackedV2);
     let both = v1.zip(v2);
@@ -255,16 +319,25 @@ pub fn markdown_table(runs: &[RunReport]) -> String {
         out.push_str("---|");
     }
     out.push('\n');
-    for (name, get, fmt) in rows {
+    for (name, get, fmt) in ROWS {
         let _ = write!(out, "| {name} |");
         for r in runs {
-            let _ = write!(out, " {} |", fmt(get(r)));
+            let _ = write!(out, " {} |", or_dash(get(r), fmt));
         }
         if let Some((a, b)) = both {
-            let _ = write!(out, " {} |", delta(get(a), get(b)));
+            let d = get(a).zip(get(b)).map_or("—".into(), |(a, b)| delta(a, b));
+            let _ = write!(out, " {d} |");
         }
         out.push('\n');
     }
+    out.push_str("| errors |");
+    for r in runs {
+        let _ = write!(out, " {} |", errors_cell(&r.errors));
+    }
+    if both.is_some() {
+        out.push_str(" — |");
+    }
+    out.push('\n');
     out
 }
 
@@ -291,11 +364,12 @@ pub fn ladder_table(runs: &[RunReport]) -> String {
         }
         let _ = writeln!(
             out,
-            " {} | end-to-end P99 {}, {} delivered, committed {}, mailbox CPU {}, core CPU {} | {} | {} |",
+            " {} | end-to-end P99 {}, {} delivered, acked while sending {}, errors: {}, mailbox CPU {}, core CPU {} | {} | {} |",
             group_thousands(r.rate, 0),
             ms(r.e2e_ms.p99),
             pct(r.delivered_in_window_pct),
-            per_s(r.committed_per_s),
+            or_dash(r.acked_per_s_while_sending, per_s),
+            errors_cell(&r.errors),
             pct(r.redis_cpu_pct.mailbox),
             pct(r.redis_cpu_pct.core),
             RunReport::instances_for_rho(r.mailbox_instances, r.redis_cpu_pct.mailbox),

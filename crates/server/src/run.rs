@@ -110,6 +110,8 @@ pub struct ServeOptions {
 pub struct Running {
     /// The gateway's bound address.
     pub addr: SocketAddr,
+    /// The gateway serves TLS (`wss://`, `https://`).
+    pub tls: bool,
     /// Shard health, shared with `/healthz`.
     pub health: Arc<HealthBoard>,
     tracker: TaskTracker,
@@ -118,9 +120,10 @@ pub struct Running {
 }
 
 impl Running {
-    /// The WebSocket URL of the gateway.
+    /// The WebSocket URL of the gateway (`wss://` with TLS).
     pub fn ws_url(&self) -> String {
-        format!("ws://{}/v1/ws", self.addr)
+        let scheme = if self.tls { "wss" } else { "ws" };
+        format!("{scheme}://{}/v1/ws", self.addr)
     }
 
     /// Waits until `cancel` fires (or a task fails), then stops and joins every task.
@@ -374,6 +377,7 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         ));
     }
     let addr = listener.local_addr()?;
+    let tls = opts.gateway.tls.is_some();
     let (c, tx, h, topo, gw) = (
         cancel.clone(),
         err_tx.clone(),
@@ -406,6 +410,7 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     });
     Ok(Running {
         addr,
+        tls,
         health,
         tracker,
         cancel,

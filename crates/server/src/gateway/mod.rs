@@ -9,6 +9,8 @@
 //!   GET  /healthz           200 "ok", or 503 with one problem per line
 //! ```
 //!
+//! The listener may serve TLS ([`TlsConfig`]: `wss://`, `https://`).
+//!
 //! - **Send** ([`send`]): recipients are grouped by shard and committed to every shard's core
 //!   instance concurrently; `send_ack` once all have committed. At most
 //!   `max_inflight_commits` commits are in flight gateway-wide, and at most a per-user share
@@ -23,10 +25,11 @@
 //!   re-check (missed hints) and by `sync`. Pub/Sub is a hint only, never the data path.
 //! - **Writer**: one task per socket owns the sink and drains a bounded channel; the reader,
 //!   the sender and the delivery loop feed it (the delivery loop waits for room: backpressure).
-//! - **Connections** ([`listener`]): HTTP/1.1 served by hyper with a header-read timeout; at
-//!   most `max_connections` open sockets (WebSockets included), a small reserve above it for
-//!   `/healthz` and `/metrics`, and an HTTP 503 `overloaded` beyond. A WebSocket is pinged
-//!   every `ping_interval` and closed (4002) when nothing arrives for `idle_timeout`.
+//! - **Connections** ([`listener`]): HTTP/1.1 served by hyper with a header-read timeout
+//!   (which bounds a TLS handshake too); at most `max_connections` open sockets (WebSockets
+//!   and TLS connections included), a small reserve above it for `/healthz` and `/metrics`,
+//!   and an HTTP 503 `overloaded` beyond. A WebSocket is pinged every `ping_interval` and
+//!   closed (4002) when nothing arrives for `idle_timeout`.
 //! - **Memory per client**: a WebSocket's queued outbound frames are bounded in bytes
 //!   (`max_queued_bytes`); a connection whose frames wait for room longer than
 //!   `slow_client_grace` is closed (4003). Mailbox pages are bounded in bytes
@@ -51,9 +54,12 @@ mod listener;
 mod mailbox;
 mod send;
 mod state;
+mod tls;
 mod users;
 mod wake;
 mod ws;
+
+pub use tls::{TlsConfig, TlsError};
 
 /// Gateway settings.
 #[derive(Debug, Clone)]
@@ -102,6 +108,8 @@ pub struct GatewayOptions {
     /// it is the page's last); WebSocket delivery reads pages of at most this and
     /// `max_queued_bytes`.
     pub max_page_bytes: usize,
+    /// Serve the client listener inside TLS (`wss://`, `https://`); None: plain.
+    pub tls: Option<TlsConfig>,
 }
 
 impl Default for GatewayOptions {
@@ -124,6 +132,7 @@ impl Default for GatewayOptions {
             max_queued_bytes: 64 * 1024,
             slow_client_grace: Duration::from_secs(30),
             max_page_bytes: 1024 * 1024,
+            tls: None,
         }
     }
 }
@@ -153,7 +162,8 @@ impl GatewayError {
     }
 }
 
-/// Serves WebSocket and HTTP on `listener` until `cancel`, then joins every task.
+/// Serves WebSocket and HTTP on `listener` (inside TLS when `opts.tls` is set) until
+/// `cancel`, then joins every task.
 ///
 /// Connects to every core and mailbox instance of `topology` first (an unreachable instance
 /// is an error here, before anything is served).
@@ -194,9 +204,17 @@ pub async fn serve(
     }
 
     let addr = listener.local_addr().ok();
-    tracing::info!(?addr, "gateway listening");
+    let opts = &shared.opts;
+    let client_cfg = listener::ListenerConfig {
+        max: opts.max_connections,
+        reserve: opts.health_reserve,
+        header_timeout: opts.header_read_timeout,
+        write_stall: opts.slow_client_grace,
+        tls: opts.tls.clone(),
+    };
+    tracing::info!(?addr, tls = opts.tls.is_some(), "gateway listening");
     let app = http::router(shared.clone());
-    listener::serve(listener, app, &shared.opts, stop.clone(), tracker.clone()).await;
+    listener::serve(listener, app, client_cfg, stop.clone(), tracker.clone()).await;
     // Stops sockets and hubs.
     stop.cancel();
     tracker.close();

@@ -242,7 +242,7 @@ struct ServeArgs {
     limits: GatewayLimitArgs,
 }
 
-/// TLS on the listener (`serve` and `up`; docs/operations.md, ADR-0027).
+/// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
 #[derive(Args)]
 struct ListenerArgs {
     /// Serve wss:// and https:// with this PEM certificate chain (leaf first).
@@ -251,6 +251,10 @@ struct ListenerArgs {
     /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<std::path::PathBuf>,
+    /// Serve /metrics and /healthz here instead (plain HTTP, no auth: loopback or a private
+    /// network); the --listen address then answers them 404.
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
 }
 
 impl ListenerArgs {
@@ -969,6 +973,7 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
                 dev_auth: a.dev_auth,
                 token_secret: Some(secret.into_bytes()),
                 tls,
+                admin_listen: a.listeners.admin_listen,
                 ..a.limits.options()
             },
             materializer: Default::default(),
@@ -1038,6 +1043,7 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 dev_auth: a.dev_auth,
                 token_secret: secret,
                 tls,
+                admin_listen: a.listeners.admin_listen,
                 ..a.limits.options()
             },
             materializer: MaterializerOptions {
@@ -1055,6 +1061,12 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     )
     .await?;
     println!("gateway  {}", running.ws_url());
+    if running.admin_addr.is_some() {
+        println!(
+            "admin    {} (GET /metrics, GET /healthz)",
+            running.admin_url()
+        );
+    }
     for (i, u) in topology.core.iter().enumerate() {
         println!("core     {i} {}", tidemark_store::redact_url(u));
     }

@@ -1,6 +1,7 @@
-//! `--tls-cert`/`--tls-key` of the `tidemark` binary (issue 9 item 10; ADR-0027), run as a
-//! real process: unusable certificate or key files are refused with exit 2 before anything
-//! starts, and `up` serves `wss://`/`https://` on its listener.
+//! `--tls-cert`/`--tls-key` and `--admin-listen` of the `tidemark` binary (issue 9 items 10
+//! and 11; ADR-0027), run as a real process: unusable certificate or key files are refused
+//! with exit 2 before anything starts, `up` serves `wss://`/`https://` on its listener, and
+//! with `--admin-listen` `/healthz`/`/metrics` on the admin address only.
 
 mod support;
 
@@ -168,74 +169,138 @@ fn port_of(line: &str) -> u16 {
     hostport.rsplit(':').next().unwrap().parse().unwrap()
 }
 
+/// A running `tidemark up --shards 2 --listen 127.0.0.1:0 --dev-auth` child, once it has
+/// printed its endpoints.
+struct Up {
+    child: std::process::Child,
+    lines: Vec<String>,
+}
+
+impl Up {
+    fn start(data: &Path, args: &[&std::ffi::OsStr]) -> Up {
+        let mut cmd = tidemark();
+        cmd.args([
+            "up",
+            "--shards",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+            "--dev-auth",
+        ])
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+        let mut child = spawn_killed_with_us(&mut cmd);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        while !lines.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(l) => lines.push(l),
+                Err(_) => panic!("up printed no endpoints: {lines:?}"),
+            }
+        }
+        Up { child, lines }
+    }
+
+    /// The printed line starting with `prefix`.
+    fn line(&self, prefix: &str) -> &str {
+        self.lines
+            .iter()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line: {:?}", self.lines))
+    }
+
+    /// SIGTERM, then a clean exit within 30 s.
+    fn stop(mut self) {
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                assert!(status.success(), "up exited with {status}");
+                return;
+            }
+            assert!(start.elapsed() < Duration::from_secs(30), "up did not stop");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Waits (at most 30 s) until `get` answers 200.
+fn wait_200(mut get: impl FnMut() -> u16) {
+    let start = Instant::now();
+    while get() != 200 {
+        assert!(start.elapsed() < Duration::from_secs(30), "never healthy");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn up_serves_tls() {
     let dir = tempfile::tempdir().unwrap();
     let (cert, key, ca) = self_signed(dir.path());
-    let data = dir.path().join("data");
-    let mut cmd = tidemark();
-    cmd.args([
-        "up",
-        "--shards",
-        "2",
-        "--listen",
-        "127.0.0.1:0",
-        "--dev-auth",
-    ])
-    .arg("--data-dir")
-    .arg(&data)
-    .arg("--tls-cert")
-    .arg(&cert)
-    .arg("--tls-key")
-    .arg(&key)
-    .stdout(Stdio::piped())
-    .stderr(Stdio::null());
-    let mut child = spawn_killed_with_us(&mut cmd);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut lines = Vec::new();
-    while !lines.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(l) => lines.push(l),
-            Err(_) => panic!("up printed no endpoints: {lines:?}"),
-        }
-    }
-    let gateway = lines
-        .iter()
-        .find(|l| l.starts_with("gateway"))
-        .unwrap_or_else(|| panic!("no gateway line: {lines:?}"));
+    let tls = [
+        "--tls-cert".as_ref(),
+        cert.as_os_str(),
+        "--tls-key".as_ref(),
+        key.as_os_str(),
+    ];
+    let up = Up::start(&dir.path().join("data"), &tls);
+    let gateway = up.line("gateway");
     assert!(gateway.contains("wss://127.0.0.1:"), "{gateway}");
     let port = port_of(gateway);
 
     // https: /healthz and a client endpoint
-    let start = Instant::now();
-    while https_get(port, &ca, "/healthz").0 != 200 {
-        assert!(start.elapsed() < Duration::from_secs(30), "never healthy");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_200(|| https_get(port, &ca, "/healthz").0);
     let (status, body) = https_get(port, &ca, "/v1/mailbox?user=bob");
     assert_eq!(status, 200, "{body}");
     // plain HTTP to the TLS port gets no HTTP answer
     assert_eq!(http_get(port, "/healthz").0, 0);
+    up.stop();
+}
 
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
+#[test]
+fn up_serves_metrics_and_healthz_on_the_admin_listener_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, ca) = self_signed(dir.path());
+    let args = [
+        "--tls-cert".as_ref(),
+        cert.as_os_str(),
+        "--tls-key".as_ref(),
+        key.as_os_str(),
+        "--admin-listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+    ];
+    let up = Up::start(&dir.path().join("data"), &args);
+    let gateway = up.line("gateway");
+    assert!(gateway.contains("wss://127.0.0.1:"), "{gateway}");
+    let admin = up.line("admin");
+    assert!(admin.contains("http://127.0.0.1:"), "{admin}");
+    let (port, admin_port) = (port_of(gateway), port_of(admin));
+
+    // /healthz and /metrics on the admin listener (plain HTTP, no auth)…
+    wait_200(|| http_get(admin_port, "/healthz").0);
+    assert_eq!(http_get(admin_port, "/metrics").0, 200);
+    assert_eq!(http_get(admin_port, "/v1/mailbox?user=bob").0, 404);
+    // …not on the TLS listener, which answers the client endpoints over https
+    for path in ["/healthz", "/metrics"] {
+        let (status, body) = https_get(port, &ca, path);
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body.contains("not_found"), "{path}: {body}");
     }
-    let start = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            assert!(status.success(), "up exited with {status}");
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "up did not stop");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (status, body) = https_get(port, &ca, "/v1/mailbox?user=bob");
+    assert_eq!(status, 200, "{body}");
+    up.stop();
 }

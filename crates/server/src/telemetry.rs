@@ -73,7 +73,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_head_raised_total", Kind::Counter, "Log heads raised to W: a core instance was behind the mailbox side (restored?)."),
     ("tidemark_task_restarts_total", Kind::Counter, "Supervised tasks restarted, by task and reason (panic, exit)."),
     ("tidemark_wake_hints_total", Kind::Counter, "Wake-up hints received over Pub/Sub."),
-    ("tidemark_open_connections", Kind::Gauge, "Open TCP connections of the gateway (HTTP, WebSocket, TLS handshakes)."),
+    ("tidemark_open_connections", Kind::Gauge, "Open TCP connections of the gateway (HTTP, WebSocket, TLS handshakes; admin listener included)."),
     ("tidemark_connections_refused_total", Kind::Counter, "Connections refused beyond --max-connections (503)."),
     ("tidemark_accept_errors_total", Kind::Counter, "accept() failures of the listener."),
     ("tidemark_tls_handshake_failures_total", Kind::Counter, "TLS handshakes that failed or did not finish within the header-read timeout."),

@@ -1,8 +1,8 @@
-//! TLS on the gateway's listener (issue 9 item 10; ADR-0027), against the real service
-//! (`run::serve`, real redis-servers, real sockets): a self-signed certificate made here
-//! (rcgen), a WebSocket client over rustls sending and receiving over `wss://`, `https://`
-//! requests, a plain-HTTP request to the TLS port, handshakes that stall, the connection cap,
-//! and unusable certificate or key files.
+//! TLS on the gateway's listener and the admin listener (issue 9 items 10 and 11; ADR-0027),
+//! against the real service (`run::serve`, real redis-servers, real sockets): a self-signed
+//! certificate made here (rcgen), a WebSocket client over rustls sending and receiving over
+//! `wss://`, `https://` requests, a plain-HTTP request to the TLS port, handshakes that stall,
+//! the connection cap, and `/metrics` + `/healthz` moved to `--admin-listen`.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -390,6 +390,51 @@ async fn tls_handshakes_run_per_connection_with_a_timeout_and_count_against_the_
     svc.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_takes_metrics_and_healthz_off_the_public_one() {
+    let svc = Service::start(|o| o.admin_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let (addr, admin) = (svc.running().addr, svc.running().admin_addr.expect("admin"));
+    assert_ne!(addr, admin);
+    assert_eq!(svc.running().admin_url(), format!("http://{admin}"));
+
+    // the admin listener: /healthz and /metrics, no auth; nothing else
+    wait_healthy(|| http(admin, "GET", "/healthz")).await;
+    let (status, metrics) = http(admin, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("tidemark_"), "{metrics}");
+    for path in ["/v1/mailbox?user=bob", "/v1/ws?user=bob", "/"] {
+        let (status, body) = http(admin, "GET", path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["code"], "not_found", "{path}: {body}");
+    }
+
+    // the public listener: 404 (the JSON error body) for both, the client endpoints as before
+    for path in ["/healthz", "/metrics"] {
+        let (status, body) = http(addr, "GET", path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["code"], "not_found", "{path}: {body}");
+    }
+    let (status, page) = http(addr, "GET", "/v1/mailbox?user=bob").await;
+    assert_eq!(status, 200, "{page}");
+    svc.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_admin_listener_metrics_and_healthz_stay_on_the_gateway() {
+    let svc = Service::start(|_| {}).await;
+    let addr = svc.running().addr;
+    assert_eq!(svc.running().admin_addr, None);
+    assert_eq!(svc.running().admin_url(), format!("http://{addr}"));
+    assert_eq!(svc.running().ws_url(), format!("ws://{addr}/v1/ws"));
+    wait_healthy(|| http(addr, "GET", "/healthz")).await;
+    let (status, metrics) = http(addr, "GET", "/metrics").await;
+    assert_eq!(status, 200);
+    assert!(metrics.contains("tidemark_"), "{metrics}");
+    svc.stop().await;
+}
+
 #[test]
 fn unusable_certificate_or_key_files_are_refused_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -424,4 +469,40 @@ fn unusable_certificate_or_key_files_are_refused_naming_the_file() {
         assert!(text.contains(&file.display().to_string()), "{text}");
     }
     assert!(TlsConfig::from_pem_files(&cert, &key).is_ok());
+}
+
+#[tokio::test]
+async fn an_admin_address_that_cannot_be_bound_stops_the_start() {
+    let taken = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = taken.local_addr().unwrap();
+    // no Redis behind these URLs: the listeners are bound before any Redis is asked
+    let nowhere = "redis://127.0.0.1:1/".to_string();
+    let r = run::serve(
+        ServeOptions {
+            topology: Topology::new(
+                SHARDS,
+                Layout::PackedV2,
+                vec![nowhere.clone()],
+                vec![nowhere],
+            ),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            gateway: GatewayOptions {
+                dev_auth: true,
+                admin_listen: Some(addr),
+                ..Default::default()
+            },
+            materializer: MaterializerOptions::default(),
+            owned_shards: None,
+        },
+        CancellationToken::new(),
+    )
+    .await;
+    match r {
+        Err(e @ run::Error::Listen { .. }) => {
+            assert_eq!(e.code(), "listen");
+            assert!(e.to_string().contains(&addr.to_string()), "{e}");
+        }
+        Err(e) => panic!("wrong error: {e}"),
+        Ok(_) => panic!("started on a taken admin address"),
+    }
 }

@@ -198,6 +198,8 @@ struct UpArgs {
     #[arg(long, default_value = "always")]
     appendfsync: String,
     #[command(flatten)]
+    listeners: ListenerArgs,
+    #[command(flatten)]
     limits: GatewayLimitArgs,
 }
 
@@ -238,7 +240,39 @@ struct ServeArgs {
     #[arg(long, hide = true, default_value_t = 0)]
     fault_chunk_fail_pct: u8,
     #[command(flatten)]
+    listeners: ListenerArgs,
+    #[command(flatten)]
     limits: GatewayLimitArgs,
+}
+
+/// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
+#[derive(Args)]
+struct ListenerArgs {
+    /// Serve wss:// and https:// with this PEM certificate chain (leaf first).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Serve /metrics and /healthz here instead (plain HTTP, no auth: loopback or a private
+    /// network); the --listen address then answers them 404.
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
+}
+
+impl ListenerArgs {
+    /// Loads the certificate and key (if given): a file that cannot be used is refused (exit
+    /// 2) before anything starts.
+    fn tls(&self) -> Result<Option<tidemark_server::gateway::TlsConfig>, ExitCode> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                tidemark_server::gateway::TlsConfig::from_pem_files(cert, key)
+                    .map(Some)
+                    .map_err(refuse)
+            }
+            _ => Ok(None),
+        }
+    }
 }
 
 /// Limits on slow, idle and greedy clients (`serve` and `up`; docs/operations.md, ADR-0025).
@@ -933,6 +967,10 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
     if let Some(code) = check_dev_auth(a.dev_auth, a.dev_auth_public, a.listen) {
         return Ok(code);
     }
+    let tls = match a.listeners.tls() {
+        Ok(t) => t,
+        Err(code) => return Ok(code),
+    };
     if !tidemark_redis_proc::redis_server_available() {
         eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
         return Ok(ExitCode::FAILURE);
@@ -972,6 +1010,8 @@ async fn run_up(a: UpArgs) -> anyhow::Result<ExitCode> {
             gateway: GatewayOptions {
                 dev_auth: a.dev_auth,
                 token_secret: Some(secret.into_bytes()),
+                tls,
+                admin_listen: a.listeners.admin_listen,
                 ..a.limits.options()
             },
             materializer: Default::default(),
@@ -1006,6 +1046,10 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(code) = check_dev_auth(a.dev_auth, a.dev_auth_public, a.listen) {
         return Ok(code);
     }
+    let tls = match a.listeners.tls() {
+        Ok(t) => t,
+        Err(code) => return Ok(code),
+    };
     let topology = match &a.config {
         Some(path) => Topology::from_file(path)?,
         None => Topology::new(
@@ -1036,6 +1080,8 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             gateway: GatewayOptions {
                 dev_auth: a.dev_auth,
                 token_secret: secret,
+                tls,
+                admin_listen: a.listeners.admin_listen,
                 ..a.limits.options()
             },
             materializer: MaterializerOptions {
@@ -1053,6 +1099,12 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     )
     .await?;
     println!("gateway  {}", running.ws_url());
+    if running.admin_addr.is_some() {
+        println!(
+            "admin    {} (GET /metrics, GET /healthz)",
+            running.admin_url()
+        );
+    }
     for (i, u) in topology.core.iter().enumerate() {
         println!("core     {i} {}", tidemark_store::redact_url(u));
     }

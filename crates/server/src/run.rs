@@ -106,10 +106,14 @@ pub struct ServeOptions {
     pub owned_shards: Option<Vec<u32>>,
 }
 
-/// A running service: its address and its health board.
+/// A running service: its addresses and its health board.
 pub struct Running {
     /// The gateway's bound address.
     pub addr: SocketAddr,
+    /// The admin listener's bound address (`/metrics`, `/healthz`), when there is one.
+    pub admin_addr: Option<SocketAddr>,
+    /// The gateway serves TLS (`wss://`, `https://`).
+    pub tls: bool,
     /// Shard health, shared with `/healthz`.
     pub health: Arc<HealthBoard>,
     tracker: TaskTracker,
@@ -118,9 +122,20 @@ pub struct Running {
 }
 
 impl Running {
-    /// The WebSocket URL of the gateway.
+    /// The WebSocket URL of the gateway (`wss://` with TLS).
     pub fn ws_url(&self) -> String {
-        format!("ws://{}/v1/ws", self.addr)
+        let scheme = if self.tls { "wss" } else { "ws" };
+        format!("{scheme}://{}/v1/ws", self.addr)
+    }
+
+    /// Where `/metrics` and `/healthz` are served: the admin listener when there is one, else
+    /// the gateway (`https://` with TLS).
+    pub fn admin_url(&self) -> String {
+        match self.admin_addr {
+            Some(a) => format!("http://{a}"),
+            None if self.tls => format!("https://{}", self.addr),
+            None => format!("http://{}", self.addr),
+        }
     }
 
     /// Waits until `cancel` fires (or a task fails), then stops and joins every task.
@@ -254,7 +269,7 @@ pub use tidemark_store::redact_url;
 ///
 /// Start-up never hurts a running deployment: everything that can fail is checked before the
 /// first shard is claimed (claiming raises the epoch, which fences the current owner):
-/// the topology and the owned shards are validated, the listener is bound, every core and
+/// the topology and the owned shards are validated, the listeners are bound, every core and
 /// mailbox Redis must answer, and every owned shard's watermark must be one this code can own.
 ///
 /// A token secret shorter than [`tidemark_protocol::secret::MIN_SECRET_BYTES`] is refused
@@ -283,6 +298,14 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
             addr: opts.listen,
             source,
         })?;
+    let admin = match opts.gateway.admin_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Listen { addr, source })?,
+        ),
+        None => None,
+    };
     let mut mailboxes = Vec::new();
     for url in &t.mailbox {
         mailboxes.push(
@@ -374,6 +397,8 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         ));
     }
     let addr = listener.local_addr()?;
+    let admin_addr = admin.as_ref().map(|a| a.local_addr()).transpose()?;
+    let tls = opts.gateway.tls.is_some();
     let (c, tx, h, topo, gw) = (
         cancel.clone(),
         err_tx.clone(),
@@ -382,7 +407,15 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         opts.gateway.clone(),
     );
     tracker.spawn(async move {
-        let outcome = tokio::spawn(gateway::serve(listener, topo, gw, h, c.clone())).await;
+        let outcome = tokio::spawn(gateway::serve_listeners(
+            listener,
+            admin,
+            topo,
+            gw,
+            h,
+            c.clone(),
+        ))
+        .await;
         if c.is_cancelled() {
             return;
         }
@@ -406,6 +439,8 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     });
     Ok(Running {
         addr,
+        admin_addr,
+        tls,
         health,
         tracker,
         cancel,
@@ -509,6 +544,12 @@ impl Up {
     /// the password file, never printing the password.
     pub fn endpoint_lines(&self) -> Vec<String> {
         let mut v = vec![format!("gateway  {}", self.running.ws_url())];
+        if self.running.admin_addr.is_some() {
+            v.push(format!(
+                "admin    {} (GET /metrics, GET /healthz)",
+                self.running.admin_url()
+            ));
+        }
         for (i, p) in self.core.iter().enumerate() {
             v.push(format!("core     {i} {}", p.display_url()));
         }

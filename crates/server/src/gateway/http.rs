@@ -1,5 +1,6 @@
 //! The router and the HTTP endpoints: `POST /v1/messages`, `GET /v1/mailbox`,
-//! `POST /v1/mailbox/ack`, `GET /metrics`, `GET /healthz`.
+//! `POST /v1/mailbox/ack`, `GET /metrics`, `GET /healthz` (the last two on the admin
+//! listener instead, when there is one).
 //!
 //! Request bodies go through the same parsers and limits as WebSocket frames; every failure
 //! is an `ErrorBody` with the code's HTTP status.
@@ -29,17 +30,33 @@ use crate::materializer::ShardStatus;
 /// `/healthz` reports a shard whose lag has not moved for this long.
 const STUCK_AFTER: Duration = Duration::from_secs(10);
 
-/// The gateway's routes.
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    Router::new()
-        .route("/v1/ws", get(ws::handler))
-        .route("/v1/messages", post(send_message))
-        .route("/v1/mailbox", get(read_mailbox))
-        .route("/v1/mailbox/ack", post(ack_mailbox))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .fallback(not_found)
-        .with_state(shared)
+/// Which endpoints a listener serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Routes {
+    /// Everything (no admin listener).
+    All,
+    /// The client endpoints only: `/metrics` and `/healthz` are on the admin listener.
+    Public,
+    /// `/metrics` and `/healthz` only (the admin listener; no auth).
+    Admin,
+}
+
+/// The gateway's routes for one listener; anything else is 404 `not_found`.
+pub(crate) fn router(shared: Arc<Shared>, routes: Routes) -> Router {
+    let mut r = Router::new();
+    if routes != Routes::Admin {
+        r = r
+            .route("/v1/ws", get(ws::handler))
+            .route("/v1/messages", post(send_message))
+            .route("/v1/mailbox", get(read_mailbox))
+            .route("/v1/mailbox/ack", post(ack_mailbox));
+    }
+    if routes != Routes::Public {
+        r = r
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(healthz));
+    }
+    r.fallback(not_found).with_state(shared)
 }
 
 /// An error response: `{"error":{"code":…,"message":…}}` with the code's status.

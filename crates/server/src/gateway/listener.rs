@@ -1,20 +1,23 @@
 //! Accepting connections: one HTTP/1.1 connection per accepted socket (hyper, with a
-//! header-read timeout), a cap on open connections, and graceful shutdown.
+//! header-read timeout), optionally inside TLS, a cap on open connections, and graceful
+//! shutdown.
 //!
 //! ```text
 //!   open connections:  1 ..= max            served normally
 //!                      max+1 ..= max+reserve  served for GET /healthz and /metrics only;
 //!                                             anything else: 503 `overloaded`, then close
-//!                      above                  an HTTP 503 `overloaded` written raw, then close
+//!                      above                  an HTTP 503 `overloaded` written raw (after
+//!                                             the TLS handshake on a TLS listener), then close
 //! ```
 //!
-//! A connection counts from `accept` until its socket is closed, WebSocket lifetime included
-//! (the [`ConnSlot`] travels with the upgraded request). A socket whose writes make no
-//! progress for `slow_client_grace` (a response nobody reads) fails and is closed: a
-//! WebSocket sets a longer limit, as it closes a client that does not read by itself. The reserve keeps `/healthz`
-//! answering while the cap is reached. The header-read timeout covers a request's head and
-//! an idle keep-alive connection alike: a socket that sends no complete request head within
-//! it is closed.
+//! A connection counts from `accept` until its socket is closed, TLS handshake and WebSocket
+//! lifetime included (the [`ConnSlot`] travels with the upgraded request). The TLS handshake
+//! runs in the connection's own task, never in the accept loop, and must finish within the
+//! header-read timeout. A socket whose writes make no progress for `slow_client_grace` (a
+//! response nobody reads) fails and is closed: a WebSocket sets a longer limit, as it closes
+//! a client that does not read by itself. The reserve keeps `/healthz` answering while the
+//! cap is reached. The header-read timeout covers a request's head and an idle keep-alive
+//! connection alike: a socket that sends no complete request head within it is closed.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -39,7 +42,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::http::error_response;
-use super::GatewayOptions;
+use super::tls::TlsConfig;
 
 /// How long an open HTTP exchange may take to finish once the gateway stops.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -169,21 +172,34 @@ impl AsyncWrite for StallIo {
     }
 }
 
+/// How one listener serves its connections.
+#[derive(Clone, Debug)]
+pub(crate) struct ListenerConfig {
+    /// Most open connections served normally.
+    pub max: usize,
+    /// Connections above `max` still read, for `/healthz` and `/metrics` only.
+    pub reserve: usize,
+    /// A request head (and a TLS handshake) must arrive within this time.
+    pub header_timeout: Duration,
+    /// A socket's writes may make no progress for this long.
+    pub write_stall: Duration,
+    /// Serve inside TLS.
+    pub tls: Option<TlsConfig>,
+}
+
 /// Serves `app` on `listener` until `stop`, then lets open exchanges finish (each within
 /// [`SHUTDOWN_GRACE`]). Every connection task runs on `tracker`.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
-    opts: &GatewayOptions,
+    cfg: ListenerConfig,
     stop: CancellationToken,
     tracker: TaskTracker,
 ) {
     let open = Arc::new(AtomicUsize::new(0));
     let refusing = Arc::new(AtomicUsize::new(0));
-    let max = opts.max_connections.max(1);
-    let reserve = opts.health_reserve;
-    let header_timeout = opts.header_read_timeout;
-    let write_stall = opts.slow_client_grace;
+    let max = cfg.max.max(1);
+    let reserve = cfg.reserve;
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
@@ -209,11 +225,11 @@ pub(crate) async fn serve(
         if n > max + reserve {
             open.fetch_sub(1, Ordering::AcqRel);
             metrics::counter!("tidemark_connections_refused_total").increment(1);
-            refuse(tcp, &refusing, &tracker);
+            refuse(tcp, cfg.tls.clone(), &refusing, &tracker);
             continue;
         }
         metrics::gauge!("tidemark_open_connections").increment(1.0);
-        let write_stall_ms = Arc::new(AtomicU64::new(write_stall.as_millis() as u64));
+        let write_stall_ms = Arc::new(AtomicU64::new(cfg.write_stall.as_millis() as u64));
         let io = StallIo::new(tcp, write_stall_ms.clone());
         let slot = ConnSlot(Arc::new(SlotGuard {
             open: open.clone(),
@@ -223,26 +239,47 @@ pub(crate) async fn serve(
         if overflow {
             metrics::counter!("tidemark_connections_refused_total").increment(1);
         }
-        tracker.spawn(serve_connection(
-            io,
+        let (app, tls, header_timeout, stop) = (
             app.clone(),
-            slot,
-            overflow,
-            header_timeout,
+            cfg.tls.clone(),
+            cfg.header_timeout,
             stop.clone(),
-        ));
+        );
+        tracker.spawn(async move {
+            let Some(tls) = tls else {
+                return serve_connection(io, app, slot, overflow, header_timeout, stop).await;
+            };
+            // the handshake holds the connection's slot, and is bounded like a request head
+            let handshake = tokio::select! {
+                r = tokio::time::timeout(header_timeout, tls.acceptor().accept(io)) => r,
+                _ = stop.cancelled() => return,
+            };
+            match handshake {
+                Ok(Ok(io)) => serve_connection(io, app, slot, overflow, header_timeout, stop).await,
+                Ok(Err(e)) => {
+                    metrics::counter!("tidemark_tls_handshake_failures_total").increment(1);
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                }
+                Err(_) => {
+                    metrics::counter!("tidemark_tls_handshake_failures_total").increment(1);
+                    tracing::debug!("TLS handshake timed out");
+                }
+            }
+        });
     }
 }
 
 /// Serves one connection; `overflow`: above the cap, only health and metrics are answered.
-async fn serve_connection(
-    io: StallIo,
+async fn serve_connection<I>(
+    io: I,
     app: Router,
     slot: ConnSlot,
     overflow: bool,
     header_timeout: Duration,
     stop: CancellationToken,
-) {
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let inner = TowerToHyperService::new(app);
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let mut req = req.map(Body::new);
@@ -283,20 +320,32 @@ fn full() -> Response {
 }
 
 /// Writes a 503 `overloaded` on a socket above `max + reserve` and closes it, without
-/// parsing anything: at most [`MAX_REFUSING`] at once, each within [`REFUSAL_LINGER`].
-fn refuse(tcp: TcpStream, refusing: &Arc<AtomicUsize>, tracker: &TaskTracker) {
+/// parsing anything (on a TLS listener, after the handshake): at most [`MAX_REFUSING`] at
+/// once, each within [`REFUSAL_LINGER`].
+fn refuse(
+    tcp: TcpStream,
+    tls: Option<TlsConfig>,
+    refusing: &Arc<AtomicUsize>,
+    tracker: &TaskTracker,
+) {
     if refusing.fetch_add(1, Ordering::AcqRel) >= MAX_REFUSING {
         refusing.fetch_sub(1, Ordering::AcqRel);
         return; // dropped: the peer sees the connection closed
     }
     let refusing = refusing.clone();
     tracker.spawn(async move {
-        let _ = tokio::time::timeout(REFUSAL_LINGER, write_refusal(tcp)).await;
+        let _ = tokio::time::timeout(REFUSAL_LINGER, async move {
+            match tls {
+                None => write_refusal(tcp).await,
+                Some(tls) => write_refusal(tls.acceptor().accept(tcp).await?).await,
+            }
+        })
+        .await;
         refusing.fetch_sub(1, Ordering::AcqRel);
     });
 }
 
-async fn write_refusal(mut tcp: TcpStream) -> std::io::Result<()> {
+async fn write_refusal<S: AsyncRead + AsyncWrite + Unpin>(mut io: S) -> std::io::Result<()> {
     let body = serde_json::to_string(&ErrorBody::new(
         ErrorCode::Overloaded,
         "too many open connections; retry later",
@@ -307,13 +356,13 @@ async fn write_refusal(mut tcp: TcpStream) -> std::io::Result<()> {
          content-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
         body.len()
     );
-    tcp.write_all(head.as_bytes()).await?;
-    tcp.write_all(body.as_bytes()).await?;
-    tcp.shutdown().await?;
+    io.write_all(head.as_bytes()).await?;
+    io.write_all(body.as_bytes()).await?;
+    io.shutdown().await?;
     // Read what the client sent until it closes: closing with unread data would reset the
     // connection, and the peer could lose the response.
     let mut sink = [0u8; 1024];
-    while tcp.read(&mut sink).await? > 0 {}
+    while io.read(&mut sink).await? > 0 {}
     Ok(())
 }
 

@@ -9,6 +9,10 @@
 //!   GET  /healthz           200 "ok", or 503 with one problem per line
 //! ```
 //!
+//! With an admin listener (`admin_listen`), `/metrics` and `/healthz` are served there only
+//! (plain HTTP, no auth) and the client listener answers them 404 `not_found`. The client
+//! listener may serve TLS ([`TlsConfig`]: `wss://`, `https://`).
+//!
 //! - **Send** ([`send`]): recipients are grouped by shard and committed to every shard's core
 //!   instance concurrently; `send_ack` once all have committed. At most
 //!   `max_inflight_commits` commits are in flight gateway-wide, and at most a per-user share
@@ -23,10 +27,12 @@
 //!   re-check (missed hints) and by `sync`. Pub/Sub is a hint only, never the data path.
 //! - **Writer**: one task per socket owns the sink and drains a bounded channel; the reader,
 //!   the sender and the delivery loop feed it (the delivery loop waits for room: backpressure).
-//! - **Connections** ([`listener`]): HTTP/1.1 served by hyper with a header-read timeout; at
-//!   most `max_connections` open sockets (WebSockets included), a small reserve above it for
-//!   `/healthz` and `/metrics`, and an HTTP 503 `overloaded` beyond. A WebSocket is pinged
-//!   every `ping_interval` and closed (4002) when nothing arrives for `idle_timeout`.
+//! - **Connections** ([`listener`]): HTTP/1.1 served by hyper with a header-read timeout
+//!   (which bounds a TLS handshake too); at most `max_connections` open sockets (WebSockets
+//!   and TLS connections included), a small reserve above it for `/healthz` and `/metrics`
+//!   (none when they live on the admin listener), and an HTTP 503 `overloaded` beyond. A
+//!   WebSocket is pinged every `ping_interval` and closed (4002) when nothing arrives for
+//!   `idle_timeout`.
 //! - **Memory per client**: a WebSocket's queued outbound frames are bounded in bytes
 //!   (`max_queued_bytes`); a connection whose frames wait for room longer than
 //!   `slow_client_grace` is closed (4003). Mailbox pages are bounded in bytes
@@ -35,6 +41,7 @@
 //! - **Shutdown**: on `cancel` the listener stops, every socket is closed (1001 going away),
 //!   and every task this module spawned is joined before [`serve`] returns.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,9 +58,15 @@ mod listener;
 mod mailbox;
 mod send;
 mod state;
+mod tls;
 mod users;
 mod wake;
 mod ws;
+
+pub use tls::{TlsConfig, TlsError};
+
+/// Most open connections on the admin listener (it serves scrapes and health checks only).
+const ADMIN_MAX_CONNECTIONS: usize = 64;
 
 /// Gateway settings.
 #[derive(Debug, Clone)]
@@ -102,6 +115,11 @@ pub struct GatewayOptions {
     /// it is the page's last); WebSocket delivery reads pages of at most this and
     /// `max_queued_bytes`.
     pub max_page_bytes: usize,
+    /// Serve the client listener inside TLS (`wss://`, `https://`); None: plain.
+    pub tls: Option<TlsConfig>,
+    /// Serve `/metrics` and `/healthz` on this address only (plain HTTP, no auth), and answer
+    /// them 404 on the client listener. Bound by `run::serve` before anything starts.
+    pub admin_listen: Option<SocketAddr>,
 }
 
 impl Default for GatewayOptions {
@@ -124,6 +142,8 @@ impl Default for GatewayOptions {
             max_queued_bytes: 64 * 1024,
             slow_client_grace: Duration::from_secs(30),
             max_page_bytes: 1024 * 1024,
+            tls: None,
+            admin_listen: None,
         }
     }
 }
@@ -153,7 +173,9 @@ impl GatewayError {
     }
 }
 
-/// Serves WebSocket and HTTP on `listener` until `cancel`, then joins every task.
+/// Serves WebSocket and HTTP on `listener` until `cancel`, then joins every task. When
+/// `opts.admin_listen` is set, binds it first and serves `/metrics` and `/healthz` there
+/// ([`serve_listeners`]).
 ///
 /// Connects to every core and mailbox instance of `topology` first (an unreachable instance
 /// is an error here, before anything is served).
@@ -164,11 +186,39 @@ pub async fn serve(
     health: Arc<HealthBoard>,
     cancel: CancellationToken,
 ) -> Result<(), GatewayError> {
+    let admin = match opts.admin_listen {
+        Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
+        None => None,
+    };
+    serve_listeners(listener, admin, topology, opts, health, cancel).await
+}
+
+/// [`serve`] on listeners bound by the caller: `listener` for clients (TLS when `opts.tls`
+/// is set) and, when given, `admin` for `/metrics` and `/healthz` (then `opts.admin_listen`
+/// is ignored).
+pub async fn serve_listeners(
+    listener: tokio::net::TcpListener,
+    admin: Option<tokio::net::TcpListener>,
+    topology: Topology,
+    opts: GatewayOptions,
+    health: Arc<HealthBoard>,
+    cancel: CancellationToken,
+) -> Result<(), GatewayError> {
     topology
         .validate()
         .map_err(|e| GatewayError::Config(e.to_string()))?;
     let mut opts = opts;
-    opts.max_connections = fit_to_open_file_limit(opts.max_connections, opts.health_reserve);
+    if admin.is_some() {
+        // health checks go to the admin listener: no reserve for them here
+        opts.health_reserve = 0;
+    }
+    let fds_reserved = opts.health_reserve
+        + if admin.is_some() {
+            ADMIN_MAX_CONNECTIONS
+        } else {
+            0
+        };
+    opts.max_connections = fit_to_open_file_limit(opts.max_connections, fds_reserved);
     // Our own token: stopping the gateway (also on a listener failure) must not cancel the
     // caller's other services.
     let stop = cancel.child_token();
@@ -194,9 +244,39 @@ pub async fn serve(
     }
 
     let addr = listener.local_addr().ok();
-    tracing::info!(?addr, "gateway listening");
-    let app = http::router(shared.clone());
-    listener::serve(listener, app, &shared.opts, stop.clone(), tracker.clone()).await;
+    let opts = &shared.opts;
+    let client_cfg = listener::ListenerConfig {
+        max: opts.max_connections,
+        reserve: opts.health_reserve,
+        header_timeout: opts.header_read_timeout,
+        write_stall: opts.slow_client_grace,
+        tls: opts.tls.clone(),
+    };
+    let (routes, admin_serve) = match admin {
+        None => (http::Routes::All, None),
+        Some(admin) => {
+            let admin_addr = admin.local_addr().ok();
+            tracing::info!(?admin_addr, "admin listener (/metrics, /healthz) listening");
+            let cfg = listener::ListenerConfig {
+                max: ADMIN_MAX_CONNECTIONS,
+                reserve: 0,
+                tls: None,
+                ..client_cfg.clone()
+            };
+            let app = http::router(shared.clone(), http::Routes::Admin);
+            let serve = listener::serve(admin, app, cfg, stop.clone(), tracker.clone());
+            (http::Routes::Public, Some(serve))
+        }
+    };
+    tracing::info!(?addr, tls = opts.tls.is_some(), "gateway listening");
+    let app = http::router(shared.clone(), routes);
+    let client_serve = listener::serve(listener, app, client_cfg, stop.clone(), tracker.clone());
+    match admin_serve {
+        Some(admin_serve) => {
+            tokio::join!(client_serve, admin_serve);
+        }
+        None => client_serve.await,
+    }
     // Stops sockets and hubs.
     stop.cancel();
     tracker.close();

@@ -70,11 +70,13 @@ pub enum ErrorCode {
     /// is corrupt (fail closed): nothing was committed, so nothing waits there undelivered.
     /// Retryable once an operator has repaired the shard.
     ShardUnavailable,
+    /// The endpoint exists but not with this HTTP method (e.g. `GET /v1/messages`).
+    MethodNotAllowed,
 }
 
 impl ErrorCode {
     /// Every code, in documentation order.
-    pub const ALL: [ErrorCode; 19] = [
+    pub const ALL: [ErrorCode; 20] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::UnknownType,
@@ -94,6 +96,7 @@ impl ErrorCode {
         ErrorCode::IdReused,
         ErrorCode::TooManyConnections,
         ErrorCode::ShardUnavailable,
+        ErrorCode::MethodNotAllowed,
     ];
 
     /// The stable wire string, e.g. `"bad_request"`.
@@ -118,6 +121,7 @@ impl ErrorCode {
             ErrorCode::IdReused => "id_reused",
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::ShardUnavailable => "shard_unavailable",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
         }
     }
 
@@ -152,6 +156,7 @@ impl ErrorCode {
             | ErrorCode::SeqOutOfRange => 400,
             ErrorCode::Unauthorized | ErrorCode::TokenExpired => 401,
             ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
             ErrorCode::FrameTooLarge | ErrorCode::BodyTooLarge => 413,
             ErrorCode::RateLimited | ErrorCode::TooManyConnections => 429,
             ErrorCode::Internal => 500,
@@ -273,6 +278,7 @@ mod tests {
             (IdReused, 422, false),
             (TooManyConnections, 429, true),
             (ShardUnavailable, 503, true),
+            (MethodNotAllowed, 405, false),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, retry) in table {

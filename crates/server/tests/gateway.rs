@@ -702,6 +702,24 @@ async fn http_send_read_ack_round_trip() {
             "bad_request",
         ),
         ("GET", "/v1/nope?user=bob", None, 404, "not_found"),
+        // credentials are checked first: an anonymous caller learns nothing about paths
+        ("GET", "/v1/nope", None, 401, "unauthorized"),
+        ("DELETE", "/v1/mailbox", None, 401, "unauthorized"),
+        // the JSON body for a wrong method too
+        (
+            "GET",
+            "/v1/messages?user=bob",
+            None,
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "DELETE",
+            "/v1/mailbox?user=bob",
+            None,
+            405,
+            "method_not_allowed",
+        ),
     ];
     for (method, path, body, want_status, want_code) in cases {
         let (status, v) = d.http_json(method, path, &[], body.as_deref()).await;

@@ -409,9 +409,12 @@ async fn the_admin_listener_takes_metrics_and_healthz_off_the_public_one() {
         assert_eq!(v["error"]["code"], "not_found", "{path}: {body}");
     }
 
-    // the public listener: 404 (the JSON error body) for both, the client endpoints as before
+    // the public listener: like any unknown path (the JSON error body): 401 without
+    // credentials, 404 with them; the client endpoints as before
     for path in ["/healthz", "/metrics"] {
         let (status, body) = http(addr, "GET", path).await;
+        assert_eq!(status, 401, "{path}: {body}");
+        let (status, body) = http(addr, "GET", &format!("{path}?user=bob")).await;
         assert_eq!(status, 404, "{path}: {body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["error"]["code"], "not_found", "{path}: {body}");

@@ -56,7 +56,17 @@ pub(crate) fn router(shared: Arc<Shared>, routes: Routes) -> Router {
             .route("/metrics", get(metrics))
             .route("/healthz", get(healthz));
     }
-    r.fallback(not_found).with_state(shared)
+    // every error has the JSON body; on the client listener a request without valid
+    // credentials is told so (401) before it learns whether a path or method exists
+    if routes == Routes::Admin {
+        r.fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
+            .with_state(shared)
+    } else {
+        r.fallback(not_found_authenticated)
+            .method_not_allowed_fallback(method_not_allowed_authenticated)
+            .with_state(shared)
+    }
 }
 
 /// An error response: `{"error":{"code":…,"message":…}}` with the code's status.
@@ -84,6 +94,37 @@ fn internal(what: &str, e: &tidemark_store::Error) -> Response {
 
 async fn not_found() -> Response {
     error_response(ErrorCode::NotFound, "no such endpoint")
+}
+
+async fn method_not_allowed() -> Response {
+    error_response(
+        ErrorCode::MethodNotAllowed,
+        "this endpoint does not take this method",
+    )
+}
+
+/// 404, after the credentials check (401 first).
+async fn not_found_authenticated(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    match user_of(&shared, &headers, &uri) {
+        Err(refused) => refused,
+        Ok(_) => not_found().await,
+    }
+}
+
+/// 405, after the credentials check (401 first).
+async fn method_not_allowed_authenticated(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Response {
+    match user_of(&shared, &headers, &uri) {
+        Err(refused) => refused,
+        Ok(_) => method_not_allowed().await,
+    }
 }
 
 /// Authenticates an HTTP request (header token, or `?user=` with dev auth).

@@ -10,7 +10,8 @@
 //! ```
 //!
 //! With an admin listener (`admin_listen`), `/metrics` and `/healthz` are served there only
-//! (plain HTTP, no auth) and the client listener answers them 404 `not_found`. The client
+//! (plain HTTP, no auth) and the client listener answers them like any unknown path (401
+//! without credentials, else 404 `not_found`). The client
 //! listener may serve TLS ([`TlsConfig`]: `wss://`, `https://`).
 //!
 //! - **Send** ([`send`]): recipients are grouped by shard and committed to every shard's core
@@ -243,7 +244,11 @@ pub async fn serve_listeners(
         ));
     }
 
-    let addr = listener.local_addr().ok();
+    // `addr=127.0.0.1:7400` in the logs, not `Some(…)`
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     let opts = &shared.opts;
     let client_cfg = listener::ListenerConfig {
         max: opts.max_connections,
@@ -255,8 +260,11 @@ pub async fn serve_listeners(
     let (routes, admin_serve) = match admin {
         None => (http::Routes::All, None),
         Some(admin) => {
-            let admin_addr = admin.local_addr().ok();
-            tracing::info!(?admin_addr, "admin listener (/metrics, /healthz) listening");
+            let admin_addr = admin
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_default();
+            tracing::info!(%admin_addr, "admin listener (/metrics, /healthz) listening");
             let cfg = listener::ListenerConfig {
                 max: ADMIN_MAX_CONNECTIONS,
                 reserve: 0,
@@ -268,7 +276,7 @@ pub async fn serve_listeners(
             (http::Routes::Public, Some(serve))
         }
     };
-    tracing::info!(?addr, tls = opts.tls.is_some(), "gateway listening");
+    tracing::info!(%addr, tls = opts.tls.is_some(), "gateway listening");
     let app = http::router(shared.clone(), routes);
     let client_serve = listener::serve(listener, app, client_cfg, stop.clone(), tracker.clone());
     match admin_serve {
@@ -281,7 +289,7 @@ pub async fn serve_listeners(
     stop.cancel();
     tracker.close();
     tracker.wait().await;
-    tracing::info!(?addr, "gateway stopped");
+    tracing::info!(%addr, "gateway stopped");
     Ok(())
 }
 

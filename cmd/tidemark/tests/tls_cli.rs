@@ -295,8 +295,11 @@ fn up_serves_metrics_and_healthz_on_the_admin_listener_only() {
     assert_eq!(http_get(admin_port, "/metrics").0, 200);
     assert_eq!(http_get(admin_port, "/v1/mailbox?user=bob").0, 404);
     // …not on the TLS listener, which answers the client endpoints over https
+    // (like any path it does not serve: 401 without credentials, 404 with them)
     for path in ["/healthz", "/metrics"] {
         let (status, body) = https_get(port, &ca, path);
+        assert_eq!(status, 401, "{path}: {body}");
+        let (status, body) = https_get(port, &ca, &format!("{path}?user=bob"));
         assert_eq!(status, 404, "{path}: {body}");
         assert!(body.contains("not_found"), "{path}: {body}");
     }

@@ -383,6 +383,8 @@ async fn a_corrupt_shard_stops_only_itself() {
         "tidemark_task_restarts_total{task=\"materializer\",reason=\"panic\"} 0",
         "# HELP tidemark_shard_lag ",
         "tidemark_build_info{version=",
+        "process_cpu_seconds_total ",
+        "process_resident_memory_bytes ",
     ] {
         assert!(metrics.contains(line), "{line} in {metrics}");
     }

@@ -40,6 +40,40 @@ pub fn count_error(code: tidemark_protocol::ErrorCode) {
     }
 }
 
+/// Sets the standard `process_cpu_seconds_total` (user + system CPU of this process) and
+/// `process_resident_memory_bytes` gauges from `/proc/self` (Linux), so CPU per message can be
+/// computed from `/metrics` alone (issue 15). Does nothing where `/proc` is unreadable.
+pub fn record_process_metrics() {
+    // SAFETY: sysconf only reads configuration values.
+    let (ticks, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // the command name (field 2) may hold spaces: count fields after its closing ')'
+        if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            // after ')': state is field 3, so utime (14) and stime (15) are at 11 and 12
+            if let (Some(u), Some(s)) = (f.get(11), f.get(12)) {
+                if let (Ok(u), Ok(s)) = (u.parse::<f64>(), s.parse::<f64>()) {
+                    if ticks > 0 {
+                        metrics::gauge!("process_cpu_seconds_total").set((u + s) / ticks as f64);
+                    }
+                }
+            }
+        }
+    }
+    if let Ok(statm) = std::fs::read_to_string("/proc/self/statm") {
+        if let Some(Ok(pages)) = statm.split_whitespace().nth(1).map(str::parse::<f64>) {
+            if page > 0 {
+                metrics::gauge!("process_resident_memory_bytes").set(pages * page as f64);
+            }
+        }
+    }
+}
+
 /// Kind of a metric, for [`METRICS`].
 #[derive(Clone, Copy)]
 enum Kind {
@@ -52,6 +86,8 @@ enum Kind {
 /// the label sets listed in [`ZERO_LABELS`]) exist at 0 from start, so an `increase()` alert
 /// sees the first event.
 const METRICS: &[(&str, Kind, &str)] = &[
+    ("process_cpu_seconds_total", Kind::Gauge, "User and system CPU time of this process, seconds."),
+    ("process_resident_memory_bytes", Kind::Gauge, "Resident memory of this process, bytes."),
     ("tidemark_build_info", Kind::Gauge, "Always 1; the label `version` is the build's version."),
     ("tidemark_commits_total", Kind::Counter, "Shard commits (a message to N shards counts N)."),
     ("tidemark_commit_duplicates_total", Kind::Counter, "Shard commits answered from dedupe (resends)."),

@@ -308,6 +308,7 @@ async fn ack_mailbox(
 }
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    crate::telemetry::record_process_metrics();
     for (s, h) in shared.health.snapshot() {
         let shard = s.to_string();
         metrics::gauge!("tidemark_shard_min_w", "shard" => shard.clone()).set(h.min_w as f64);

@@ -325,6 +325,77 @@ async fn older_owner_is_fenced_and_writes_nothing() {
     h2.await.unwrap();
 }
 
+/// Issue 11, item 2: the fence alone stops a stale owner. The owner keeps running while its
+/// shards are fenced (`tidemark shard fence`: the epoch raised, nobody else materialising), so
+/// every write it then tries passes the W check (its record's prev is W): the hot path (one
+/// recipient) and the chunked path (two recipients) both stop the shard as `Fenced` and write
+/// nothing: no mailbox entry, no staging, W unchanged.
+#[tokio::test]
+async fn a_fenced_owner_writes_nothing_although_its_w_check_would_pass() {
+    let mut e = env().await;
+    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    let hot = users_in_distinct_lanes(0, 1);
+    let pair = users_in_distinct_lanes(1, 2);
+    send(&mut e, "s", "warm-0", &[hot[0].as_str()], "before").await;
+    send(&mut e, "s", "warm-1", &[pair[0].as_str()], "before").await;
+    wait_until("first records materialised", || async {
+        min_w(&e, 0).await == 1 && min_w(&e, 1).await == 1
+    })
+    .await;
+    let epoch = health.snapshot()[&0].epoch;
+    let mut fencer = e.mb_store.clone();
+    let new0 = fencer.claim(0).await.unwrap();
+    let new1 = fencer.claim(1).await.unwrap();
+    assert_eq!((new0, new1), (epoch + 1, epoch + 1));
+    send(&mut e, "s", "late-0", &[hot[0].as_str()], "after").await;
+    send(
+        &mut e,
+        "s",
+        "late-1",
+        &[pair[0].as_str(), pair[1].as_str()],
+        "after",
+    )
+    .await;
+    wait_until("both shards fenced", || async {
+        let snap = health.snapshot();
+        snap[&0].status
+            == ShardStatus::Fenced {
+                current_epoch: Some(new0),
+            }
+            && snap[&1].status
+                == ShardStatus::Fenced {
+                    current_epoch: Some(new1),
+                }
+    })
+    .await;
+    // a few more loop turns: still nothing written
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!((min_w(&e, 0).await, min_w(&e, 1).await), (1, 1));
+    assert_eq!(
+        mailbox(&e, &hot[0]).await.len(),
+        1,
+        "no entry after the fence"
+    );
+    assert_eq!(
+        mailbox(&e, &pair[0]).await.len(),
+        1,
+        "no entry after the fence"
+    );
+    assert!(
+        mailbox(&e, &pair[1]).await.is_empty(),
+        "no entry after the fence"
+    );
+    let mut c = e.mb_store.connection();
+    let staged: u64 = c.zcard(keys::staging_index(1)).await.unwrap();
+    assert_eq!(staged, 0, "no lane chunk staged after the fence");
+    assert!(health
+        .problems(Duration::from_secs(3600))
+        .iter()
+        .any(|p| p.starts_with("shard 0: Fenced")));
+    cancel.cancel();
+    h.await.unwrap();
+}
+
 #[tokio::test]
 async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
     let mut e = env().await;

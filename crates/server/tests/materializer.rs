@@ -450,6 +450,114 @@ async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
     h.await.unwrap();
 }
 
+/// Fails every chunk of one lane while `on`.
+struct HoldLane {
+    shard: u32,
+    lane: usize,
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl ChunkFault for HoldLane {
+    fn fail(&self, shard: u32, _offset: u64, lane: usize, _attempt: u32) -> bool {
+        shard == self.shard && lane == self.lane && self.on.load(Ordering::SeqCst)
+    }
+}
+
+/// Issue 11, item 4: GC while the lanes of a shard differ goes by the *lowest* W. One lane is
+/// held at 0 by failing chunks while the others reach 2; GC runs many times meanwhile (it
+/// collects another shard): the held lane's records stay in the core log and in staging. A
+/// new owner (the first stopped while the lane is held, the fault gone) re-reads them from the
+/// log and delivers them. GC by the highest W would drop the staging and trim records 1 and 2
+/// from the log: the new owner would find a discontinuity and never deliver.
+#[tokio::test]
+async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
+    let mut e = env().await;
+    let us = users_in_distinct_lanes(0, 2);
+    let (held_user, other) = (us[0].as_str(), us[1].as_str());
+    let fault = Arc::new(HoldLane {
+        shard: 0,
+        lane: route(held_user, SHARDS).lane,
+        on: true.into(),
+    });
+    let opts = MaterializerOptions {
+        fault: Some(fault.clone()),
+        ..fast_opts()
+    };
+    let (cancel, h, _health) = start_worker(&e, opts).await;
+    send(&mut e, "s", "g1", &[held_user, other], "held").await;
+    send(&mut e, "s", "g2", &[other], "later").await;
+    // shard 1 gets a two-recipient record too: its staging is collected, so GC is running
+    let pair1 = users_in_distinct_lanes(1, 2);
+    send(&mut e, "s", "g3", &[&pair1[0], &pair1[1]], "x").await;
+    wait_until("the other lane at 2, shard 1 collected", || async {
+        let wm = e.mb_store.clone().read_watermark(0).await.unwrap();
+        let mut c = e.mb_store.connection();
+        let staged1: u64 = c.zcard(keys::staging_index(1)).await.unwrap();
+        let log1 = e.core_store.clone().log_len(1).await.unwrap();
+        wm.lanes.lane(route(other, SHARDS).lane).w == 2 && staged1 == 0 && log1 == 0
+    })
+    .await;
+    // many GC intervals (100 ms) while the lanes differ
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let wm = e.mb_store.read_watermark(0).await.unwrap();
+    assert_eq!(
+        (wm.lanes.min_present_w(), wm.lanes.max_present_w()),
+        (Some(0), Some(2)),
+        "the lanes differ"
+    );
+    let kept: Vec<u64> = e
+        .core_store
+        .clone()
+        .read_after(0, 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.offset)
+        .collect();
+    assert_eq!(kept, vec![1, 2], "the held lane's records stay in the log");
+    let mut c = e.mb_store.connection();
+    let staged: Vec<u64> = c.zrange(keys::staging_index(0), 0, -1).await.unwrap();
+    // (record 2 went through the chunked path too: the watermark was not uniform)
+    assert_eq!(
+        staged,
+        vec![1, 2],
+        "staging state above the lowest W is kept"
+    );
+    let lanes_done: Vec<String> = c.hkeys(keys::staging(0, 1)).await.unwrap();
+    assert_eq!(
+        lanes_done,
+        vec![route(other, SHARDS).lane.to_string()],
+        "with the other lane's chunk marked durable"
+    );
+    assert!(mailbox(&e, held_user).await.is_empty());
+    // the owner goes away while the lane is held; a new one (no fault) delivers from the log
+    cancel.cancel();
+    h.await.unwrap();
+    let (cancel, h, _health) = start_worker(&e, fast_opts()).await;
+    wait_until("the held lane catches up", || async {
+        min_w(&e, 0).await == 2
+    })
+    .await;
+    assert_eq!(mailbox(&e, held_user).await, vec![(1, "held".to_string())]);
+    assert_eq!(
+        mailbox(&e, other).await,
+        vec![(1, "held".to_string()), (2, "later".to_string())]
+    );
+    // and now GC may take everything
+    wait_until("collected once every lane passed", || async {
+        let staged: u64 = e
+            .mb_store
+            .connection()
+            .zcard(keys::staging_index(0))
+            .await
+            .unwrap();
+        staged == 0 && e.core_store.clone().log_len(0).await.unwrap() == 0
+    })
+    .await;
+    cancel.cancel();
+    h.await.unwrap();
+}
+
 /// `n` user ids of shard `s`, each in a different lane.
 fn users_in_distinct_lanes(s: u32, n: usize) -> Vec<String> {
     let mut lanes = std::collections::BTreeSet::new();

@@ -1,5 +1,7 @@
 //! The materializer against real core and mailbox redis-servers: log order, exactly once,
-//! held lanes and convergence, fencing, GC, resume after restart.
+//! held lanes and convergence, fencing (by the epoch alone), GC by the lowest W while lanes
+//! differ, resume after restart, gaps and log discontinuities re-read from W, and the hot
+//! path's hand-off to the chunked path.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -801,6 +803,138 @@ async fn a_log_discontinuity_holds_only_its_shard() {
     );
     assert_eq!(health.snapshot()[&1].status, ShardStatus::Running);
     assert_eq!(min_w(&e, 0).await, 0, "nothing materialised past the hole");
+    // Issue 11, item 9: the re-check resyncs. The operator accepts the loss (`shard rebase`):
+    // W moves to the record before the log's first; within a re-check (5 s) the held shards
+    // run again, shard 0 delivers records 3..5 and shard 2 (log empty, W at the head) is idle.
+    let mut st = e.mb_store.clone();
+    st.rebase_lanes(0, 2).await.unwrap();
+    st.rebase_lanes(2, 2).await.unwrap();
+    let start = Instant::now();
+    wait_until("the held shards resume", || async {
+        let snap = health.snapshot();
+        min_w(&e, 0).await == 5
+            && snap[&0].status == ShardStatus::Running
+            && snap[&2].status == ShardStatus::Running
+    })
+    .await;
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let seqs: Vec<u64> = mailbox(&e, &u0).await.into_iter().map(|(s, _)| s).collect();
+    assert_eq!(seqs, vec![3, 4, 5]);
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+/// Issue 11, item 9: a gap (a record whose prev is above W: W moved back under a running owner,
+/// as a mailbox restore does, while the log still holds the records) makes the owner re-read
+/// from W, on the hot path (one recipient, `Materialized::Gap`) and on the chunked path (two
+/// recipients, `Advance::Gap`). Without the re-read the owner would wait for ever: its read
+/// position is past records 2 and 3, and nothing else re-reads them.
+#[tokio::test]
+async fn a_gap_makes_the_owner_reread_from_w() {
+    use tidemark_store::redis::watermark::{encode_blob, LaneRecord, LaneWatermarks};
+    let mut e = env().await;
+    // GC (and its trim of the log) must not run after the start: the log keeps 1..3
+    let opts = MaterializerOptions {
+        gc_interval: Duration::from_secs(3600),
+        ..fast_opts()
+    };
+    let (cancel, h, _health) = start_worker(&e, opts).await;
+    let hot = users_in_distinct_lanes(0, 1).pop().unwrap();
+    let pair = users_in_distinct_lanes(1, 2);
+    let pair: Vec<&str> = pair.iter().map(String::as_str).collect();
+    for i in 1..=3 {
+        send(&mut e, "s", &format!("h{i}"), &[&hot], &format!("n{i}")).await;
+        send(&mut e, "s", &format!("c{i}"), &pair, &format!("n{i}")).await;
+    }
+    wait_until("both shards at 3", || async {
+        min_w(&e, 0).await == 3 && min_w(&e, 1).await == 3
+    })
+    .await;
+    // the mailbox side moves back to W = 1 (watermark, entries, staging), same epoch
+    let mut c = e.mb_store.connection();
+    for (s, users) in [(0u32, vec![hot.as_str()]), (1, pair.clone())] {
+        let lanes = LaneWatermarks::uniform(LaneRecord::at(1, 0));
+        let _: () = c
+            .hset(
+                keys::wm(s),
+                "wm_blob",
+                encode_blob(Layout::PackedV2, &lanes),
+            )
+            .await
+            .unwrap();
+        for u in users {
+            let _: () = c
+                .zrembyscore(keys::mailbox(s, u), "(1", "+inf")
+                .await
+                .unwrap();
+        }
+        for o in 2..=3 {
+            let _: () = c.del(keys::staging(s, o)).await.unwrap();
+            let _: () = c.zrem(keys::staging_index(s), o).await.unwrap();
+        }
+    }
+    assert_eq!(mailbox(&e, &hot).await.len(), 1);
+    // record 4 of each shard has prev 3 > W = 1: a gap
+    send(&mut e, "s", "h4", &[&hot], "n4").await;
+    send(&mut e, "s", "c4", &pair, "n4").await;
+    wait_until("both shards re-read from W and reach 4", || async {
+        min_w(&e, 0).await == 4 && min_w(&e, 1).await == 4
+    })
+    .await;
+    let want: Vec<(u64, String)> = (1..=4).map(|i| (i, format!("n{i}"))).collect();
+    assert_eq!(mailbox(&e, &hot).await, want, "hot path");
+    for u in &pair {
+        assert_eq!(mailbox(&e, u).await, want, "chunked path, {u}");
+    }
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+/// Issue 11, item 9: the hot path hands a record it cannot take (`NotUniform`: here the
+/// watermark is still packed-v1, which only the chunked path rewrites) to the chunked path,
+/// together with every later record of the same batch, in order. Three one-recipient records
+/// committed before the owner starts arrive in one read; all are delivered once, in order,
+/// the watermark becomes packed-v2 (19 bytes), and the hot path takes the next record.
+#[tokio::test]
+async fn the_hot_path_hands_a_not_uniform_batch_to_the_chunked_path() {
+    let mut e = env().await;
+    let s = 0;
+    e.mb_store
+        .init_watermark(s, Layout::PackedV1, 1, 0, true)
+        .await
+        .unwrap();
+    let us = users_in_distinct_lanes(s, 3);
+    for (i, u) in us.iter().enumerate() {
+        send(
+            &mut e,
+            "s",
+            &format!("v{i}"),
+            &[u.as_str()],
+            &format!("n{i}"),
+        )
+        .await;
+    }
+    let (cancel, h, _health) = start_worker(&e, fast_opts()).await;
+    wait_until("the batch is materialised", || async {
+        min_w(&e, s).await == 3
+    })
+    .await;
+    for (i, u) in us.iter().enumerate() {
+        assert_eq!(
+            mailbox(&e, u).await,
+            vec![(i as u64 + 1, format!("n{i}"))],
+            "{u}"
+        );
+    }
+    let wm = e.mb_store.read_watermark(s).await.unwrap();
+    assert_eq!((wm.layout, wm.blob_len), (Layout::PackedV2, 19));
+    send(&mut e, "s", "v3", &[us[0].as_str()], "n3").await;
+    wait_until("the next record", || async { min_w(&e, s).await == 4 }).await;
+    assert_eq!(mailbox(&e, &us[0]).await.len(), 2);
     cancel.cancel();
     h.await.unwrap();
 }

@@ -102,6 +102,9 @@ pub struct GatewayOptions {
     /// it is the page's last); WebSocket delivery reads pages of at most this and
     /// `max_queued_bytes`.
     pub max_page_bytes: usize,
+    /// `/healthz` reports a shard whose W has stayed below its log head, without moving, for
+    /// this long (`stuck at W=…`).
+    pub stuck_after: Duration,
 }
 
 impl Default for GatewayOptions {
@@ -124,6 +127,7 @@ impl Default for GatewayOptions {
             max_queued_bytes: 64 * 1024,
             slow_client_grace: Duration::from_secs(30),
             max_page_bytes: 1024 * 1024,
+            stuck_after: Duration::from_secs(10),
         }
     }
 }

@@ -1357,10 +1357,11 @@ async fn healthz_reports_a_stuck_shard_and_recovers() {
     assert_eq!((status, text.as_str()), (200, "ok"));
     let mut alice = d.ws_user("alice").await;
     alice.recv().await;
+    // (W moves last when the other lanes take the record: after this instant)
+    let sent = std::time::Instant::now();
     let o = alice.send_ok("st-1", &["bob", n.as_str()], "held").await;
     let s = shard_of("bob");
     let head = offset_of(&o, "bob");
-    let sent = std::time::Instant::now();
     let want = format!("shard {s}: stuck at W=0 with head {head} for ");
     let deadline = tokio::time::Instant::now() + WAIT;
     let (status, text) = loop {

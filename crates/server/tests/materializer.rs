@@ -837,12 +837,19 @@ async fn a_log_discontinuity_holds_only_its_shard() {
 async fn a_gap_makes_the_owner_reread_from_w() {
     use tidemark_store::redis::watermark::{encode_blob, LaneRecord, LaneWatermarks};
     let mut e = env().await;
-    // GC (and its trim of the log) must not run after the start: the log keeps 1..3
+    // GC (and its trim of the log) runs once at the start, then not for an hour: the log
+    // keeps records 1..3. A record of shard 3 committed first shows when that GC has run.
+    let marker = users_in_distinct_lanes(3, 1).pop().unwrap();
+    send(&mut e, "s", "marker", &[&marker], "x").await;
     let opts = MaterializerOptions {
         gc_interval: Duration::from_secs(3600),
         ..fast_opts()
     };
-    let (cancel, h, _health) = start_worker(&e, opts).await;
+    let (cancel, h, health) = start_worker(&e, opts).await;
+    wait_until("the first GC ran", || async {
+        health.snapshot().get(&3).is_some_and(|h| h.head == 1)
+    })
+    .await;
     let hot = users_in_distinct_lanes(0, 1).pop().unwrap();
     let pair = users_in_distinct_lanes(1, 2);
     let pair: Vec<&str> = pair.iter().map(String::as_str).collect();

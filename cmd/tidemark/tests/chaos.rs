@@ -4,8 +4,17 @@
 //! and a share of lane chunk writes fails. Clients resend unacknowledged messages with the same
 //! id. Afterwards, from the clients and from Redis directly: every acknowledged message is in
 //! every recipient's mailbox exactly once, in log order; no client saw an entry that later
-//! appeared below one it had seen; W is never above an incompletely materialised record; every
-//! watermark passes `tidemark wm verify`.
+//! appeared below one it had seen; every watermark passes `tidemark wm verify`.
+//!
+//! While the faults happen, a sampler reads every user's lane W and mailbox again and again
+//! and checks, each time: W is never above an acknowledged record that is not in the mailbox
+//! (W never passes an incompletely materialised record), the entries at or below an earlier
+//! W never change (no entry ever appears below what a reader could already see), and every
+//! entry's seq is its score. So a transient violation fails the run, not only a lasting one.
+//!
+//! At each zombie-owner step the old owner must be seen fenced on every shard: its log says
+//! `shard stopped … Fenced`, its `/healthz` names each shard `Fenced`, and its
+//! `tidemark_shard_fenced_total` counts them.
 //!
 //! Size: `TIDEMARK_CHAOS_SECS` (default 25) seconds of faults, `TIDEMARK_CHAOS_USERS`
 //! (default 24) users. Larger: `TIDEMARK_CHAOS_SECS=300 TIDEMARK_CHAOS_USERS=200 cargo test
@@ -40,10 +49,15 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// A `tidemark serve` child process, SIGKILLed on drop (and on our death).
 struct Serve {
     child: Child,
+    /// Its stderr (log lines at ERROR and above).
+    log: std::path::PathBuf,
 }
 
 impl Serve {
     fn start(core: &str, mailbox: &str, port: u16) -> Serve {
+        static STARTS: AtomicU64 = AtomicU64::new(0);
+        let n = STARTS.fetch_add(1, Ordering::SeqCst);
+        let log = tempfile_path(&format!("serve-{n}-{port}.log"));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
         cmd.args([
             "serve",
@@ -61,10 +75,15 @@ impl Serve {
         ])
         .env("RUST_LOG", "error")
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(std::fs::File::create(&log).unwrap());
         Serve {
             child: support::spawn_killed_with_us(&mut cmd),
+            log,
         }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn kill9(&mut self) {
@@ -152,6 +171,220 @@ struct Sent {
     offsets: BTreeMap<u32, u64>,
 }
 
+/// What the sampler found while the faults happened.
+#[derive(Default)]
+struct Samples {
+    /// Rounds in which every user was read.
+    rounds: u64,
+    /// (user, acknowledged record at or below the user's lane W) pairs checked.
+    below_w_checked: u64,
+    /// Broken invariants (the first few are kept in `examples`).
+    violations: u64,
+    examples: Vec<String>,
+}
+
+impl Samples {
+    fn violation(&mut self, what: String) {
+        self.violations += 1;
+        if self.examples.len() < 10 {
+            self.examples.push(what);
+        }
+    }
+}
+
+/// Per user: the lane W of the previous round and the mailbox seqs at or below it.
+type Seen = BTreeMap<String, (u64, Vec<u64>)>;
+
+/// One sampler round: the acknowledged offsets first, then every shard's watermark, then every
+/// mailbox (so a record acknowledged before the round and at or below W must be there).
+async fn sample_round(
+    store: &mut Store,
+    users: &[String],
+    sent: &Mutex<Vec<Sent>>,
+    seen: &mut Seen,
+    out: &Mutex<Samples>,
+) -> Result<(), String> {
+    let mut acked: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    for m in sent.lock().await.iter() {
+        for r in &m.to {
+            if let Some(u) = users.iter().find(|u| *u == r) {
+                acked
+                    .entry(u.as_str())
+                    .or_default()
+                    .push(m.offsets[&route(r, SHARDS).shard]);
+            }
+        }
+    }
+    let mut wms = BTreeMap::new();
+    for s in 0..SHARDS {
+        let wm = store.read_watermark(s).await.map_err(|e| e.to_string())?;
+        wms.insert(s, wm);
+    }
+    let mut conn = store.connection();
+    let mut found = Vec::new();
+    for u in users {
+        let r = route(u, SHARDS);
+        let members: Vec<(Vec<u8>, f64)> = conn
+            .zrange_withscores(keys::mailbox(r.shard, u), 0, -1)
+            .await
+            .map_err(|e| e.to_string())?;
+        found.push((u, r, members));
+    }
+    let mut out = out.lock().await;
+    for (u, r, members) in found {
+        let lane = wms[&r.shard].lanes.lane(r.lane);
+        let w = lane.w;
+        let mut scores = Vec::with_capacity(members.len());
+        for (m, score) in &members {
+            let score = *score as u64;
+            match tidemark_protocol::entry::decode_entry(m) {
+                Ok(e) if e.seq == score => {}
+                other => out.violation(format!("{u}: entry at score {score} is {other:?}")),
+            }
+            if scores.last().is_some_and(|&l| l >= score) {
+                out.violation(format!("{u}: scores not strictly ascending at {score}"));
+            }
+            scores.push(score);
+        }
+        for &a in acked.get(u.as_str()).into_iter().flatten() {
+            if a <= w {
+                out.below_w_checked += 1;
+                if scores.binary_search(&a).is_err() {
+                    out.violation(format!(
+                        "{u}: lane {} W={w} but acknowledged record {a} is not in the mailbox",
+                        r.lane
+                    ));
+                }
+            }
+        }
+        let visible: Vec<u64> = scores.iter().copied().filter(|&s| s <= w).collect();
+        if let Some((pw, pv)) = seen.get(u.as_str()) {
+            let now: Vec<u64> = scores.iter().copied().filter(|s| s <= pw).collect();
+            if w < *pw {
+                out.violation(format!("{u}: lane W moved back from {pw} to {w}"));
+            }
+            if &now != pv {
+                let added: Vec<u64> = now.iter().filter(|s| !pv.contains(s)).copied().collect();
+                let gone: Vec<u64> = pv.iter().filter(|s| !now.contains(s)).copied().collect();
+                out.violation(format!(
+                    "{u}: entries at or below an earlier W={pw} changed: {added:?} appeared, \
+                     {gone:?} vanished"
+                ));
+            }
+        }
+        seen.insert(u.clone(), (w, visible));
+    }
+    out.rounds += 1;
+    Ok(())
+}
+
+/// Samples until `stop`; a round that fails (Redis restarting, a connection killed) is
+/// dropped and the connection made again.
+async fn sampler(
+    mb_url: String,
+    users: Vec<String>,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    out: Arc<Mutex<Samples>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut store: Option<Store> = None;
+    let mut seen = Seen::new();
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if store.is_none() {
+            store = tokio::time::timeout(
+                Duration::from_secs(2),
+                Store::connect(&mb_url, Layout::PackedV2),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok);
+        }
+        let Some(st) = store.as_mut() else { continue };
+        let round = sample_round(st, &users, &sent, &mut seen, &out);
+        if !matches!(
+            tokio::time::timeout(Duration::from_secs(3), round).await,
+            Ok(Ok(()))
+        ) {
+            store = None;
+        }
+    }
+}
+
+fn assert_no_violations(samples: &Samples, when: &str) {
+    assert!(
+        samples.violations == 0,
+        "{when}: {} violations in {} sampler rounds, e.g.\n{}",
+        samples.violations,
+        samples.rounds,
+        samples.examples.join("\n")
+    );
+}
+
+/// The value of an unlabelled counter in a `/metrics` text.
+fn counter(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The zombie step's check: after another owner claimed every shard, the old one (still
+/// running on `port`) stops each shard as fenced once it tries to write there: `/healthz`
+/// names every shard `Fenced`, its log has `shard stopped … Fenced` for each, and
+/// `tidemark_shard_fenced_total` counts them. `probe` sends one message to every shard through
+/// the new owner's gateway, so each shard has a record to write.
+async fn assert_fenced(old: &Serve, port: u16, probe: &Client, round: u32) {
+    let to: Vec<String> = (0u32..)
+        .map(|i| format!("fence-probe-{i}"))
+        .scan(BTreeSet::new(), |shards, u| {
+            Some(shards.insert(route(&u, SHARDS).shard).then_some(u))
+        })
+        .flatten()
+        .take(SHARDS as usize)
+        .collect();
+    probe
+        .send_and_wait(
+            &format!("probe-{round}"),
+            &to,
+            "probe",
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("probe sent through the new owner");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, body) = support::http_get(port, "/healthz");
+        let fenced = (0..SHARDS)
+            .filter(|s| body.contains(&format!("shard {s}: Fenced {{")))
+            .count();
+        if status == 503 && fenced == SHARDS as usize {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "round {round}: the old owner is not fenced on every shard: /healthz {status}: \
+             {body}\n---- its log ----\n{}",
+            old.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (_, metrics) = support::http_get(port, "/metrics");
+    assert_eq!(
+        counter(&metrics, "tidemark_shard_fenced_total"),
+        Some(SHARDS as f64),
+        "round {round}: tidemark_shard_fenced_total"
+    );
+    let log = old.log_text();
+    for s in 0..SHARDS {
+        assert!(
+            log.lines().any(|l| l.contains("shard stopped")
+                && l.contains(&format!("shard={s} "))
+                && l.contains("Fenced")),
+            "round {round}: no `shard stopped shard={s} … Fenced` in the old owner's log:\n{log}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
     let secs = env_u64("TIDEMARK_CHAOS_SECS", 25);
@@ -236,6 +469,17 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
         }));
     }
 
+    // the sampler, from the first fault to the end of the drain
+    let samples: Arc<Mutex<Samples>> = Arc::default();
+    let stop_sampler = Arc::new(AtomicBool::new(false));
+    let sampler_task = tokio::spawn(sampler(
+        mb_url.clone(),
+        users.clone(),
+        sent.clone(),
+        samples.clone(),
+        stop_sampler.clone(),
+    ));
+
     // faults, from this (main) thread: RedisProcess restarts keep their parent-death signal
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
     let start = Instant::now();
@@ -284,7 +528,15 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
                 // epoch and must fail closed; then the first is restarted and fences it back
                 let mut b = Serve::start(&core_url, &mb_url, port_b);
                 wait_listening(port_b).await;
-                tokio::time::sleep(Duration::from_millis(800)).await;
+                let probe = connect_retry(
+                    &format!("ws://127.0.0.1:{port_b}/v1/ws"),
+                    "prober",
+                    &AtomicBool::new(false),
+                )
+                .await
+                .expect("connected to the new owner");
+                assert_fenced(&serve, port, &probe, round).await;
+                drop(probe);
                 serve.kill9();
                 serve = Serve::start(&core_url, &mb_url, port);
                 wait_listening(port).await;
@@ -298,16 +550,23 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
     for t in tx_tasks {
         t.await.unwrap();
     }
-    let sent = std::mem::take(&mut *sent.lock().await);
+    // what the sampler saw while the faults happened (it goes on through the drain)
+    assert_no_violations(&*samples.lock().await, "while the faults happened");
+    let sent_all: Vec<(Vec<String>, BTreeMap<u32, u64>)> = sent
+        .lock()
+        .await
+        .iter()
+        .map(|m| (m.to.clone(), m.offsets.clone()))
+        .collect();
 
     // expected: per recipient, the offsets of its shard, in log order
     let mut expected: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for s in &sent {
-        for r in &s.to {
+    for (to, offsets) in &sent_all {
+        for r in to {
             expected
                 .entry(r.as_str())
                 .or_default()
-                .push(s.offsets[&route(r, SHARDS).shard]);
+                .push(offsets[&route(r, SHARDS).shard]);
         }
     }
     for v in expected.values_mut() {
@@ -326,16 +585,18 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
         if missing == 0 {
             break;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{missing} deliveries missing after drain"
-        );
+        if Instant::now() >= deadline {
+            assert_no_violations(&*samples.lock().await, "during the drain");
+            panic!("{missing} deliveries missing after drain");
+        }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     stop_rx.store(true, Ordering::SeqCst);
     for t in rx_tasks {
         t.await.unwrap();
     }
+    stop_sampler.store(true, Ordering::SeqCst);
+    sampler_task.await.unwrap();
 
     // from Redis directly
     let client = redis::Client::open(mb_url.as_str()).unwrap();
@@ -355,20 +616,19 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
         let bodies: BTreeSet<&str> = entries.iter().map(|e| e.body.as_str()).collect();
         duplicated += entries.len() - bodies.len(); // one message committed twice
         lost += want.iter().filter(|s| !seqs.contains(s)).count();
-        let mut sorted = seqs.clone();
-        sorted.sort_unstable();
-        assert_eq!(seqs, sorted);
+        // (order and seq == score were checked by the sampler all along)
         let rx = receivers[i].lock().await;
         reordered += rx.reordered;
         assert_eq!(
             seqs, want,
             "mailbox of {u}: exactly the acknowledged messages"
         );
-        // W never above an incompletely materialised record: every acked record at or
-        // below the lane's W is in the mailbox
         let wm = store.read_watermark(r.shard).await.unwrap();
         let w = wm.lanes.lane(r.lane).w;
-        assert!(want.iter().filter(|&&s| s <= w).all(|s| seqs.contains(s)));
+        assert!(
+            want.last().is_none_or(|&last| w >= last),
+            "{u}: W={w} below its last record after the drain"
+        );
     }
     let verify = Command::new(env!("CARGO_BIN_EXE_tidemark"))
         .args(["wm", "verify", "--redis", &mb_url])
@@ -376,16 +636,30 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
         .unwrap();
     assert!(verify.status.success(), "{verify:?}");
     let fault_list: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let samples = samples.lock().await;
+    println!(
+        "chaos sampler: {} rounds, {} (user, record at or below W) checks, {} violations",
+        samples.rounds, samples.below_w_checked, samples.violations
+    );
+    assert_no_violations(&samples, "during the drain");
+    assert!(
+        samples.rounds >= 20 && samples.below_w_checked > 0,
+        "the sampler ran during the faults"
+    );
     println!(
         "chaos: {} messages ({} deliveries, {} resends), faults: {} + chunk_fail 20%; \
          lost {lost}, duplicated {duplicated}, reordered {reordered}",
-        sent.len(),
+        sent_all.len(),
         total,
         resends.load(Ordering::SeqCst),
         fault_list.join(" ")
     );
     assert_eq!((lost, duplicated, reordered), (0, 0, 0));
-    assert!(sent.len() > 50, "the load ran ({} messages)", sent.len());
+    assert!(
+        sent_all.len() > 50,
+        "the load ran ({} messages)",
+        sent_all.len()
+    );
     drop(serve);
 }
 
@@ -457,6 +731,7 @@ fn serve_logged(core: &str, mailbox: &str, port: u16, log: &std::path::Path) -> 
     .stderr(std::fs::File::create(log).unwrap());
     Serve {
         child: support::spawn_killed_with_us(&mut cmd),
+        log: log.to_path_buf(),
     }
 }
 

@@ -23,6 +23,8 @@ pub mod close;
 pub mod entry;
 pub mod error;
 pub mod frames;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod secret;
 pub mod token;

@@ -1,13 +1,54 @@
-//! Replays the committed fuzz seed corpus (`fuzz/corpus/parse_frame/`) through the parsers, so
-//! the seeds are exercised by plain `cargo test`, without nightly or cargo-fuzz.
-//!
-//! Every file must parse without panicking. Seeds named `valid_*` must be accepted and
-//! `hostile_*` rejected; other files (e.g. inputs a fuzzing run added) only must not panic.
+//! Replays the committed fuzz seed corpus (`fuzz/corpus/parse_frame/`) through the fuzz
+//! target's own checks (`tidemark_protocol::fuzzing::check`: no panic, round trips of every
+//! accepted input, consistent error codes and echoed ids), under the default limits and under
+//! small ones, so the corpus is exercised by plain `cargo test`, without nightly or
+//! cargo-fuzz. Seeds named `valid_*` must be accepted as frames and `hostile_*` refused with
+//! the code (and echoed id) the protocol documents for them.
 
 use std::fs;
 use std::path::Path;
 
-use tidemark_protocol::{parse_ack_request, parse_client_frame, parse_send_request, Limits};
+use tidemark_protocol::fuzzing::check;
+use tidemark_protocol::{parse_client_frame, Limits};
+
+fn small_limits() -> Limits {
+    Limits {
+        max_frame_bytes: 512,
+        max_body_bytes: 8,
+        max_recipients: 3,
+        max_id_bytes: 4,
+        max_page_entries: 5,
+        default_page_entries: 2,
+    }
+}
+
+/// The documented refusal of each hostile seed: (code, echoed client id).
+fn expected_refusal(name: &str) -> Option<(&'static str, Option<&'static str>)> {
+    let c1 = Some("c-1");
+    Some(match name.split('.').next()? {
+        "hostile_array" => ("bad_json", None),
+        "hostile_body_too_large" => ("body_too_large", c1),
+        "hostile_deep_nesting" => ("bad_json", None),
+        "hostile_dup_recipient" => ("bad_recipient", c1),
+        "hostile_empty_id" => ("bad_id", None),
+        "hostile_empty_recipient" => ("bad_recipient", c1),
+        "hostile_lone_surrogate" => ("bad_json", None),
+        "hostile_long_recipient" => ("bad_recipient", c1),
+        "hostile_missing_type" => ("bad_request", None),
+        "hostile_not_json" => ("bad_json", None),
+        "hostile_seq_2pow48" => ("seq_out_of_range", None),
+        "hostile_seq_exponent" => ("seq_out_of_range", None), // a number above 2^48-1
+        "hostile_seq_float" => ("bad_request", None),
+        "hostile_seq_negative" => ("seq_out_of_range", None),
+        "hostile_seq_string" => ("bad_request", None),
+        "hostile_to_numbers" => ("bad_request", c1),
+        "hostile_to_string" => ("bad_request", c1),
+        "hostile_too_many_recipients" => ("too_many_recipients", c1),
+        "hostile_truncated" => ("bad_json", None),
+        "hostile_unknown_type" => ("unknown_type", None),
+        _ => return None,
+    })
+}
 
 #[test]
 fn replay_seed_corpus() {
@@ -15,34 +56,43 @@ fn replay_seed_corpus() {
     let limits = Limits::default();
     let mut files = 0;
     let (mut valid, mut hostile) = (0, 0);
+    let (mut accepted, mut refused) = (0, 0);
     for entry in fs::read_dir(&dir).expect("seed corpus directory exists") {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let data = fs::read(&path).unwrap();
         files += 1;
-
-        let _ = parse_send_request(&data, &limits);
-        let _ = parse_ack_request(&data, &limits);
-        let Ok(text) = std::str::from_utf8(&data) else {
-            continue;
-        };
-        let result = parse_client_frame(text, &limits);
+        for l in [&limits, &small_limits()] {
+            if let Err(broken) = check(&data, l) {
+                panic!("{name} (limits {l:?}): {broken}");
+            }
+        }
+        let seen = check(&data, &limits).unwrap();
+        if seen.frame_accepted {
+            accepted += 1;
+        } else {
+            refused += 1;
+        }
         if name.starts_with("valid_") {
             valid += 1;
-            let frame = result.unwrap_or_else(|e| panic!("{name}: rejected: {e}"));
-            assert_eq!(
-                parse_client_frame(&frame.to_json(), &limits).as_ref(),
-                Ok(&frame),
-                "{name}: round trip"
-            );
+            assert!(seen.frame_accepted, "{name}: rejected");
         } else if name.starts_with("hostile_") {
             hostile += 1;
-            assert!(result.is_err(), "{name}: accepted: {result:?}");
+            let text = String::from_utf8_lossy(&data);
+            let e = parse_client_frame(&text, &limits).expect_err(&name);
+            let (code, id) =
+                expected_refusal(&name).unwrap_or_else(|| panic!("{name}: no expected code"));
+            assert_eq!((e.code(), e.id()), (code, id), "{name}: {e}");
         }
     }
     assert!(files >= 10, "seed corpus has only {files} files");
     assert!(
         valid >= 5 && hostile >= 5,
         "{valid} valid, {hostile} hostile seeds"
+    );
+    // the generated part of the corpus reaches both outcomes, so both sets of checks ran
+    assert!(
+        accepted >= 50 && refused >= 50,
+        "{accepted} accepted, {refused} refused"
     );
 }

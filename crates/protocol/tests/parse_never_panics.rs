@@ -1,5 +1,7 @@
-//! Property tests: the client-input parsers never panic, whatever they are given, and every
-//! frame they accept survives a serialise/parse round trip unchanged.
+//! Property tests: the client-input parsers never panic, whatever they are given, every input
+//! they accept survives a serialise/parse round trip unchanged and every rejection names its
+//! code and echoed id consistently: the fuzz target's own checks
+//! (`tidemark_protocol::fuzzing::check`) on generated input, plus the frame checks below.
 
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
@@ -88,7 +90,16 @@ fn small_limits() -> Limits {
     }
 }
 
+/// The fuzz target's checks on `bytes`, under both sets of limits.
+fn target_checks(bytes: &[u8]) -> Result<(), TestCaseError> {
+    for limits in [Limits::default(), small_limits()] {
+        tidemark_protocol::fuzzing::check(bytes, &limits).map_err(TestCaseError::fail)?;
+    }
+    Ok(())
+}
+
 fn check(text: &str) -> Result<(), TestCaseError> {
+    target_checks(text.as_bytes())?;
     for limits in [Limits::default(), small_limits()] {
         match parse_client_frame(text, &limits) {
             Ok(frame) => {
@@ -120,9 +131,7 @@ proptest! {
 
     #[test]
     fn arbitrary_bytes(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
-        let limits = Limits::default();
-        let _ = parse_send_request(&bytes, &limits);
-        let _ = parse_ack_request(&bytes, &limits);
+        target_checks(&bytes)?;
         if let Ok(text) = std::str::from_utf8(&bytes) {
             check(text)?;
         }
@@ -151,8 +160,8 @@ proptest! {
 
     #[test]
     fn mailbox_queries(after in ".{0,30}", limit in ".{0,10}", extra in ".{0,20}") {
-        let _ = parse_mailbox_query(&format!("after={after}&limit={limit}&{extra}"), &Limits::default());
-        let _ = parse_mailbox_query(&format!("{extra}={after}"), &Limits::default());
+        target_checks(format!("after={after}&limit={limit}&{extra}").as_bytes())?;
+        target_checks(format!("{extra}={after}").as_bytes())?;
     }
 
     #[test]

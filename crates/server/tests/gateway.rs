@@ -1,14 +1,16 @@
 //! The gateway against a real deployment (redis-server processes, the materializer, real
-//! WebSocket and HTTP): send → commit → materialize → deliver, dedupe, acks and resume, sync,
-//! auth, mailbox isolation, hostile frames, HTTP, metrics, health and shutdown.
+//! WebSocket and HTTP): send → commit → materialize → deliver, dedupe (and its expiry), acks
+//! and resume (capped at the lane's W, trimming the mailbox, coalesced and flushed on a
+//! timer), sync, auth, mailbox isolation, hostile frames, HTTP, metrics, health (a stuck
+//! shard) and shutdown.
 
 mod gateway_support;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gateway_support::{
-    encode, shard_of, start, start_with, token_for, users_in_distinct_shards, Deployment, SECRET,
-    WAIT,
+    encode, shard_of, start, start_full, start_with, token_for, users_in_distinct_shards,
+    Deployment, SECRET, SHARDS, WAIT,
 };
 use serde_json::{json, Value};
 use tidemark_protocol::token;
@@ -637,8 +639,9 @@ async fn http_send_read_ack_round_trip() {
             Some(br#"{"seq":1000000000}"#),
         )
         .await;
+    // (bob's shard holds only these two records: its W is seq2)
     let acked = a["acked"].as_u64().unwrap();
-    assert!(acked >= seq2 && acked < 1_000_000_000, "{a}");
+    assert_eq!(acked, seq2, "{a}");
     let (_, p) = d.http_json("GET", "/v1/mailbox?user=bob", &[], None).await;
     assert_eq!(p, json!({"entries":[],"next_after":acked}));
 
@@ -1059,4 +1062,349 @@ async fn shutdown_does_not_wait_for_a_client_that_never_reads() {
         started.elapsed()
     );
     drop(bob);
+}
+
+// ---- issue 11: acks, dedupe expiry, stuck shards -------------------------------------------
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tidemark_server::materializer::{ChunkFault, MaterializerOptions};
+use tidemark_store::routing::route;
+
+/// Fails every chunk of one lane of one shard while `on`: that lane's W stays behind.
+struct HoldLane {
+    shard: u32,
+    lane: usize,
+    on: AtomicBool,
+}
+
+impl ChunkFault for HoldLane {
+    fn fail(&self, shard: u32, _offset: u64, lane: usize, _attempt: u32) -> bool {
+        shard == self.shard && lane == self.lane && self.on.load(Ordering::SeqCst)
+    }
+}
+
+/// A deployment whose materializer holds `user`'s lane while the returned switch is on.
+async fn start_holding(
+    user: &str,
+    on: bool,
+    tweak: impl FnOnce(&mut tidemark_server::gateway::GatewayOptions),
+) -> (Deployment, Arc<HoldLane>) {
+    let r = route(user, SHARDS);
+    let fault = Arc::new(HoldLane {
+        shard: r.shard,
+        lane: r.lane,
+        on: AtomicBool::new(on),
+    });
+    let opts = MaterializerOptions {
+        fault: Some(fault.clone()),
+        ..MaterializerOptions::default()
+    };
+    (start_full(tweak, opts).await, fault)
+}
+
+/// A user of `user`'s shard in another lane.
+fn neighbour_of(user: &str) -> String {
+    let r = route(user, SHARDS);
+    (0..)
+        .map(|i| format!("n{i}"))
+        .find(|u| {
+            let q = route(u, SHARDS);
+            q.shard == r.shard && q.lane != r.lane
+        })
+        .unwrap()
+}
+
+async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// The W of `user`'s lane, read from Redis.
+async fn lane_w(d: &Deployment, user: &str) -> u64 {
+    let r = route(user, SHARDS);
+    let mut st = tidemark_store::redis::store::Store::connect(
+        &d.mailbox_url,
+        tidemark_store::redis::watermark::Layout::PackedV2,
+    )
+    .await
+    .unwrap();
+    st.read_watermark(r.shard)
+        .await
+        .unwrap()
+        .lanes
+        .lane(r.lane)
+        .w
+}
+
+/// `user`'s acked cursor and the seqs (scores) of its mailbox, read from Redis.
+async fn redis_mailbox(d: &Deployment, user: &str) -> (u64, Vec<u64>) {
+    let s = shard_of(user);
+    let mut c = redis_conn(&d.mailbox_url).await;
+    let acked: Option<u64> = redis::cmd("HGET")
+        .arg(tidemark_store::keys::acks(s))
+        .arg(user)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let seqs: Vec<(Vec<u8>, u64)> = redis::cmd("ZRANGE")
+        .arg(tidemark_store::keys::mailbox(s, user))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    (
+        acked.unwrap_or(0),
+        seqs.into_iter().map(|(_, s)| s).collect(),
+    )
+}
+
+/// Issue 11, item 3: an HTTP ack above what is visible is capped at exactly the W of the
+/// user's lane, not at the shard's head or its highest lane. Bob's lane is held (its chunks
+/// fail) at `s1` while his neighbour's lane reaches `s3`, the shard's head.
+#[tokio::test]
+async fn an_http_ack_is_capped_at_exactly_the_lanes_w() {
+    let (d, fault) = start_holding("bob", false, |_| {}).await;
+    let n = neighbour_of("bob");
+    let (_, r) = d
+        .http_json(
+            "POST",
+            "/v1/messages?user=alice",
+            &[],
+            Some(br#"{"id":"k-1","to":["bob"],"body":"one"}"#),
+        )
+        .await;
+    let s1 = r["offsets"][shard_of("bob").to_string()].as_u64().unwrap();
+    mailbox_with(&d, "bob", 0, 1).await;
+    fault.on.store(true, Ordering::SeqCst);
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    alice.send_ok("k-2", &["bob", n.as_str()], "two").await;
+    let o3 = alice.send_ok("k-3", &[n.as_str()], "three").await;
+    let s3 = offset_of(&o3, &n);
+    mailbox_with(&d, &n, 0, 2).await; // the neighbour's lane is at s3
+    assert_eq!(lane_w(&d, "bob").await, s1, "bob's lane is held");
+    assert!(s1 < s3);
+
+    let (status, a) = d
+        .http_json(
+            "POST",
+            "/v1/mailbox/ack?user=bob",
+            &[],
+            Some(br#"{"seq":1000000000}"#),
+        )
+        .await;
+    assert_eq!((status, a), (200, json!({ "acked": s1 })));
+    assert_eq!(redis_mailbox(&d, "bob").await, (s1, vec![]));
+
+    // the lane catches up: bob gets record 2, and the cap follows his lane's W
+    fault.on.store(false, Ordering::SeqCst);
+    let page = mailbox_with(&d, "bob", s1, 1).await;
+    assert_eq!(page["entries"][0]["body"], "two");
+    let w = lane_w(&d, "bob").await;
+    assert_eq!(
+        w, s3,
+        "record 3 has no recipient in bob's lane: the lane passes it"
+    );
+    let (_, a) = d
+        .http_json(
+            "POST",
+            "/v1/mailbox/ack?user=bob",
+            &[],
+            Some(br#"{"seq":1000000000}"#),
+        )
+        .await;
+    assert_eq!(a, json!({ "acked": w }));
+    d.shutdown().await;
+}
+
+/// Issue 11, item 5: an ack trims the mailbox in Redis: entries at or below the acked seq are
+/// gone, the ones above it stay (WebSocket and HTTP acks alike).
+#[tokio::test]
+async fn acks_trim_the_mailbox_in_redis() {
+    let d = start().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    let mut bob = d.ws_user("bob").await;
+    bob.recv().await;
+    let mut seqs = Vec::new();
+    for i in 0..4 {
+        let o = alice.send_ok(&format!("t{i}"), &["bob"], "x").await;
+        seqs.push(offset_of(&o, "bob"));
+    }
+    for s in &seqs {
+        assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), *s);
+    }
+    assert_eq!(redis_mailbox(&d, "bob").await, (0, seqs.clone()));
+    bob.send_json(&json!({"type":"ack","seq":seqs[1]})).await;
+    bob.close().await; // a pending (coalesced) ack is written on close
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while redis_mailbox(&d, "bob").await.0 != seqs[1] {
+        assert!(tokio::time::Instant::now() < deadline, "ack never written");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        redis_mailbox(&d, "bob").await,
+        (seqs[1], seqs[2..].to_vec()),
+        "entries at or below the ack are gone, the ones above kept"
+    );
+    let (_, a) = d
+        .http_json(
+            "POST",
+            "/v1/mailbox/ack?user=bob",
+            &[],
+            Some(format!(r#"{{"seq":{}}}"#, seqs[2]).as_bytes()),
+        )
+        .await;
+    assert_eq!(a["acked"].as_u64(), Some(seqs[2]));
+    assert_eq!(redis_mailbox(&d, "bob").await, (seqs[2], vec![seqs[3]]));
+    d.shutdown().await;
+}
+
+/// Issue 11, item 11: coalesced acks are written by the 50 ms flush timer on their own. The
+/// first ack is written at once; the second, right after it, is coalesced; then the client
+/// sends nothing more and keeps the socket open: the acked cursor in Redis reaches the second
+/// seq within a few flush periods anyway.
+#[tokio::test]
+async fn a_coalesced_ack_is_flushed_by_the_timer_with_the_socket_open() {
+    let d = start().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    let mut bob = d.ws_user("bob").await;
+    bob.recv().await;
+    let mut seqs = Vec::new();
+    for i in 0..3 {
+        let o = alice.send_ok(&format!("f{i}"), &["bob"], "x").await;
+        seqs.push(offset_of(&o, "bob"));
+    }
+    for s in &seqs {
+        assert_eq!(bob.deliver().await["seq"].as_u64().unwrap(), *s);
+    }
+    // more than a flush period since the connection opened: the first ack is written at once
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    bob.send_json(&json!({"type":"ack","seq":seqs[0]})).await;
+    bob.send_json(&json!({"type":"ack","seq":seqs[1]})).await;
+    let sent = std::time::Instant::now();
+    let mut took = None;
+    while sent.elapsed() < Duration::from_secs(2) {
+        if redis_mailbox(&d, "bob").await.0 == seqs[1] {
+            took = Some(sent.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let took = took.expect("the coalesced ack was never written while the socket stayed open");
+    println!("coalesced ack written {took:?} after it was sent");
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    // the socket is still open and usable
+    bob.barrier().await;
+    assert_eq!(redis_mailbox(&d, "bob").await, (seqs[1], vec![seqs[2]]));
+    d.shutdown().await;
+}
+
+/// Issue 11, item 6: dedupe records expire. Every record a send writes on core Redis (the id
+/// claim on the sender's shard, the dedupe record of each shard touched) has a TTL of at most
+/// 24 hours; once they are gone (here shortened to 1 ms), a resend with the same id commits a
+/// second copy, as docs/protocol.md says.
+#[tokio::test]
+async fn a_resend_after_the_dedupe_records_expired_commits_anew() {
+    use tidemark_store::keys;
+    let d = start().await;
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    let rs = users_in_distinct_shards("d", 2);
+    let to: Vec<&str> = rs.iter().map(String::as_str).collect();
+    let first = alice.send_ok("e-1", &to, "again?").await;
+    assert_eq!(alice.send_ok("e-1", &to, "again?").await, first, "deduped");
+    let mut core = redis_conn(&d.core_url).await;
+    let mut records = vec![keys::message_id(shard_of("alice"), "alice", "e-1")];
+    for u in &rs {
+        records.push(keys::dedupe(shard_of(u), "alice", "e-1"));
+    }
+    for k in &records {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(k)
+            .query_async(&mut core)
+            .await
+            .unwrap();
+        assert!(
+            ttl > 0 && ttl <= 24 * 3600 * 1000,
+            "{k:?}: PTTL {ttl} (-1: no TTL, -2: missing)"
+        );
+        let () = redis::cmd("PEXPIRE")
+            .arg(k)
+            .arg(1)
+            .query_async(&mut core)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = alice.send_ok("e-1", &to, "again?").await;
+    for u in &rs {
+        assert!(
+            offset_of(&again, u) > offset_of(&first, u),
+            "{u}: a new commit: {first:?} then {again:?}"
+        );
+        let page = mailbox_with(&d, u, 0, 2).await;
+        let bodies: Vec<&str> = page["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["body"].as_str().unwrap())
+            .collect();
+        assert_eq!(bodies, ["again?", "again?"], "{u}: delivered twice");
+    }
+    d.shutdown().await;
+}
+
+/// Issue 11, item 9: `/healthz` reports a shard whose W stays below its head without moving
+/// for `stuck_after` (here 300 ms): bob's lane is held by failing chunks after one record, so
+/// W stops at 0 with the head at 1; once the fault is lifted, W moves and `/healthz` is 200.
+#[tokio::test]
+async fn healthz_reports_a_stuck_shard_and_recovers() {
+    let (d, fault) =
+        start_holding("bob", true, |o| o.stuck_after = Duration::from_millis(300)).await;
+    let n = neighbour_of("bob");
+    let (status, text) = d.http("GET", "/healthz", &[], None).await;
+    assert_eq!((status, text.as_str()), (200, "ok"));
+    let mut alice = d.ws_user("alice").await;
+    alice.recv().await;
+    // (W moves last when the other lanes take the record: after this instant)
+    let sent = std::time::Instant::now();
+    let o = alice.send_ok("st-1", &["bob", n.as_str()], "held").await;
+    let s = shard_of("bob");
+    let head = offset_of(&o, "bob");
+    let want = format!("shard {s}: stuck at W=0 with head {head} for ");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let (status, text) = loop {
+        let (status, text) = d.http("GET", "/healthz", &[], None).await;
+        if status != 200 {
+            break (status, text);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never reported stuck"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(sent.elapsed() >= Duration::from_millis(300), "{text}");
+    assert_eq!(status, 503, "{text}");
+    assert!(text.starts_with(&want), "{text}");
+    assert_eq!(text.lines().count(), 1, "only that shard: {text}");
+    fault.on.store(false, Ordering::SeqCst);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while d.http("GET", "/healthz", &[], None).await.0 != 200 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never healthy again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    d.shutdown().await;
 }

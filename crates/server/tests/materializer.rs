@@ -1,5 +1,7 @@
 //! The materializer against real core and mailbox redis-servers: log order, exactly once,
-//! held lanes and convergence, fencing, GC, resume after restart.
+//! held lanes and convergence, fencing (by the epoch alone), GC by the lowest W while lanes
+//! differ, resume after restart, gaps and log discontinuities re-read from W, and the hot
+//! path's hand-off to the chunked path.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -325,6 +327,77 @@ async fn older_owner_is_fenced_and_writes_nothing() {
     h2.await.unwrap();
 }
 
+/// Issue 11, item 2: the fence alone stops a stale owner. The owner keeps running while its
+/// shards are fenced (`tidemark shard fence`: the epoch raised, nobody else materialising), so
+/// every write it then tries passes the W check (its record's prev is W): the hot path (one
+/// recipient) and the chunked path (two recipients) both stop the shard as `Fenced` and write
+/// nothing: no mailbox entry, no staging, W unchanged.
+#[tokio::test]
+async fn a_fenced_owner_writes_nothing_although_its_w_check_would_pass() {
+    let mut e = env().await;
+    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    let hot = users_in_distinct_lanes(0, 1);
+    let pair = users_in_distinct_lanes(1, 2);
+    send(&mut e, "s", "warm-0", &[hot[0].as_str()], "before").await;
+    send(&mut e, "s", "warm-1", &[pair[0].as_str()], "before").await;
+    wait_until("first records materialised", || async {
+        min_w(&e, 0).await == 1 && min_w(&e, 1).await == 1
+    })
+    .await;
+    let epoch = health.snapshot()[&0].epoch;
+    let mut fencer = e.mb_store.clone();
+    let new0 = fencer.claim(0).await.unwrap();
+    let new1 = fencer.claim(1).await.unwrap();
+    assert_eq!((new0, new1), (epoch + 1, epoch + 1));
+    send(&mut e, "s", "late-0", &[hot[0].as_str()], "after").await;
+    send(
+        &mut e,
+        "s",
+        "late-1",
+        &[pair[0].as_str(), pair[1].as_str()],
+        "after",
+    )
+    .await;
+    wait_until("both shards fenced", || async {
+        let snap = health.snapshot();
+        snap[&0].status
+            == ShardStatus::Fenced {
+                current_epoch: Some(new0),
+            }
+            && snap[&1].status
+                == ShardStatus::Fenced {
+                    current_epoch: Some(new1),
+                }
+    })
+    .await;
+    // a few more loop turns: still nothing written
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!((min_w(&e, 0).await, min_w(&e, 1).await), (1, 1));
+    assert_eq!(
+        mailbox(&e, &hot[0]).await.len(),
+        1,
+        "no entry after the fence"
+    );
+    assert_eq!(
+        mailbox(&e, &pair[0]).await.len(),
+        1,
+        "no entry after the fence"
+    );
+    assert!(
+        mailbox(&e, &pair[1]).await.is_empty(),
+        "no entry after the fence"
+    );
+    let mut c = e.mb_store.connection();
+    let staged: u64 = c.zcard(keys::staging_index(1)).await.unwrap();
+    assert_eq!(staged, 0, "no lane chunk staged after the fence");
+    assert!(health
+        .problems(Duration::from_secs(3600))
+        .iter()
+        .any(|p| p.starts_with("shard 0: Fenced")));
+    cancel.cancel();
+    h.await.unwrap();
+}
+
 #[tokio::test]
 async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
     let mut e = env().await;
@@ -375,6 +448,114 @@ async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
         total += m.len();
     }
     assert_eq!(total, 100 * 2 + 50);
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+/// Fails every chunk of one lane while `on`.
+struct HoldLane {
+    shard: u32,
+    lane: usize,
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl ChunkFault for HoldLane {
+    fn fail(&self, shard: u32, _offset: u64, lane: usize, _attempt: u32) -> bool {
+        shard == self.shard && lane == self.lane && self.on.load(Ordering::SeqCst)
+    }
+}
+
+/// Issue 11, item 4: GC while the lanes of a shard differ goes by the *lowest* W. One lane is
+/// held at 0 by failing chunks while the others reach 2; GC runs many times meanwhile (it
+/// collects another shard): the held lane's records stay in the core log and in staging. A
+/// new owner (the first stopped while the lane is held, the fault gone) re-reads them from the
+/// log and delivers them. GC by the highest W would drop the staging and trim records 1 and 2
+/// from the log: the new owner would find a discontinuity and never deliver.
+#[tokio::test]
+async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
+    let mut e = env().await;
+    let us = users_in_distinct_lanes(0, 2);
+    let (held_user, other) = (us[0].as_str(), us[1].as_str());
+    let fault = Arc::new(HoldLane {
+        shard: 0,
+        lane: route(held_user, SHARDS).lane,
+        on: true.into(),
+    });
+    let opts = MaterializerOptions {
+        fault: Some(fault.clone()),
+        ..fast_opts()
+    };
+    let (cancel, h, _health) = start_worker(&e, opts).await;
+    send(&mut e, "s", "g1", &[held_user, other], "held").await;
+    send(&mut e, "s", "g2", &[other], "later").await;
+    // shard 1 gets a two-recipient record too: its staging is collected, so GC is running
+    let pair1 = users_in_distinct_lanes(1, 2);
+    send(&mut e, "s", "g3", &[&pair1[0], &pair1[1]], "x").await;
+    wait_until("the other lane at 2, shard 1 collected", || async {
+        let wm = e.mb_store.clone().read_watermark(0).await.unwrap();
+        let mut c = e.mb_store.connection();
+        let staged1: u64 = c.zcard(keys::staging_index(1)).await.unwrap();
+        let log1 = e.core_store.clone().log_len(1).await.unwrap();
+        wm.lanes.lane(route(other, SHARDS).lane).w == 2 && staged1 == 0 && log1 == 0
+    })
+    .await;
+    // many GC intervals (100 ms) while the lanes differ
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let wm = e.mb_store.read_watermark(0).await.unwrap();
+    assert_eq!(
+        (wm.lanes.min_present_w(), wm.lanes.max_present_w()),
+        (Some(0), Some(2)),
+        "the lanes differ"
+    );
+    let kept: Vec<u64> = e
+        .core_store
+        .clone()
+        .read_after(0, 0, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.offset)
+        .collect();
+    assert_eq!(kept, vec![1, 2], "the held lane's records stay in the log");
+    let mut c = e.mb_store.connection();
+    let staged: Vec<u64> = c.zrange(keys::staging_index(0), 0, -1).await.unwrap();
+    // (record 2 went through the chunked path too: the watermark was not uniform)
+    assert_eq!(
+        staged,
+        vec![1, 2],
+        "staging state above the lowest W is kept"
+    );
+    let lanes_done: Vec<String> = c.hkeys(keys::staging(0, 1)).await.unwrap();
+    assert_eq!(
+        lanes_done,
+        vec![route(other, SHARDS).lane.to_string()],
+        "with the other lane's chunk marked durable"
+    );
+    assert!(mailbox(&e, held_user).await.is_empty());
+    // the owner goes away while the lane is held; a new one (no fault) delivers from the log
+    cancel.cancel();
+    h.await.unwrap();
+    let (cancel, h, _health) = start_worker(&e, fast_opts()).await;
+    wait_until("the held lane catches up", || async {
+        min_w(&e, 0).await == 2
+    })
+    .await;
+    assert_eq!(mailbox(&e, held_user).await, vec![(1, "held".to_string())]);
+    assert_eq!(
+        mailbox(&e, other).await,
+        vec![(1, "held".to_string()), (2, "later".to_string())]
+    );
+    // and now GC may take everything
+    wait_until("collected once every lane passed", || async {
+        let staged: u64 = e
+            .mb_store
+            .connection()
+            .zcard(keys::staging_index(0))
+            .await
+            .unwrap();
+        staged == 0 && e.core_store.clone().log_len(0).await.unwrap() == 0
+    })
+    .await;
     cancel.cancel();
     h.await.unwrap();
 }
@@ -622,6 +803,145 @@ async fn a_log_discontinuity_holds_only_its_shard() {
     );
     assert_eq!(health.snapshot()[&1].status, ShardStatus::Running);
     assert_eq!(min_w(&e, 0).await, 0, "nothing materialised past the hole");
+    // Issue 11, item 9: the re-check resyncs. The operator accepts the loss (`shard rebase`):
+    // W moves to the record before the log's first; within a re-check (5 s) the held shards
+    // run again, shard 0 delivers records 3..5 and shard 2 (log empty, W at the head) is idle.
+    let mut st = e.mb_store.clone();
+    st.rebase_lanes(0, 2).await.unwrap();
+    st.rebase_lanes(2, 2).await.unwrap();
+    let start = Instant::now();
+    wait_until("the held shards resume", || async {
+        let snap = health.snapshot();
+        min_w(&e, 0).await == 5
+            && snap[&0].status == ShardStatus::Running
+            && snap[&2].status == ShardStatus::Running
+    })
+    .await;
+    assert!(
+        start.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        start.elapsed()
+    );
+    let seqs: Vec<u64> = mailbox(&e, &u0).await.into_iter().map(|(s, _)| s).collect();
+    assert_eq!(seqs, vec![3, 4, 5]);
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+/// Issue 11, item 9: a gap (a record whose prev is above W: W moved back under a running owner,
+/// as a mailbox restore does, while the log still holds the records) makes the owner re-read
+/// from W, on the hot path (one recipient, `Materialized::Gap`) and on the chunked path (two
+/// recipients, `Advance::Gap`). Without the re-read the owner would wait for ever: its read
+/// position is past records 2 and 3, and nothing else re-reads them.
+#[tokio::test]
+async fn a_gap_makes_the_owner_reread_from_w() {
+    use tidemark_store::redis::watermark::{encode_blob, LaneRecord, LaneWatermarks};
+    let mut e = env().await;
+    // GC (and its trim of the log) runs once at the start, then not for an hour: the log
+    // keeps records 1..3. A record of shard 3 committed first shows when that GC has run.
+    let marker = users_in_distinct_lanes(3, 1).pop().unwrap();
+    send(&mut e, "s", "marker", &[&marker], "x").await;
+    let opts = MaterializerOptions {
+        gc_interval: Duration::from_secs(3600),
+        ..fast_opts()
+    };
+    let (cancel, h, health) = start_worker(&e, opts).await;
+    wait_until("the first GC ran", || async {
+        health.snapshot().get(&3).is_some_and(|h| h.head == 1)
+    })
+    .await;
+    let hot = users_in_distinct_lanes(0, 1).pop().unwrap();
+    let pair = users_in_distinct_lanes(1, 2);
+    let pair: Vec<&str> = pair.iter().map(String::as_str).collect();
+    for i in 1..=3 {
+        send(&mut e, "s", &format!("h{i}"), &[&hot], &format!("n{i}")).await;
+        send(&mut e, "s", &format!("c{i}"), &pair, &format!("n{i}")).await;
+    }
+    wait_until("both shards at 3", || async {
+        min_w(&e, 0).await == 3 && min_w(&e, 1).await == 3
+    })
+    .await;
+    // the mailbox side moves back to W = 1 (watermark, entries, staging), same epoch
+    let mut c = e.mb_store.connection();
+    for (s, users) in [(0u32, vec![hot.as_str()]), (1, pair.clone())] {
+        let lanes = LaneWatermarks::uniform(LaneRecord::at(1, 0));
+        let _: () = c
+            .hset(
+                keys::wm(s),
+                "wm_blob",
+                encode_blob(Layout::PackedV2, &lanes),
+            )
+            .await
+            .unwrap();
+        for u in users {
+            let _: () = c
+                .zrembyscore(keys::mailbox(s, u), "(1", "+inf")
+                .await
+                .unwrap();
+        }
+        for o in 2..=3 {
+            let _: () = c.del(keys::staging(s, o)).await.unwrap();
+            let _: () = c.zrem(keys::staging_index(s), o).await.unwrap();
+        }
+    }
+    assert_eq!(mailbox(&e, &hot).await.len(), 1);
+    // record 4 of each shard has prev 3 > W = 1: a gap
+    send(&mut e, "s", "h4", &[&hot], "n4").await;
+    send(&mut e, "s", "c4", &pair, "n4").await;
+    wait_until("both shards re-read from W and reach 4", || async {
+        min_w(&e, 0).await == 4 && min_w(&e, 1).await == 4
+    })
+    .await;
+    let want: Vec<(u64, String)> = (1..=4).map(|i| (i, format!("n{i}"))).collect();
+    assert_eq!(mailbox(&e, &hot).await, want, "hot path");
+    for u in &pair {
+        assert_eq!(mailbox(&e, u).await, want, "chunked path, {u}");
+    }
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+/// Issue 11, item 9: the hot path hands a record it cannot take (`NotUniform`: here the
+/// watermark is still packed-v1, which only the chunked path rewrites) to the chunked path,
+/// together with every later record of the same batch, in order. Three one-recipient records
+/// committed before the owner starts arrive in one read; all are delivered once, in order,
+/// the watermark becomes packed-v2 (19 bytes), and the hot path takes the next record.
+#[tokio::test]
+async fn the_hot_path_hands_a_not_uniform_batch_to_the_chunked_path() {
+    let mut e = env().await;
+    let s = 0;
+    e.mb_store
+        .init_watermark(s, Layout::PackedV1, 1, 0, true)
+        .await
+        .unwrap();
+    let us = users_in_distinct_lanes(s, 3);
+    for (i, u) in us.iter().enumerate() {
+        send(
+            &mut e,
+            "s",
+            &format!("v{i}"),
+            &[u.as_str()],
+            &format!("n{i}"),
+        )
+        .await;
+    }
+    let (cancel, h, _health) = start_worker(&e, fast_opts()).await;
+    wait_until("the batch is materialised", || async {
+        min_w(&e, s).await == 3
+    })
+    .await;
+    for (i, u) in us.iter().enumerate() {
+        assert_eq!(
+            mailbox(&e, u).await,
+            vec![(i as u64 + 1, format!("n{i}"))],
+            "{u}"
+        );
+    }
+    let wm = e.mb_store.read_watermark(s).await.unwrap();
+    assert_eq!((wm.layout, wm.blob_len), (Layout::PackedV2, 19));
+    send(&mut e, "s", "v3", &[us[0].as_str()], "n3").await;
+    wait_until("the next record", || async { min_w(&e, s).await == 4 }).await;
+    assert_eq!(mailbox(&e, &us[0]).await.len(), 2);
     cancel.cancel();
     h.await.unwrap();
 }

@@ -797,3 +797,108 @@ async fn init_refuses_overwrite_and_downgrade_expands() {
     let _: () = e.raw.hset(keys::wm(0), "wm_epoch", "x").await.unwrap();
     assert!(e.v2.downgrade_to_v1(0).await.unwrap_err().is_corrupt());
 }
+
+/// Issue 11, item 2: the epoch — not only the CAS on W — stops a stale owner. Every writing
+/// script is called by a fenced owner (epoch 1, the shard claimed to 2) with arguments the W
+/// check accepts (`expected_previous == W`, a record above W): each answers `Fenced` and writes
+/// nothing (watermark, mailbox, staging). The very same call with the current epoch, on a
+/// shard in the same state, is applied: so only the fence refused it.
+#[tokio::test]
+async fn a_stale_epoch_is_refused_where_the_w_check_alone_would_pass() {
+    let mut e = env().await;
+    // shards 0..4, one per script: W = 5 on every lane, epoch 1 claimed to 2
+    for s in 0..4 {
+        e.v2.init_watermark(s, Layout::PackedV2, 1, 5, false)
+            .await
+            .unwrap();
+        assert_eq!(e.v2.claim(s).await.unwrap(), 2);
+    }
+    let fenced = Some(2);
+    let lane = 7;
+    let rec = AdvanceRecord {
+        offset: 6,
+        prev: 5,
+        needed: [false; LANES],
+    };
+    // everything a call may write on shard `s`
+    async fn state(raw: &mut ConnectionManager, s: u32) -> (Fields, Vec<Vec<u8>>, bool, usize) {
+        let mb: Vec<Vec<u8>> = raw.zrange(keys::mailbox(s, "zed"), 0, -1).await.unwrap();
+        let stg: bool = raw.exists(keys::staging(s, 6)).await.unwrap();
+        let idx: usize = raw.zcard(keys::staging_index(s)).await.unwrap();
+        (snapshot(raw, s).await, mb, stg, idx)
+    }
+    let before: Vec<_> = {
+        let mut v = Vec::new();
+        for s in 0..4 {
+            v.push(state(&mut e.raw, s).await);
+        }
+        v
+    };
+
+    // 1. hot path
+    assert_eq!(
+        e.v2.materialize_single(0, 1, &item(6, "zed"))
+            .await
+            .unwrap(),
+        Materialized::Fenced {
+            current_epoch: fenced
+        }
+    );
+    // 2. lane chunk (no CAS at all: the epoch is its only guard)
+    assert_eq!(
+        e.v2.write_lane_chunk(1, 1, 6, lane, &[("zed", b"6:zed".as_slice())])
+            .await
+            .unwrap(),
+        ChunkWritten::Fenced {
+            current_epoch: fenced
+        }
+    );
+    // 3. and 4. advance one record, advance many
+    assert_eq!(
+        e.v2.advance(2, 1, &rec).await.unwrap(),
+        Advance::Fenced {
+            current_epoch: fenced
+        }
+    );
+    assert_eq!(
+        e.v2.advance_many(3, 1, std::slice::from_ref(&rec))
+            .await
+            .unwrap(),
+        Advance::Fenced {
+            current_epoch: fenced
+        }
+    );
+    for s in 0..4 {
+        assert_eq!(
+            state(&mut e.raw, s).await,
+            before[s as usize],
+            "shard {s}: a fenced call wrote something"
+        );
+    }
+
+    // the same calls with the current epoch go through: the W check alone would let them
+    assert_eq!(
+        e.v2.materialize_single(0, 2, &item(6, "zed"))
+            .await
+            .unwrap(),
+        Materialized::Applied { offset: 6 }
+    );
+    assert_eq!(
+        e.v2.write_lane_chunk(1, 2, 6, lane, &[("zed", b"6:zed".as_slice())])
+            .await
+            .unwrap(),
+        ChunkWritten::Done { entries: 1 }
+    );
+    assert!(matches!(
+        e.v2.advance(2, 2, &rec).await.unwrap(),
+        Advance::Moved(c) if c.min_w == Some(6)
+    ));
+    assert!(matches!(
+        e.v2.advance_many(3, 2, std::slice::from_ref(&rec)).await.unwrap(),
+        Advance::Moved(c) if c.min_w == Some(6)
+    ));
+    let mb: Vec<Vec<u8>> = e.raw.zrange(keys::mailbox(0, "zed"), 0, -1).await.unwrap();
+    assert_eq!(mb, vec![b"6:zed".to_vec()]);
+    let mb: Vec<Vec<u8>> = e.raw.zrange(keys::mailbox(1, "zed"), 0, -1).await.unwrap();
+    assert_eq!(mb, vec![b"6:zed".to_vec()]);
+}

@@ -27,9 +27,6 @@ use super::state::Shared;
 use super::ws;
 use crate::materializer::ShardStatus;
 
-/// `/healthz` reports a shard whose lag has not moved for this long.
-const STUCK_AFTER: Duration = Duration::from_secs(10);
-
 /// Which endpoints a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Routes {
@@ -329,7 +326,7 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
-    let problems = shared.health.problems(STUCK_AFTER);
+    let problems = shared.health.problems(shared.opts.stuck_after);
     if problems.is_empty() {
         (StatusCode::OK, "ok").into_response()
     } else {

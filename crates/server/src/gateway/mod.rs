@@ -121,6 +121,9 @@ pub struct GatewayOptions {
     /// Serve `/metrics` and `/healthz` on this address only (plain HTTP, no auth), and answer
     /// them 404 on the client listener. Bound by `run::serve` before anything starts.
     pub admin_listen: Option<SocketAddr>,
+    /// `/healthz` reports a shard whose W has stayed below its log head, without moving, for
+    /// this long (`stuck at W=…`).
+    pub stuck_after: Duration,
 }
 
 impl Default for GatewayOptions {
@@ -145,6 +148,7 @@ impl Default for GatewayOptions {
             max_page_bytes: 1024 * 1024,
             tls: None,
             admin_listen: None,
+            stuck_after: Duration::from_secs(10),
         }
     }
 }

@@ -57,6 +57,15 @@ pub async fn start() -> Deployment {
 
 /// Starts a deployment; `tweak` adjusts the gateway options (dev auth on, token secret set).
 pub async fn start_with(tweak: impl FnOnce(&mut GatewayOptions)) -> Deployment {
+    start_full(tweak, MaterializerOptions::default()).await
+}
+
+/// Starts a deployment with `materializer` options (e.g. a chunk fault that holds a lane);
+/// `tweak` adjusts the gateway options.
+pub async fn start_full(
+    tweak: impl FnOnce(&mut GatewayOptions),
+    materializer: MaterializerOptions,
+) -> Deployment {
     let core = RedisProcess::start().expect("core redis-server");
     let mailbox = RedisProcess::start().expect("mailbox redis-server");
     let (core_url, mailbox_url) = (core.url(), mailbox.url());
@@ -83,7 +92,7 @@ pub async fn start_with(tweak: impl FnOnce(&mut GatewayOptions)) -> Deployment {
         &core_url,
         vec![store],
         &owned,
-        MaterializerOptions::default(),
+        materializer,
         health.clone(),
     )
     .await

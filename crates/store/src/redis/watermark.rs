@@ -611,23 +611,69 @@ pub mod fuzzing {
         out
     }
 
-    /// Decodes and checks the codec's invariants; panics when one breaks.
-    pub fn check(data: &[u8]) {
+    /// Decodes and checks the codec's invariants; panics when one breaks. Returns the verdict
+    /// (`None`: accepted), so a corpus replay can count both outcomes.
+    ///
+    /// Accepted: the fields read back as given (layout, canonical epoch, blob length), every
+    /// present lane keeps `W == W_recomputed >= W_floor` and every empty lane is zero, and the
+    /// lanes survive re-encoding in both layouts (packed-v2 canonical: 19 bytes exactly when
+    /// uniform; packed-v1: 1216 bytes). Refused: a known cause code, a lane (< 64) exactly for
+    /// the lane-level causes, and the same verdict when decoded again.
+    pub fn check(data: &[u8]) -> Option<(&'static str, Option<usize>)> {
         let fields = fields_from_input(data);
-        if let Ok(wm) = decode_lane_watermarks(&fields) {
-            let v2 = encode_packed_v2(&wm.lanes);
-            assert_eq!(v2.len() == LANE_BYTES, wm.lanes.is_uniform());
-            let again = decode_lane_watermarks(&[
-                (
-                    FIELD_LAYOUT.as_bytes(),
-                    Layout::PackedV2.as_str().as_bytes(),
-                ),
-                (FIELD_EPOCH.as_bytes(), wm.epoch.to_string().as_bytes()),
-                (FIELD_BLOB.as_bytes(), v2.as_slice()),
-            ])
-            .expect("canonical re-encoding decodes");
-            assert_eq!(again.lanes, wm.lanes);
-            assert_eq!(encode_packed_v1(&wm.lanes).len(), FULL_BLOB_BYTES);
+        let wm = match decode_lane_watermarks(&fields) {
+            Ok(wm) => wm,
+            Err(c) => {
+                let (code, lane) = c.verdict();
+                assert_ne!(
+                    CorruptCause::describe_code(code),
+                    "unknown corruption code",
+                    "{c}"
+                );
+                let lane_level = matches!(
+                    code,
+                    "bad_presence" | "nonzero_empty_lane" | "w_mismatch" | "w_below_floor"
+                );
+                assert_eq!(lane.is_some(), lane_level, "{c}");
+                assert!(lane.is_none_or(|l| l < LANES), "{c}");
+                assert_eq!(
+                    decode_lane_watermarks(&fields).map(|_| ()),
+                    Err(c.clone()),
+                    "the verdict is stable"
+                );
+                return Some((code, lane));
+            }
+        };
+        let field = |name: &str| -> &[u8] {
+            &fields
+                .iter()
+                .find(|(k, _)| k == name.as_bytes())
+                .expect("an accepted watermark has every field")
+                .1
+        };
+        assert_eq!(field(FIELD_LAYOUT), wm.layout.as_str().as_bytes());
+        assert_eq!(field(FIELD_EPOCH), wm.epoch.to_string().as_bytes());
+        assert_eq!(field(FIELD_BLOB).len(), wm.blob_len);
+        for (l, r) in wm.lanes.0.iter().enumerate() {
+            if r.present {
+                assert!(r.w == r.w_recomputed && r.w >= r.w_floor, "lane {l}: {r:?}");
+            } else {
+                assert_eq!(*r, LaneRecord::EMPTY, "lane {l}");
+            }
         }
+        let v2 = encode_packed_v2(&wm.lanes);
+        assert_eq!(v2.len() == LANE_BYTES, wm.lanes.is_uniform());
+        let v1 = encode_packed_v1(&wm.lanes);
+        assert_eq!(v1.len(), FULL_BLOB_BYTES);
+        for (layout, blob) in [(Layout::PackedV2, v2), (Layout::PackedV1, v1)] {
+            let again = decode_lane_watermarks(&[
+                (FIELD_LAYOUT.as_bytes(), layout.as_str().as_bytes()),
+                (FIELD_EPOCH.as_bytes(), wm.epoch.to_string().as_bytes()),
+                (FIELD_BLOB.as_bytes(), blob.as_slice()),
+            ])
+            .expect("a re-encoding decodes");
+            assert_eq!(again.lanes, wm.lanes, "{layout:?} re-encoding");
+        }
+        None
     }
 }

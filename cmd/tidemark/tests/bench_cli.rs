@@ -1,0 +1,147 @@
+//! `tidemark bench load` and `tidemark bench ladder` through the binary, at a tiny size (issue
+//! 11, item 10): the path that produced the committed figures runs every layout and every
+//! ladder step in a child process of its own (`--report-out`) and merges their reports. The
+//! JSON it writes must hold one run per layout (per step), in order, with every option the
+//! parent was given passed on to the children (clients, rate, duration, fanout, seed, shards,
+//! instance counts), every message delivered, no error, and the children's report files gone.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Runs `tidemark bench …` to completion (at most 120 s); returns (pid, stdout).
+fn bench(args: &[&str]) -> (u32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.arg("bench")
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = support::spawn_killed_with_us(&mut cmd);
+    let pid = child.id();
+    let start = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(start.elapsed() < Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "bench {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (pid, String::from_utf8(out.stdout).unwrap())
+}
+
+fn runs(json: &std::path::Path) -> Vec<Value> {
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap();
+    v["runs"].as_array().expect("{\"runs\":[…]}").clone()
+}
+
+/// The fields every run of these tests must have: the options passed on, everything sent
+/// delivered, nothing refused, one INFO entry per instance.
+fn check_run(r: &Value, layout: &str, mailbox: u64, core: u64, rate: f64) {
+    let what = format!("{layout} {mailbox}+{core}@{rate}: {r}");
+    assert_eq!(r["layout"], layout, "{what}");
+    assert_eq!(r["target"], "local", "{what}");
+    assert_eq!(r["mailbox_instances"], mailbox, "{what}");
+    assert_eq!(r["core_instances"], core, "{what}");
+    assert_eq!(r["shards"], 4, "{what}");
+    assert_eq!(r["clients"], 3, "{what}");
+    assert_eq!(r["rate"].as_f64(), Some(rate), "{what}");
+    assert_eq!(r["duration_s"].as_f64(), Some(1.0), "{what}");
+    assert_eq!(r["fanout"], 2, "{what}");
+    assert_eq!(r["seed"], 7, "{what}");
+    let sent = r["sent"].as_u64().unwrap();
+    assert_eq!(sent, rate as u64, "rate × duration: {what}");
+    assert_eq!(
+        r["expected"].as_u64(),
+        Some(sent * 2),
+        "sent × fanout: {what}"
+    );
+    assert_eq!(r["delivered"], r["expected"], "{what}");
+    assert_eq!(r["delivered_in_window_pct"].as_f64(), Some(100.0), "{what}");
+    assert_eq!(r["errors"], serde_json::json!({}), "{what}");
+    let inst = r["per_instance"].as_array().unwrap();
+    assert_eq!(inst.len() as u64, mailbox + core, "{what}");
+    let pool = |p: &str| inst.iter().filter(|i| i["pool"] == p).count() as u64;
+    assert_eq!((pool("mailbox"), pool("core")), (mailbox, core), "{what}");
+    let calls: u64 = inst
+        .iter()
+        .filter(|i| i["pool"] == "mailbox")
+        .map(|i| i["evalsha_calls"].as_u64().unwrap())
+        .sum();
+    assert!(calls > 0, "the materializer ran scripts: {what}");
+    assert!(r["e2e_ms"]["p50"].as_f64().unwrap() > 0.0, "{what}");
+}
+
+/// The child report files (`tidemark-bench-<parent pid>-<layout>.json`) are removed.
+fn no_child_reports_left(pid: u32) {
+    for layout in ["packed-v1", "packed-v2"] {
+        let f = std::env::temp_dir().join(format!("tidemark-bench-{pid}-{layout}.json"));
+        assert!(!f.exists(), "{} left behind", f.display());
+    }
+}
+
+const COMMON: [&str; 15] = [
+    "--clients",
+    "3",
+    "--duration",
+    "1",
+    "--fanout",
+    "2",
+    "--seed",
+    "7",
+    "--shards",
+    "4",
+    "--drain-grace",
+    "5",
+    "--appendfsync",
+    "everysec",
+    "--no-progress",
+];
+
+#[test]
+fn bench_load_runs_each_layout_in_a_child_and_merges_the_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("load.json");
+    let mut args = vec!["load", "--layouts", "packed-v1,packed-v2"];
+    args.extend(["--rate", "30", "--mailbox", "1", "--core", "2"]);
+    args.extend(COMMON);
+    args.extend(["--json", json.to_str().unwrap()]);
+    let (pid, stdout) = bench(&args);
+    let runs = runs(&json);
+    assert_eq!(runs.len(), 2, "one run per layout");
+    check_run(&runs[0], "packed-v1", 1, 2, 30.0);
+    check_run(&runs[1], "packed-v2", 1, 2, 30.0);
+    assert!(stdout.contains("packed-v1: sent 30"), "{stdout}");
+    assert!(stdout.contains("packed-v2: sent 30"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("wrote {}", json.display())),
+        "{stdout}"
+    );
+    no_child_reports_left(pid);
+}
+
+#[test]
+fn bench_ladder_runs_each_step_in_a_child_and_merges_the_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("ladder.json");
+    let mut args = vec![
+        "ladder",
+        "--steps",
+        "1+1@20,2+1@30",
+        "--layouts",
+        "packed-v2",
+    ];
+    args.extend(COMMON);
+    args.extend(["--json", json.to_str().unwrap()]);
+    let (pid, stdout) = bench(&args);
+    let runs = runs(&json);
+    assert_eq!(runs.len(), 2, "one run per step");
+    check_run(&runs[0], "packed-v2", 1, 1, 20.0);
+    check_run(&runs[1], "packed-v2", 2, 1, 30.0);
+    assert!(stdout.contains("2+1"), "the ladder table: {stdout}");
+    no_child_reports_left(pid);
+}

@@ -275,6 +275,8 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         expires_at_unix,
     } = caller;
     let _gauge = ConnectedGauge::new();
+    // before `ready` is sent: whatever the client sends after it commits later than this
+    let connected_at_us = now_us();
     let conn = shared.stop.child_token();
     let kill = CancellationToken::new();
     let (sink, stream) = socket.split();
@@ -341,6 +343,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
             sync_rx,
             tx.clone(),
             conn.clone(),
+            connected_at_us,
         ),
     ));
     let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
@@ -683,6 +686,7 @@ fn now_us() -> u64 {
 
 /// Pushes the mailbox to the client: every visible entry after the cursor, in seq order,
 /// then waits for a hint, the re-check tick or a `sync`.
+#[allow(clippy::too_many_arguments)]
 async fn delivery_loop(
     shared: Arc<Shared>,
     mut mailbox: Mailbox,
@@ -691,6 +695,7 @@ async fn delivery_loop(
     mut sync_rx: mpsc::Receiver<u64>,
     tx: Outbox,
     conn: CancellationToken,
+    connected_at_us: u64,
 ) {
     let mut tick =
         tokio::time::interval(shared.opts.recheck_interval.max(Duration::from_millis(10)));
@@ -698,7 +703,6 @@ async fn delivery_loop(
     tick.tick().await;
     // Highest seq pushed so far (latency is measured once per entry and connection).
     let mut highest = cursor;
-    let connected_at_us = now_us();
     let mut failing = false;
     // Woken by a hint: read up to the hinted lowest W without reading the watermark (one
     // command instead of a pipeline of two), once a full read has shown the lane present.

@@ -20,17 +20,21 @@ pub fn spawn_killed_with_us(cmd: &mut Command) -> Child {
 /// nothing answered.
 #[allow(dead_code)]
 pub fn http_get(port: u16, path: &str) -> (u16, String) {
+    http_request(
+        port,
+        &format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
+    )
+}
+
+/// Writes a raw request to 127.0.0.1:`port` and reads the answer to the end: (status, body).
+#[allow(dead_code)]
+fn http_request(port: u16, request: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
         return (0, String::new());
     };
     let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-    if write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .is_err()
-    {
+    if s.write_all(request.as_bytes()).is_err() {
         return (0, String::new());
     }
     let mut resp = String::new();
@@ -95,27 +99,12 @@ pub async fn wait_healthy(port: u16) {
 /// `POST path` with a JSON `body` on 127.0.0.1:`port`: (status, body).
 #[allow(dead_code)]
 pub fn http_post(port: u16, path: &str, body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return (0, String::new());
-    };
-    let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-    let _ = write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    let status = resp
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    http_request(
+        port,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
 }

@@ -89,15 +89,23 @@ fn internal(what: &str, e: &tidemark_store::Error) -> Response {
     error_response(ErrorCode::Internal, format!("{what} failed; retry"))
 }
 
-async fn not_found() -> Response {
+fn not_found_response() -> Response {
     error_response(ErrorCode::NotFound, "no such endpoint")
 }
 
-async fn method_not_allowed() -> Response {
+fn method_not_allowed_response() -> Response {
     error_response(
         ErrorCode::MethodNotAllowed,
         "this endpoint does not take this method",
     )
+}
+
+async fn not_found() -> Response {
+    not_found_response()
+}
+
+async fn method_not_allowed() -> Response {
+    method_not_allowed_response()
 }
 
 /// 404, after the credentials check (401 first).
@@ -106,10 +114,7 @@ async fn not_found_authenticated(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    match user_of(&shared, &headers, &uri) {
-        Err(refused) => refused,
-        Ok(_) => not_found().await,
-    }
+    credentials_first(&shared, &headers, &uri, not_found_response)
 }
 
 /// 405, after the credentials check (401 first).
@@ -118,9 +123,20 @@ async fn method_not_allowed_authenticated(
     headers: HeaderMap,
     uri: Uri,
 ) -> Response {
-    match user_of(&shared, &headers, &uri) {
+    credentials_first(&shared, &headers, &uri, method_not_allowed_response)
+}
+
+/// `otherwise()` for a caller with valid credentials, the 401 refusal for anyone else (the
+/// other answer is not even built, so it is not counted).
+fn credentials_first(
+    shared: &Shared,
+    headers: &HeaderMap,
+    uri: &Uri,
+    otherwise: fn() -> Response,
+) -> Response {
+    match user_of(shared, headers, uri) {
         Err(refused) => refused,
-        Ok(_) => method_not_allowed().await,
+        Ok(_) => otherwise(),
     }
 }
 

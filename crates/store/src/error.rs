@@ -1,7 +1,7 @@
 //! The store's one error type. Normal outcomes of the scripts (replay, gap, fenced, held,
 //! corrupt verdicts of Lua) are values in `redis::store`, not errors; these are the failures.
 
-use crate::redis::watermark::CorruptCause;
+use crate::redis::watermark::{CorruptCause, CorruptCode};
 
 /// Errors of `tidemark-store`; [`Error::code`] is stable.
 #[derive(Debug, thiserror::Error)]
@@ -16,10 +16,10 @@ pub enum Error {
     #[error("shard {shard}: corrupt: {cause}")]
     Corrupt { shard: u32, cause: CorruptCause },
     /// A Lua script refused the watermark as corrupt.
-    #[error("shard {shard}: corrupt: {code}{} ({})", lane.map(|l| format!(" in lane {l}")).unwrap_or_default(), crate::redis::watermark::CorruptCause::describe_code(code))]
+    #[error("shard {shard}: corrupt: {code}{} ({})", lane.map(|l| format!(" in lane {l}")).unwrap_or_default(), code.describe())]
     CorruptLua {
         shard: u32,
-        code: String,
+        code: CorruptCode,
         lane: Option<usize>,
     },
     /// `wm init` found a watermark and was not told to overwrite it.
@@ -76,7 +76,7 @@ impl Error {
     pub fn corrupt_verdict(&self) -> Option<(String, Option<usize>)> {
         match self {
             Error::Corrupt { cause, .. } => Some((cause.code().to_string(), cause.lane())),
-            Error::CorruptLua { code, lane, .. } => Some((code.clone(), *lane)),
+            Error::CorruptLua { code, lane, .. } => Some((code.to_string(), *lane)),
             _ => None,
         }
     }

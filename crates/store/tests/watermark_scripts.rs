@@ -10,8 +10,8 @@ use tidemark_store::redis::store::{
     Advance, AdvanceRecord, ChunkWritten, Gc, Materialized, SingleItem, Store,
 };
 use tidemark_store::redis::watermark::{
-    decode_lane_watermarks, encode_packed_v1, encode_packed_v2, LaneRecord, LaneWatermarks, Layout,
-    FULL_BLOB_BYTES, LANES, LANE_BYTES,
+    decode_lane_watermarks, encode_packed_v1, encode_packed_v2, CorruptCode, LaneRecord,
+    LaneWatermarks, Layout, FULL_BLOB_BYTES, LANES, LANE_BYTES,
 };
 
 type Fields = Vec<(Vec<u8>, Vec<u8>)>;
@@ -131,7 +131,7 @@ async fn lua_verdicts(store: &mut Store, epoch: u64) -> Vec<(&'static str, V)> {
     out.push((
         "gc_completed_dispatch",
         match g {
-            Gc::Corrupt(v) => Some((v.code, v.lane)),
+            Gc::Corrupt(v) => Some((v.code.to_string(), v.lane)),
             Gc::Done { .. } => None,
         },
     ));
@@ -141,7 +141,7 @@ async fn lua_verdicts(store: &mut Store, epoch: u64) -> Vec<(&'static str, V)> {
         needed: [true; LANES], // nothing staged: held, never written
     };
     let adv = |a: Advance| match a {
-        Advance::Corrupt(v) => Some((v.code, v.lane)),
+        Advance::Corrupt(v) => Some((v.code.to_string(), v.lane)),
         _ => None,
     };
     out.push((
@@ -172,7 +172,7 @@ async fn lua_verdicts(store: &mut Store, epoch: u64) -> Vec<(&'static str, V)> {
     out.push((
         "materialize_fresh_single_recipient",
         match m {
-            Materialized::Corrupt(v) => Some((v.code, v.lane)),
+            Materialized::Corrupt(v) => Some((v.code.to_string(), v.lane)),
             _ => None,
         },
     ));
@@ -357,7 +357,7 @@ async fn every_blob_length_both_layouts() {
                 expected.push((len, rust_verdict(&fields)));
                 put(&mut e.raw, 0, &fields).await;
                 let got = match e.v2.gc_completed(0, 1).await.unwrap() {
-                    Gc::Corrupt(v) => Some((v.code, v.lane)),
+                    Gc::Corrupt(v) => Some((v.code.to_string(), v.lane)),
                     Gc::Done { .. } => None,
                 };
                 let legal = if layout == "packed-v1" {
@@ -371,7 +371,7 @@ async fn every_blob_length_both_layouts() {
                     assert_eq!(got.unwrap().0, "bad_length");
                 }
                 let old = match e.v1.gc_completed(0, 1).await.unwrap() {
-                    Gc::Corrupt(v) => Some((v.code, v.lane)),
+                    Gc::Corrupt(v) => Some((v.code.to_string(), v.lane)),
                     Gc::Done { .. } => None,
                 };
                 assert_eq!(
@@ -633,7 +633,7 @@ async fn old_code_refuses_v2_by_layout_and_by_length_without_writing() {
     let before = snapshot(&mut e.raw, 0).await;
     let r = e.v1.materialize_single(0, 1, &item(1, "x")).await.unwrap();
     assert!(
-        matches!(r, Materialized::Corrupt(ref v) if v.code == "unknown_layout"),
+        matches!(r, Materialized::Corrupt(ref v) if v.code == CorruptCode::UnknownLayout),
         "{r:?}"
     );
     for (s, v) in lua_verdicts(&mut e.v1, 1).await {
@@ -649,7 +649,7 @@ async fn old_code_refuses_v2_by_layout_and_by_length_without_writing() {
     let before = snapshot(&mut e.raw, 0).await;
     let r = e.v1.materialize_single(0, 1, &item(1, "x")).await.unwrap();
     assert!(
-        matches!(r, Materialized::Corrupt(ref v) if v.code == "bad_length"),
+        matches!(r, Materialized::Corrupt(ref v) if v.code == CorruptCode::BadLength),
         "{r:?}"
     );
     for (s, v) in lua_verdicts(&mut e.v1, 1).await {

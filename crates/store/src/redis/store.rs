@@ -10,24 +10,89 @@
 //! Script replies are turned into values ([`Materialized`], [`Advance`], …); only failures
 //! that must stop the caller (Redis down, missing watermark) are [`Error`]s. A corrupt verdict
 //! from Lua is a value too ([`Verdict`]), so callers handle it explicitly (fail closed).
+//!
+//! Every reply's status number is decoded once into a [`ScriptStatus`] (the reply convention
+//! of `lua/common/_lanes.lua`) and a corrupt verdict's cause string into a [`CorruptCode`];
+//! a number or a code outside those tables is an [`Error::UnexpectedReply`].
 
 use redis::aio::ConnectionManager;
 use redis::{Cmd, Value};
 
 use super::scripts::{self, Script, ScriptSet};
 use super::watermark::{
-    decode_lane_watermarks, encode_blob, CorruptCause, LaneRecord, LaneWatermarks, Layout,
-    ShardWatermark, FIELD_BLOB, FIELD_EPOCH, FIELD_LAYOUT, FULL_BLOB_BYTES, LANES, U48_MAX,
+    decode_lane_watermarks, encode_blob, CorruptCause, CorruptCode, LaneRecord, LaneWatermarks,
+    Layout, ShardWatermark, FIELD_BLOB, FIELD_EPOCH, FIELD_LAYOUT, FULL_BLOB_BYTES, LANES, U48_MAX,
 };
 use crate::error::{Error, Result};
 use crate::keys;
+
+/// The status of a script reply `{status, ...}`: the reply convention shared by the watermark
+/// scripts, documented in the header of `lua/common/_lanes.lua` (the hot path's bare integer
+/// reply for "applied" is decoded before the status). Which statuses a script can return
+/// depends on the script; an expected status is matched by each wrapper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScriptStatus {
+    /// `{0, ...}`: applied / advanced.
+    Applied,
+    /// `{1, W}`: replay, the record is at or below W; nothing written.
+    Replay,
+    /// `{2, W}`: gap, `expected_previous` is above W; nothing advanced.
+    Gap,
+    /// `{3, epoch}`: fenced, the ARGV epoch differs from `wm_epoch`; nothing written.
+    Fenced,
+    /// `{4}`: not uniform, the hot path is not applicable; nothing written.
+    NotUniform,
+    /// `{5}`: missing, `wm:{s}` does not exist.
+    Missing,
+    /// `{6, ...}`: held, a lane's chunk is not durable yet; nothing advanced.
+    Held,
+    /// `{7, ..., lane, o}`: empty lane, record `o` has recipients in the empty lane `lane`.
+    EmptyLane,
+    /// `{-1, cause, lane}`: corrupt, `cause` is a [`CorruptCode`], `lane` a lane or -1.
+    Corrupt,
+}
+
+impl ScriptStatus {
+    /// Every status.
+    pub const ALL: [ScriptStatus; 9] = [
+        ScriptStatus::Applied,
+        ScriptStatus::Replay,
+        ScriptStatus::Gap,
+        ScriptStatus::Fenced,
+        ScriptStatus::NotUniform,
+        ScriptStatus::Missing,
+        ScriptStatus::Held,
+        ScriptStatus::EmptyLane,
+        ScriptStatus::Corrupt,
+    ];
+
+    /// The number the scripts return.
+    pub fn code(self) -> i64 {
+        match self {
+            ScriptStatus::Applied => 0,
+            ScriptStatus::Replay => 1,
+            ScriptStatus::Gap => 2,
+            ScriptStatus::Fenced => 3,
+            ScriptStatus::NotUniform => 4,
+            ScriptStatus::Missing => 5,
+            ScriptStatus::Held => 6,
+            ScriptStatus::EmptyLane => 7,
+            ScriptStatus::Corrupt => -1,
+        }
+    }
+
+    /// The status of a reply number, `None` for a number outside the convention.
+    pub fn from_code(code: i64) -> Option<ScriptStatus> {
+        ScriptStatus::ALL.into_iter().find(|s| s.code() == code)
+    }
+}
 
 /// A corrupt verdict returned by a Lua script: the cause code of
 /// [`super::watermark::CorruptCause`] and the lane, when lane-level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     /// Stable cause code (`field_count`, `bad_length`, …).
-    pub code: String,
+    pub code: CorruptCode,
     /// Lane concerned, for lane-level causes.
     pub lane: Option<usize>,
 }
@@ -220,8 +285,11 @@ impl<'a> Reply<'a> {
             }),
         }
     }
-    fn status(&self) -> Result<i64> {
-        as_i64(&self.items[0]).ok_or_else(|| self.bad())
+    /// The reply's status; a non-number or a number outside the convention is an error.
+    fn status(&self) -> Result<ScriptStatus> {
+        as_i64(&self.items[0])
+            .and_then(ScriptStatus::from_code)
+            .ok_or_else(|| self.bad())
     }
     fn u64_at(&self, i: usize) -> Result<u64> {
         opt_u64(self.items.get(i)).ok_or_else(|| self.bad())
@@ -235,18 +303,21 @@ impl<'a> Reply<'a> {
             .and_then(as_string)
             .and_then(|s| super::watermark::parse_epoch(s.as_bytes()))
     }
-    fn verdict(&self) -> Verdict {
+    /// The verdict of a corrupt reply `{-1, cause, lane}`; a missing or unknown cause is an
+    /// error (never accepted as some code).
+    fn verdict(&self) -> Result<Verdict> {
         let code = self
             .items
             .get(1)
             .and_then(as_string)
-            .unwrap_or_else(|| "unknown".into());
+            .and_then(|c| c.parse::<CorruptCode>().ok())
+            .ok_or_else(|| self.bad())?;
         let lane = self
             .items
             .get(2)
             .and_then(as_i64)
             .and_then(|l| usize::try_from(l).ok());
-        Verdict { code, lane }
+        Ok(Verdict { code, lane })
     }
     fn counts(&self) -> Result<AdvanceCounts> {
         let n = |i| self.u64_at(i).map(|v| v as u32);
@@ -532,13 +603,17 @@ impl Store {
             &[e.as_bytes(), n.as_bytes()],
         );
         let v = self.invoke(&cmd).await?;
-        let r = Reply::new("fence_epoch", &v)?;
+        Self::parse_fence(shard, new, &v)
+    }
+
+    fn parse_fence(shard: u32, new: u64, v: &Value) -> Result<Fence> {
+        let r = Reply::new("fence_epoch", v)?;
         match r.status()? {
-            0 => Ok(Fence::Raised { epoch: new }),
-            3 => Ok(Fence::Lost {
+            ScriptStatus::Applied => Ok(Fence::Raised { epoch: new }),
+            ScriptStatus::Fenced => Ok(Fence::Lost {
                 current_epoch: r.epoch(),
             }),
-            5 => Err(Error::NoWatermark { shard }),
+            ScriptStatus::Missing => Err(Error::NoWatermark { shard }),
             _ => Err(r.bad()),
         }
     }
@@ -683,14 +758,14 @@ impl Store {
         }
         let r = Reply::new("materialize_fresh_single_recipient", v)?;
         Ok(Some(match r.status()? {
-            1 => Materialized::Replay { w: r.u64_at(1)? },
-            2 => Materialized::Gap { w: r.u64_at(1)? },
-            3 => Materialized::Fenced {
+            ScriptStatus::Replay => Materialized::Replay { w: r.u64_at(1)? },
+            ScriptStatus::Gap => Materialized::Gap { w: r.u64_at(1)? },
+            ScriptStatus::Fenced => Materialized::Fenced {
                 current_epoch: r.epoch(),
             },
-            4 => Materialized::NotUniform,
-            5 => return Ok(None),
-            -1 => Materialized::Corrupt(r.verdict()),
+            ScriptStatus::NotUniform => Materialized::NotUniform,
+            ScriptStatus::Missing => return Ok(None),
+            ScriptStatus::Corrupt => Materialized::Corrupt(r.verdict()?),
             _ => return Err(r.bad()),
         }))
     }
@@ -784,15 +859,19 @@ impl Store {
         args.extend(entries.iter().map(|(_, en)| *en));
         let cmd = Self::evalsha(&self.set.write_lane_chunk, &ks, &args);
         let v = self.invoke(&cmd).await?;
-        let r = Reply::new("write_lane_chunk", &v)?;
+        Self::parse_chunk_written(shard, &v)
+    }
+
+    fn parse_chunk_written(shard: u32, v: &Value) -> Result<ChunkWritten> {
+        let r = Reply::new("write_lane_chunk", v)?;
         match r.status()? {
-            0 => Ok(ChunkWritten::Done {
+            ScriptStatus::Applied => Ok(ChunkWritten::Done {
                 entries: r.u64_at(1)? as u32,
             }),
-            3 => Ok(ChunkWritten::Fenced {
+            ScriptStatus::Fenced => Ok(ChunkWritten::Fenced {
                 current_epoch: r.epoch(),
             }),
-            5 => Err(Error::NoWatermark { shard }),
+            ScriptStatus::Missing => Err(Error::NoWatermark { shard }),
             _ => Err(r.bad()),
         }
     }
@@ -827,19 +906,7 @@ impl Store {
         let replies = self.invoke_pipeline(&cmds).await?;
         replies
             .iter()
-            .map(|v| {
-                let r = Reply::new("write_lane_chunk", v)?;
-                match r.status()? {
-                    0 => Ok(ChunkWritten::Done {
-                        entries: r.u64_at(1)? as u32,
-                    }),
-                    3 => Ok(ChunkWritten::Fenced {
-                        current_epoch: r.epoch(),
-                    }),
-                    5 => Err(Error::NoWatermark { shard }),
-                    _ => Err(r.bad()),
-                }
-            })
+            .map(|v| Self::parse_chunk_written(shard, v))
             .collect()
     }
 
@@ -848,21 +915,21 @@ impl Store {
     fn parse_advance(shard: u32, script: &'static str, v: &Value) -> Result<Advance> {
         let r = Reply::new(script, v)?;
         Ok(match r.status()? {
-            0 => Advance::Moved(r.counts()?),
-            1 => Advance::Replay(r.counts()?),
-            2 => Advance::Gap(r.counts()?),
-            6 => Advance::Held(r.counts()?),
-            7 => Advance::EmptyLane {
+            ScriptStatus::Applied => Advance::Moved(r.counts()?),
+            ScriptStatus::Replay => Advance::Replay(r.counts()?),
+            ScriptStatus::Gap => Advance::Gap(r.counts()?),
+            ScriptStatus::Held => Advance::Held(r.counts()?),
+            ScriptStatus::EmptyLane => Advance::EmptyLane {
                 counts: r.counts()?,
                 lane: usize::try_from(r.u64_at(6)?).map_err(|_| r.bad())?,
                 offset: r.u64_at(7)?,
             },
-            3 => Advance::Fenced {
+            ScriptStatus::Fenced => Advance::Fenced {
                 current_epoch: r.epoch(),
             },
-            5 => return Err(Error::NoWatermark { shard }),
-            -1 => Advance::Corrupt(r.verdict()),
-            _ => return Err(r.bad()),
+            ScriptStatus::Missing => return Err(Error::NoWatermark { shard }),
+            ScriptStatus::Corrupt => Advance::Corrupt(r.verdict()?),
+            ScriptStatus::NotUniform => return Err(r.bad()),
         })
     }
 
@@ -934,14 +1001,18 @@ impl Store {
             &[prefix.as_bytes(), lim.as_bytes()],
         );
         let v = self.invoke(&cmd).await?;
-        let r = Reply::new("gc_completed_dispatch", &v)?;
+        Self::parse_gc(shard, &v)
+    }
+
+    fn parse_gc(shard: u32, v: &Value) -> Result<Gc> {
+        let r = Reply::new("gc_completed_dispatch", v)?;
         match r.status()? {
-            0 => Ok(Gc::Done {
+            ScriptStatus::Applied => Ok(Gc::Done {
                 min_w: r.opt_w(1),
                 deleted: r.u64_at(2)? as u32,
             }),
-            5 => Err(Error::NoWatermark { shard }),
-            -1 => Ok(Gc::Corrupt(r.verdict())),
+            ScriptStatus::Missing => Err(Error::NoWatermark { shard }),
+            ScriptStatus::Corrupt => Ok(Gc::Corrupt(r.verdict()?)),
             _ => Err(r.bad()),
         }
     }
@@ -999,4 +1070,324 @@ pub fn parse_withscores(v: &Value) -> Result<Vec<(u64, Vec<u8>)>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    const LANES_LUA: &str = include_str!("lua/common/_lanes.lua");
+    const LAYOUT_V1_LUA: &str = include_str!("lua/v1/_layout.lua");
+    const LAYOUT_V2_LUA: &str = include_str!("lua/v2/_layout.lua");
+    const HOT_V1_LUA: &str = include_str!("lua/v1/materialize_fresh_single_recipient.lua");
+    const HOT_V2_LUA: &str = include_str!("lua/v2/materialize_fresh_single_recipient.lua");
+    const SOURCES: [(&str, &str); 5] = [
+        ("common/_lanes.lua", LANES_LUA),
+        ("v1/_layout.lua", LAYOUT_V1_LUA),
+        ("v2/_layout.lua", LAYOUT_V2_LUA),
+        ("v1/materialize_fresh_single_recipient.lua", HOT_V1_LUA),
+        ("v2/materialize_fresh_single_recipient.lua", HOT_V2_LUA),
+    ];
+
+    /// The quoted strings that follow each occurrence of `prefix` in `src`.
+    fn quoted_after<'a>(src: &'a str, prefix: &str) -> Vec<&'a str> {
+        src.match_indices(prefix)
+            .filter_map(|(i, _)| {
+                let rest = &src[i + prefix.len()..];
+                rest.find('\'').map(|end| &rest[..end])
+            })
+            .collect()
+    }
+
+    /// Every cause string a corrupt reply of these sources can carry: `corrupt('x'…)`,
+    /// `{-1, 'x', …}`, and the lane checks' `return nil, 'x'` (passed on to `corrupt`).
+    fn lua_cause_strings() -> BTreeSet<(&'static str, &'static str)> {
+        let mut out = BTreeSet::new();
+        for (name, src) in SOURCES {
+            for prefix in ["corrupt('", "{-1, '", "return nil, '"] {
+                for s in quoted_after(src, prefix) {
+                    out.insert((name, s));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn corrupt_codes_match_the_lua_sources() {
+        let found = lua_cause_strings();
+        for (name, s) in &found {
+            assert!(
+                s.parse::<CorruptCode>().is_ok(),
+                "{name} returns cause {s:?}, which is not a CorruptCode"
+            );
+        }
+        let strings: BTreeSet<&str> = found.iter().map(|(_, s)| *s).collect();
+        for code in CorruptCode::ALL {
+            assert!(
+                strings.contains(code.as_str()),
+                "CorruptCode {code} is returned by no Lua source"
+            );
+            assert_eq!(code.as_str().parse::<CorruptCode>(), Ok(code));
+        }
+        // each hot path repeats the checks on its own: it can return every code
+        for (name, src) in [("v1", HOT_V1_LUA), ("v2", HOT_V2_LUA)] {
+            let hot: BTreeSet<&str> = quoted_after(src, "{-1, '").into_iter().collect();
+            let all: BTreeSet<&str> = CorruptCode::ALL.iter().map(|c| c.as_str()).collect();
+            assert_eq!(hot, all, "{name} hot path");
+        }
+        assert!("bogus".parse::<CorruptCode>().is_err());
+    }
+
+    /// The status numbers of the reply-convention header of `_lanes.lua`.
+    fn documented_statuses() -> BTreeSet<i64> {
+        let mut lines = LANES_LUA
+            .lines()
+            .skip_while(|l| !l.starts_with("-- Reply conventions"))
+            .skip(1)
+            .take_while(|l| l.starts_with("--"));
+        let mut out = BTreeSet::new();
+        for l in lines.by_ref() {
+            let body = l.trim_start_matches('-').trim_start();
+            if let Some(rest) = body.strip_prefix('{') {
+                let n: String = rest
+                    .chars()
+                    .take_while(|c| *c == '-' || c.is_ascii_digit())
+                    .collect();
+                out.insert(n.parse().expect("a status number"));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn script_statuses_match_the_lanes_header() {
+        let documented = documented_statuses();
+        let ours: BTreeSet<i64> = ScriptStatus::ALL.iter().map(|s| s.code()).collect();
+        assert_eq!(documented, ours);
+        assert_eq!(ours.len(), ScriptStatus::ALL.len(), "codes are distinct");
+        for s in ScriptStatus::ALL {
+            assert_eq!(ScriptStatus::from_code(s.code()), Some(s));
+        }
+        // every literal status these sources return is in the table
+        for (name, src) in SOURCES {
+            for (i, _) in src.match_indices("return {") {
+                let n: String = src[i + "return {".len()..]
+                    .chars()
+                    .take_while(|c| *c == '-' || c.is_ascii_digit())
+                    .collect();
+                if n.is_empty() {
+                    continue; // {status, ...} computed, or a table that is not a reply
+                }
+                let n: i64 = n.parse().unwrap();
+                assert!(
+                    ScriptStatus::from_code(n).is_some(),
+                    "{name} returns status {n}"
+                );
+            }
+        }
+    }
+
+    fn arr(items: Vec<Value>) -> Value {
+        Value::Array(items)
+    }
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+    fn int(i: i64) -> Value {
+        Value::Int(i)
+    }
+    fn unexpected<T: std::fmt::Debug>(r: Result<T>) -> bool {
+        matches!(r, Err(Error::UnexpectedReply { .. }))
+    }
+
+    #[test]
+    fn hot_path_replies_decode() {
+        let p = Store::parse_materialized;
+        assert_eq!(
+            p(&int(9)).unwrap(),
+            Some(Materialized::Applied { offset: 9 })
+        );
+        assert_eq!(
+            p(&arr(vec![int(1), int(5)])).unwrap(),
+            Some(Materialized::Replay { w: 5 })
+        );
+        assert_eq!(
+            p(&arr(vec![int(2), bulk("4")])).unwrap(),
+            Some(Materialized::Gap { w: 4 })
+        );
+        assert_eq!(
+            p(&arr(vec![int(3), bulk("12")])).unwrap(),
+            Some(Materialized::Fenced {
+                current_epoch: Some(12)
+            })
+        );
+        assert_eq!(
+            p(&arr(vec![int(4)])).unwrap(),
+            Some(Materialized::NotUniform)
+        );
+        assert_eq!(p(&arr(vec![int(5)])).unwrap(), None);
+        assert_eq!(
+            p(&arr(vec![int(-1), bulk("bad_epoch"), int(-1)])).unwrap(),
+            Some(Materialized::Corrupt(Verdict {
+                code: CorruptCode::BadEpoch,
+                lane: None
+            }))
+        );
+        assert_eq!(
+            p(&arr(vec![int(-1), bulk("w_mismatch"), int(0)])).unwrap(),
+            Some(Materialized::Corrupt(Verdict {
+                code: CorruptCode::WMismatch,
+                lane: Some(0)
+            }))
+        );
+        // unknown status, status the hot path does not return, unknown or missing cause
+        assert!(unexpected(p(&arr(vec![int(8)]))));
+        assert!(unexpected(p(&arr(vec![int(-2), int(1)]))));
+        assert!(unexpected(p(&arr(vec![int(6), int(0)]))));
+        assert!(unexpected(p(&arr(vec![int(-1), bulk("bogus"), int(-1)]))));
+        assert!(unexpected(p(&arr(vec![int(-1)]))));
+        assert!(unexpected(p(&arr(vec![]))));
+        assert!(unexpected(p(&bulk("OK"))));
+    }
+
+    #[test]
+    fn advance_replies_decode() {
+        let p = |v: Value| Store::parse_advance(7, "advance_log_watermark", &v);
+        let counts = AdvanceCounts {
+            advanced: 1,
+            held: 2,
+            gaps: 3,
+            min_w: Some(4),
+            max_w: None,
+        };
+        let c = |s: i64| arr(vec![int(s), int(1), int(2), int(3), int(4), int(-1)]);
+        assert_eq!(p(c(0)).unwrap(), Advance::Moved(counts));
+        assert_eq!(p(c(1)).unwrap(), Advance::Replay(counts));
+        assert_eq!(p(c(2)).unwrap(), Advance::Gap(counts));
+        assert_eq!(p(c(6)).unwrap(), Advance::Held(counts));
+        assert_eq!(
+            p(arr(vec![
+                int(7),
+                int(1),
+                int(2),
+                int(3),
+                int(4),
+                int(-1),
+                int(63),
+                int(99)
+            ]))
+            .unwrap(),
+            Advance::EmptyLane {
+                counts,
+                lane: 63,
+                offset: 99
+            }
+        );
+        assert_eq!(
+            p(arr(vec![int(3), bulk("not-an-epoch")])).unwrap(),
+            Advance::Fenced {
+                current_epoch: None
+            }
+        );
+        assert!(matches!(
+            p(arr(vec![int(5)])),
+            Err(Error::NoWatermark { shard: 7 })
+        ));
+        assert_eq!(
+            p(arr(vec![int(-1), bulk("bad_presence"), int(3)])).unwrap(),
+            Advance::Corrupt(Verdict {
+                code: CorruptCode::BadPresence,
+                lane: Some(3)
+            })
+        );
+        assert!(unexpected(p(arr(vec![int(4)]))));
+        assert!(unexpected(p(arr(vec![int(9), int(0)]))));
+        assert!(unexpected(p(arr(vec![
+            int(-1),
+            bulk("w_too_high"),
+            int(3)
+        ]))));
+    }
+
+    #[test]
+    fn chunk_gc_and_fence_replies_decode() {
+        assert_eq!(
+            Store::parse_chunk_written(1, &arr(vec![int(0), int(3)])).unwrap(),
+            ChunkWritten::Done { entries: 3 }
+        );
+        assert_eq!(
+            Store::parse_chunk_written(1, &arr(vec![int(3), bulk("2")])).unwrap(),
+            ChunkWritten::Fenced {
+                current_epoch: Some(2)
+            }
+        );
+        assert!(matches!(
+            Store::parse_chunk_written(1, &arr(vec![int(5)])),
+            Err(Error::NoWatermark { shard: 1 })
+        ));
+        assert!(unexpected(Store::parse_chunk_written(
+            1,
+            &arr(vec![int(-1), bulk("bad_length"), int(-1)])
+        )));
+        assert!(unexpected(Store::parse_chunk_written(
+            1,
+            &arr(vec![int(42)])
+        )));
+
+        assert_eq!(
+            Store::parse_gc(2, &arr(vec![int(0), int(-1), int(0)])).unwrap(),
+            Gc::Done {
+                min_w: None,
+                deleted: 0
+            }
+        );
+        assert_eq!(
+            Store::parse_gc(2, &arr(vec![int(0), int(10), int(4)])).unwrap(),
+            Gc::Done {
+                min_w: Some(10),
+                deleted: 4
+            }
+        );
+        assert_eq!(
+            Store::parse_gc(2, &arr(vec![int(-1), bulk("field_count"), int(-1)])).unwrap(),
+            Gc::Corrupt(Verdict {
+                code: CorruptCode::FieldCount,
+                lane: None
+            })
+        );
+        assert!(unexpected(Store::parse_gc(
+            2,
+            &arr(vec![int(-1), bulk("unknown"), int(-1)])
+        )));
+        assert!(unexpected(Store::parse_gc(2, &arr(vec![int(1), int(0)]))));
+
+        assert_eq!(
+            Store::parse_fence(3, 8, &arr(vec![int(0), bulk("8")])).unwrap(),
+            Fence::Raised { epoch: 8 }
+        );
+        assert_eq!(
+            Store::parse_fence(3, 8, &arr(vec![int(3), bulk("9")])).unwrap(),
+            Fence::Lost {
+                current_epoch: Some(9)
+            }
+        );
+        assert!(matches!(
+            Store::parse_fence(3, 8, &arr(vec![int(5)])),
+            Err(Error::NoWatermark { shard: 3 })
+        ));
+        assert!(unexpected(Store::parse_fence(3, 8, &arr(vec![int(-7)]))));
+    }
+
+    #[test]
+    fn rust_causes_carry_their_codes() {
+        let c = CorruptCause::WBelowFloor {
+            lane: 2,
+            w: 1,
+            w_floor: 5,
+        };
+        assert_eq!(c.code(), CorruptCode::WBelowFloor);
+        assert_eq!(c.verdict(), ("w_below_floor", Some(2)));
+    }
 }

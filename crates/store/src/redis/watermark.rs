@@ -270,18 +270,18 @@ pub enum CorruptCause {
 }
 
 impl CorruptCause {
-    /// Stable code; the Lua scripts return the same strings.
-    pub fn code(&self) -> &'static str {
+    /// Stable code; the Lua scripts return the same strings (see [`CorruptCode`]).
+    pub fn code(&self) -> CorruptCode {
         match self {
-            CorruptCause::FieldCount { .. } => "field_count",
-            CorruptCause::MissingField { .. } => "missing_field",
-            CorruptCause::UnknownLayout { .. } => "unknown_layout",
-            CorruptCause::BadLength { .. } => "bad_length",
-            CorruptCause::BadEpoch { .. } => "bad_epoch",
-            CorruptCause::BadPresence { .. } => "bad_presence",
-            CorruptCause::NonZeroEmptyLane { .. } => "nonzero_empty_lane",
-            CorruptCause::WMismatch { .. } => "w_mismatch",
-            CorruptCause::WBelowFloor { .. } => "w_below_floor",
+            CorruptCause::FieldCount { .. } => CorruptCode::FieldCount,
+            CorruptCause::MissingField { .. } => CorruptCode::MissingField,
+            CorruptCause::UnknownLayout { .. } => CorruptCode::UnknownLayout,
+            CorruptCause::BadLength { .. } => CorruptCode::BadLength,
+            CorruptCause::BadEpoch { .. } => CorruptCode::BadEpoch,
+            CorruptCause::BadPresence { .. } => CorruptCode::BadPresence,
+            CorruptCause::NonZeroEmptyLane { .. } => CorruptCode::NonZeroEmptyLane,
+            CorruptCause::WMismatch { .. } => CorruptCode::WMismatch,
+            CorruptCause::WBelowFloor { .. } => CorruptCode::WBelowFloor,
         }
     }
 
@@ -298,23 +298,117 @@ impl CorruptCause {
 
     /// The `(code, lane)` pair that Rust and Lua verdicts are compared on.
     pub fn verdict(&self) -> (&'static str, Option<usize>) {
-        (self.code(), self.lane())
+        (self.code().as_str(), self.lane())
+    }
+}
+
+/// The stable code of a [`CorruptCause`], without its details: what the Lua scripts return
+/// in a corrupt reply (`{-1, code, lane}`) and what the Rust decoder reports. One variant per
+/// `CorruptCause` variant; the strings are checked against the Lua sources by a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CorruptCode {
+    /// `field_count`: `HLEN != 3`.
+    FieldCount,
+    /// `missing_field`: `wm_layout`, `wm_epoch` or `wm_blob` is absent.
+    MissingField,
+    /// `unknown_layout`: `wm_layout` is not a layout the reader knows.
+    UnknownLayout,
+    /// `bad_length`: the blob length is not legal for the layout.
+    BadLength,
+    /// `bad_epoch`: `wm_epoch` is not a canonical decimal u64.
+    BadEpoch,
+    /// `bad_presence`: a presence byte other than 0 or 1.
+    BadPresence,
+    /// `nonzero_empty_lane`: an empty lane with a non-zero byte.
+    NonZeroEmptyLane,
+    /// `w_mismatch`: a present lane whose `W` and `W_recomputed` differ.
+    WMismatch,
+    /// `w_below_floor`: a present lane whose `W` is below its floor.
+    WBelowFloor,
+}
+
+impl CorruptCode {
+    /// Every code, in check order.
+    pub const ALL: [CorruptCode; 9] = [
+        CorruptCode::FieldCount,
+        CorruptCode::MissingField,
+        CorruptCode::UnknownLayout,
+        CorruptCode::BadLength,
+        CorruptCode::BadEpoch,
+        CorruptCode::BadPresence,
+        CorruptCode::NonZeroEmptyLane,
+        CorruptCode::WMismatch,
+        CorruptCode::WBelowFloor,
+    ];
+
+    /// The stable string, as the Lua scripts return it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CorruptCode::FieldCount => "field_count",
+            CorruptCode::MissingField => "missing_field",
+            CorruptCode::UnknownLayout => "unknown_layout",
+            CorruptCode::BadLength => "bad_length",
+            CorruptCode::BadEpoch => "bad_epoch",
+            CorruptCode::BadPresence => "bad_presence",
+            CorruptCode::NonZeroEmptyLane => "nonzero_empty_lane",
+            CorruptCode::WMismatch => "w_mismatch",
+            CorruptCode::WBelowFloor => "w_below_floor",
+        }
     }
 
-    /// A human sentence for a cause code, used when only the code is known (Lua verdicts).
-    pub fn describe_code(code: &str) -> &'static str {
-        match code {
-            "field_count" => "wm:{s} does not have exactly 3 fields",
-            "missing_field" => "wm_layout, wm_epoch or wm_blob is missing",
-            "unknown_layout" => "wm_layout is not packed-v1 or packed-v2",
-            "bad_length" => "wm_blob length is not legal for the layout",
-            "bad_epoch" => "wm_epoch is not a canonical decimal u64",
-            "bad_presence" => "a lane's presence byte is not 0 or 1",
-            "nonzero_empty_lane" => "an empty lane has non-zero bytes",
-            "w_mismatch" => "a lane's W differs from W_recomputed",
-            "w_below_floor" => "a lane's W is below W_floor",
-            _ => "unknown corruption code",
+    /// True for the causes that concern one lane (a verdict then names the lane).
+    pub fn is_lane_level(self) -> bool {
+        matches!(
+            self,
+            CorruptCode::BadPresence
+                | CorruptCode::NonZeroEmptyLane
+                | CorruptCode::WMismatch
+                | CorruptCode::WBelowFloor
+        )
+    }
+
+    /// A human sentence for the code, used when only the code is known (Lua verdicts).
+    pub fn describe(self) -> &'static str {
+        match self {
+            CorruptCode::FieldCount => "wm:{s} does not have exactly 3 fields",
+            CorruptCode::MissingField => "wm_layout, wm_epoch or wm_blob is missing",
+            CorruptCode::UnknownLayout => "wm_layout is not packed-v1 or packed-v2",
+            CorruptCode::BadLength => "wm_blob length is not legal for the layout",
+            CorruptCode::BadEpoch => "wm_epoch is not a canonical decimal u64",
+            CorruptCode::BadPresence => "a lane's presence byte is not 0 or 1",
+            CorruptCode::NonZeroEmptyLane => "an empty lane has non-zero bytes",
+            CorruptCode::WMismatch => "a lane's W differs from W_recomputed",
+            CorruptCode::WBelowFloor => "a lane's W is below W_floor",
         }
+    }
+}
+
+impl fmt::Display for CorruptCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A string that is not a [`CorruptCode`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownCorruptCode(pub String);
+
+impl fmt::Display for UnknownCorruptCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown corruption code {:?}", self.0)
+    }
+}
+
+impl std::error::Error for UnknownCorruptCode {}
+
+impl std::str::FromStr for CorruptCode {
+    type Err = UnknownCorruptCode;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        CorruptCode::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownCorruptCode(s.to_string()))
     }
 }
 
@@ -625,15 +719,8 @@ pub mod fuzzing {
             Ok(wm) => wm,
             Err(c) => {
                 let (code, lane) = c.verdict();
-                assert_ne!(
-                    CorruptCause::describe_code(code),
-                    "unknown corruption code",
-                    "{c}"
-                );
-                let lane_level = matches!(
-                    code,
-                    "bad_presence" | "nonzero_empty_lane" | "w_mismatch" | "w_below_floor"
-                );
+                assert_eq!(code.parse::<CorruptCode>(), Ok(c.code()), "{c}");
+                let lane_level = c.code().is_lane_level();
                 assert_eq!(lane.is_some(), lane_level, "{c}");
                 assert!(lane.is_none_or(|l| l < LANES), "{c}");
                 assert_eq!(

@@ -41,16 +41,16 @@
 
 use std::fmt;
 
-/// Number of lanes per shard [ADR].
+/// Number of lanes per shard (fixed by ADR-0015).
 pub const LANES: usize = 64;
-/// Bytes of one lane record [ADR].
+/// Bytes of one lane record (fixed by ADR-0015).
 pub const LANE_BYTES: usize = 19;
 /// Bytes of a full (per-lane) blob: 64 × 19.
 pub const FULL_BLOB_BYTES: usize = LANES * LANE_BYTES;
 /// Largest value of a u48 offset.
 pub const U48_MAX: u64 = (1 << 48) - 1;
 
-/// Hash field names of `wm:{s}` [ADR].
+/// Hash field names of `wm:{s}` (fixed by ADR-0015).
 pub const FIELD_LAYOUT: &str = "wm_layout";
 /// Field holding the owner's epoch.
 pub const FIELD_EPOCH: &str = "wm_epoch";

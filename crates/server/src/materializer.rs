@@ -143,6 +143,9 @@ pub struct ShardHealth {
 #[derive(Debug, Default)]
 pub struct HealthBoard {
     shards: Mutex<BTreeMap<u32, ShardHealth>>,
+    /// Shards whose status is `Corrupt` now: read on every send ([`HealthBoard::is_corrupt`]),
+    /// so the common case (none) costs one atomic load instead of the board's lock.
+    corrupt: std::sync::atomic::AtomicUsize,
 }
 
 impl HealthBoard {
@@ -157,7 +160,17 @@ impl HealthBoard {
             retrying: None,
             log_exhausted: false,
         });
+        let was = matches!(h.status, ShardStatus::Corrupt(_));
         f(h);
+        let is = matches!(h.status, ShardStatus::Corrupt(_));
+        if was != is {
+            let c = &self.corrupt;
+            if is {
+                c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                c.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
     }
 
     /// Marks `shards` as having no running owner (a worker restarting after a panic or an
@@ -173,6 +186,9 @@ impl HealthBoard {
 
     /// True when `shard` is owned here and stopped because its watermark is corrupt.
     pub fn is_corrupt(&self, shard: u32) -> bool {
+        if self.corrupt.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return false;
+        }
         self.shards
             .lock()
             .expect("health lock")

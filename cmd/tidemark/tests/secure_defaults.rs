@@ -302,7 +302,7 @@ impl UpProc {
     /// [`UpProc::start`] in the working directory `cwd` (`data` may be relative to it) with
     /// another `--listen`.
     fn start_in(cwd: &Path, listen: &str, data: &Path, args: &[&str]) -> UpProc {
-        use std::io::{BufRead, BufReader, Read};
+        use std::io::Read;
         let mut cmd = tidemark();
         cmd.current_dir(cwd);
         cmd.args(["up", "--shards", "2", "--listen", listen, "--data-dir"])
@@ -325,16 +325,7 @@ impl UpProc {
                     .push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
-        let (tx, rx) = std::sync::mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = support::stdout_lines(&mut child);
         let mut lines = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {

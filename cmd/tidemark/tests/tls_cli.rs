@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -193,16 +193,7 @@ impl Up {
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
         let mut child = spawn_killed_with_us(&mut cmd);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let out = child.stdout.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let rx = support::stdout_lines(&mut child);
         let mut lines = Vec::new();
         while !lines.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
             match rx.recv_timeout(Duration::from_secs(60)) {

@@ -108,3 +108,20 @@ pub fn http_post(port: u16, path: &str, body: &str) -> (u16, String) {
         ),
     )
 }
+
+/// The lines `child` writes to its (piped) stdout, as they come, read by a thread of their own.
+#[allow(dead_code)]
+pub fn stdout_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let out = child.stdout.take().expect("stdout is piped");
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}

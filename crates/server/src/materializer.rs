@@ -173,6 +173,14 @@ impl HealthBoard {
         }
     }
 
+    /// Records that `shard` is retrying after `why`, keeping when the retrying began.
+    fn set_retrying(&self, shard: u32, why: &str) {
+        self.update(shard, |h| {
+            let since = h.retrying.as_ref().map_or_else(Instant::now, |r| r.1);
+            h.retrying = Some((why.to_string(), since));
+        });
+    }
+
     /// Marks `shards` as having no running owner (a worker restarting after a panic or an
     /// error): `/healthz` reports them until the worker has re-claimed them.
     pub fn mark_down(&self, shards: &[u32], why: &str) {
@@ -553,11 +561,7 @@ impl Worker {
             failure: true,
         });
         rt.pending.clear();
-        let why = why.to_string();
-        self.health.update(shard, |h| {
-            let since = h.retrying.as_ref().map_or_else(Instant::now, |r| r.1);
-            h.retrying = Some((why, since));
-        });
+        self.health.set_retrying(shard, why);
     }
 
     /// Runs the resync of every shard whose retry is due; a failed resync backs off further.
@@ -614,10 +618,7 @@ impl Worker {
         metrics::counter!("tidemark_errors_total", "code" => "log_read").increment(1);
         let why = format!("reading the log on {}: {e}", self.core_shown);
         for s in self.shards() {
-            self.health.update(s, |h| {
-                let since = h.retrying.as_ref().map_or_else(Instant::now, |r| r.1);
-                h.retrying = Some((why.clone(), since));
-            });
+            self.health.set_retrying(s, &why);
         }
         tokio::select! {
             _ = cancel.cancelled() => return,

@@ -3,12 +3,12 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use tidemark_server::config::Topology;
 use tidemark_server::gateway::GatewayOptions;
 use tidemark_server::materializer::{MaterializerOptions, RandomChunkFault};
 use tidemark_server::run;
 use tidemark_store::ops;
 use tidemark_store::redis::watermark::Layout;
+use tidemark_store::topology::Topology;
 use tokio_util::sync::CancellationToken;
 
 /// Exit status for a corrupt watermark (scripts rely on it).
@@ -1116,26 +1116,17 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
-    let (core, mailbox, shards) = match &a.config {
-        Some(path) => {
-            let t = Topology::from_file(path)?;
-            let s = a.shard as usize;
-            if s >= t.shards as usize {
-                anyhow::bail!("shard {} is not in 0..{}", a.shard, t.shards);
-            }
-            (
-                t.core[t.core_table()[s]].clone(),
-                t.mailbox[t.mailbox_table()[s]].clone(),
-                t.shards,
-            )
-        }
-        None => (
-            a.core.expect("clap requires --core"),
-            a.mailbox.expect("clap requires --mailbox"),
+    let topology = match &a.config {
+        Some(path) => Topology::from_file(path)?,
+        None => Topology::single(
             a.shards.expect("clap requires --shards"),
+            Layout::PackedV2,
+            &a.core.expect("clap requires --core"),
+            &a.mailbox.expect("clap requires --mailbox"),
         ),
     };
-    let t = match tidemark_store::trace::trace(&core, &mailbox, shards, a.shard, a.offset).await {
+    let map = topology.validate()?;
+    let t = match tidemark_store::trace::trace(&map, a.shard, a.offset).await {
         Ok(t) => t,
         Err(e) => return Ok(store_exit(&e)),
     };

@@ -29,12 +29,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
+use support::route;
 use tidemark_client::{Auth, Client, Event};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::keys;
 use tidemark_store::redis::store::Store;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::routing::route;
 use tokio::sync::Mutex;
 
 const SHARDS: u32 = 8;

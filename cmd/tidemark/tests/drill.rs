@@ -30,11 +30,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
+use support::route;
 use tidemark_client::{Auth, Client, Event};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::keys;
 use tidemark_store::redis::dlog::CoreStore;
-use tidemark_store::routing::route;
 
 const SHARDS: u32 = 4;
 const SENDER: &str = "drill-sender";

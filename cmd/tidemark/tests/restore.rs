@@ -16,11 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use support::route;
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::Store;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::routing::route;
 
 const SHARDS: u32 = 2;
 

@@ -325,7 +325,14 @@ async fn a_corrupt_shard_stops_only_itself() {
     // sends to the corrupt shard are refused before anything commits (issue 10, item 4)
     let on_shard_1 = (0..)
         .map(|i| format!("u{i}"))
-        .find(|u| tidemark_store::routing::route(u, SHARDS).shard == 1)
+        .find(|u| {
+            tidemark_store::topology::Topology::single(SHARDS, Layout::PackedV2, "", "")
+                .validate()
+                .unwrap()
+                .route(u)
+                .shard
+                == 1
+        })
         .unwrap();
     let (status, body) = support::http_post(
         port,

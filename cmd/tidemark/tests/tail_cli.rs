@@ -7,9 +7,9 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use support::route;
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
-use tidemark_store::routing::route;
 
 const SHARDS: u32 = 4;
 

@@ -10,12 +10,12 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use support::route;
 use tidemark_client::{Auth, Client, Event};
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
 use tidemark_store::redis::store::Store;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::routing::route;
 
 const SHARDS: u32 = 8;
 /// Shard → core instance. The default ranges would be [0, 0, 0, 0, 1, 1, 1, 1].

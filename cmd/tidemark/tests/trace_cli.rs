@@ -12,7 +12,8 @@ use tidemark_redis_proc::RedisProcess;
 use tidemark_store::redis::dlog::CoreStore;
 use tidemark_store::redis::store::{Advance, AdvanceRecord, Materialized, SingleItem, Store};
 use tidemark_store::redis::watermark::{Layout, LANES};
-use tidemark_store::routing::route;
+mod support;
+use support::route;
 
 const SHARDS: u32 = 4;
 const SHARD: u32 = 2;

@@ -1,7 +1,6 @@
 //! Tidemark's service: the materializers that copy dispatch logs into mailboxes, the gateway
 //! that clients talk to, and the code that runs them together (`tidemark serve`, `tidemark up`).
 
-pub mod config;
 pub mod gateway;
 pub mod materializer;
 pub mod run;

@@ -44,7 +44,7 @@ use tidemark_store::redis::store::{
     Store,
 };
 use tidemark_store::redis::watermark::{Layout, FULL_BLOB_BYTES, LANES, U48_MAX};
-use tidemark_store::routing::route;
+use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
 
 /// Most shards garbage-collected in one loop iteration.
@@ -285,13 +285,10 @@ struct Pending {
 }
 
 impl Pending {
-    fn new(rec: DispatchRecord, shards: u32) -> Pending {
+    fn new(rec: DispatchRecord, map: &ShardMap) -> Pending {
         let mut lanes: BTreeMap<usize, Vec<String>> = BTreeMap::new();
         for r in &rec.recipients {
-            lanes
-                .entry(route(r, shards).lane)
-                .or_default()
-                .push(r.clone());
+            lanes.entry(map.route(r).lane).or_default().push(r.clone());
         }
         Pending {
             rec,
@@ -372,7 +369,8 @@ struct Retry {
 
 /// One materializer worker: the owned shards of one core instance.
 pub struct Worker {
-    shards_total: u32,
+    /// Routing (a record's recipients → lanes) and the shard → mailbox instance table.
+    map: ShardMap,
     core: CoreStore,
     core_url: String,
     /// `core_url` without its password, for logs and `/healthz`.
@@ -413,23 +411,28 @@ fn record_from_item(it: &SingleItem) -> DispatchRecord {
 }
 
 impl Worker {
-    /// Connects to the core instance and the mailbox instances, claims every shard in
-    /// `shards` (each `(shard, mailbox instance index)`), and resumes each from its lowest W.
+    /// Connects to core instance `core` of `map` and to the mailbox instances (`mailboxes`,
+    /// one per instance of the map), claims every shard in `shards` (all on that core
+    /// instance), and resumes each from its lowest W.
     pub async fn start(
-        shards_total: u32,
-        core_url: &str,
+        map: ShardMap,
+        core: usize,
         mailboxes: Vec<Store>,
-        shards: &[(u32, usize)],
+        shards: &[u32],
         opts: MaterializerOptions,
         health: Arc<HealthBoard>,
     ) -> Result<Worker, Error> {
-        let core = CoreStore::connect(core_url).await?;
+        let core_url = map.core_urls()[core].as_str();
+        debug_assert!(shards.iter().all(|&s| map.core_of(s) == core));
         let reader = LogReader::connect(core_url).await?;
+        let core_shown = tidemark_store::redact_url(core_url);
+        let core_url = core_url.to_string();
+        let core = CoreStore::connect(&core_url).await?;
         let mut w = Worker {
-            shards_total,
+            map,
             core,
-            core_url: core_url.to_string(),
-            core_shown: tidemark_store::redact_url(core_url),
+            core_url,
+            core_shown,
             reader,
             mailboxes,
             rts: BTreeMap::new(),
@@ -439,7 +442,8 @@ impl Worker {
             marks_at: None,
         };
         let mut corrupt = Vec::new();
-        for &(s, mb) in shards {
+        for &s in shards {
+            let mb = w.map.mailbox_of(s);
             w.health.update(s, |h| h.status = ShardStatus::Starting);
             let store = &mut w.mailboxes[mb];
             let claimed = match store.claim(s).await {
@@ -827,7 +831,7 @@ impl Worker {
         let mut holes = Vec::new();
         let mut hot: BTreeMap<usize, Vec<(u32, u64, Vec<SingleItem>)>> = BTreeMap::new();
         for (s, recs) in batches {
-            let shards_total = self.shards_total;
+            let map = &self.map;
             let Some(rt) = self.rts.get_mut(&s) else {
                 continue;
             };
@@ -857,7 +861,7 @@ impl Worker {
                 if rt.pending.is_empty() && rt.uniform && rec.recipients.len() == 1 {
                     items.push(single_item(&rec));
                 } else {
-                    rt.pending.push_back(Pending::new(rec, shards_total));
+                    rt.pending.push_back(Pending::new(rec, map));
                 }
             }
             if !items.is_empty() {
@@ -907,13 +911,12 @@ impl Worker {
                 }
                 Materialized::NotUniform => {
                     // The rest goes to the chunked path, in order, ahead of later pending.
-                    let shards_total = self.shards_total;
                     let rt = self.rts.get_mut(&s).expect("shard");
                     rt.uniform = false;
                     let mut moved: Vec<Pending> = Vec::new();
                     for it in &items[i..] {
                         let rec = record_from_item(it);
-                        moved.push(Pending::new(rec, shards_total));
+                        moved.push(Pending::new(rec, &self.map));
                     }
                     let rt = self.rts.get_mut(&s).expect("shard");
                     for p in moved.into_iter().rev() {

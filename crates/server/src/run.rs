@@ -20,16 +20,16 @@ use tidemark_store::redis::watermark::Layout;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::{ConfigError, Topology};
 use crate::gateway::{self, GatewayError, GatewayOptions};
 use crate::materializer::{self, HealthBoard, MaterializerOptions, Worker};
+use tidemark_store::topology::{ShardMap, Topology, TopologyError};
 
 /// Errors of running the service.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Bad configuration.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] TopologyError),
     /// Storage failure.
     #[error(transparent)]
     Store(#[from] tidemark_store::Error),
@@ -161,13 +161,12 @@ impl Running {
 }
 
 /// Initialises the watermark of every shard that has none (never overwrites one).
-pub async fn init_missing(topology: &Topology) -> Result<u32, Error> {
-    let table = topology.mailbox_table();
+pub async fn init_missing(map: &ShardMap) -> Result<u32, Error> {
     let mut created = 0;
-    for (i, url) in topology.mailbox.iter().enumerate() {
-        let mut store = Store::connect(url, topology.layout).await?;
-        for s in (0..topology.shards).filter(|&s| table[s as usize] == i) {
-            match store.init_watermark(s, topology.layout, 1, 0, false).await {
+    for (i, url) in map.mailbox_urls().iter().enumerate() {
+        let mut store = Store::connect(url, map.layout()).await?;
+        for s in map.shards_on_mailbox(i) {
+            match store.init_watermark(s, map.layout(), 1, 0, false).await {
                 Ok(()) => created += 1,
                 Err(tidemark_store::Error::AlreadyExists { .. }) => {}
                 Err(e) => return Err(e.into()),
@@ -180,23 +179,23 @@ pub async fn init_missing(topology: &Topology) -> Result<u32, Error> {
 /// Checks the deployment identity recorded in every instance against `topology` and records
 /// it where it is missing (see `tidemark_store::deployment`). Every instance is checked before
 /// any is written, so a refused start writes nothing.
-pub async fn check_identity(topology: &Topology) -> Result<(), Error> {
+pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
     use tidemark_store::deployment::{self, Identity, Role};
-    let (core_t, mb_t) = (topology.core_table(), topology.mailbox_table());
-    let tables = deployment::tables_fingerprint(&core_t, &mb_t);
+    let tables = deployment::tables_fingerprint(map.core_table(), map.mailbox_table());
     let mut missing = Vec::new();
-    for (role, urls, table) in [
-        (Role::Core, &topology.core, &core_t),
-        (Role::Mailbox, &topology.mailbox, &mb_t),
+    for (role, urls) in [
+        (Role::Core, map.core_urls()),
+        (Role::Mailbox, map.mailbox_urls()),
     ] {
         for (index, url) in urls.iter().enumerate() {
             let want = Identity {
-                shards: topology.shards,
+                shards: map.shards(),
                 role,
                 index,
-                holds: (0..topology.shards)
-                    .filter(|&s| table[s as usize] == index)
-                    .collect(),
+                holds: match role {
+                    Role::Core => map.shards_on_core(index),
+                    Role::Mailbox => map.shards_on_mailbox(index),
+                },
                 tables: tables.clone(),
             };
             let connect_err = |source| Error::Connect {
@@ -240,7 +239,7 @@ pub async fn check_identity(topology: &Topology) -> Result<(), Error> {
                                 "it holds watermarks of shards {} which a {}-shard deployment \
                                  with these tables places elsewhere or does not have",
                                 deployment::format_ranges(&foreign),
-                                topology.shards
+                                map.shards()
                             )));
                         }
                     }
@@ -278,20 +277,14 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     if let Some(secret) = &opts.gateway.token_secret {
         TokenSecret::new(secret, "the gateway options")?;
     }
-    let t = &opts.topology;
-    t.validate()?;
-    let owned: Vec<u32> = opts
-        .owned_shards
-        .clone()
-        .unwrap_or_else(|| (0..t.shards).collect());
-    if let Some(bad) = owned.iter().find(|&&s| s >= t.shards) {
-        return Err(ConfigError::Invalid(format!(
-            "owned shard {bad} does not exist: the deployment has {} shards (0..={})",
-            t.shards,
-            t.shards - 1
-        ))
-        .into());
-    }
+    let map = opts.topology.validate()?;
+    let owned: Vec<u32> = match &opts.owned_shards {
+        Some(owned) => owned
+            .iter()
+            .map(|&s| map.check_shard(s))
+            .collect::<Result<_, _>>()?,
+        None => map.all_shards().collect(),
+    };
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|source| Error::Listen {
@@ -307,27 +300,23 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         None => None,
     };
     let mut mailboxes = Vec::new();
-    for url in &t.mailbox {
-        mailboxes.push(
-            Store::connect(url, t.layout)
-                .await
-                .map_err(|source| Error::Connect {
-                    role: "mailbox",
-                    url: redact_url(url),
-                    source,
-                })?,
-        );
+    for url in map.mailbox_urls() {
+        mailboxes.push(Store::connect(url, map.layout()).await.map_err(|source| {
+            Error::Connect {
+                role: "mailbox",
+                url: redact_url(url),
+                source,
+            }
+        })?);
     }
-    check_identity(t).await?;
-    init_missing(t).await?;
+    check_identity(&map).await?;
+    init_missing(&map).await?;
     let health = Arc::new(HealthBoard::default());
-    let core_table = t.core_table();
-    let mb_table = t.mailbox_table();
     // every owned shard must be ownable by this code before any is claimed: a refusal (old
     // code on newer data) then fences nobody. New code starts with a corrupt shard: only that
     // shard stays stopped and is reported (the worker does not claim it).
     let mut cores = Vec::new();
-    for url in &t.core {
+    for url in map.core_urls() {
         cores.push(
             tidemark_store::redis::dlog::CoreStore::connect(url)
                 .await
@@ -339,13 +328,13 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         );
     }
     for &s in &owned {
-        match mailboxes[mb_table[s as usize]].check_claimable(s).await {
+        match mailboxes[map.mailbox_of(s)].check_claimable(s).await {
             Ok(wm) => {
                 // a core instance restored behind the mailbox side: its head is below W, and
                 // a new commit there would reuse a delivered offset (a replay, never
                 // delivered). Raise the head before anything is served.
                 let max_w = wm.lanes.max_present_w().unwrap_or(0);
-                let core = &mut cores[core_table[s as usize]];
+                let core = &mut cores[map.core_of(s)];
                 if let Some(old) = core.raise_head(s, max_w).await? {
                     tracing::error!(
                         shard = s,
@@ -357,17 +346,17 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
                     metrics::counter!("tidemark_head_raised_total").increment(1);
                 }
             }
-            Err(e) if e.is_corrupt() && t.layout == Layout::PackedV2 => {}
+            Err(e) if e.is_corrupt() && map.layout() == Layout::PackedV2 => {}
             Err(e) => return Err(Error::Store(e)),
         }
     }
     let tracker = TaskTracker::new();
     let (err_tx, errors) = tokio::sync::mpsc::unbounded_channel();
-    for (ci, core_url) in t.core.iter().enumerate() {
-        let shards: Vec<(u32, usize)> = owned
+    for core in 0..map.core_urls().len() {
+        let shards: Vec<u32> = owned
             .iter()
-            .filter(|&&s| core_table[s as usize] == ci)
-            .map(|&s| (s, mb_table[s as usize]))
+            .copied()
+            .filter(|&s| map.core_of(s) == core)
             .collect();
         if shards.is_empty() {
             continue;
@@ -375,8 +364,8 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         // The first start is part of start-up (its errors stop `serve`); restarts are
         // supervised and retried.
         let worker = Worker::start(
-            t.shards,
-            core_url,
+            map.clone(),
+            core,
             mailboxes.clone(),
             &shards,
             opts.materializer.clone(),
@@ -386,8 +375,8 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         tracker.spawn(supervise_worker(
             worker,
             WorkerSpec {
-                shards_total: t.shards,
-                core_url: core_url.clone(),
+                map: map.clone(),
+                core,
                 mailboxes: mailboxes.clone(),
                 shards,
                 opts: opts.materializer.clone(),
@@ -403,7 +392,7 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         cancel.clone(),
         err_tx.clone(),
         health.clone(),
-        t.clone(),
+        map.clone(),
         opts.gateway.clone(),
     );
     tracker.spawn(async move {
@@ -450,10 +439,12 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
 
 /// What a materializer worker is started from (again, after a panic).
 struct WorkerSpec {
-    shards_total: u32,
-    core_url: String,
+    map: ShardMap,
+    /// The core instance (index in the map) whose logs the worker reads.
+    core: usize,
     mailboxes: Vec<Store>,
-    shards: Vec<(u32, usize)>,
+    /// The owned shards of that core instance.
+    shards: Vec<u32>,
     opts: MaterializerOptions,
 }
 
@@ -465,7 +456,7 @@ async fn supervise_worker(
     health: Arc<HealthBoard>,
     cancel: CancellationToken,
 ) {
-    let ids: Vec<u32> = spec.shards.iter().map(|s| s.0).collect();
+    let ids: Vec<u32> = spec.shards.clone();
     let mut first = Some(first);
     let spec = Arc::new(spec);
     let (h, c) = (health.clone(), cancel.clone());
@@ -480,8 +471,8 @@ async fn supervise_worker(
                     Some(w) => w,
                     None => {
                         Worker::start(
-                            spec.shards_total,
-                            &spec.core_url,
+                            spec.map.clone(),
+                            spec.core,
                             spec.mailboxes.clone(),
                             &spec.shards,
                             spec.opts.clone(),
@@ -653,7 +644,7 @@ pub fn prepare_data_dir(data_dir: &Path) -> Result<Vec<Tightened>, Error> {
         }
         let to = from & !0o077;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(to)).map_err(|e| {
-            ConfigError::Invalid(format!(
+            TopologyError::Invalid(format!(
                 "{} is mode {from:04o} and cannot be made private ({e}); fix it with: \
                  chmod -R go-rwx {}",
                 path.display(),
@@ -698,9 +689,9 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
         std::fs::rename(&old, &path)?;
     }
     if let Ok(text) = std::fs::read_to_string(&path) {
-        let have: Deployment = toml::from_str(&text).map_err(ConfigError::from)?;
+        let have: Deployment = toml::from_str(&text).map_err(TopologyError::from)?;
         if have.layout == Layout::PackedV2 && want.layout == Layout::PackedV1 {
-            return Err(ConfigError::Invalid(format!(
+            return Err(TopologyError::Invalid(format!(
                 "{} holds packed-v2 data and packed-v1 code cannot read it (ADR-0015); the \
                  downgrade is offline: stop the service, run `tidemark wm downgrade --all \
                  --redis URL` against every mailbox instance, then set layout = \"packed-v1\" \
@@ -711,7 +702,7 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
             .into());
         }
         if have.shards != want.shards || have.core != want.core || have.mailbox != want.mailbox {
-            return Err(ConfigError::Invalid(format!(
+            return Err(TopologyError::Invalid(format!(
                 "{} was created with --shards {} --core {} --mailbox {}; shards and instance \
                  counts are fixed for a data dir (use another --data-dir)",
                 dir.display(),
@@ -724,13 +715,13 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
         if have.layout != want.layout {
             // packed-v1 -> packed-v2: the upgrade (new code converts each shard on its next
             // write); the file records the layout now written
-            let text = toml::to_string(want).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+            let text = toml::to_string(want).map_err(|e| TopologyError::Invalid(e.to_string()))?;
             write_private(&path, text.as_bytes())?;
         }
         return Ok(());
     }
     tidemark_redis_proc::create_private_dir(dir)?;
-    let text = toml::to_string(want).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let text = toml::to_string(want).map_err(|e| TopologyError::Invalid(e.to_string()))?;
     write_private(&path, text.as_bytes())?;
     Ok(())
 }
@@ -774,7 +765,7 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
     );
     // for read-only tools: `tidemark trace --config <data dir>/tidemark.toml` (0600: the URLs
     // carry the Redis password)
-    let text = toml::to_string(&topology).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let text = toml::to_string(&topology).map_err(|e| TopologyError::Invalid(e.to_string()))?;
     write_private(
         &opts.data_dir.join(UP_TOPOLOGY_FILE),
         format!(
@@ -817,7 +808,7 @@ pub fn load_or_create_redis_password(data_dir: &Path) -> Result<String, Error> {
         Ok(text) => {
             let p = text.trim();
             if !tidemark_redis_proc::valid_password(p) {
-                return Err(ConfigError::Invalid(format!(
+                return Err(TopologyError::Invalid(format!(
                     "{} holds no usable redis password (1..=512 characters of A-Z a-z 0-9 - . _ \
                      ~); remove it and the next `up` creates a new one",
                     path.display()

@@ -18,11 +18,16 @@ use tidemark_server::materializer::MaterializerOptions;
 use tidemark_server::run::{self, Up, UpOptions};
 use tidemark_store::keys;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::routing::route;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 const SHARDS: u32 = 8;
+
+/// Routing in a `SHARDS`-shard deployment.
+fn route(user: &str) -> tidemark_store::topology::Route {
+    let t = tidemark_store::topology::Topology::single(SHARDS, Layout::PackedV2, "", "");
+    t.validate().unwrap().route(user)
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -128,7 +133,7 @@ async fn users_exchange_messages_exactly_once_in_log_order() {
     let lanes: std::collections::BTreeSet<(u32, usize)> = users
         .iter()
         .map(|u| {
-            let r = route(u, SHARDS);
+            let r = route(u);
             (r.shard, r.lane)
         })
         .collect();
@@ -170,7 +175,7 @@ async fn users_exchange_messages_exactly_once_in_log_order() {
     let mut deliveries = 0usize;
     for (to, offs) in &results {
         for r in to {
-            let s = route(r, SHARDS).shard;
+            let s = route(r).shard;
             expected.entry(r.as_str()).or_default().push(offs[&s]);
             deliveries += 1;
         }
@@ -217,7 +222,7 @@ async fn users_exchange_messages_exactly_once_in_log_order() {
     let client = redis::Client::open(up.mailbox[0].url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     for u in &users {
-        let s = route(u, SHARDS).shard;
+        let s = route(u).shard;
         let m: Vec<Vec<u8>> = conn.zrange(keys::mailbox(s, u), 0, -1).await.unwrap();
         let seqs: Vec<u64> = m.iter().map(|b| decode_entry(b).unwrap().seq).collect();
         let want = expected.get(u.as_str()).cloned().unwrap_or_default();
@@ -339,7 +344,7 @@ async fn up_twice_on_one_data_dir_loses_nothing() {
         let mut want: Vec<u64> = sent
             .iter()
             .filter(|(u, _)| *u == user)
-            .map(|(u, o)| o[&route(u, SHARDS).shard])
+            .map(|(u, o)| o[&route(u).shard])
             .collect();
         want.sort_unstable();
         let mut c = connect(&url, &user).await;

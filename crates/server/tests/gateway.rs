@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gateway_support::{
     encode, shard_of, start, start_full, start_with, token_for, users_in_distinct_shards,
-    Deployment, SECRET, SHARDS, WAIT,
+    Deployment, SECRET, WAIT,
 };
 use serde_json::{json, Value};
 use tidemark_protocol::token;
@@ -1069,8 +1069,8 @@ async fn shutdown_does_not_wait_for_a_client_that_never_reads() {
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use gateway_support::route;
 use tidemark_server::materializer::{ChunkFault, MaterializerOptions};
-use tidemark_store::routing::route;
 
 /// Fails every chunk of one lane of one shard while `on`: that lane's W stays behind.
 struct HoldLane {
@@ -1091,7 +1091,7 @@ async fn start_holding(
     on: bool,
     tweak: impl FnOnce(&mut tidemark_server::gateway::GatewayOptions),
 ) -> (Deployment, Arc<HoldLane>) {
-    let r = route(user, SHARDS);
+    let r = route(user);
     let fault = Arc::new(HoldLane {
         shard: r.shard,
         lane: r.lane,
@@ -1106,11 +1106,11 @@ async fn start_holding(
 
 /// A user of `user`'s shard in another lane.
 fn neighbour_of(user: &str) -> String {
-    let r = route(user, SHARDS);
+    let r = route(user);
     (0..)
         .map(|i| format!("n{i}"))
         .find(|u| {
-            let q = route(u, SHARDS);
+            let q = route(u);
             q.shard == r.shard && q.lane != r.lane
         })
         .unwrap()
@@ -1126,7 +1126,7 @@ async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
 
 /// The W of `user`'s lane, read from Redis.
 async fn lane_w(d: &Deployment, user: &str) -> u64 {
-    let r = route(user, SHARDS);
+    let r = route(user);
     let mut st = tidemark_store::redis::store::Store::connect(
         &d.mailbox_url,
         tidemark_store::redis::watermark::Layout::PackedV2,

@@ -19,14 +19,20 @@ use tidemark_store::keys;
 use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::Store;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::routing::route;
+use tidemark_store::topology::Topology;
 use tokio_util::sync::CancellationToken;
 
 const SHARDS: u32 = 4;
 
+/// Routing in a `SHARDS`-shard deployment.
+fn route(user: &str) -> tidemark_store::topology::Route {
+    let t = tidemark_store::topology::Topology::single(SHARDS, Layout::PackedV2, "", "");
+    t.validate().unwrap().route(user)
+}
+
 struct Env {
     core: RedisProcess,
-    _mailbox: RedisProcess,
+    mailbox: RedisProcess,
     core_store: CoreStore,
     mb_store: Store,
 }
@@ -46,7 +52,7 @@ async fn env() -> Env {
     }
     Env {
         core,
-        _mailbox: mailbox,
+        mailbox,
         core_store,
         mb_store,
     }
@@ -69,10 +75,18 @@ async fn start_worker(
     Arc<HealthBoard>,
 ) {
     let health = Arc::new(HealthBoard::default());
-    let shards: Vec<(u32, usize)> = (0..SHARDS).map(|s| (s, 0)).collect();
-    let w = Worker::start(
+    let shards: Vec<u32> = (0..SHARDS).collect();
+    let map = Topology::new(
         SHARDS,
-        &e.core.url(),
+        Layout::PackedV2,
+        vec![e.core.url()],
+        vec![e.mailbox.url()],
+    )
+    .validate()
+    .unwrap();
+    let w = Worker::start(
+        map,
+        0,
         vec![e.mb_store.clone()],
         &shards,
         opts,
@@ -92,7 +106,7 @@ async fn start_worker(
 async fn send(e: &mut Env, from: &str, id: &str, to: &[&str], body: &str) -> BTreeMap<u32, u64> {
     let mut by_shard: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
     for r in to {
-        by_shard.entry(route(r, SHARDS).shard).or_default().push(r);
+        by_shard.entry(route(r).shard).or_default().push(r);
     }
     let mut out = BTreeMap::new();
     for (s, rs) in by_shard {
@@ -108,7 +122,7 @@ async fn send(e: &mut Env, from: &str, id: &str, to: &[&str], body: &str) -> BTr
 
 async fn mailbox(e: &Env, user: &str) -> Vec<(u64, String)> {
     let mut c = e.mb_store.connection();
-    let s = route(user, SHARDS).shard;
+    let s = route(user).shard;
     let v: Vec<(Vec<u8>, f64)> = c
         .zrange_withscores(keys::mailbox(s, user), 0, -1)
         .await
@@ -187,7 +201,7 @@ async fn single_and_multi_recipient_exactly_once_in_log_order() {
             expected
                 .entry(r.to_string())
                 .or_default()
-                .push(offs[&route(r, SHARDS).shard]);
+                .push(offs[&route(r).shard]);
         }
     }
     wait_until("caught up", || all_caught_up(&e)).await;
@@ -230,13 +244,10 @@ async fn failed_chunk_holds_only_its_lane_and_converges() {
     let mut e = env().await;
     // two recipients of shard 0 in different lanes
     let us = users(400);
-    let in0: Vec<&String> = us.iter().filter(|u| route(u, SHARDS).shard == 0).collect();
+    let in0: Vec<&String> = us.iter().filter(|u| route(u).shard == 0).collect();
     let a = in0[0];
-    let b = in0
-        .iter()
-        .find(|u| route(u, SHARDS).lane != route(a, SHARDS).lane)
-        .unwrap();
-    let held_lane = route(a, SHARDS).lane;
+    let b = in0.iter().find(|u| route(u).lane != route(a).lane).unwrap();
+    let held_lane = route(a).lane;
     let fault = Arc::new(FailLaneOnce {
         lane: held_lane,
         shard: 0,
@@ -263,7 +274,7 @@ async fn failed_chunk_holds_only_its_lane_and_converges() {
     wait_until("lane of b at o", || async {
         let mut st = e.mb_store.clone();
         let wm = st.read_watermark(0).await.unwrap();
-        wm.lanes.lane(route(b, SHARDS).lane).w >= o
+        wm.lanes.lane(route(b).lane).w >= o
     })
     .await;
     let mut st = e.mb_store.clone();
@@ -305,7 +316,7 @@ async fn older_owner_is_fenced_and_writes_nothing() {
         mailbox(&e, "zed").await.len() == 2
     })
     .await;
-    let s = route("zed", SHARDS).shard;
+    let s = route("zed").shard;
     wait_until("zombie fenced", || async {
         matches!(
             health1.snapshot().get(&s).map(|h| h.status.clone()),
@@ -478,7 +489,7 @@ async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
     let (held_user, other) = (us[0].as_str(), us[1].as_str());
     let fault = Arc::new(HoldLane {
         shard: 0,
-        lane: route(held_user, SHARDS).lane,
+        lane: route(held_user).lane,
         on: true.into(),
     });
     let opts = MaterializerOptions {
@@ -496,7 +507,7 @@ async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
         let mut c = e.mb_store.connection();
         let staged1: u64 = c.zcard(keys::staging_index(1)).await.unwrap();
         let log1 = e.core_store.clone().log_len(1).await.unwrap();
-        wm.lanes.lane(route(other, SHARDS).lane).w == 2 && staged1 == 0 && log1 == 0
+        wm.lanes.lane(route(other).lane).w == 2 && staged1 == 0 && log1 == 0
     })
     .await;
     // many GC intervals (100 ms) while the lanes differ
@@ -528,7 +539,7 @@ async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
     let lanes_done: Vec<String> = c.hkeys(keys::staging(0, 1)).await.unwrap();
     assert_eq!(
         lanes_done,
-        vec![route(other, SHARDS).lane.to_string()],
+        vec![route(other).lane.to_string()],
         "with the other lane's chunk marked durable"
     );
     assert!(mailbox(&e, held_user).await.is_empty());
@@ -566,7 +577,7 @@ fn users_in_distinct_lanes(s: u32, n: usize) -> Vec<String> {
     let mut out = Vec::new();
     for i in 0.. {
         let u = format!("lane-user-{i}");
-        let r = route(&u, SHARDS);
+        let r = route(&u);
         if r.shard == s && lanes.insert(r.lane) {
             out.push(u);
             if out.len() == n {
@@ -587,8 +598,8 @@ async fn a_record_for_an_empty_lane_is_held_never_dropped() {
     let s = 0;
     let us = users_in_distinct_lanes(s, 2);
     let (empty_user, other) = (us[0].as_str(), us[1].as_str());
-    let empty_lane = route(empty_user, SHARDS).lane;
-    let other_lane = route(other, SHARDS).lane;
+    let empty_lane = route(empty_user).lane;
+    let other_lane = route(other).lane;
     let mut lanes = LaneWatermarks::uniform(LaneRecord::at(0, 0));
     lanes.0[empty_lane] = LaneRecord::EMPTY;
     let mut c = e.mb_store.connection();
@@ -700,7 +711,7 @@ async fn a_hint_is_published_when_an_early_batch_of_a_backlog_moved() {
     for i in 0..3 {
         send(&mut e, "a", &format!("c{i}"), &pair, "x").await;
     }
-    let client = redis::Client::open(e._mailbox.url()).unwrap();
+    let client = redis::Client::open(e.mailbox.url()).unwrap();
     let mut pubsub = client.get_async_pubsub().await.unwrap();
     pubsub.subscribe(keys::wake(s)).await.unwrap();
     let fault = Arc::new(HoldRecord {

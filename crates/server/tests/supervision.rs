@@ -10,14 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidemark_redis_proc::RedisProcess;
-use tidemark_server::config::Topology;
 use tidemark_server::gateway::GatewayOptions;
 use tidemark_server::materializer::{ChunkFault, MaterializerOptions};
 use tidemark_server::run::{self, ServeOptions};
 use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::Store;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::routing::route;
+use tidemark_store::topology::Topology;
 use tokio_util::sync::CancellationToken;
 
 const SHARDS: u32 = 4;
@@ -63,11 +62,17 @@ fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// Routing in a `SHARDS`-shard deployment.
+fn route(user: &str) -> tidemark_store::topology::Route {
+    let t = tidemark_store::topology::Topology::single(SHARDS, Layout::PackedV2, "", "");
+    t.validate().unwrap().route(user)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
     let core = RedisProcess::start().unwrap();
     let mailbox = RedisProcess::start().unwrap();
-    let bob = route("bob", SHARDS);
+    let bob = route("bob");
     let fault = Arc::new(PanicAt {
         shard: bob.shard,
         offset: 2,

@@ -5,7 +5,9 @@
 //!   packed-v2 sets.
 //! - [`redis::store`]: one typed wrapper per script, EVALSHA with NOSCRIPT recovery, and the
 //!   only call site of `decode_lane_watermarks`.
-//! - [`keys`] and [`routing`]: key names and the recipient → (shard, lane) hash.
+//! - [`keys`]: key names.
+//! - [`topology`]: the deployment's topology, validated once into a [`topology::ShardMap`]
+//!   whose `route(user)` is the only place a recipient's shard, lane and instances are computed.
 //! - [`deployment`]: the deployment's identity recorded in every instance (shard count,
 //!   instance positions, tables), checked before a process writes anything.
 //! - [`redact_url`]: a Redis URL without its password, for output and logs.
@@ -15,7 +17,7 @@ pub mod error;
 pub mod keys;
 pub mod ops;
 pub mod redis;
-pub mod routing;
+pub mod topology;
 pub mod trace;
 pub mod wake;
 

@@ -27,7 +27,7 @@ use crate::keys;
 use crate::redis::dlog::CoreStore;
 use crate::redis::store::Store;
 use crate::redis::watermark::{Layout, ShardWatermark, U48_MAX};
-use crate::routing::route;
+use crate::topology::ShardMap;
 
 /// The log around the traced offset.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -196,23 +196,17 @@ pub struct Trace {
     pub problems: Vec<String>,
 }
 
-/// Traces record `offset` of shard `shard` (of `shards`): its log record on `core_url`, the
-/// watermark and the mailboxes on `mailbox_url` (the instances that hold this shard).
+/// Traces record `offset` of shard `shard` of `map`: its log record on the shard's core
+/// instance, the watermark and the mailboxes on its mailbox instance.
 ///
-/// Errors: an offset of 0 or above the log head, or a shard outside `0..shards`
+/// Errors: an offset of 0 or above the log head, or a shard outside the map
 /// ([`Error::InvalidArgument`]); a missing or corrupt watermark; Redis failures.
-pub async fn trace(
-    core_url: &str,
-    mailbox_url: &str,
-    shards: u32,
-    shard: u32,
-    offset: u64,
-) -> Result<Trace> {
-    if shards == 0 || shard >= shards {
-        return Err(Error::InvalidArgument(format!(
-            "shard {shard} is not in 0..{shards}"
-        )));
-    }
+pub async fn trace(map: &ShardMap, shard: u32, offset: u64) -> Result<Trace> {
+    let shards = map.shards();
+    map.check_shard(shard)
+        .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    let core_url = map.core_urls()[map.core_of(shard)].as_str();
+    let mailbox_url = map.mailbox_urls()[map.mailbox_of(shard)].as_str();
     if offset == 0 || offset > U48_MAX {
         return Err(Error::InvalidArgument(format!(
             "offset {offset}: log offsets are 1..={U48_MAX}"
@@ -289,9 +283,9 @@ pub async fn trace(
         }
     };
 
-    let recipients = recipient_traces(&store, &wm, shards, shard, offset, &users).await?;
+    let recipients = recipient_traces(&store, &wm, map, shard, offset, &users).await?;
     for r in &recipients {
-        let routed = route(&r.user, shards);
+        let routed = map.route(&r.user);
         if routed.shard != shard {
             problems.push(format!(
                 "recipient {} routes to shard {} with {shards} shards, not {shard} (is the \
@@ -434,7 +428,7 @@ async fn mailboxes_holding(store: &Store, shard: u32, offset: u64) -> Result<Vec
 async fn recipient_traces(
     store: &Store,
     wm: &ShardWatermark,
-    shards: u32,
+    map: &ShardMap,
     shard: u32,
     offset: u64,
     users: &[String],
@@ -467,7 +461,7 @@ async fn recipient_traces(
                 bytes: m.len(),
             }
         });
-        let lane = route(u, shards).lane;
+        let lane = map.route(u).lane;
         let rec = wm.lanes.lane(lane);
         let state = if !rec.present {
             RecipientState::LaneNotPresent

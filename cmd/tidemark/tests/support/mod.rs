@@ -125,3 +125,12 @@ pub fn stdout_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
     });
     rx
 }
+
+/// Where `user` lives in a deployment of `shards` shards (one instance of each kind; the
+/// instances do not change a shard or lane).
+#[allow(dead_code)]
+pub fn route(user: &str, shards: u32) -> tidemark_store::topology::Route {
+    use tidemark_store::{redis::watermark::Layout, topology::Topology};
+    let t = Topology::single(shards, Layout::PackedV2, "", "");
+    t.validate().expect("topology").route(user)
+}

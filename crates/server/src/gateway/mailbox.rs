@@ -12,7 +12,7 @@
 
 use tidemark_protocol::entry::{decode_entry, Entry};
 use tidemark_store::redis::store::Store;
-use tidemark_store::routing::Route;
+use tidemark_store::topology::Route;
 
 /// One page read after a cursor.
 pub(crate) struct Page {

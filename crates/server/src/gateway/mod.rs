@@ -50,8 +50,8 @@ use tidemark_protocol::Limits;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Topology;
 use crate::materializer::HealthBoard;
+use tidemark_store::topology::ShardMap;
 
 mod auth;
 mod http;
@@ -162,9 +162,6 @@ pub enum GatewayError {
     /// Listener failure.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
-    /// The topology is unusable (validation failed).
-    #[error("gateway: {0}")]
-    Config(String),
 }
 
 impl GatewayError {
@@ -173,7 +170,6 @@ impl GatewayError {
         match self {
             GatewayError::Store(e) => e.code(),
             GatewayError::Io(_) => "io",
-            GatewayError::Config(_) => "config",
         }
     }
 }
@@ -182,11 +178,11 @@ impl GatewayError {
 /// `opts.admin_listen` is set, binds it first and serves `/metrics` and `/healthz` there
 /// ([`serve_listeners`]).
 ///
-/// Connects to every core and mailbox instance of `topology` first (an unreachable instance
+/// Connects to every core and mailbox instance of `map` first (an unreachable instance
 /// is an error here, before anything is served).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    topology: Topology,
+    map: ShardMap,
     opts: GatewayOptions,
     health: Arc<HealthBoard>,
     cancel: CancellationToken,
@@ -195,7 +191,7 @@ pub async fn serve(
         Some(addr) => Some(tokio::net::TcpListener::bind(addr).await?),
         None => None,
     };
-    serve_listeners(listener, admin, topology, opts, health, cancel).await
+    serve_listeners(listener, admin, map, opts, health, cancel).await
 }
 
 /// [`serve`] on listeners bound by the caller: `listener` for clients (TLS when `opts.tls`
@@ -204,14 +200,11 @@ pub async fn serve(
 pub async fn serve_listeners(
     listener: tokio::net::TcpListener,
     admin: Option<tokio::net::TcpListener>,
-    topology: Topology,
+    map: ShardMap,
     opts: GatewayOptions,
     health: Arc<HealthBoard>,
     cancel: CancellationToken,
 ) -> Result<(), GatewayError> {
-    topology
-        .validate()
-        .map_err(|e| GatewayError::Config(e.to_string()))?;
     let mut opts = opts;
     if admin.is_some() {
         // health checks go to the admin listener: no reserve for them here
@@ -228,10 +221,9 @@ pub async fn serve_listeners(
     // caller's other services.
     let stop = cancel.child_token();
     let tracker = TaskTracker::new();
-    let shared =
-        state::Shared::connect(topology, opts, health, stop.clone(), tracker.clone()).await?;
+    let shared = state::Shared::connect(map, opts, health, stop.clone(), tracker.clone()).await?;
 
-    for url in shared.topology.mailbox.clone() {
+    for url in shared.map.mailbox_urls().to_vec() {
         // supervised: a panic restarts the subscriber (connections re-check meanwhile)
         let (hub, stop2) = (shared.hub.clone(), stop.clone());
         tracker.spawn(crate::supervise::supervise(

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tidemark_protocol::{ErrorCode, SendRequest};
 use tidemark_store::redis::dlog::DEFAULT_DEDUPE_TTL_S;
-use tidemark_store::routing::route;
+use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -37,12 +37,10 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) type SendFailure = (ErrorCode, String);
 
 /// Recipients by shard, in the order given.
-pub(crate) fn group_by_shard(to: &[String], shards: u32) -> BTreeMap<u32, Vec<&str>> {
+pub(crate) fn group_by_shard<'a>(to: &'a [String], map: &ShardMap) -> BTreeMap<u32, Vec<&'a str>> {
     let mut by: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
     for r in to {
-        by.entry(route(r, shards).shard)
-            .or_default()
-            .push(r.as_str());
+        by.entry(map.route(r).shard).or_default().push(r.as_str());
     }
     by
 }
@@ -91,7 +89,7 @@ pub(crate) async fn reserve(
             ),
         ));
     }
-    let shards = group_by_shard(&req.to, shared.topology.shards).len();
+    let shards = group_by_shard(&req.to, &shared.map).len();
     let n = shards.clamp(1, shared.commit_permits()) as u32;
     let deadline = Instant::now() + PERMIT_WAIT;
     let mut permit = CommitPermit {
@@ -128,7 +126,7 @@ pub(crate) async fn commit(
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
-    let groups = group_by_shard(&req.to, shared.topology.shards);
+    let groups = group_by_shard(&req.to, &shared.map);
     // a shard stopped here because its watermark is corrupt takes no new message: refused
     // before anything commits (else it would wait, acknowledged, until a repair)
     if let Some(&bad) = groups.keys().find(|&&s| shared.health.is_corrupt(s)) {
@@ -147,7 +145,7 @@ pub(crate) async fn commit(
     // the id is bound to the message on the sender's own shard first, so that a reuse is
     // refused before any shard commits (a shard the first message did not touch has no
     // dedupe record to compare with)
-    let home = tidemark_store::routing::route(sender, shared.topology.shards).shard;
+    let home = shared.map.route(sender).shard;
     let claim = shared
         .core(home)
         .claim_message_id(home, sender, &req.id, digest, DEFAULT_DEDUPE_TTL_S)

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tidemark_store::redis::dlog::CoreStore;
 use tidemark_store::redis::store::Store;
-use tidemark_store::routing::route;
+use tidemark_store::topology::ShardMap;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -16,20 +16,18 @@ use super::mailbox::Mailbox;
 use super::users::Users;
 use super::wake::WakeHub;
 use super::{GatewayError, GatewayOptions};
-use crate::config::Topology;
 use crate::materializer::HealthBoard;
 
 /// State shared by every request and connection.
 pub(crate) struct Shared {
-    pub topology: Topology,
+    /// The validated topology: routing and the shard → instance tables.
+    pub map: ShardMap,
     pub opts: GatewayOptions,
     pub health: Arc<HealthBoard>,
     /// One per core instance (index = instance).
     cores: Vec<CoreStore>,
     /// One per mailbox instance (index = instance).
     mailboxes: Vec<Store>,
-    core_of_shard: Vec<usize>,
-    mailbox_of_shard: Vec<usize>,
     /// Permits = commits that may be in flight (or queued on a connection) gateway-wide.
     pub commits: Arc<Semaphore>,
     /// Per-user connection counts, commit shares and send buckets.
@@ -44,20 +42,20 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) async fn connect(
-        topology: Topology,
+        map: ShardMap,
         opts: GatewayOptions,
         health: Arc<HealthBoard>,
         stop: CancellationToken,
         tracker: TaskTracker,
     ) -> Result<Arc<Shared>, GatewayError> {
         let metrics = crate::telemetry::metrics_handle();
-        let mut cores = Vec::with_capacity(topology.core.len());
-        for url in &topology.core {
+        let mut cores = Vec::with_capacity(map.core_urls().len());
+        for url in map.core_urls() {
             cores.push(CoreStore::connect(url).await?);
         }
-        let mut mailboxes = Vec::with_capacity(topology.mailbox.len());
-        for url in &topology.mailbox {
-            mailboxes.push(Store::connect(url, topology.layout).await?);
+        let mut mailboxes = Vec::with_capacity(map.mailbox_urls().len());
+        for url in map.mailbox_urls() {
+            mailboxes.push(Store::connect(url, map.layout()).await?);
         }
         let permits = opts.max_inflight_commits.clamp(1, Semaphore::MAX_PERMITS);
         let users = Arc::new(Users::new(
@@ -68,9 +66,7 @@ impl Shared {
             f64::from(opts.send_burst_per_user),
         ));
         Ok(Arc::new(Shared {
-            core_of_shard: topology.core_table(),
-            mailbox_of_shard: topology.mailbox_table(),
-            topology,
+            map,
             opts,
             health,
             cores,
@@ -93,13 +89,13 @@ impl Shared {
 
     /// A connection to the core instance of `shard`.
     pub(crate) fn core(&self, shard: u32) -> CoreStore {
-        self.cores[self.core_of_shard[shard as usize]].clone()
+        self.cores[self.map.core_of(shard)].clone()
     }
 
     /// `user`'s mailbox (its shard, lane and a connection to its mailbox instance).
     pub(crate) fn mailbox(&self, user: &str) -> Mailbox {
-        let r = route(user, self.topology.shards);
-        let store = self.mailboxes[self.mailbox_of_shard[r.shard as usize]].clone();
+        let r = self.map.route(user);
+        let store = self.mailboxes[r.mailbox].clone();
         Mailbox::new(user.to_string(), r, store)
     }
 }

@@ -14,12 +14,11 @@ use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tidemark_protocol::token;
 use tidemark_redis_proc::RedisProcess;
-use tidemark_server::config::Topology;
 use tidemark_server::gateway::{serve, GatewayError, GatewayOptions};
 use tidemark_server::materializer::{HealthBoard, MaterializerOptions, Worker};
 use tidemark_store::redis::store::Store;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::routing::route;
+use tidemark_store::topology::{Route, Topology};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
@@ -31,6 +30,12 @@ use tokio_util::sync::CancellationToken;
 
 /// Shards of the test deployment.
 pub const SHARDS: u32 = 4;
+
+/// Routing in a `SHARDS`-shard deployment.
+pub fn route(user: &str) -> Route {
+    let t = tidemark_store::topology::Topology::single(SHARDS, Layout::PackedV2, "", "");
+    t.validate().unwrap().route(user)
+}
 /// Token secret of the test gateway.
 pub const SECRET: &[u8] = b"gateway test secret";
 /// Bound of every single wait.
@@ -86,10 +91,11 @@ pub async fn start_full(
     }
     let cancel = CancellationToken::new();
     let health = Arc::new(HealthBoard::default());
-    let owned: Vec<(u32, usize)> = (0..SHARDS).map(|s| (s, 0)).collect();
+    let owned: Vec<u32> = (0..SHARDS).collect();
+    let map = topology.validate().expect("topology");
     let worker = Worker::start(
-        SHARDS,
-        &core_url,
+        map.clone(),
+        0,
         vec![store],
         &owned,
         materializer,
@@ -115,13 +121,7 @@ pub async fn start_full(
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let serve = tokio::spawn(serve(
-        listener,
-        topology,
-        opts,
-        health.clone(),
-        cancel.clone(),
-    ));
+    let serve = tokio::spawn(serve(listener, map, opts, health.clone(), cancel.clone()));
     Deployment {
         addr,
         cancel,
@@ -154,7 +154,7 @@ pub fn users_in_distinct_shards(prefix: &str, n: usize) -> Vec<String> {
     let mut out = Vec::new();
     for i in 0.. {
         let u = format!("{prefix}{i}");
-        if seen.insert(route(&u, SHARDS).shard) {
+        if seen.insert(route(&u).shard) {
             out.push(u);
             if out.len() == n {
                 break;
@@ -166,7 +166,7 @@ pub fn users_in_distinct_shards(prefix: &str, n: usize) -> Vec<String> {
 
 /// The shard of `user`.
 pub fn shard_of(user: &str) -> u32 {
-    route(user, SHARDS).shard
+    route(user).shard
 }
 
 impl Deployment {

@@ -2,6 +2,7 @@
 //! that clients talk to, and the code that runs them together (`tidemark serve`, `tidemark up`).
 
 pub mod gateway;
+pub mod health;
 pub mod materializer;
 pub mod run;
 pub mod supervise;

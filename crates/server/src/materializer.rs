@@ -33,7 +33,7 @@
 //! panic and starts the worker again (it re-claims its shards: replays are no-ops).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidemark_protocol::entry::encode_entry;
@@ -46,6 +46,8 @@ use tidemark_store::redis::store::{
 use tidemark_store::redis::watermark::{Layout, FULL_BLOB_BYTES, LANES, U48_MAX};
 use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
+
+use crate::health::{HealthBoard, ShardStatus};
 
 /// Most shards garbage-collected in one loop iteration.
 const GC_SHARDS_PER_LOOP: usize = 4;
@@ -94,166 +96,6 @@ impl Default for MaterializerOptions {
             gc_interval: Duration::from_secs(1),
             fault: None,
         }
-    }
-}
-
-/// State of one shard as the owner sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ShardStatus {
-    /// Claiming and resuming.
-    Starting,
-    /// Materialising.
-    Running,
-    /// Another owner raised the epoch; this one stopped.
-    Fenced { current_epoch: Option<u64> },
-    /// Record `offset` has recipients in `lane`, which is empty (presence 0): no lane takes the
-    /// record (its messages are kept; GC never passes it). The owner re-checks every
-    /// [`RETRY_MAX`] and resumes once the lane is initialised.
-    LaneEmpty { lane: usize, offset: u64 },
-    /// The log does not continue from W: the next record it holds is `next` (None: it holds
-    /// nothing after W) although the head is above W (a restore moved W back, or the log was
-    /// trimmed above W). Only this shard waits; it re-checks every few seconds.
-    Discontinuity { w: u64, next: Option<u64> },
-    /// The watermark is corrupt; the shard is stopped (fail closed).
-    Corrupt(String),
-    /// Some other failure stopped the shard.
-    Failed(String),
-}
-
-/// Health of one shard, for `/healthz` and `/metrics`.
-#[derive(Debug, Clone)]
-pub struct ShardHealth {
-    /// Current status.
-    pub status: ShardStatus,
-    /// Epoch this owner holds.
-    pub epoch: u64,
-    /// Lowest present W last seen.
-    pub min_w: u64,
-    /// Log head last seen (`head:{s}`).
-    pub head: u64,
-    /// When W last moved (or the shard was last seen idle with nothing to do).
-    pub last_progress: Instant,
-    /// The failure the shard is retrying after, and since when (None: not retrying).
-    pub retrying: Option<(String, Instant)>,
-    /// The log head is at 2^48−1: commits to this shard are refused (`log_exhausted`).
-    pub log_exhausted: bool,
-}
-
-/// Shared board of shard health.
-#[derive(Debug, Default)]
-pub struct HealthBoard {
-    shards: Mutex<BTreeMap<u32, ShardHealth>>,
-    /// Shards whose status is `Corrupt` now: read on every send ([`HealthBoard::is_corrupt`]),
-    /// so the common case (none) costs one atomic load instead of the board's lock.
-    corrupt: std::sync::atomic::AtomicUsize,
-}
-
-impl HealthBoard {
-    fn update(&self, shard: u32, f: impl FnOnce(&mut ShardHealth)) {
-        let mut m = self.shards.lock().expect("health lock");
-        let h = m.entry(shard).or_insert_with(|| ShardHealth {
-            status: ShardStatus::Starting,
-            epoch: 0,
-            min_w: 0,
-            head: 0,
-            last_progress: Instant::now(),
-            retrying: None,
-            log_exhausted: false,
-        });
-        let was = matches!(h.status, ShardStatus::Corrupt(_));
-        f(h);
-        let is = matches!(h.status, ShardStatus::Corrupt(_));
-        if was != is {
-            let c = &self.corrupt;
-            if is {
-                c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            } else {
-                c.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Records that `shard` is retrying after `why`, keeping when the retrying began.
-    fn set_retrying(&self, shard: u32, why: &str) {
-        self.update(shard, |h| {
-            let since = h.retrying.as_ref().map_or_else(Instant::now, |r| r.1);
-            h.retrying = Some((why.to_string(), since));
-        });
-    }
-
-    /// Marks `shards` as having no running owner (a worker restarting after a panic or an
-    /// error): `/healthz` reports them until the worker has re-claimed them.
-    pub fn mark_down(&self, shards: &[u32], why: &str) {
-        for &s in shards {
-            self.update(s, |h| {
-                h.status = ShardStatus::Failed(why.to_string());
-                h.retrying = None;
-            });
-        }
-    }
-
-    /// True when `shard` is owned here and stopped because its watermark is corrupt.
-    pub fn is_corrupt(&self, shard: u32) -> bool {
-        if self.corrupt.load(std::sync::atomic::Ordering::Relaxed) == 0 {
-            return false;
-        }
-        self.shards
-            .lock()
-            .expect("health lock")
-            .get(&shard)
-            .is_some_and(|h| matches!(h.status, ShardStatus::Corrupt(_)))
-    }
-
-    /// A copy of every shard's health.
-    pub fn snapshot(&self) -> BTreeMap<u32, ShardHealth> {
-        self.shards.lock().expect("health lock").clone()
-    }
-
-    /// Problems that make the service unhealthy: a shard not running, or one with a lag that
-    /// has not moved for `stuck_after`.
-    pub fn problems(&self, stuck_after: Duration) -> Vec<String> {
-        let mut out = Vec::new();
-        for (s, h) in self.snapshot() {
-            if h.log_exhausted {
-                out.push(format!(
-                    "shard {s}: log exhausted (head {} = 2^48-1): sends are refused with \
-                     log_exhausted",
-                    h.head
-                ));
-            }
-            match &h.status {
-                ShardStatus::Running => {
-                    if let Some((err, since)) = &h.retrying {
-                        out.push(format!(
-                            "shard {s}: retrying for {:?} (W={}, head {}): {err}",
-                            since.elapsed(),
-                            h.min_w,
-                            h.head
-                        ));
-                    } else if h.head > h.min_w && h.last_progress.elapsed() > stuck_after {
-                        out.push(format!(
-                            "shard {s}: stuck at W={} with head {} for {:?}",
-                            h.min_w,
-                            h.head,
-                            h.last_progress.elapsed()
-                        ));
-                    }
-                }
-                ShardStatus::Starting => out.push(format!("shard {s}: starting")),
-                ShardStatus::LaneEmpty { lane, offset } => out.push(format!(
-                    "shard {s}: record {offset} has recipients in lane {lane}, which is empty; \
-                     held (nothing dropped) until the lane is initialised"
-                )),
-                ShardStatus::Discontinuity { w, next } => out.push(format!(
-                    "shard {s}: log discontinuity: W={w}, head {}, but the log's next record \
-                     is {} (see docs/operations.md, Restores)",
-                    h.head,
-                    next.map_or("none".to_string(), |n| n.to_string())
-                )),
-                other => out.push(format!("shard {s}: {other:?}")),
-            }
-        }
-        out
     }
 }
 
@@ -1232,14 +1074,10 @@ impl Worker {
         if self.rts[&s].stopped {
             // no GC for a stopped shard (fenced, corrupt): only its head and lag
             let head = self.core.head(s).await?;
-            let mut min_w = 0;
             self.health.update(s, |h| {
                 h.head = head;
                 h.log_exhausted = head >= U48_MAX;
-                min_w = h.min_w;
             });
-            metrics::gauge!("tidemark_shard_lag", "shard" => s.to_string())
-                .set(head.saturating_sub(min_w) as f64);
             return Ok(());
         }
         match self.mailboxes[mb].gc_completed(s, 1000).await? {
@@ -1286,8 +1124,6 @@ impl Worker {
                         self.hold_discontinuity(s, min_w, next);
                     }
                 }
-                metrics::gauge!("tidemark_shard_lag", "shard" => s.to_string())
-                    .set(head.saturating_sub(min_w) as f64);
                 self.health.update(s, |h| {
                     h.head = head;
                     h.min_w = min_w;

@@ -21,7 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::gateway::{self, GatewayError, GatewayOptions};
-use crate::materializer::{self, HealthBoard, MaterializerOptions, Worker};
+use crate::health::HealthBoard;
+use crate::materializer::{self, MaterializerOptions, Worker};
 use tidemark_store::topology::{ShardMap, Topology, TopologyError};
 
 /// Errors of running the service.
@@ -277,6 +278,8 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     if let Some(secret) = &opts.gateway.token_secret {
         TokenSecret::new(secret, "the gateway options")?;
     }
+    // before any worker counts anything
+    let _ = crate::telemetry::metrics_handle();
     let map = opts.topology.validate()?;
     let owned: Vec<u32> = match &opts.owned_shards {
         Some(owned) => owned

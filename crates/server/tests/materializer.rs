@@ -12,9 +12,8 @@ use futures::StreamExt;
 use redis::AsyncCommands;
 use tidemark_protocol::entry::decode_entry;
 use tidemark_redis_proc::RedisProcess;
-use tidemark_server::materializer::{
-    ChunkFault, HealthBoard, MaterializerOptions, ShardStatus, Worker,
-};
+use tidemark_server::health::{HealthBoard, ShardStatus};
+use tidemark_server::materializer::{ChunkFault, MaterializerOptions, Worker};
 use tidemark_store::keys;
 use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::Store;

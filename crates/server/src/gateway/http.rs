@@ -25,7 +25,6 @@ use super::mailbox::PageSizer;
 use super::send;
 use super::state::Shared;
 use super::ws;
-use crate::materializer::ShardStatus;
 
 /// Which endpoints a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -322,18 +321,6 @@ async fn ack_mailbox(
 
 async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     crate::telemetry::record_process_metrics();
-    for (s, h) in shared.health.snapshot() {
-        let shard = s.to_string();
-        metrics::gauge!("tidemark_shard_min_w", "shard" => shard.clone()).set(h.min_w as f64);
-        metrics::gauge!("tidemark_shard_head", "shard" => shard.clone()).set(h.head as f64);
-        metrics::gauge!("tidemark_shard_epoch", "shard" => shard.clone()).set(h.epoch as f64);
-        let running = matches!(h.status, ShardStatus::Running);
-        metrics::gauge!("tidemark_shard_running", "shard" => shard).set(if running {
-            1.0
-        } else {
-            0.0
-        });
-    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         shared.metrics.render(),

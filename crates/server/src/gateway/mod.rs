@@ -50,7 +50,7 @@ use tidemark_protocol::Limits;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::materializer::HealthBoard;
+use crate::health::HealthBoard;
 use tidemark_store::topology::ShardMap;
 
 mod auth;

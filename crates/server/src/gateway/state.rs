@@ -16,7 +16,7 @@ use super::mailbox::Mailbox;
 use super::users::Users;
 use super::wake::WakeHub;
 use super::{GatewayError, GatewayOptions};
-use crate::materializer::HealthBoard;
+use crate::health::HealthBoard;
 
 /// State shared by every request and connection.
 pub(crate) struct Shared {

@@ -1,0 +1,221 @@
+//! Shard health: what each owned shard is doing ([`ShardStatus`]), the board the
+//! materializer writes and `/healthz`, the send path and `/metrics` read ([`HealthBoard`]).
+//!
+//! The board is the one place a shard's health is set, and it sets the shard's gauges
+//! (`tidemark_shard_min_w`, `_head`, `_lag`, `_epoch`, `_running`) in the same call, so
+//! `/metrics` shows what the board holds without work at scrape time.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// State of one shard as the owner sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardStatus {
+    /// Claiming and resuming.
+    Starting,
+    /// Materialising.
+    Running,
+    /// Another owner raised the epoch; this one stopped.
+    Fenced { current_epoch: Option<u64> },
+    /// Record `offset` has recipients in `lane`, which is empty (presence 0): no lane takes the
+    /// record (its messages are kept; GC never passes it). The owner re-checks every
+    /// [`crate::materializer::RETRY_MAX`] and resumes once the lane is initialised.
+    LaneEmpty { lane: usize, offset: u64 },
+    /// The log does not continue from W: the next record it holds is `next` (None: it holds
+    /// nothing after W) although the head is above W (a restore moved W back, or the log was
+    /// trimmed above W). Only this shard waits; it re-checks every few seconds.
+    Discontinuity { w: u64, next: Option<u64> },
+    /// The watermark is corrupt; the shard is stopped (fail closed).
+    Corrupt(String),
+    /// Some other failure stopped the shard.
+    Failed(String),
+}
+
+/// Health of one shard, for `/healthz` and `/metrics`.
+#[derive(Debug, Clone)]
+pub struct ShardHealth {
+    /// Current status.
+    pub status: ShardStatus,
+    /// Epoch this owner holds.
+    pub epoch: u64,
+    /// Lowest present W last seen.
+    pub min_w: u64,
+    /// Log head last seen (`head:{s}`).
+    pub head: u64,
+    /// When W last moved (or the shard was last seen idle with nothing to do).
+    pub last_progress: Instant,
+    /// The failure the shard is retrying after, and since when (None: not retrying).
+    pub retrying: Option<(String, Instant)>,
+    /// The log head is at 2^48−1: commits to this shard are refused (`log_exhausted`).
+    pub log_exhausted: bool,
+}
+
+/// Shared board of shard health: written by the materializer, read by `/healthz`, the send
+/// path and `/metrics` (whose per-shard gauges it keeps current).
+#[derive(Debug, Default)]
+pub struct HealthBoard {
+    shards: Mutex<BTreeMap<u32, Entry>>,
+    /// Shards whose status is `Corrupt` now: read on every send ([`HealthBoard::is_corrupt`]),
+    /// so the common case (none) costs one atomic load instead of the board's lock.
+    corrupt: std::sync::atomic::AtomicUsize,
+}
+
+/// One shard's health and the handles of its gauges (registered once, set on change).
+#[derive(Debug)]
+struct Entry {
+    health: ShardHealth,
+    gauges: ShardGauges,
+}
+
+/// The per-shard gauges of `/metrics`, labelled `shard`.
+#[derive(Debug)]
+struct ShardGauges {
+    min_w: metrics::Gauge,
+    head: metrics::Gauge,
+    lag: metrics::Gauge,
+    epoch: metrics::Gauge,
+    running: metrics::Gauge,
+}
+
+impl ShardGauges {
+    fn new(shard: u32) -> ShardGauges {
+        // handles taken before the recorder is installed would record nothing
+        let _ = crate::telemetry::metrics_handle();
+        let label = shard.to_string();
+        ShardGauges {
+            min_w: metrics::gauge!("tidemark_shard_min_w", "shard" => label.clone()),
+            head: metrics::gauge!("tidemark_shard_head", "shard" => label.clone()),
+            lag: metrics::gauge!("tidemark_shard_lag", "shard" => label.clone()),
+            epoch: metrics::gauge!("tidemark_shard_epoch", "shard" => label.clone()),
+            running: metrics::gauge!("tidemark_shard_running", "shard" => label),
+        }
+    }
+
+    /// Sets every gauge from `h` (cheap: atomic stores on registered handles).
+    fn set(&self, h: &ShardHealth) {
+        self.min_w.set(h.min_w as f64);
+        self.head.set(h.head as f64);
+        self.lag.set(h.head.saturating_sub(h.min_w) as f64);
+        self.epoch.set(h.epoch as f64);
+        let running = matches!(h.status, ShardStatus::Running);
+        self.running.set(if running { 1.0 } else { 0.0 });
+    }
+}
+
+impl HealthBoard {
+    /// Changes `shard`'s health with `f` and brings its gauges up to date: the only place
+    /// a shard's health (and so its `/metrics` gauges) is set.
+    pub(crate) fn update(&self, shard: u32, f: impl FnOnce(&mut ShardHealth)) {
+        let mut m = self.shards.lock().expect("health lock");
+        let e = m.entry(shard).or_insert_with(|| Entry {
+            health: ShardHealth {
+                status: ShardStatus::Starting,
+                epoch: 0,
+                min_w: 0,
+                head: 0,
+                last_progress: Instant::now(),
+                retrying: None,
+                log_exhausted: false,
+            },
+            gauges: ShardGauges::new(shard),
+        });
+        let h = &mut e.health;
+        let was = matches!(h.status, ShardStatus::Corrupt(_));
+        f(h);
+        e.gauges.set(h);
+        let is = matches!(h.status, ShardStatus::Corrupt(_));
+        if was != is {
+            let c = &self.corrupt;
+            if is {
+                c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            } else {
+                c.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Records that `shard` is retrying after `why`, keeping when the retrying began.
+    pub(crate) fn set_retrying(&self, shard: u32, why: &str) {
+        self.update(shard, |h| {
+            let since = h.retrying.as_ref().map_or_else(Instant::now, |r| r.1);
+            h.retrying = Some((why.to_string(), since));
+        });
+    }
+
+    /// Marks `shards` as having no running owner (a worker restarting after a panic or an
+    /// error): `/healthz` reports them until the worker has re-claimed them.
+    pub fn mark_down(&self, shards: &[u32], why: &str) {
+        for &s in shards {
+            self.update(s, |h| {
+                h.status = ShardStatus::Failed(why.to_string());
+                h.retrying = None;
+            });
+        }
+    }
+
+    /// True when `shard` is owned here and stopped because its watermark is corrupt.
+    pub fn is_corrupt(&self, shard: u32) -> bool {
+        if self.corrupt.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return false;
+        }
+        self.shards
+            .lock()
+            .expect("health lock")
+            .get(&shard)
+            .is_some_and(|e| matches!(e.health.status, ShardStatus::Corrupt(_)))
+    }
+
+    /// A copy of every shard's health.
+    pub fn snapshot(&self) -> BTreeMap<u32, ShardHealth> {
+        let m = self.shards.lock().expect("health lock");
+        m.iter().map(|(&s, e)| (s, e.health.clone())).collect()
+    }
+
+    /// Problems that make the service unhealthy: a shard not running, or one with a lag that
+    /// has not moved for `stuck_after`.
+    pub fn problems(&self, stuck_after: Duration) -> Vec<String> {
+        let mut out = Vec::new();
+        for (s, h) in self.snapshot() {
+            if h.log_exhausted {
+                out.push(format!(
+                    "shard {s}: log exhausted (head {} = 2^48-1): sends are refused with \
+                     log_exhausted",
+                    h.head
+                ));
+            }
+            match &h.status {
+                ShardStatus::Running => {
+                    if let Some((err, since)) = &h.retrying {
+                        out.push(format!(
+                            "shard {s}: retrying for {:?} (W={}, head {}): {err}",
+                            since.elapsed(),
+                            h.min_w,
+                            h.head
+                        ));
+                    } else if h.head > h.min_w && h.last_progress.elapsed() > stuck_after {
+                        out.push(format!(
+                            "shard {s}: stuck at W={} with head {} for {:?}",
+                            h.min_w,
+                            h.head,
+                            h.last_progress.elapsed()
+                        ));
+                    }
+                }
+                ShardStatus::Starting => out.push(format!("shard {s}: starting")),
+                ShardStatus::LaneEmpty { lane, offset } => out.push(format!(
+                    "shard {s}: record {offset} has recipients in lane {lane}, which is empty; \
+                     held (nothing dropped) until the lane is initialised"
+                )),
+                ShardStatus::Discontinuity { w, next } => out.push(format!(
+                    "shard {s}: log discontinuity: W={w}, head {}, but the log's next record \
+                     is {} (see docs/operations.md, Restores)",
+                    h.head,
+                    next.map_or("none".to_string(), |n| n.to_string())
+                )),
+                other => out.push(format!("shard {s}: {other:?}")),
+            }
+        }
+        out
+    }
+}

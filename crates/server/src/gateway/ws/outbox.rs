@@ -1,0 +1,213 @@
+//! The writer side of a connection: the bounded queue every task sends frames into
+//! ([`Outbox`], bounded in frames and bytes, with the slow-client grace) and the writer task
+//! that alone owns the sink.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use futures::stream::SplitSink;
+use futures::SinkExt;
+use tidemark_protocol::CloseCode;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::{OUT_CAPACITY, WRITE_BATCH};
+
+/// What the writer sends.
+pub(super) enum Out {
+    /// A server frame (already JSON).
+    Text(String),
+    /// A `deliver` frame of `seq`.
+    Deliver { seq: u64, text: String },
+    /// A ping (keep-alive probe).
+    Ping,
+    /// Close the socket after what is queued before.
+    Close(CloseCode),
+}
+
+impl Out {
+    /// Bytes this frame holds while queued.
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Out::Text(t) | Out::Deliver { text: t, .. } => t.len(),
+            Out::Ping | Out::Close(_) => 0,
+        }
+    }
+}
+
+/// A frame in the writer's queue, with the byte permits it holds until it is written.
+pub(super) struct Queued {
+    pub(super) out: Out,
+    pub(super) _bytes: Option<OwnedSemaphorePermit>,
+}
+
+/// The connection is gone (or its client stopped reading): nothing more is queued.
+pub(super) struct Gone;
+
+/// The writer's queue: at most [`OUT_CAPACITY`] frames and about `max_queued_bytes` bytes
+/// (one permit of `bytes` per byte; a frame larger than the budget takes all of it). A frame
+/// that finds no room within the grace period cancels `stalled`.
+#[derive(Clone)]
+pub(super) struct Outbox {
+    pub(super) tx: mpsc::Sender<Queued>,
+    pub(super) bytes: Arc<Semaphore>,
+    pub(super) budget: usize,
+    pub(super) grace: Duration,
+    pub(super) stalled: CancellationToken,
+}
+
+impl Outbox {
+    pub(super) fn new(budget: usize, grace: Duration) -> (Outbox, mpsc::Receiver<Queued>) {
+        let budget = budget.clamp(1, u32::MAX as usize >> 1);
+        let (tx, rx) = mpsc::channel(OUT_CAPACITY);
+        let outbox = Outbox {
+            tx,
+            bytes: Arc::new(Semaphore::new(budget)),
+            budget,
+            grace,
+            stalled: CancellationToken::new(),
+        };
+        (outbox, rx)
+    }
+
+    /// Queues `out`, waiting for room at most the grace period.
+    pub(super) async fn send(&self, out: Out) -> Result<(), Gone> {
+        if self.stalled.is_cancelled() {
+            return Err(Gone);
+        }
+        let n = out.bytes().clamp(1, self.budget) as u32;
+        let deadline = tokio::time::Instant::now() + self.grace;
+        let permit =
+            match tokio::time::timeout_at(deadline, self.bytes.clone().acquire_many_owned(n)).await
+            {
+                Ok(Ok(p)) => p,
+                Ok(Err(_)) => return Err(Gone),
+                Err(_) => return Err(self.stall()),
+            };
+        let queued = Queued {
+            out,
+            _bytes: Some(permit),
+        };
+        match tokio::time::timeout_at(deadline, self.tx.send(queued)).await {
+            Ok(r) => r.map_err(|_| Gone),
+            Err(_) => Err(self.stall()),
+        }
+    }
+
+    /// Queues `out` if there is room right now.
+    pub(super) fn try_send(&self, out: Out) -> bool {
+        let n = out.bytes().clamp(1, self.budget) as u32;
+        let Ok(permit) = self.bytes.clone().try_acquire_many_owned(n) else {
+            return false;
+        };
+        self.tx
+            .try_send(Queued {
+                out,
+                _bytes: Some(permit),
+            })
+            .is_ok()
+    }
+
+    /// Queues the close frame (outside the byte budget), waiting until `deadline`.
+    pub(super) async fn close(&self, code: CloseCode, deadline: tokio::time::Instant) {
+        let queued = Queued {
+            out: Out::Close(code),
+            _bytes: None,
+        };
+        let _ = tokio::time::timeout_at(deadline, self.tx.send(queued)).await;
+    }
+
+    pub(super) fn stall(&self) -> Gone {
+        if !self.stalled.is_cancelled() {
+            metrics::counter!("tidemark_slow_clients_total").increment(1);
+            self.stalled.cancel();
+        }
+        Gone
+    }
+}
+
+/// Owns the sink: writes queued frames (batched, one flush per batch) until the channel
+/// closes or a `Close` is queued; `kill` aborts it. Once `stalled`, queued frames are dropped
+/// unwritten (only the close frame goes out).
+pub(super) async fn writer(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut rx: mpsc::Receiver<Queued>,
+    written: Arc<AtomicU64>,
+    conn: CancellationToken,
+    kill: CancellationToken,
+    stalled: CancellationToken,
+) {
+    let mut close = None;
+    'outer: loop {
+        let first = tokio::select! {
+            biased;
+            _ = kill.cancelled() => return,
+            o = rx.recv() => o,
+        };
+        let Some(first) = first else {
+            break;
+        };
+        let mut next = Some(first);
+        let mut batch = 0;
+        while let Some(Queued { out, _bytes }) = next.take() {
+            let dropped = stalled.is_cancelled() && !matches!(out, Out::Close(_));
+            let msg = match out {
+                _ if dropped => {
+                    next = rx.try_recv().ok();
+                    continue;
+                }
+                Out::Text(t) => Message::Text(t.into()),
+                Out::Deliver { seq, text } => {
+                    // Handed to the socket: from now on the client may ack it.
+                    written.fetch_max(seq, Ordering::Relaxed);
+                    Message::Text(text.into())
+                }
+                Out::Ping => Message::Ping(Default::default()),
+                Out::Close(code) => {
+                    close = Some(code);
+                    break;
+                }
+            };
+            let fed = tokio::select! {
+                biased;
+                _ = kill.cancelled() => return,
+                r = sink.feed(msg) => r,
+            };
+            if fed.is_err() {
+                conn.cancel();
+                return;
+            }
+            batch += 1;
+            if batch < WRITE_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        let flushed = tokio::select! {
+            biased;
+            _ = kill.cancelled() => return,
+            r = sink.flush() => r,
+        };
+        if flushed.is_err() {
+            conn.cancel();
+            return;
+        }
+        if close.is_some() {
+            break 'outer;
+        }
+    }
+    let code = close.unwrap_or(CloseCode::Normal);
+    let frame = Message::Close(Some(CloseFrame {
+        code: code.as_u16(),
+        reason: code.reason().into(),
+    }));
+    tokio::select! {
+        biased;
+        _ = kill.cancelled() => {}
+        _ = async {
+            let _ = sink.send(frame).await;
+            let _ = sink.close().await;
+        } => {}
+    }
+}

@@ -1,0 +1,267 @@
+//! The reader side of a connection: parses client frames ([`Reader`]) — sends go to the send
+//! loop in order, syncs to the delivery loop, acks are capped and coalesced — and the send
+//! loop that commits a connection's sends one after another.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::ws::{Message, WebSocket};
+use futures::stream::SplitStream;
+use futures::StreamExt;
+use tidemark_protocol::{
+    parse_client_frame, ClientFrame, CloseCode, ErrorCode, SendRequest, ServerFrame,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::outbox::{Out, Outbox};
+use super::{error_frame, text, until_cancelled, EXPIRY_RECHECK};
+use crate::gateway::mailbox::Mailbox;
+use crate::gateway::send::{self, CommitPermit};
+use crate::gateway::state::Shared;
+
+pub(super) struct Reader<'a> {
+    pub(super) shared: &'a Shared,
+    pub(super) mailbox: Mailbox,
+    pub(super) tx: &'a Outbox,
+    pub(super) sync_tx: mpsc::Sender<u64>,
+    pub(super) send_tx: mpsc::Sender<(SendRequest, CommitPermit, Instant)>,
+    pub(super) written: Arc<AtomicU64>,
+    pub(super) last_ack: u64,
+    /// Highest ack received but not yet written to Redis (acks are coalesced).
+    pub(super) pending_ack: u64,
+    /// When acks were last written.
+    pub(super) last_ack_flush: Instant,
+    pub(super) conn: CancellationToken,
+    /// Cancelled when the delivery or send loop panicked: the connection is closed.
+    pub(super) died: CancellationToken,
+    /// When the connection's token expires (`None`: dev auth, no token).
+    pub(super) expires_at: Option<SystemTime>,
+}
+
+/// Acks are written to Redis at most this often per connection (the rest are coalesced into
+/// the highest one); a pending ack is also written when the connection closes. An ack lost to
+/// a gateway crash only means those entries are delivered again (at least once on the wire).
+const ACK_FLUSH: Duration = Duration::from_millis(50);
+
+impl Reader<'_> {
+    /// Writes the pending ack, if any.
+    pub(super) async fn flush_ack(&mut self) -> bool {
+        if self.pending_ack <= self.last_ack {
+            return true;
+        }
+        self.last_ack_flush = Instant::now();
+        match self.mailbox.ack(self.pending_ack).await {
+            Ok(cursor) => {
+                self.last_ack = cursor;
+                metrics::counter!("tidemark_acks_total").increment(1);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(user = %self.mailbox.user, error = %e, "ack failed");
+                self.reply(error_frame(
+                    ErrorCode::Internal,
+                    "ack failed; send it again",
+                    None,
+                ))
+                .await
+            }
+        }
+    }
+
+    /// Reads frames until the client leaves, the token expires or the connection is
+    /// cancelled; returns the close code to send.
+    pub(super) async fn run(
+        &mut self,
+        mut stream: SplitStream<WebSocket>,
+        conn: &CancellationToken,
+    ) -> CloseCode {
+        let expiry = tokio::time::sleep(self.until_expiry());
+        tokio::pin!(expiry);
+        let opts = &self.shared.opts;
+        let ping_every = opts.ping_interval.max(Duration::from_millis(10));
+        let mut last_seen = tokio::time::Instant::now();
+        let keepalive = tokio::time::sleep_until(last_seen + ping_every);
+        tokio::pin!(keepalive);
+        loop {
+            let flush_at = self.last_ack_flush + ACK_FLUSH;
+            let ack_due = self.pending_ack > self.last_ack;
+            let msg = tokio::select! {
+                _ = self.tx.stalled.cancelled() => return CloseCode::SlowConsumer,
+                _ = conn.cancelled() => return CloseCode::GoingAway,
+                _ = self.died.cancelled() => return CloseCode::InternalError,
+                _ = &mut expiry, if self.expires_at.is_some() => {
+                    if self.until_expiry().is_zero() {
+                        // Best effort (never waits): the close code says it anyway.
+                        self.tx.try_send(error_frame(
+                            ErrorCode::TokenExpired,
+                            "the token expired; reconnect with a new token",
+                            None,
+                        ));
+                        return CloseCode::TokenExpired;
+                    }
+                    let at = tokio::time::Instant::now() + self.until_expiry();
+                    expiry.as_mut().reset(at);
+                    continue;
+                }
+                _ = &mut keepalive => {
+                    let now = tokio::time::Instant::now();
+                    let idle_at = last_seen + opts.idle_timeout;
+                    if now >= idle_at {
+                        return CloseCode::IdleTimeout;
+                    }
+                    let mut next = last_seen + ping_every;
+                    if now >= next {
+                        // Never waits: a client whose queue is full is not reading anyway.
+                        self.tx.try_send(Out::Ping);
+                        next = now + ping_every;
+                    }
+                    keepalive.as_mut().reset(next.min(idle_at));
+                    continue;
+                }
+                _ = tokio::time::sleep_until(flush_at.into()), if ack_due => {
+                    if !self.flush_ack().await {
+                        return CloseCode::InternalError;
+                    }
+                    continue;
+                }
+                m = stream.next() => m,
+            };
+            last_seen = tokio::time::Instant::now();
+            let ok = match msg {
+                None | Some(Ok(Message::Close(_))) => return CloseCode::Normal,
+                Some(Err(e)) => {
+                    let e = e.to_string();
+                    if e.contains("Space limit exceeded") {
+                        let max = self.shared.opts.limits.max_frame_bytes;
+                        self.reply(error_frame(
+                            ErrorCode::FrameTooLarge,
+                            format!("frame exceeds {max} bytes by far; closing"),
+                            None,
+                        ))
+                        .await;
+                        return CloseCode::MessageTooBig;
+                    }
+                    tracing::debug!(error = %e, "websocket read failed");
+                    return CloseCode::InternalError;
+                }
+                Some(Ok(Message::Text(t))) => self.on_text(t.as_str(), conn).await,
+                Some(Ok(Message::Binary(_))) => {
+                    self.reply(error_frame(
+                        ErrorCode::BadRequest,
+                        "binary frames are not part of the protocol; send JSON text frames",
+                        None,
+                    ))
+                    .await
+                }
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => true,
+            };
+            if !ok {
+                return if self.tx.stalled.is_cancelled() {
+                    CloseCode::SlowConsumer
+                } else {
+                    CloseCode::InternalError
+                };
+            }
+        }
+    }
+
+    /// Time left until the token's `exp` (capped at [`EXPIRY_RECHECK`]; zero once passed).
+    fn until_expiry(&self) -> Duration {
+        self.expires_at
+            .map_or(EXPIRY_RECHECK, |at| {
+                at.duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO)
+            })
+            .min(EXPIRY_RECHECK)
+    }
+
+    /// Queues a frame for the writer (waiting for room); false when the connection is gone.
+    async fn reply(&self, out: Out) -> bool {
+        until_cancelled(&self.conn, self.tx.send(out)).await
+    }
+
+    /// Handles one text frame; false when the connection is gone.
+    async fn on_text(&mut self, frame: &str, conn: &CancellationToken) -> bool {
+        let received = Instant::now();
+        match parse_client_frame(frame, &self.shared.opts.limits) {
+            Err(e) => {
+                metrics::counter!("tidemark_client_errors_total", "code" => e.code()).increment(1);
+                self.reply(text(&e.to_server_frame())).await
+            }
+            Ok(ClientFrame::Send(req)) => {
+                let permit = tokio::select! {
+                    _ = conn.cancelled() => return false,
+                    p = send::reserve(self.shared, &self.mailbox.user, &req) => p,
+                };
+                match permit {
+                    Ok(permit) => {
+                        until_cancelled(conn, self.send_tx.send((req, permit, received))).await
+                    }
+                    Err((code, message)) => {
+                        self.reply(error_frame(code, message, Some(req.id))).await
+                    }
+                }
+            }
+            Ok(ClientFrame::Ack { seq }) => {
+                // Never trim what this connection has not written to the socket.
+                let capped = seq.min(self.written.load(Ordering::Relaxed));
+                if capped <= self.pending_ack.max(self.last_ack) {
+                    return true;
+                }
+                self.pending_ack = capped;
+                if self.last_ack_flush.elapsed() < ACK_FLUSH {
+                    return true; // coalesced: written by the flush timer
+                }
+                tokio::select! {
+                    _ = conn.cancelled() => false,
+                    ok = self.flush_ack() => ok,
+                }
+            }
+            Ok(ClientFrame::Sync { after }) => {
+                until_cancelled(conn, self.sync_tx.send(after)).await
+            }
+        }
+    }
+}
+
+/// Commits the connection's sends one after another (a client's sends to one mailbox keep
+/// their order) and answers each with `send_ack` or `error`.
+pub(super) async fn send_loop(
+    shared: Arc<Shared>,
+    user: String,
+    mut rx: mpsc::Receiver<(SendRequest, CommitPermit, Instant)>,
+    tx: Outbox,
+    conn: CancellationToken,
+) {
+    loop {
+        let next = tokio::select! {
+            _ = conn.cancelled() => return,
+            n = rx.recv() => n,
+        };
+        let Some((req, permit, received)) = next else {
+            return;
+        };
+        let res = tokio::select! {
+            // Dropped mid-commit: the client resends the same id; dedupe makes that safe.
+            _ = conn.cancelled() => return,
+            r = send::commit(&shared, &user, &req) => r,
+        };
+        drop(permit);
+        let out = match res {
+            Ok(offsets) => {
+                metrics::histogram!("tidemark_send_ack_seconds")
+                    .record(received.elapsed().as_secs_f64());
+                text(&ServerFrame::SendAck {
+                    id: req.id,
+                    offsets,
+                })
+            }
+            Err((code, message)) => error_frame(code, message, Some(req.id)),
+        };
+        if !until_cancelled(&conn, tx.send(out)).await {
+            return;
+        }
+    }
+}

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use support::route;
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
-use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 
 const SHARDS: u32 = 2;
@@ -117,7 +117,7 @@ async fn restores_that_move_one_side_back() {
     support::wait_healthy(port).await;
     let bob = route("bob", SHARDS);
     let s = bob.shard;
-    let commits = CoreStore::connect(&core_url).await.unwrap();
+    let commits = LogStore::connect(&core_url).await.unwrap();
     let mut n = 0u64;
     let mut send = |body: &'static str| {
         n += 1;
@@ -138,7 +138,7 @@ async fn restores_that_move_one_side_back() {
         }
     };
     let lane_w = |url: String| async move {
-        Store::connect(&url, Layout::PackedV2)
+        MailboxStore::connect(&url, Layout::PackedV2)
             .await
             .unwrap()
             .read_watermark(s)
@@ -256,7 +256,7 @@ async fn restores_that_move_one_side_back() {
     let head = || {
         let core_url = core_url.clone();
         async move {
-            let mut c = CoreStore::connect(&core_url).await.unwrap();
+            let mut c = LogStore::connect(&core_url).await.unwrap();
             c.head(s).await.unwrap()
         }
     };

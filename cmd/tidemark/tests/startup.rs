@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tidemark_redis_proc::RedisProcess;
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 
 const SHARDS: u32 = 4;
@@ -19,7 +19,7 @@ fn serve_args(core: &str, mailbox: &str, listen: &str) -> Vec<String> {
 }
 
 async fn epochs(mb: &str) -> Vec<u64> {
-    let mut st = Store::connect(mb, Layout::PackedV2).await.unwrap();
+    let mut st = MailboxStore::connect(mb, Layout::PackedV2).await.unwrap();
     let mut out = Vec::new();
     for s in 0..SHARDS {
         out.push(st.read_watermark(s).await.unwrap().epoch);
@@ -184,7 +184,7 @@ async fn another_shard_count_is_refused_and_writes_nothing() {
     // a deployment from before identities: its watermarks decide
     let legacy = RedisProcess::start().unwrap();
     let legacy_core = RedisProcess::start().unwrap();
-    let mut st = Store::connect(&legacy.url(), Layout::PackedV2)
+    let mut st = MailboxStore::connect(&legacy.url(), Layout::PackedV2)
         .await
         .unwrap();
     for s in 0..8 {
@@ -207,7 +207,9 @@ async fn another_shard_count_is_refused_and_writes_nothing() {
     let out = verify(core.url());
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("core instance 0"));
-    st = Store::connect(&mb0.url(), Layout::PackedV2).await.unwrap();
+    st = MailboxStore::connect(&mb0.url(), Layout::PackedV2)
+        .await
+        .unwrap();
     st.init_watermark(6, Layout::PackedV2, 1, 0, false)
         .await
         .unwrap();
@@ -283,10 +285,10 @@ fn configuration_mistakes_are_refused() {
 /// every other shard, and reports the corrupt one in `/healthz` (503) and `/metrics`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_shard_stops_only_itself() {
-    use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
+    use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
     let core = RedisProcess::start().unwrap();
     let mailbox = RedisProcess::start().unwrap();
-    let mut st = Store::connect(&mailbox.url(), Layout::PackedV2)
+    let mut st = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
         .await
         .unwrap();
     for s in 0..SHARDS {
@@ -341,7 +343,7 @@ async fn a_corrupt_shard_stops_only_itself() {
     );
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("shard_unavailable"), "{body}");
-    let mut commits = CoreStore::connect(&core.url()).await.unwrap();
+    let mut commits = LogStore::connect(&core.url()).await.unwrap();
     assert_eq!(
         commits.head(1).await.unwrap(),
         0,
@@ -429,7 +431,7 @@ async fn downgrade_refuses_a_live_owner() {
     let layout = |s: u32| {
         let mb = mb.clone();
         async move {
-            Store::connect(&mb, Layout::PackedV2)
+            MailboxStore::connect(&mb, Layout::PackedV2)
                 .await
                 .unwrap()
                 .read_watermark(s)

@@ -9,8 +9,10 @@ use std::process::{Command, Output};
 
 use tidemark_protocol::entry::encode_entry;
 use tidemark_redis_proc::RedisProcess;
-use tidemark_store::redis::dlog::CoreStore;
-use tidemark_store::redis::store::{Advance, AdvanceRecord, Materialized, SingleItem, Store};
+use tidemark_store::redis::dlog::LogStore;
+use tidemark_store::redis::store::{
+    Advance, AdvanceRecord, MailboxStore, Materialized, SingleItem,
+};
 use tidemark_store::redis::watermark::{Layout, LANES};
 mod support;
 use support::route;
@@ -81,8 +83,10 @@ async fn trace_delivered_pending_trimmed_above_head() {
     let core_p = RedisProcess::start().unwrap();
     let mb_p = RedisProcess::start().unwrap();
     let (core_url, mb_url) = (core_p.url(), mb_p.url());
-    let mut core = CoreStore::connect(&core_url).await.unwrap();
-    let mut store = Store::connect(&mb_url, Layout::PackedV2).await.unwrap();
+    let mut core = LogStore::connect(&core_url).await.unwrap();
+    let mut store = MailboxStore::connect(&mb_url, Layout::PackedV2)
+        .await
+        .unwrap();
     for s in 0..SHARDS {
         store
             .init_watermark(s, Layout::PackedV2, 1, 0, false)
@@ -359,8 +363,10 @@ async fn trace_lost_record_and_wrong_shard_count() {
     let core_p = RedisProcess::start().unwrap();
     let mb_p = RedisProcess::start().unwrap();
     let (core_url, mb_url) = (core_p.url(), mb_p.url());
-    let mut core = CoreStore::connect(&core_url).await.unwrap();
-    let mut store = Store::connect(&mb_url, Layout::PackedV2).await.unwrap();
+    let mut core = LogStore::connect(&core_url).await.unwrap();
+    let mut store = MailboxStore::connect(&mb_url, Layout::PackedV2)
+        .await
+        .unwrap();
     for s in 0..SHARDS {
         store
             .init_watermark(s, Layout::PackedV2, 1, 0, false)

@@ -20,7 +20,7 @@
 //! machine hits v1 and v2 alike; each figure is the median of its rounds.
 //!
 //! State: before each round of a watermark item its `wm:{s}` is re-created uniform at
-//! [`BASE`] (`Store::init_watermark`, forced) and, for the hot path, the benchmark mailboxes are
+//! [`BASE`] (`MailboxStore::init_watermark`, forced) and, for the hot path, the benchmark mailboxes are
 //! deleted, so every round starts from identical state and memory stays bounded. packed-v1
 //! items use shard [`SHARD_V1`], packed-v2 items shard [`SHARD_V2`].
 //!
@@ -40,7 +40,7 @@ use serde::Serialize;
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
 use tidemark_store::redis::scripts::{self, Script};
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::{
     encode_packed_v1, encode_packed_v2, LaneRecord, LaneWatermarks, Layout, FULL_BLOB_BYTES, LANES,
     LANE_BYTES,
@@ -300,7 +300,7 @@ impl Item {
     /// Puts the server in this item's start state (not measured).
     async fn prepare(
         &self,
-        store: &mut Store,
+        store: &mut MailboxStore,
         conn: &mut MultiplexedConnection,
     ) -> Result<(), Error> {
         match self.kind {
@@ -547,7 +547,7 @@ fn median(xs: &[f64]) -> f64 {
 
 struct Bench {
     conn: MultiplexedConnection,
-    store: Store,
+    store: MailboxStore,
     calls: usize,
 }
 
@@ -736,7 +736,7 @@ pub async fn run(opts: &LuaBenchOptions) -> Result<LuaBenchReport, Error> {
         .await?;
     let redis_version = info_field(&info, "redis_version").unwrap_or_else(|| "unknown".into());
 
-    let store = Store::connect(&url, Layout::PackedV2).await?;
+    let store = MailboxStore::connect(&url, Layout::PackedV2).await?;
     let mut bench = Bench {
         conn,
         store,

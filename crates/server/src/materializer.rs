@@ -38,10 +38,10 @@ use std::time::{Duration, Instant};
 
 use tidemark_protocol::entry::encode_entry;
 use tidemark_store::keys;
-use tidemark_store::redis::dlog::{CoreStore, DispatchRecord, LogReader};
+use tidemark_store::redis::dlog::{DispatchRecord, LogReader, LogStore};
 use tidemark_store::redis::store::{
-    Advance, AdvanceCounts, AdvanceRecord, ChunkWritten, Gc, LaneChunk, Materialized, SingleItem,
-    Store,
+    Advance, AdvanceCounts, AdvanceRecord, ChunkWritten, Gc, LaneChunk, MailboxStore, Materialized,
+    SingleItem,
 };
 use tidemark_store::redis::watermark::{Layout, FULL_BLOB_BYTES, LANES, U48_MAX};
 use tidemark_store::topology::ShardMap;
@@ -213,12 +213,12 @@ struct Retry {
 pub struct Worker {
     /// Routing (a record's recipients → lanes) and the shard → mailbox instance table.
     map: ShardMap,
-    core: CoreStore,
+    core: LogStore,
     core_url: String,
     /// `core_url` without its password, for logs and `/healthz`.
     core_shown: String,
     reader: LogReader,
-    mailboxes: Vec<Store>,
+    mailboxes: Vec<MailboxStore>,
     rts: BTreeMap<u32, ShardRt>,
     opts: MaterializerOptions,
     health: Arc<HealthBoard>,
@@ -259,7 +259,7 @@ impl Worker {
     pub async fn start(
         map: ShardMap,
         core: usize,
-        mailboxes: Vec<Store>,
+        mailboxes: Vec<MailboxStore>,
         shards: &[u32],
         opts: MaterializerOptions,
         health: Arc<HealthBoard>,
@@ -269,7 +269,7 @@ impl Worker {
         let reader = LogReader::connect(core_url).await?;
         let core_shown = tidemark_store::redact_url(core_url);
         let core_url = core_url.to_string();
-        let core = CoreStore::connect(&core_url).await?;
+        let core = LogStore::connect(&core_url).await?;
         let mut w = Worker {
             map,
             core,

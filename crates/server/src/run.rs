@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use tidemark_protocol::secret::{SecretError, TokenSecret};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -165,7 +165,7 @@ impl Running {
 pub async fn init_missing(map: &ShardMap) -> Result<u32, Error> {
     let mut created = 0;
     for (i, url) in map.mailbox_urls().iter().enumerate() {
-        let mut store = Store::connect(url, map.layout()).await?;
+        let mut store = MailboxStore::connect(url, map.layout()).await?;
         for s in map.shards_on_mailbox(i) {
             match store.init_watermark(s, map.layout(), 1, 0, false).await {
                 Ok(()) => created += 1,
@@ -304,13 +304,15 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     };
     let mut mailboxes = Vec::new();
     for url in map.mailbox_urls() {
-        mailboxes.push(Store::connect(url, map.layout()).await.map_err(|source| {
-            Error::Connect {
-                role: "mailbox",
-                url: redact_url(url),
-                source,
-            }
-        })?);
+        mailboxes.push(
+            MailboxStore::connect(url, map.layout())
+                .await
+                .map_err(|source| Error::Connect {
+                    role: "mailbox",
+                    url: redact_url(url),
+                    source,
+                })?,
+        );
     }
     check_identity(&map).await?;
     init_missing(&map).await?;
@@ -321,7 +323,7 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     let mut cores = Vec::new();
     for url in map.core_urls() {
         cores.push(
-            tidemark_store::redis::dlog::CoreStore::connect(url)
+            tidemark_store::redis::dlog::LogStore::connect(url)
                 .await
                 .map_err(|source| Error::Connect {
                     role: "core",
@@ -445,7 +447,7 @@ struct WorkerSpec {
     map: ShardMap,
     /// The core instance (index in the map) whose logs the worker reads.
     core: usize,
-    mailboxes: Vec<Store>,
+    mailboxes: Vec<MailboxStore>,
     /// The owned shards of that core instance.
     shards: Vec<u32>,
     opts: MaterializerOptions,

@@ -13,8 +13,8 @@ use tidemark_redis_proc::RedisProcess;
 use tidemark_server::gateway::GatewayOptions;
 use tidemark_server::materializer::{ChunkFault, MaterializerOptions};
 use tidemark_server::run::{self, ServeOptions};
-use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::Topology;
 use tokio_util::sync::CancellationToken;
@@ -105,11 +105,11 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
     .await
     .unwrap();
     let addr = running.addr;
-    let mut commits = CoreStore::connect(&core.url()).await.unwrap();
-    let mb = Store::connect(&mailbox.url(), Layout::PackedV2)
+    let mut commits = LogStore::connect(&core.url()).await.unwrap();
+    let mb = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
         .await
         .unwrap();
-    let w = |mut mb: Store| async move {
+    let w = |mut mb: MailboxStore| async move {
         mb.read_watermark(bob.shard)
             .await
             .unwrap()

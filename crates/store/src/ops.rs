@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::error::Result;
-use crate::redis::store::Store;
+use crate::redis::store::MailboxStore;
 use crate::redis::watermark::{Layout, ShardWatermark, LANES};
 
 /// `tidemark wm init`: fresh watermarks for shards `0..shards`, all lanes present at 0.
@@ -17,7 +17,7 @@ pub async fn wm_init(
     epoch: u64,
     force: bool,
 ) -> Result<(u32, u32)> {
-    let mut store = Store::connect(url, Layout::PackedV2).await?;
+    let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
     let (mut created, mut present) = (0, 0);
     for s in 0..shards {
         match store.init_watermark(s, layout, epoch, 0, force).await {
@@ -71,7 +71,7 @@ pub async fn explain_missing(url: &str, shard: u32) -> String {
 
 /// `tidemark wm inspect`: the decoded watermark of one shard.
 pub async fn wm_inspect(url: &str, shard: u32) -> Result<ShardWatermark> {
-    let mut store = Store::connect(url, Layout::PackedV2).await?;
+    let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
     store.read_watermark(shard).await
 }
 
@@ -150,7 +150,7 @@ pub const OWNER_MARK_TTL_MS: u64 = 5000;
 
 /// The epoch of the live owner of `shard`, if one refreshed its mark within
 /// [`OWNER_MARK_TTL_MS`].
-pub async fn live_owner(store: &Store, shard: u32) -> Result<Option<u64>> {
+pub async fn live_owner(store: &MailboxStore, shard: u32) -> Result<Option<u64>> {
     let v: Option<String> = redis::cmd("GET")
         .arg(crate::keys::owner(shard))
         .query_async(&mut store.connection())
@@ -168,7 +168,7 @@ pub async fn wm_downgrade(
     shards: &[u32],
     force_offline: bool,
 ) -> Result<DowngradeReport> {
-    let mut store = Store::connect(url, Layout::PackedV2).await?;
+    let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
     let mut report = DowngradeReport::default();
     for &s in shards {
         if !force_offline {
@@ -219,7 +219,7 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
     let mut findings = Vec::new();
     for url in urls {
         let shards = discover_shards(url).await?;
-        let mut store = Store::connect(url, Layout::PackedV2).await?;
+        let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
         let identity = crate::deployment::read(&mut store.connection()).await?;
         if identity.is_none() && shards.is_empty() {
             findings.push(VerifyFinding {
@@ -312,10 +312,10 @@ pub async fn shard_rebase(
     shard: u32,
     accept_loss: bool,
 ) -> Result<Rebase> {
-    let mut store = Store::connect(mailbox_url, Layout::PackedV2).await?;
+    let mut store = MailboxStore::connect(mailbox_url, Layout::PackedV2).await?;
     let wm = store.read_watermark(shard).await?;
     let min_w = wm.lanes.min_present_w().unwrap_or(0);
-    let mut core = crate::redis::dlog::CoreStore::connect(core_url).await?;
+    let mut core = crate::redis::dlog::LogStore::connect(core_url).await?;
     let to = match core.read_after(shard, 0, 1).await?.first() {
         Some(first) => first.offset - 1,
         None => core.head(shard).await?,
@@ -337,7 +337,7 @@ pub async fn shard_rebase(
 
 /// `tidemark shard fence`: raises the shard's epoch by one; returns the new epoch.
 pub async fn shard_fence(url: &str, shard: u32) -> Result<u64> {
-    let mut store = Store::connect(url, Layout::PackedV2).await?;
+    let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
     store.claim(shard).await
 }
 

@@ -24,8 +24,8 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::redis::dlog::CoreStore;
-use crate::redis::store::Store;
+use crate::redis::dlog::LogStore;
+use crate::redis::store::MailboxStore;
 use crate::redis::watermark::{Layout, ShardWatermark, U48_MAX};
 use crate::topology::ShardMap;
 
@@ -225,7 +225,7 @@ pub async fn trace(map: &ShardMap, shard: u32, offset: u64) -> Result<Trace> {
             }
         }
     }
-    let mut core = CoreStore::connect(core_url).await?;
+    let mut core = LogStore::connect(core_url).await?;
     let head = core.head(shard).await?;
     if offset > head {
         return Err(Error::InvalidArgument(format!(
@@ -233,7 +233,7 @@ pub async fn trace(map: &ShardMap, shard: u32, offset: u64) -> Result<Trace> {
              nothing has been committed there"
         )));
     }
-    let mut store = Store::connect(mailbox_url, Layout::PackedV2).await?;
+    let mut store = MailboxStore::connect(mailbox_url, Layout::PackedV2).await?;
     let wm = store.read_watermark(shard).await?;
 
     let record = core
@@ -356,7 +356,7 @@ pub async fn trace(map: &ShardMap, shard: u32, offset: u64) -> Result<Trace> {
     })
 }
 
-async fn log_first(core: &mut CoreStore, shard: u32) -> Result<Option<u64>> {
+async fn log_first(core: &mut LogStore, shard: u32) -> Result<Option<u64>> {
     let mut conn = core.connection();
     let v: redis::Value = redis::cmd("XRANGE")
         .arg(keys::dlog(shard))
@@ -383,7 +383,7 @@ async fn log_first(core: &mut CoreStore, shard: u32) -> Result<Option<u64>> {
 }
 
 /// Users of the shard whose mailbox holds an entry with seq `offset` (SCAN `mb:{s}:*`).
-async fn mailboxes_holding(store: &Store, shard: u32, offset: u64) -> Result<Vec<String>> {
+async fn mailboxes_holding(store: &MailboxStore, shard: u32, offset: u64) -> Result<Vec<String>> {
     let mut conn = store.connection();
     let prefix = keys::mailbox(shard, "");
     let pattern = format!("{prefix}*");
@@ -426,7 +426,7 @@ async fn mailboxes_holding(store: &Store, shard: u32, offset: u64) -> Result<Vec
 }
 
 async fn recipient_traces(
-    store: &Store,
+    store: &MailboxStore,
     wm: &ShardWatermark,
     map: &ShardMap,
     shard: u32,
@@ -489,7 +489,7 @@ async fn recipient_traces(
     Ok(out)
 }
 
-async fn staging(store: &Store, shard: u32, offset: u64) -> Result<Option<Vec<usize>>> {
+async fn staging(store: &MailboxStore, shard: u32, offset: u64) -> Result<Option<Vec<usize>>> {
     let mut conn = store.connection();
     let fields: Vec<String> = redis::cmd("HKEYS")
         .arg(keys::staging(shard, offset))

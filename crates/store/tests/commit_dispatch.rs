@@ -1,4 +1,4 @@
-//! The commit side against a real redis-server: `CoreStore::commit` (`commit_dispatch.lua`)
+//! The commit side against a real redis-server: `LogStore::commit` (`commit_dispatch.lua`)
 //! at the end of the u48 offset space, a log record above u48, and the dedupe key (length-
 //! prefixed, unambiguous for any strings; the legacy form still read). The store takes raw
 //! strings: it must not depend on the protocol's validation of ids.
@@ -9,7 +9,7 @@ use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
-use tidemark_store::redis::dlog::{CoreStore, LogReader};
+use tidemark_store::redis::dlog::{LogReader, LogStore};
 use tidemark_store::redis::watermark::U48_MAX;
 use tidemark_store::Error;
 
@@ -19,7 +19,7 @@ struct Env {
     _redis: RedisProcess,
     url: String,
     raw: ConnectionManager,
-    core: CoreStore,
+    core: LogStore,
 }
 
 async fn env() -> Env {
@@ -28,7 +28,7 @@ async fn env() -> Env {
     let raw = ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
         .await
         .unwrap();
-    let core = CoreStore::connect(&url).await.unwrap();
+    let core = LogStore::connect(&url).await.unwrap();
     Env {
         _redis: redis,
         url,

@@ -7,7 +7,7 @@ use redis::AsyncCommands;
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
 use tidemark_store::redis::store::{
-    Advance, AdvanceRecord, ChunkWritten, Gc, Materialized, SingleItem, Store,
+    Advance, AdvanceRecord, ChunkWritten, Gc, MailboxStore, Materialized, SingleItem,
 };
 use tidemark_store::redis::watermark::{
     decode_lane_watermarks, encode_packed_v1, encode_packed_v2, CorruptCode, LaneRecord,
@@ -19,18 +19,18 @@ type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 struct Env {
     _redis: RedisProcess,
     raw: ConnectionManager,
-    v2: Store,
-    v1: Store,
+    v2: MailboxStore,
+    v1: MailboxStore,
 }
 
 async fn env() -> Env {
     let redis = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
     let client = redis::Client::open(redis.url()).unwrap();
     let raw = ConnectionManager::new(client).await.unwrap();
-    let v2 = Store::connect(&redis.url(), Layout::PackedV2)
+    let v2 = MailboxStore::connect(&redis.url(), Layout::PackedV2)
         .await
         .unwrap();
-    let v1 = Store::connect(&redis.url(), Layout::PackedV1)
+    let v1 = MailboxStore::connect(&redis.url(), Layout::PackedV1)
         .await
         .unwrap();
     Env {
@@ -125,7 +125,7 @@ fn hot_verdict(v: V, fields: &Fields, old: bool) -> V {
 }
 
 /// Verdicts of every wm_blob-reading script of `store` on the watermark of shard 0.
-async fn lua_verdicts(store: &mut Store, epoch: u64) -> Vec<(&'static str, V)> {
+async fn lua_verdicts(store: &mut MailboxStore, epoch: u64) -> Vec<(&'static str, V)> {
     let mut out = Vec::new();
     let g = store.gc_completed(0, 10).await.unwrap();
     out.push((

@@ -1,7 +1,7 @@
 //! Typed access to the mailbox Redis: one wrapper per script, EVALSHA with NOSCRIPT
 //! recovery, and the only call site of [`decode_lane_watermarks`] [ADR-0015].
 //!
-//! Scripts are loaded with `SCRIPT LOAD` when a [`Store`] connects. A Redis restart empties
+//! Scripts are loaded with `SCRIPT LOAD` when a [`MailboxStore`] connects. A Redis restart empties
 //! the script cache; a call that meets `NOSCRIPT` reloads the whole set and repeats. For a
 //! pipeline the *whole* pipeline is repeated in its original order: every watermark script is a
 //! CAS on `W` and every entry write is idempotent, so the commands that had already applied
@@ -230,7 +230,7 @@ impl AdvanceRecord {
 
 /// Connection to one mailbox Redis with the script set of one layout.
 #[derive(Clone)]
-pub struct Store {
+pub struct MailboxStore {
     conn: ConnectionManager,
     set: &'static ScriptSet,
 }
@@ -337,16 +337,16 @@ impl<'a> Reply<'a> {
     }
 }
 
-impl Store {
+impl MailboxStore {
     /// Connects to `url`, loads the script set of `layout`.
-    pub async fn connect(url: &str, layout: Layout) -> Result<Store> {
+    pub async fn connect(url: &str, layout: Layout) -> Result<MailboxStore> {
         let client = redis::Client::open(url)?;
         let cfg = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(std::time::Duration::from_secs(30)))
             .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
             .set_number_of_retries(3);
         let conn = ConnectionManager::new_with_config(client, cfg).await?;
-        let mut s = Store {
+        let mut s = MailboxStore {
             conn,
             set: scripts::for_layout(layout),
         };
@@ -641,7 +641,7 @@ impl Store {
 
     /// Reads and validates the shard's watermark and checks that this code can own it (a
     /// packed-v1 script set only owns packed-v1 data with 1216-byte blobs), writing nothing.
-    /// [`Store::claim`] does this first; a process checks every shard it will own this way
+    /// [`MailboxStore::claim`] does this first; a process checks every shard it will own this way
     /// before it claims any, so a refusal never leaves some shards fenced.
     pub async fn check_claimable(&mut self, shard: u32) -> Result<ShardWatermark> {
         let wm = self.read_watermark(shard).await?;
@@ -1204,7 +1204,7 @@ mod tests {
 
     #[test]
     fn hot_path_replies_decode() {
-        let p = Store::parse_materialized;
+        let p = MailboxStore::parse_materialized;
         assert_eq!(
             p(&int(9)).unwrap(),
             Some(Materialized::Applied { offset: 9 })
@@ -1254,7 +1254,7 @@ mod tests {
 
     #[test]
     fn advance_replies_decode() {
-        let p = |v: Value| Store::parse_advance(7, "advance_log_watermark", &v);
+        let p = |v: Value| MailboxStore::parse_advance(7, "advance_log_watermark", &v);
         let counts = AdvanceCounts {
             advanced: 1,
             held: 2,
@@ -1314,70 +1314,77 @@ mod tests {
     #[test]
     fn chunk_gc_and_fence_replies_decode() {
         assert_eq!(
-            Store::parse_chunk_written(1, &arr(vec![int(0), int(3)])).unwrap(),
+            MailboxStore::parse_chunk_written(1, &arr(vec![int(0), int(3)])).unwrap(),
             ChunkWritten::Done { entries: 3 }
         );
         assert_eq!(
-            Store::parse_chunk_written(1, &arr(vec![int(3), bulk("2")])).unwrap(),
+            MailboxStore::parse_chunk_written(1, &arr(vec![int(3), bulk("2")])).unwrap(),
             ChunkWritten::Fenced {
                 current_epoch: Some(2)
             }
         );
         assert!(matches!(
-            Store::parse_chunk_written(1, &arr(vec![int(5)])),
+            MailboxStore::parse_chunk_written(1, &arr(vec![int(5)])),
             Err(Error::NoWatermark { shard: 1 })
         ));
-        assert!(unexpected(Store::parse_chunk_written(
+        assert!(unexpected(MailboxStore::parse_chunk_written(
             1,
             &arr(vec![int(-1), bulk("bad_length"), int(-1)])
         )));
-        assert!(unexpected(Store::parse_chunk_written(
+        assert!(unexpected(MailboxStore::parse_chunk_written(
             1,
             &arr(vec![int(42)])
         )));
 
         assert_eq!(
-            Store::parse_gc(2, &arr(vec![int(0), int(-1), int(0)])).unwrap(),
+            MailboxStore::parse_gc(2, &arr(vec![int(0), int(-1), int(0)])).unwrap(),
             Gc::Done {
                 min_w: None,
                 deleted: 0
             }
         );
         assert_eq!(
-            Store::parse_gc(2, &arr(vec![int(0), int(10), int(4)])).unwrap(),
+            MailboxStore::parse_gc(2, &arr(vec![int(0), int(10), int(4)])).unwrap(),
             Gc::Done {
                 min_w: Some(10),
                 deleted: 4
             }
         );
         assert_eq!(
-            Store::parse_gc(2, &arr(vec![int(-1), bulk("field_count"), int(-1)])).unwrap(),
+            MailboxStore::parse_gc(2, &arr(vec![int(-1), bulk("field_count"), int(-1)])).unwrap(),
             Gc::Corrupt(Verdict {
                 code: CorruptCode::FieldCount,
                 lane: None
             })
         );
-        assert!(unexpected(Store::parse_gc(
+        assert!(unexpected(MailboxStore::parse_gc(
             2,
             &arr(vec![int(-1), bulk("unknown"), int(-1)])
         )));
-        assert!(unexpected(Store::parse_gc(2, &arr(vec![int(1), int(0)]))));
+        assert!(unexpected(MailboxStore::parse_gc(
+            2,
+            &arr(vec![int(1), int(0)])
+        )));
 
         assert_eq!(
-            Store::parse_fence(3, 8, &arr(vec![int(0), bulk("8")])).unwrap(),
+            MailboxStore::parse_fence(3, 8, &arr(vec![int(0), bulk("8")])).unwrap(),
             Fence::Raised { epoch: 8 }
         );
         assert_eq!(
-            Store::parse_fence(3, 8, &arr(vec![int(3), bulk("9")])).unwrap(),
+            MailboxStore::parse_fence(3, 8, &arr(vec![int(3), bulk("9")])).unwrap(),
             Fence::Lost {
                 current_epoch: Some(9)
             }
         );
         assert!(matches!(
-            Store::parse_fence(3, 8, &arr(vec![int(5)])),
+            MailboxStore::parse_fence(3, 8, &arr(vec![int(5)])),
             Err(Error::NoWatermark { shard: 3 })
         ));
-        assert!(unexpected(Store::parse_fence(3, 8, &arr(vec![int(-7)]))));
+        assert!(unexpected(MailboxStore::parse_fence(
+            3,
+            8,
+            &arr(vec![int(-7)])
+        )));
     }
 
     #[test]

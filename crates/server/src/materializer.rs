@@ -37,7 +37,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidemark_protocol::entry::encode_entry;
-use tidemark_store::keys;
 use tidemark_store::redis::dlog::{DispatchRecord, LogReader, LogStore};
 use tidemark_store::redis::store::{
     Advance, AdvanceCounts, AdvanceRecord, ChunkWritten, Gc, LaneChunk, MailboxStore, Materialized,
@@ -45,6 +44,7 @@ use tidemark_store::redis::store::{
 };
 use tidemark_store::redis::watermark::{Layout, FULL_BLOB_BYTES, LANES, U48_MAX};
 use tidemark_store::topology::ShardMap;
+use tidemark_store::wake::{publish_wake, WakeHint};
 use tokio_util::sync::CancellationToken;
 
 use crate::health::{HealthBoard, ShardStatus};
@@ -505,7 +505,8 @@ impl Worker {
     }
 
     /// Refreshes `owner:{s}` (this owner's epoch, expiring after
-    /// `tidemark_store::ops::OWNER_MARK_TTL_MS`) of every running shard, once a second.
+    /// `tidemark_store::redis::store::OWNER_MARK_TTL_MS`) of every running shard, once a
+    /// second: one pipeline per mailbox instance.
     async fn refresh_marks(&mut self) {
         if self
             .marks_at
@@ -514,21 +515,12 @@ impl Worker {
             return;
         }
         self.marks_at = Some(Instant::now());
-        let mut pipes: BTreeMap<usize, redis::Pipeline> = BTreeMap::new();
+        let mut marks: BTreeMap<usize, Vec<(u32, u64)>> = BTreeMap::new();
         for rt in self.rts.values().filter(|rt| !rt.stopped) {
-            pipes
-                .entry(rt.mb)
-                .or_default()
-                .cmd("SET")
-                .arg(keys::owner(rt.shard))
-                .arg(rt.epoch)
-                .arg("PX")
-                .arg(tidemark_store::ops::OWNER_MARK_TTL_MS)
-                .ignore();
+            marks.entry(rt.mb).or_default().push((rt.shard, rt.epoch));
         }
-        for (mb, pipe) in pipes {
-            let mut conn = self.mailboxes[mb].connection();
-            if let Err(e) = pipe.query_async::<()>(&mut conn).await {
+        for (mb, marks) in marks {
+            if let Err(e) = self.mailboxes[mb].refresh_owner_marks(&marks).await {
                 tracing::debug!(error = %e, "owner marks not refreshed");
             }
         }
@@ -536,15 +528,9 @@ impl Worker {
 
     /// Removes this owner's marks (only where they still hold its epoch).
     async fn clear_marks(&mut self) {
-        let script = redis::Script::new(
-            "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 1",
-        );
         for rt in self.rts.values().filter(|rt| !rt.stopped) {
-            let mut conn = self.mailboxes[rt.mb].connection();
-            let _: Result<i64, _> = script
-                .key(keys::owner(rt.shard))
-                .arg(rt.epoch.to_string())
-                .invoke_async(&mut conn)
+            let _ = self.mailboxes[rt.mb]
+                .clear_owner_mark(rt.shard, rt.epoch)
                 .await;
         }
     }
@@ -1020,20 +1006,20 @@ impl Worker {
     async fn publish_and_gc(&mut self) -> Result<(), Error> {
         let now = Instant::now();
         // one pipeline of PUBLISH per mailbox instance, not one round trip per shard
-        let mut pubs: BTreeMap<usize, redis::Pipeline> = BTreeMap::new();
+        let mut pubs: BTreeMap<usize, Vec<(u32, WakeHint)>> = BTreeMap::new();
         let mut gc_due = Vec::new();
         for rt in self.rts.values_mut() {
             // a shard stopped in this step may still have moved before: hint it
             if rt.moved {
                 rt.moved = false;
                 let touched = std::mem::take(&mut rt.touched);
-                let names: Vec<&str> = touched.iter().map(String::as_str).collect();
-                pubs.entry(rt.mb)
-                    .or_default()
-                    .cmd("PUBLISH")
-                    .arg(keys::wake(rt.shard))
-                    .arg(tidemark_store::wake::encode(rt.min_w, &names))
-                    .ignore();
+                pubs.entry(rt.mb).or_default().push((
+                    rt.shard,
+                    WakeHint {
+                        min_w: rt.min_w,
+                        recipients: touched.into_iter().collect(),
+                    },
+                ));
                 let min_w = rt.min_w;
                 self.health.update(rt.shard, |h| {
                     h.min_w = min_w;
@@ -1054,10 +1040,9 @@ impl Worker {
                 rt.last_gc = now;
             }
         }
-        for (mb, pipe) in pubs {
-            let mut conn = self.mailboxes[mb].connection();
+        for (mb, hints) in pubs {
             // a lost hint is caught by the gateways' periodic re-check
-            let _: Result<(), _> = pipe.query_async(&mut conn).await;
+            let _ = publish_wake(&self.mailboxes[mb], &hints).await;
         }
         for s in gc_due {
             // GC only frees space: a failure is retried at the next interval, nothing else

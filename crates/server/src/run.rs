@@ -204,12 +204,7 @@ pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
                 url: redact_url(url),
                 source,
             };
-            let client = redis::Client::open(url.as_str())
-                .map_err(|e| connect_err(tidemark_store::Error::from(e)))?;
-            let mut conn = client
-                .get_multiplexed_async_connection()
-                .await
-                .map_err(|e| connect_err(tidemark_store::Error::from(e)))?;
+            let mut conn = deployment::connect(url).await.map_err(connect_err)?;
             let refuse = |what: String| {
                 Error::Deployment(format!(
                     "{} Redis {} (instance {index}): {what}; refusing to start, nothing was \

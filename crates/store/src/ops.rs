@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use crate::error::Result;
-use crate::redis::store::MailboxStore;
+use crate::redis::store::{MailboxStore, OWNER_MARK_TTL_MS};
 use crate::redis::watermark::{Layout, ShardWatermark, LANES};
 
 /// `tidemark wm init`: fresh watermarks for shards `0..shards`, all lanes present at 0.
@@ -145,19 +145,6 @@ pub struct DowngradeReport {
     pub skipped: Vec<(u32, String)>,
 }
 
-/// How long an owner mark (`owner:{s}`) lives without a refresh.
-pub const OWNER_MARK_TTL_MS: u64 = 5000;
-
-/// The epoch of the live owner of `shard`, if one refreshed its mark within
-/// [`OWNER_MARK_TTL_MS`].
-pub async fn live_owner(store: &MailboxStore, shard: u32) -> Result<Option<u64>> {
-    let v: Option<String> = redis::cmd("GET")
-        .arg(crate::keys::owner(shard))
-        .query_async(&mut store.connection())
-        .await?;
-    Ok(v.and_then(|e| e.parse().ok()))
-}
-
 /// `tidemark wm downgrade`: the ADR's offline downgrade of the given shards (19 → 1216 bytes,
 /// layout packed-v1). A shard whose owner is live and holds the current epoch is skipped
 /// (it would write packed-v2 again right after) unless `force_offline`; a fenced owner (its
@@ -173,7 +160,7 @@ pub async fn wm_downgrade(
     for &s in shards {
         if !force_offline {
             let wm = store.read_watermark(s).await?;
-            if let Some(e) = live_owner(&store, s).await? {
+            if let Some(e) = store.live_owner(s).await? {
                 if e >= wm.epoch {
                     report.skipped.push((
                         s,

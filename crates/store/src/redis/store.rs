@@ -25,6 +25,7 @@
 //!   watermark_ops.rs      read, init, fence, claim / check_claimable, downgrade, rebase
 //!   materialize.rs        hot path (single, batches), lane chunks, advance, GC
 //!   mailbox.rs            mailbox pages, ack, acked, ZRANGEBYSCORE replies
+//!   owner.rs              owner marks `owner:{s}`: refresh, clear, live owner
 //!   tests.rs              unit tests: Lua tables against the Rust enums, synthetic replies
 //! ```
 //!
@@ -33,6 +34,7 @@
 mod conn;
 mod mailbox;
 mod materialize;
+mod owner;
 mod reply;
 mod watermark_ops;
 
@@ -47,6 +49,7 @@ use crate::error::{Error, Result};
 
 pub use mailbox::parse_withscores;
 pub use materialize::{AdvanceRecord, LaneChunk, SingleItem};
+pub use owner::OWNER_MARK_TTL_MS;
 pub use reply::{
     Advance, AdvanceCounts, ChunkWritten, Fence, Gc, Materialized, ScriptStatus, Verdict,
 };

@@ -4,9 +4,10 @@
 //! - [`redis::scripts`]: the Lua scripts, embedded with `include_str!`, in their packed-v1 and
 //!   packed-v2 sets.
 //! - [`redis::store`]: [`MailboxStore`](redis::store::MailboxStore), the mailbox Redis
-//!   (watermarks, materialisation, mailboxes): one typed wrapper per script, EVALSHA with
-//!   NOSCRIPT recovery, and the only call site of `decode_lane_watermarks`. One file per
-//!   concern under `redis/store/`; every script reply is decoded in `redis/store/reply.rs`.
+//!   (watermarks, materialisation, mailboxes, owner marks): one typed wrapper per script,
+//!   EVALSHA with NOSCRIPT recovery, and the only call site of `decode_lane_watermarks`. One
+//!   file per concern under `redis/store/`; every script reply is decoded in
+//!   `redis/store/reply.rs`.
 //! - [`redis::dlog`]: [`LogStore`](redis::dlog::LogStore), the core Redis (dispatch logs,
 //!   commits, dedupe) and the log reader.
 //! - [`keys`]: key names.
@@ -14,7 +15,8 @@
 //!   whose `route(user)` is the only place a recipient's shard, lane and instances are computed.
 //! - [`deployment`]: the deployment's identity recorded in every instance (shard count,
 //!   instance positions, tables), checked before a process writes anything.
-//! - [`wake`]: wake-up hints on `wake:{s}` (their encoding).
+//! - [`wake`]: wake-up hints on `wake:{s}`, end to end: the payload codec,
+//!   [`wake::publish_wake`] and [`wake::WakeSubscriber`].
 //! - [`ops`], [`trace`]: the operator tools (`tidemark wm …`, `shard …`, `trace`).
 //! - [`error`]: the crate's one error type.
 //! - [`redact_url`]: a Redis URL without its password, for output and logs.

@@ -31,30 +31,49 @@
 //! in whatever order the server sends them. Ids must be unique per sender (the server dedupes
 //! on them); a second waiter for an id already waiting on the same connection is refused with
 //! [`Error::IdInFlight`].
+//!
+//! A `Client` dereferences to its own [`ClientHandle`], so every sending method
+//! ([`send`](ClientHandle::send), [`start_send`](ClientHandle::start_send),
+//! [`send_and_wait`](ClientHandle::send_and_wait), [`ack`](ClientHandle::ack), …) can be
+//! called on the `Client` directly.
+//!
+//! # Layout
+//!
+//! This file holds the public types and [`Client`] (connect, events, close). Apart:
+//! `connect.rs` (the upgrade request and the wait for `ready`), `handle.rs`
+//! ([`ClientHandle`]), `waiters.rs` (the per-connection waiter registry and [`PendingAck`]),
+//! `incoming.rs` (reading server frames and routing them to waiters or events) and `io.rs`
+//! (the reader and writer tasks).
 
-use std::collections::{BTreeMap, HashMap};
+mod connect;
+mod handle;
+mod incoming;
+mod io;
+#[cfg(test)]
+mod tests;
+mod waiters;
+
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
-use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use std::ops::Deref;
+use std::time::Duration;
 
-use futures::stream::{SplitSink, SplitStream};
-use futures::{SinkExt, StreamExt};
-use serde_json::Value;
-use tidemark_protocol::{ClientFrame, Entry, SendRequest, ServerFrame};
+use futures::StreamExt;
+use tidemark_protocol::Entry;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-use tokio_tungstenite::tungstenite::handshake::client::Request;
-use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
-use tokio_tungstenite::tungstenite::http::HeaderValue;
-use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use url::Url;
 
 use crate::error::Error;
+use connect::{build_request, connect_error, wait_ready};
+use io::{read_loop, write_loop};
+use waiters::Waiters;
+
+pub use handle::ClientHandle;
+pub use waiters::PendingAck;
 
 /// Shard number → dispatch-log offset, as in a `send_ack` frame.
 pub type Offsets = BTreeMap<u32, u64>;
@@ -122,19 +141,7 @@ pub enum Event {
     Closed,
 }
 
-type WaitResult = Result<Offsets, (String, String)>;
-/// id → (registration token, waiter). `None` once the connection has ended.
-type WaiterMap = HashMap<String, (u64, oneshot::Sender<WaitResult>)>;
-type Waiters = Arc<Mutex<Option<WaiterMap>>>;
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-fn lock(w: &Waiters) -> MutexGuard<'_, Option<WaiterMap>> {
-    // A panic while holding this lock cannot leave the map inconsistent (single inserts and
-    // removes), so a poisoned lock is still usable.
-    w.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-static NEXT_WAITER: AtomicU64 = AtomicU64::new(1);
 
 /// A connected client: the owner of the connection and of its event stream.
 ///
@@ -197,7 +204,7 @@ impl Client {
 
         let (out_tx, out_rx) = mpsc::channel(WRITE_QUEUE);
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-        let waiters: Waiters = Arc::new(Mutex::new(Some(HashMap::new())));
+        let waiters = Waiters::new();
         let (done_tx, done_rx) = oneshot::channel();
         let writer = tokio::spawn(write_loop(sink, out_rx, done_rx));
         let reader = tokio::spawn(read_loop(stream, ev_tx, waiters.clone(), done_tx));
@@ -227,52 +234,6 @@ impl Client {
     /// A cloneable handle for sending from other tasks while this `Client` reads events.
     pub fn handle(&self) -> ClientHandle {
         self.handle.clone()
-    }
-
-    /// See [`ClientHandle::send`].
-    pub async fn send(&self, id: &str, to: &[String], body: &str) -> Result<(), Error> {
-        self.handle.send(id, to, body).await
-    }
-
-    /// See [`ClientHandle::start_send`].
-    pub async fn start_send(
-        &self,
-        id: &str,
-        to: &[String],
-        body: &str,
-    ) -> Result<PendingAck, Error> {
-        self.handle.start_send(id, to, body).await
-    }
-
-    /// See [`ClientHandle::send_and_wait`].
-    pub async fn send_and_wait(
-        &self,
-        id: &str,
-        to: &[String],
-        body: &str,
-        timeout: Duration,
-    ) -> Result<Offsets, Error> {
-        self.handle.send_and_wait(id, to, body, timeout).await
-    }
-
-    /// See [`ClientHandle::ack`].
-    pub async fn ack(&self, seq: u64) -> Result<(), Error> {
-        self.handle.ack(seq).await
-    }
-
-    /// See [`ClientHandle::sync`].
-    pub async fn sync(&self, after: u64) -> Result<(), Error> {
-        self.handle.sync(after).await
-    }
-
-    /// See [`ClientHandle::send_raw_text`].
-    pub async fn send_raw_text(&self, text: impl Into<String>) -> Result<(), Error> {
-        self.handle.send_raw_text(text).await
-    }
-
-    /// See [`ClientHandle::send_raw_binary`].
-    pub async fn send_raw_binary(&self, bytes: Vec<u8>) -> Result<(), Error> {
-        self.handle.send_raw_binary(bytes).await
     }
 
     /// The next event no waiter consumed, in arrival order. After the connection ends this
@@ -305,525 +266,15 @@ impl Drop for Client {
             task.abort();
         }
         // The reader may have been aborted before its own cleanup: fail the waiters here.
-        lock(&self.handle.waiters).take();
+        self.handle.waiters.close();
     }
 }
 
-/// A cloneable sender for one connection: everything but reading events.
-///
-/// All methods return once the frame is queued to the writer task (waiting while its queue
-/// is full), or [`Error::Closed`] when the connection has ended.
-#[derive(Clone)]
-pub struct ClientHandle {
-    out: mpsc::Sender<Message>,
-    waiters: Waiters,
-}
+impl Deref for Client {
+    type Target = ClientHandle;
 
-impl fmt::Debug for ClientHandle {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientHandle")
-            .field("closed", &self.out.is_closed())
-            .finish_non_exhaustive()
-    }
-}
-
-impl ClientHandle {
-    async fn queue(&self, msg: Message) -> Result<(), Error> {
-        self.out.send(msg).await.map_err(|_| Error::Closed)
-    }
-
-    /// Queues `{"type":"send","id":…,"to":…,"body":…}` without waiting for the answer: the
-    /// `send_ack` (or `error`) arrives as an [`Event`]. Nothing is validated client-side.
-    pub async fn send(&self, id: &str, to: &[String], body: &str) -> Result<(), Error> {
-        self.queue(Message::text(send_json(id, to, body))).await
-    }
-
-    /// Registers a waiter for `id`, then queues the send. Await the answer with
-    /// [`PendingAck::wait`]; dropping the `PendingAck` unregisters it (a late answer then
-    /// becomes an [`Event`]).
-    ///
-    /// Errors: [`Error::IdInFlight`] if a waiter for `id` already exists on this connection,
-    /// [`Error::Closed`].
-    pub async fn start_send(
-        &self,
-        id: &str,
-        to: &[String],
-        body: &str,
-    ) -> Result<PendingAck, Error> {
-        let pending = self.register(id)?;
-        self.queue(Message::text(send_json(id, to, body))).await?;
-        Ok(pending)
-    }
-
-    /// Sends and waits for the `send_ack` with this `id` (its shard offsets), or fails with
-    /// [`Error::Server`] for an `error` frame with this `id`. `timeout` covers queueing and
-    /// waiting; after [`Error::Timeout`] or [`Error::Closed`] the message may or may not be
-    /// committed: retry with the same id. Other frames meanwhile go to [`Client::next_event`].
-    pub async fn send_and_wait(
-        &self,
-        id: &str,
-        to: &[String],
-        body: &str,
-        timeout: Duration,
-    ) -> Result<Offsets, Error> {
-        let start = Instant::now();
-        let pending = tokio::time::timeout(timeout, self.start_send(id, to, body))
-            .await
-            .map_err(|_| Error::Timeout(timeout, "the writer queue"))??;
-        pending
-            .wait_inner(timeout.saturating_sub(start.elapsed()), timeout)
-            .await
-    }
-
-    /// Queues `{"type":"ack","seq":…}`: every entry at or below `seq` is processed.
-    pub async fn ack(&self, seq: u64) -> Result<(), Error> {
-        self.queue(Message::text(ClientFrame::Ack { seq }.to_json()))
-            .await
-    }
-
-    /// Queues `{"type":"sync","after":…}`: restart the delivery stream after `after`.
-    pub async fn sync(&self, after: u64) -> Result<(), Error> {
-        self.queue(Message::text(ClientFrame::Sync { after }.to_json()))
-            .await
-    }
-
-    /// Queues an arbitrary text frame as is (for testing the server with hostile input).
-    pub async fn send_raw_text(&self, text: impl Into<String>) -> Result<(), Error> {
-        self.queue(Message::text(text.into())).await
-    }
-
-    /// Queues a binary frame (not part of the protocol; the server answers `bad_request`).
-    pub async fn send_raw_binary(&self, bytes: Vec<u8>) -> Result<(), Error> {
-        self.queue(Message::binary(bytes)).await
-    }
-
-    /// Whether the writer has stopped: true shortly after the connection closed or failed
-    /// (then every send fails with [`Error::Closed`]).
-    pub fn is_closed(&self) -> bool {
-        self.out.is_closed()
-    }
-
-    fn register(&self, id: &str) -> Result<PendingAck, Error> {
-        let token = NEXT_WAITER.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        let mut guard = lock(&self.waiters);
-        let map = guard.as_mut().ok_or(Error::Closed)?;
-        if map.contains_key(id) {
-            return Err(Error::IdInFlight(id.to_owned()));
-        }
-        map.insert(id.to_owned(), (token, tx));
-        Ok(PendingAck {
-            id: id.to_owned(),
-            token,
-            rx,
-            waiters: self.waiters.clone(),
-        })
-    }
-}
-
-/// A send whose answer has not been awaited yet; see [`ClientHandle::start_send`].
-///
-/// Dropping it unregisters the waiter.
-#[derive(Debug)]
-pub struct PendingAck {
-    id: String,
-    token: u64,
-    rx: oneshot::Receiver<WaitResult>,
-    waiters: Waiters,
-}
-
-impl PendingAck {
-    /// The send's client id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// Waits up to `timeout` for the `send_ack` (its offsets) or the `error` frame
-    /// ([`Error::Server`]) with this id. [`Error::Closed`] if the connection ends first.
-    pub async fn wait(self, timeout: Duration) -> Result<Offsets, Error> {
-        self.wait_inner(timeout, timeout).await
-    }
-
-    async fn wait_inner(mut self, left: Duration, reported: Duration) -> Result<Offsets, Error> {
-        match tokio::time::timeout(left, &mut self.rx).await {
-            Err(_) => Err(Error::Timeout(reported, "the send_ack")),
-            Ok(Err(_)) => Err(Error::Closed),
-            Ok(Ok(Ok(offsets))) => Ok(offsets),
-            Ok(Ok(Err((code, message)))) => Err(Error::Server { code, message }),
-        }
-    }
-}
-
-impl Drop for PendingAck {
-    fn drop(&mut self) {
-        let mut guard = lock(&self.waiters);
-        if let Some(map) = guard.as_mut() {
-            // Only our own registration: the id may have been answered and registered again.
-            if map.get(&self.id).is_some_and(|(t, _)| *t == self.token) {
-                map.remove(&self.id);
-            }
-        }
-    }
-}
-
-fn send_json(id: &str, to: &[String], body: &str) -> String {
-    ClientFrame::Send(SendRequest {
-        id: id.to_owned(),
-        to: to.to_vec(),
-        body: body.to_owned(),
-    })
-    .to_json()
-}
-
-/// The upgrade request, and the URL to show in errors (without its query, which may carry a
-/// credential).
-fn build_request(ws_url: &str, auth: &Auth) -> Result<(Request, String), Error> {
-    let invalid = |reason: String| Error::InvalidUrl {
-        url: ws_url.to_owned(),
-        reason,
-    };
-    let mut url = Url::parse(ws_url).map_err(|e| invalid(e.to_string()))?;
-    if !matches!(url.scheme(), "ws" | "wss") {
-        return Err(invalid(format!(
-            "scheme must be ws or wss, not {}",
-            url.scheme()
-        )));
-    }
-    let mut shown = url.clone();
-    shown.set_query(None);
-    if let Auth::DevUser(name) = auth {
-        url.query_pairs_mut().append_pair("user", name);
-    }
-    let mut request = url
-        .as_str()
-        .into_client_request()
-        .map_err(|e| invalid(e.to_string()))?;
-    if let Auth::Token(token) = auth {
-        let value = HeaderValue::from_str(&format!("Bearer {token}"))
-            .map_err(|_| invalid("the token contains characters not allowed in a header".into()))?;
-        request.headers_mut().insert(AUTHORIZATION, value);
-    }
-    Ok((request, shown.to_string()))
-}
-
-fn connect_error(url: &str, e: tungstenite::Error) -> Error {
-    match e {
-        tungstenite::Error::Http(response) => {
-            let status = response.status().as_u16();
-            let body = response.body().as_deref().unwrap_or_default();
-            let detail = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
-                let err = v.get("error")?;
-                Some((
-                    err.get("code")?.as_str()?.to_owned(),
-                    err.get("message")
-                        .and_then(Value::as_str)
-                        .unwrap_or_default()
-                        .to_owned(),
-                ))
-            });
-            let (code, message) = detail.unwrap_or_else(|| {
-                (
-                    "upgrade_rejected".to_owned(),
-                    String::from_utf8_lossy(body).into_owned(),
-                )
-            });
-            Error::Rejected {
-                status,
-                code,
-                message,
-            }
-        }
-        source => Error::Connect {
-            url: url.to_owned(),
-            source,
-        },
-    }
-}
-
-/// A server frame as the client reads it. `error.code` stays a string so codes newer than
-/// this client are passed on rather than failing the frame.
-#[derive(Debug, PartialEq)]
-enum Incoming {
-    Ready { user: String, after: u64 },
-    SendAck { id: String, offsets: Offsets },
-    Deliver(Entry),
-    Error(ErrorFrame),
-    Unknown,
-}
-
-#[derive(Debug, PartialEq, serde::Deserialize)]
-struct ErrorFrame {
-    code: String,
-    #[serde(default)]
-    message: String,
-    #[serde(default)]
-    id: Option<String>,
-}
-
-fn parse_incoming(text: &str) -> Result<Incoming, String> {
-    let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-    let Some(ty) = value.get("type") else {
-        return Err("not a JSON object with a `type`".into());
-    };
-    let Some(ty) = ty.as_str() else {
-        return Err("`type` is not a string".into());
-    };
-    match ty {
-        "error" => serde_json::from_value::<ErrorFrame>(value)
-            .map(Incoming::Error)
-            .map_err(|e| format!("bad error frame: {e}")),
-        "ready" | "send_ack" | "deliver" => {
-            let ty = ty.to_owned();
-            match serde_json::from_value::<ServerFrame>(value) {
-                Ok(ServerFrame::Ready { user, after }) => Ok(Incoming::Ready { user, after }),
-                Ok(ServerFrame::SendAck { id, offsets }) => Ok(Incoming::SendAck { id, offsets }),
-                Ok(ServerFrame::Deliver(e)) => Ok(Incoming::Deliver(e)),
-                Ok(ServerFrame::Error { .. }) => unreachable!("type is {ty}"),
-                Err(e) => Err(format!("bad {ty} frame: {e}")),
-            }
-        }
-        _ => Ok(Incoming::Unknown),
-    }
-}
-
-async fn wait_ready(stream: &mut SplitStream<Ws>) -> Result<(String, u64), Error> {
-    loop {
-        let text = match stream.next().await {
-            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Err(Error::Closed),
-            Some(Ok(Message::Text(text))) => text,
-            Some(Ok(Message::Binary(_))) => {
-                return Err(Error::Protocol("binary frame before ready".into()))
-            }
-            Some(Ok(_)) => continue, // ping / pong
-        };
-        match parse_incoming(text.as_str()) {
-            Ok(Incoming::Ready { user, after }) => return Ok((user, after)),
-            Ok(Incoming::Error(e)) => {
-                return Err(Error::Server {
-                    code: e.code,
-                    message: e.message,
-                })
-            }
-            Ok(Incoming::Unknown) => continue,
-            Ok(other) => {
-                return Err(Error::Protocol(format!(
-                    "first frame was not ready: {other:?}"
-                )))
-            }
-            Err(e) => return Err(Error::Protocol(e)),
-        }
-    }
-}
-
-/// Writes queued frames until a close frame is written, a write fails, the reader reports
-/// the end of the connection (`reader_done`), or every sender is gone.
-async fn write_loop(
-    mut sink: SplitSink<Ws, Message>,
-    mut rx: mpsc::Receiver<Message>,
-    mut reader_done: oneshot::Receiver<()>,
-) {
-    /// Most frames written before a flush.
-    const BATCH: usize = 256;
-    loop {
-        let first = tokio::select! {
-            first = rx.recv() => first,
-            // The connection is gone: stop, so senders see Error::Closed.
-            _ = &mut reader_done => return,
-        };
-        let Some(first) = first else { break };
-        let mut closing = matches!(first, Message::Close(_));
-        if sink.feed(first).await.is_err() {
-            return;
-        }
-        let mut n = 1;
-        while !closing && n < BATCH {
-            let Ok(msg) = rx.try_recv() else { break };
-            closing = matches!(msg, Message::Close(_));
-            if sink.feed(msg).await.is_err() {
-                return;
-            }
-            n += 1;
-        }
-        if sink.flush().await.is_err() || closing {
-            return;
-        }
-    }
-    // Every sender is gone: close politely.
-    let _ = sink.close().await;
-}
-
-async fn read_loop(
-    mut stream: SplitStream<Ws>,
-    events: mpsc::UnboundedSender<Event>,
-    waiters: Waiters,
-    done: oneshot::Sender<()>,
-) {
-    // Reading on after a Close frame lets tungstenite finish the close handshake; the stream
-    // then ends.
-    while let Some(Ok(msg)) = stream.next().await {
-        match msg {
-            Message::Text(text) => route(parse_incoming(text.as_str()), &events, &waiters),
-            Message::Binary(_) => {
-                let _ = events.send(Event::Error {
-                    code: BAD_SERVER_FRAME.into(),
-                    message: "binary frame from the server".into(),
-                    id: None,
-                });
-            }
-            _ => {}
-        }
-    }
-    // Fail every pending waiter (their senders drop) and refuse new ones.
-    lock(&waiters).take();
-    let _ = done.send(());
-    let _ = events.send(Event::Closed);
-}
-
-fn take_waiter(waiters: &Waiters, id: &str) -> Option<oneshot::Sender<WaitResult>> {
-    lock(waiters).as_mut()?.remove(id).map(|(_, tx)| tx)
-}
-
-fn route(frame: Result<Incoming, String>, events: &mpsc::UnboundedSender<Event>, w: &Waiters) {
-    let event = match frame {
-        Ok(Incoming::SendAck { id, offsets }) => match take_waiter(w, &id) {
-            None => Event::SendAck { id, offsets },
-            Some(tx) => match tx.send(Ok(offsets)) {
-                Ok(()) => return,
-                // The waiter gave up between the lookup and now: keep the ack as an event.
-                Err(Ok(offsets)) => Event::SendAck { id, offsets },
-                Err(Err(_)) => return, // not what was sent
-            },
-        },
-        Ok(Incoming::Error(ErrorFrame {
-            code,
-            message,
-            id: Some(id),
-        })) => match take_waiter(w, &id) {
-            None => Event::Error {
-                code,
-                message,
-                id: Some(id),
-            },
-            Some(tx) => match tx.send(Err((code, message))) {
-                Ok(()) => return,
-                Err(Err((code, message))) => Event::Error {
-                    code,
-                    message,
-                    id: Some(id),
-                },
-                Err(Ok(_)) => return, // not what was sent
-            },
-        },
-        Ok(Incoming::Error(ErrorFrame { code, message, id })) => Event::Error { code, message, id },
-        Ok(Incoming::Deliver(entry)) => Event::Deliver(entry),
-        Ok(Incoming::Ready { .. }) => Event::Error {
-            code: BAD_SERVER_FRAME.into(),
-            message: "a second ready frame".into(),
-            id: None,
-        },
-        Ok(Incoming::Unknown) => return,
-        Err(message) => Event::Error {
-            code: BAD_SERVER_FRAME.into(),
-            message,
-            id: None,
-        },
-    };
-    let _ = events.send(event);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_server_frames() {
-        assert_eq!(
-            parse_incoming(r#"{"type":"ready","user":"alice","after":3400}"#),
-            Ok(Incoming::Ready {
-                user: "alice".into(),
-                after: 3400
-            })
-        );
-        assert_eq!(
-            parse_incoming(r#"{"type":"send_ack","id":"c-1","offsets":{"12":3471,"3":9}}"#),
-            Ok(Incoming::SendAck {
-                id: "c-1".into(),
-                offsets: BTreeMap::from([(3, 9), (12, 3471)])
-            })
-        );
-        assert_eq!(
-            parse_incoming(
-                r#"{"type":"deliver","seq":3471,"from":"alice","body":"hi","sent_at_us":1,"new":true}"#
-            ),
-            Ok(Incoming::Deliver(Entry {
-                seq: 3471,
-                from: "alice".into(),
-                body: "hi".into(),
-                sent_at_us: 1
-            }))
-        );
-        // Error codes newer than this client are kept, not refused.
-        assert_eq!(
-            parse_incoming(r#"{"type":"error","code":"brand_new","message":"m","id":"c-1"}"#),
-            Ok(Incoming::Error(ErrorFrame {
-                code: "brand_new".into(),
-                message: "m".into(),
-                id: Some("c-1".into())
-            }))
-        );
-        assert_eq!(
-            parse_incoming(r#"{"type":"error","code":"bad_json","message":"m"}"#),
-            Ok(Incoming::Error(ErrorFrame {
-                code: "bad_json".into(),
-                message: "m".into(),
-                id: None
-            }))
-        );
-        assert_eq!(
-            parse_incoming(r#"{"type":"from_the_future"}"#),
-            Ok(Incoming::Unknown)
-        );
-        for bad in [
-            "nope",
-            "[]",
-            r#"{"no":"type"}"#,
-            r#"{"type":7}"#,
-            r#"{"type":"ready","user":"a"}"#,
-            r#"{"type":"send_ack","id":"c","offsets":{"x":1}}"#,
-            r#"{"type":"deliver","seq":-1,"from":"a","body":"","sent_at_us":0}"#,
-            r#"{"type":"error","message":"no code"}"#,
-        ] {
-            assert!(parse_incoming(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn builds_upgrade_requests() {
-        let (req, shown) =
-            build_request("ws://127.0.0.1:1/v1/ws", &Auth::Token("v1.abc.def".into())).unwrap();
-        assert_eq!(req.headers()[AUTHORIZATION], "Bearer v1.abc.def");
-        assert_eq!(req.uri().query(), None);
-        assert_eq!(shown, "ws://127.0.0.1:1/v1/ws");
-
-        let (req, shown) =
-            build_request("ws://h:1/v1/ws?x=1", &Auth::DevUser("bob smith&co".into())).unwrap();
-        assert!(req.headers().get(AUTHORIZATION).is_none());
-        assert_eq!(req.uri().query(), Some("x=1&user=bob+smith%26co"));
-        assert_eq!(shown, "ws://h:1/v1/ws");
-
-        for (url, auth) in [
-            ("http://h/v1/ws", Auth::DevUser("a".into())),
-            ("not a url", Auth::DevUser("a".into())),
-            ("ws://h/v1/ws", Auth::Token("bad\ntoken".into())),
-        ] {
-            assert_eq!(build_request(url, &auth).unwrap_err().code(), "invalid_url");
-        }
-    }
-
-    #[test]
-    fn auth_debug_hides_tokens() {
-        let s = format!("{:?}", Auth::Token("v1.secret.mac".into()));
-        assert!(!s.contains("secret"), "{s}");
-        assert_eq!(format!("{:?}", Auth::DevUser("a".into())), "DevUser(\"a\")");
+    /// The client's own handle: every sending method of [`ClientHandle`] works on a `Client`.
+    fn deref(&self) -> &ClientHandle {
+        &self.handle
     }
 }

@@ -189,6 +189,16 @@ pub(crate) fn reject<T>(code: ErrorCode, message: impl Into<String>) -> Result<T
     Err((code, message.into()))
 }
 
+/// Refuses a size over its limit with `code`: `n` (in `unit`) above `limit` is
+/// "`<what> <n> <unit>, limit is <limit>`", e.g. "`body` is 16386 bytes, limit is 16384".
+fn at_most(code: ErrorCode, what: &str, n: usize, unit: &str, limit: usize) -> Result<(), Reject> {
+    if n > limit {
+        reject(code, format!("{what} {n} {unit}, limit is {limit}"))
+    } else {
+        Ok(())
+    }
+}
+
 /// Parses and validates one WebSocket text frame from a client.
 ///
 /// Checks, in order: size (`frame_too_large`), JSON object (`bad_json`), `type`
@@ -217,16 +227,14 @@ pub(crate) fn parse_object(
     bytes: &[u8],
     limits: &Limits,
 ) -> Result<Map<String, Value>, FrameError> {
-    if bytes.len() > limits.max_frame_bytes {
-        return Err(FrameError::new(
-            ErrorCode::FrameTooLarge,
-            format!(
-                "frame is {} bytes, limit is {}",
-                bytes.len(),
-                limits.max_frame_bytes
-            ),
-        ));
-    }
+    at_most(
+        ErrorCode::FrameTooLarge,
+        "frame is",
+        bytes.len(),
+        "bytes",
+        limits.max_frame_bytes,
+    )
+    .map_err(|(code, message)| FrameError::new(code, message))?;
     // serde_json bounds nesting depth (128), so hostile nesting cannot overflow the stack.
     match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(map)) => Ok(map),
@@ -306,16 +314,13 @@ pub(crate) fn send_from_map(
             "`to` must name at least one recipient",
         );
     }
-    if to.len() > limits.max_recipients {
-        return reject(
-            ErrorCode::TooManyRecipients,
-            format!(
-                "`to` has {} recipients, limit is {}",
-                to.len(),
-                limits.max_recipients
-            ),
-        );
-    }
+    at_most(
+        ErrorCode::TooManyRecipients,
+        "`to` has",
+        to.len(),
+        "recipients",
+        limits.max_recipients,
+    )?;
     let mut seen = HashSet::with_capacity(to.len());
     let mut recipients = Vec::with_capacity(to.len());
     for (i, r) in to.iter().enumerate() {
@@ -340,16 +345,13 @@ pub(crate) fn send_from_map(
     }
 
     let body = string_field(map, "body")?;
-    if body.len() > limits.max_body_bytes {
-        return reject(
-            ErrorCode::BodyTooLarge,
-            format!(
-                "`body` is {} bytes, limit is {}",
-                body.len(),
-                limits.max_body_bytes
-            ),
-        );
-    }
+    at_most(
+        ErrorCode::BodyTooLarge,
+        "`body` is",
+        body.len(),
+        "bytes",
+        limits.max_body_bytes,
+    )?;
 
     Ok(SendRequest {
         id: id.to_owned(),

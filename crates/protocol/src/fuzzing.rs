@@ -29,6 +29,31 @@ pub struct Seen {
     pub ack_accepted: bool,
 }
 
+/// The two sets of limits the corpus replay and the property tests hold every input to: the
+/// defaults, and small ones that every size rule trips over.
+pub fn limit_sets() -> [Limits; 2] {
+    [
+        Limits::default(),
+        Limits {
+            max_frame_bytes: 512,
+            max_body_bytes: 8,
+            max_recipients: 3,
+            max_id_bytes: 4,
+            max_page_entries: 5,
+            default_page_entries: 2,
+        },
+    ]
+}
+
+/// [`check`] under each of [`limit_sets`]; what it saw under the default limits, or the
+/// first rule broken, naming the limits it was broken under.
+pub fn check_all_limits(data: &[u8]) -> Result<Seen, String> {
+    let [default, small] = limit_sets();
+    let seen = check(data, &default).map_err(|broken| format!("limits {default:?}: {broken}"))?;
+    check(data, &small).map_err(|broken| format!("limits {small:?}: {broken}"))?;
+    Ok(seen)
+}
+
 /// Runs every parser on `data` under `limits` and checks the rules of this module. Returns
 /// the first rule broken, as a message naming it.
 pub fn check(data: &[u8], limits: &Limits) -> Result<Seen, String> {

@@ -8,9 +8,10 @@
 //!   send request as an HTTP body and as a `send` frame, an ack as `{"seq":N}`, a mailbox
 //!   query as a query string), and a `send` frame's fields read as an HTTP body give the same
 //!   request (the two paths validate identically);
-//! - a rejection names its code consistently (`code()` is the [`ErrorCode`]'s string, a
-//!   client error: HTTP 4xx) and echoes only a valid client id (non-empty, at most
-//!   `max_id_bytes`, no control character); its `error` frame round-trips.
+//! - a rejection names its code consistently (`code()` is the string of its
+//!   [`ErrorCode`](crate::ErrorCode), a client error: HTTP 4xx) and echoes only a valid
+//!   client id (non-empty, at most `max_id_bytes`, no control character); its `error` frame
+//!   round-trips.
 //!
 //! Not part of the API: for tests and fuzzing only.
 

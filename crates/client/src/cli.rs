@@ -483,24 +483,22 @@ mod tests {
             format!("{good}-env").as_bytes()
         );
 
+        // Refusals: (file, variable, code, what the message names).
         let missing = dir.join("missing");
-        let e = read_secret(Some(&missing), var).unwrap_err();
-        assert_eq!(e.code(), "secret_unreadable");
-        assert!(e.to_string().contains("missing"), "{e}");
-
-        let e = read_secret(None, "TIDEMARK_CLIENT_TEST_SECRET_UNSET").unwrap_err();
-        assert_eq!(e.code(), "secret_missing");
-        assert!(
-            e.to_string().contains("TIDEMARK_CLIENT_TEST_SECRET_UNSET"),
-            "{e}"
-        );
-
+        let unset = "TIDEMARK_CLIENT_TEST_SECRET_UNSET";
+        let refusals = [
+            (Some(missing.as_path()), var, "secret_unreadable", "missing"),
+            (None, unset, "secret_missing", unset),
+        ];
+        for (file, var, code, named) in refusals {
+            let e = read_secret(file, var).unwrap_err();
+            assert_eq!(e.code(), code, "{e}");
+            assert!(e.to_string().contains(named), "{e}");
+        }
         for short in ["\n", "  \t ", "short secret"] {
             std::fs::write(&file, short).unwrap();
-            assert_eq!(
-                read_secret(Some(&file), var).unwrap_err().code(),
-                "secret_too_short"
-            );
+            let e = read_secret(Some(&file), var).unwrap_err();
+            assert_eq!(e.code(), "secret_too_short", "{short:?}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }

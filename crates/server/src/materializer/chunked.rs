@@ -83,8 +83,8 @@ impl Worker {
     /// shard (corrupt, fenced, or newer data than packed-v1 code may touch).
     async fn ownable_watermark(&mut self, s: u32) -> Result<Option<ShardWatermark>, Error> {
         let (mb, epoch) = {
-            let rt = &self.rts[&s];
-            (rt.mb, rt.epoch)
+            let sh = &self.owned[&s];
+            (sh.mb, sh.epoch)
         };
         let wm = match self.mailboxes[mb].read_watermark(s).await {
             Ok(wm) => wm,
@@ -119,11 +119,11 @@ impl Worker {
     /// and not yet durable (fault injection may skip some). False: the shard was fenced.
     async fn write_missing_chunks(&mut self, s: u32, wm: &ShardWatermark) -> Result<bool, Error> {
         let fault = self.opts.fault.clone();
-        let rt = self.rt(s);
-        let (mb, epoch) = (rt.mb, rt.epoch);
+        let sh = self.shard_mut(s);
+        let (mb, epoch) = (sh.mb, sh.epoch);
         let mut chunks: Vec<LaneChunk> = Vec::new();
         let mut chunk_refs: Vec<(usize, usize)> = Vec::new(); // (pending index, lane)
-        for (pi, p) in rt.pending.iter_mut().enumerate() {
+        for (pi, p) in sh.pending.iter_mut().enumerate() {
             for (lane, rcpts) in &p.lanes {
                 let rec = wm.lanes.lane(*lane);
                 if !rec.present || rec.w >= p.rec.offset || p.done.contains(lane) {
@@ -157,7 +157,7 @@ impl Worker {
         for ((pi, lane), out) in chunk_refs.into_iter().zip(outs) {
             match out {
                 ChunkWritten::Done { .. } => {
-                    self.rt(s).pending[pi].done.insert(lane);
+                    self.shard_mut(s).pending[pi].done.insert(lane);
                 }
                 ChunkWritten::Fenced { current_epoch } => {
                     self.stop(s, ShardStatus::Fenced { current_epoch });
@@ -171,9 +171,9 @@ impl Worker {
     /// Advances the lanes of every pending record, 256 records a call. `None`: nothing was
     /// called, or the shard was stopped (fenced, corrupt).
     async fn advance_pending(&mut self, s: u32) -> Result<Option<Advanced>, Error> {
-        let rt = &self.rts[&s];
-        let (mb, epoch) = (rt.mb, rt.epoch);
-        let recs: Vec<AdvanceRecord> = rt.pending.iter().map(Pending::advance_record).collect();
+        let sh = &self.owned[&s];
+        let (mb, epoch) = (sh.mb, sh.epoch);
+        let recs: Vec<AdvanceRecord> = sh.pending.iter().map(Pending::advance_record).collect();
         // `moved` is ORed over the parts: an early part may move lanes while the last does
         // not, and the hint must still go out.
         let mut last: Option<AdvanceCounts> = None;
@@ -221,24 +221,24 @@ impl Worker {
     /// (an empty lane), resume (W moved) or re-read from W (a gap).
     async fn settle_pending(&mut self, s: u32, adv: Advanced) -> Result<(), Error> {
         let c = adv.counts;
-        let rt = self.rt(s);
+        let sh = self.shard_mut(s);
         let min_w = c.min_w.unwrap_or(0);
         if adv.moved {
-            rt.moved = true;
+            sh.moved = true;
             // recipients in lanes that moved may have new entries: hint them all
-            for p in &rt.pending {
-                rt.touched.extend(p.rec.recipients.iter().cloned());
+            for p in &sh.pending {
+                sh.touched.extend(p.rec.recipients.iter().cloned());
             }
         }
-        let first_prev = rt.pending.front().map(|p| p.rec.prev);
+        let first_prev = sh.pending.front().map(|p| p.rec.prev);
         let mut done = 0u64;
-        while rt.pending.front().is_some_and(|p| p.rec.offset <= min_w) {
-            rt.pending.pop_front();
+        while sh.pending.front().is_some_and(|p| p.rec.offset <= min_w) {
+            sh.pending.pop_front();
             done += 1;
         }
         metrics::counter!("tidemark_materialized_total", "path" => "chunk").increment(done);
-        rt.min_w = rt.min_w.max(min_w);
-        rt.uniform = rt.pending.is_empty() && c.min_w == c.max_w;
+        sh.min_w = sh.min_w.max(min_w);
+        sh.uniform = sh.pending.is_empty() && c.min_w == c.max_w;
         if let Some((lane, offset)) = adv.empty_lane {
             // Held whole (nothing dropped): re-checked every RETRY_MAX until the lane exists.
             self.hold(s, ShardStatus::LaneEmpty { lane, offset }, RETRY_MAX);

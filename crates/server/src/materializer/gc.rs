@@ -19,27 +19,27 @@ impl Worker {
         // one pipeline of PUBLISH per mailbox instance, not one round trip per shard
         let mut pubs: BTreeMap<usize, Vec<(u32, WakeHint)>> = BTreeMap::new();
         let mut gc_due = Vec::new();
-        for rt in self.rts.values_mut() {
+        for sh in self.owned.values_mut() {
             // a shard stopped in this step may still have moved before: hint it
-            if rt.moved {
-                rt.moved = false;
-                let touched = std::mem::take(&mut rt.touched);
-                pubs.entry(rt.mb).or_default().push((
-                    rt.shard,
+            if sh.moved {
+                sh.moved = false;
+                let touched = std::mem::take(&mut sh.touched);
+                pubs.entry(sh.mb).or_default().push((
+                    sh.shard,
                     WakeHint {
-                        min_w: rt.min_w,
+                        min_w: sh.min_w,
                         recipients: touched.into_iter().collect(),
                     },
                 ));
-                let min_w = rt.min_w;
-                self.health.update(rt.shard, |h| {
+                let min_w = sh.min_w;
+                self.health.update(sh.shard, |h| {
                     h.min_w = min_w;
                     h.last_progress = now;
                 });
             }
             // stopped shards too: their head and lag stay live (messages still wait there)
-            if now.duration_since(rt.last_gc) >= self.opts.gc_interval {
-                gc_due.push((rt.last_gc, rt.shard));
+            if now.duration_since(sh.last_gc) >= self.opts.gc_interval {
+                gc_due.push((sh.last_gc, sh.shard));
             }
         }
         // a few shards per loop (oldest first), so GC round trips never stall a batch
@@ -47,8 +47,8 @@ impl Worker {
         gc_due.truncate(GC_SHARDS_PER_LOOP);
         let gc_due: Vec<u32> = gc_due.into_iter().map(|(_, s)| s).collect();
         for s in &gc_due {
-            if let Some(rt) = self.rts.get_mut(s) {
-                rt.last_gc = now;
+            if let Some(sh) = self.owned.get_mut(s) {
+                sh.last_gc = now;
             }
         }
         for (mb, hints) in pubs {
@@ -66,8 +66,8 @@ impl Worker {
     }
 
     pub(super) async fn gc_shard(&mut self, s: u32) -> Result<(), Error> {
-        let mb = self.rts[&s].mb;
-        if self.rts[&s].stopped {
+        let mb = self.owned[&s].mb;
+        if self.owned[&s].stopped {
             // no GC for a stopped shard (fenced, corrupt): only its head and lag
             let head = self.core.head(s).await?;
             self.health.update(s, |h| {
@@ -105,14 +105,14 @@ impl Worker {
                         head = max_w;
                     }
                 }
-                let rt = self.rt(s);
-                let idle = rt.pending.is_empty() && head <= min_w;
-                if idle && rt.held.is_some() {
+                let sh = self.shard_mut(s);
+                let idle = sh.pending.is_empty() && head <= min_w;
+                if idle && sh.held.is_some() {
                     // caught up with the head (a rebase moved W to it): nothing is held
                     self.clear_held(s);
                 }
-                let rt = self.rt(s);
-                if head > min_w && rt.pending.is_empty() && rt.retry.is_none() {
+                let sh = self.shard_mut(s);
+                if head > min_w && sh.pending.is_empty() && sh.retry.is_none() {
                     // behind the head with nothing in flight: the log must hold W + 1
                     let next = self.core.read_after(s, min_w, 1).await?;
                     let next = next.first().map(|r| r.offset);

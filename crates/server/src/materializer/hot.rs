@@ -34,17 +34,17 @@ impl Worker {
         let mut hot_recs: BTreeMap<usize, Vec<Vec<DispatchRecord>>> = BTreeMap::new();
         for (s, recs) in batches {
             let map = &self.map;
-            let Some(rt) = self.rts.get_mut(&s) else {
+            let Some(sh) = self.owned.get_mut(&s) else {
                 continue;
             };
-            if rt.stopped {
+            if sh.stopped {
                 continue;
             }
             let mut items = Vec::new();
             let mut recs_of_items = Vec::new();
             let mut hole = None;
             for rec in recs {
-                if rec.offset <= rt.read_pos {
+                if rec.offset <= sh.read_pos {
                     continue; // already read (a re-read after resync overlaps)
                 }
                 if let Some(f) = &self.opts.fault {
@@ -55,22 +55,22 @@ impl Worker {
                         );
                     }
                 }
-                if rec.prev != rt.read_pos {
+                if rec.prev != sh.read_pos {
                     // a hole in the log (trimmed above W, or W moved back by a restore)
-                    hole = Some((rt.read_pos, rec.offset));
+                    hole = Some((sh.read_pos, rec.offset));
                     break;
                 }
-                rt.read_pos = rec.offset;
-                if rt.pending.is_empty() && rt.uniform && rec.recipients.len() == 1 {
+                sh.read_pos = rec.offset;
+                if sh.pending.is_empty() && sh.uniform && rec.recipients.len() == 1 {
                     items.push(single_item(&rec));
                     recs_of_items.push(rec);
                 } else {
-                    rt.pending.push_back(Pending::new(rec, map));
+                    sh.pending.push_back(Pending::new(rec, map));
                 }
             }
             if !items.is_empty() {
-                hot.entry(rt.mb).or_default().push((s, rt.epoch, items));
-                hot_recs.entry(rt.mb).or_default().push(recs_of_items);
+                hot.entry(sh.mb).or_default().push((s, sh.epoch, items));
+                hot_recs.entry(sh.mb).or_default().push(recs_of_items);
             }
             if let Some((w, next)) = hole {
                 // records before the hole still go through; the shard then waits
@@ -88,10 +88,10 @@ impl Worker {
             }
         }
         let with_pending: Vec<u32> = self
-            .rts
+            .owned
             .values()
-            .filter(|rt| !rt.stopped && !rt.pending.is_empty())
-            .map(|rt| rt.shard)
+            .filter(|sh| !sh.stopped && !sh.pending.is_empty())
+            .map(|sh| sh.shard)
             .collect();
         for s in with_pending {
             self.process_pending(s).await?;
@@ -110,10 +110,10 @@ impl Worker {
         for (i, out) in outs.into_iter().enumerate() {
             match out {
                 Materialized::Applied { .. } | Materialized::Replay { .. } => {
-                    let rt = self.rt(s);
-                    rt.touched.insert(items[i].recipient.clone());
-                    rt.moved = true;
-                    rt.min_w = rt.min_w.max(items[i].offset);
+                    let sh = self.shard_mut(s);
+                    sh.touched.insert(items[i].recipient.clone());
+                    sh.moved = true;
+                    sh.min_w = sh.min_w.max(items[i].offset);
                     applied += 1;
                 }
                 Materialized::NotUniform => {
@@ -123,10 +123,10 @@ impl Worker {
                         .drain(i..)
                         .map(|rec| Pending::new(rec, &self.map))
                         .collect();
-                    let rt = self.rt(s);
-                    rt.uniform = false;
+                    let sh = self.shard_mut(s);
+                    sh.uniform = false;
                     for p in moved.into_iter().rev() {
-                        rt.pending.push_front(p);
+                        sh.pending.push_front(p);
                     }
                     break;
                 }

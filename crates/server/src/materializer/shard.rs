@@ -1,4 +1,4 @@
-//! Per-shard state of a worker ([`ShardRt`]) and its transitions: stop (fenced, corrupt),
+//! Per-shard state of a worker ([`OwnedShard`]) and its transitions: stop (fenced, corrupt),
 //! retry after a failure (capped backoff), and holds (an empty lane, a log discontinuity).
 
 use std::collections::{BTreeSet, VecDeque};
@@ -9,7 +9,7 @@ use super::worker::Worker;
 use super::{DISCONTINUITY_RECHECK, LOG_REMINDER, RETRY_MAX, RETRY_MIN};
 use crate::health::ShardStatus;
 
-pub(super) struct ShardRt {
+pub(super) struct OwnedShard {
     pub(super) shard: u32,
     pub(super) mb: usize,
     pub(super) epoch: u64,
@@ -32,10 +32,10 @@ pub(super) struct ShardRt {
     pub(super) last_gc: Instant,
 }
 
-impl ShardRt {
+impl OwnedShard {
     /// A shard this worker does not run (its watermark was corrupt at start).
-    pub(super) fn stopped(shard: u32, mb: usize) -> ShardRt {
-        ShardRt {
+    pub(super) fn stopped(shard: u32, mb: usize) -> OwnedShard {
+        OwnedShard {
             shard,
             mb,
             epoch: 0,
@@ -68,15 +68,15 @@ pub(super) struct Retry {
 impl Worker {
     /// The state of shard `s`, which this worker owns (every caller got `s` from the worker's
     /// own shards).
-    pub(super) fn rt(&mut self, s: u32) -> &mut ShardRt {
-        self.rts.get_mut(&s).expect("a shard this worker owns")
+    pub(super) fn shard_mut(&mut self, s: u32) -> &mut OwnedShard {
+        self.owned.get_mut(&s).expect("a shard this worker owns")
     }
 
     pub(super) fn stop(&mut self, shard: u32, status: ShardStatus) {
-        if let Some(rt) = self.rts.get_mut(&shard) {
-            rt.stopped = true;
-            rt.retry = None;
-            rt.pending.clear();
+        if let Some(sh) = self.owned.get_mut(&shard) {
+            sh.stopped = true;
+            sh.retry = None;
+            sh.pending.clear();
         }
         tracing::error!(shard, ?status, "shard stopped");
         match &status {
@@ -97,21 +97,21 @@ impl Worker {
     /// Puts `shard` in retry after `why`: its records in memory are dropped and, after the
     /// backoff, it re-reads its watermark and resumes from its lowest W.
     pub(super) fn schedule_retry(&mut self, shard: u32, why: &str) {
-        let Some(rt) = self.rts.get_mut(&shard) else {
+        let Some(sh) = self.owned.get_mut(&shard) else {
             return;
         };
-        if rt.stopped {
+        if sh.stopped {
             return;
         }
-        let backoff = rt
+        let backoff = sh
             .retry
             .map_or(RETRY_MIN, |r| (r.backoff * 2).min(RETRY_MAX));
-        rt.retry = Some(Retry {
+        sh.retry = Some(Retry {
             due: Instant::now() + backoff,
             backoff,
             failure: true,
         });
-        rt.pending.clear();
+        sh.pending.clear();
         self.health.set_retrying(shard, why);
     }
 
@@ -119,22 +119,22 @@ impl Worker {
     pub(super) async fn retry_due(&mut self) {
         let now = Instant::now();
         let due: Vec<u32> = self
-            .rts
+            .owned
             .values()
-            .filter(|rt| !rt.stopped && rt.retry.is_some_and(|r| r.due <= now))
-            .map(|rt| rt.shard)
+            .filter(|sh| !sh.stopped && sh.retry.is_some_and(|r| r.due <= now))
+            .map(|sh| sh.shard)
             .collect();
         for s in due {
             match self.resync(s).await {
                 Ok(()) => {
-                    let rt = self.rt(s);
-                    if rt.stopped {
+                    let sh = self.shard_mut(s);
+                    if sh.stopped {
                         continue;
                     }
-                    if !rt.retry.take().is_some_and(|r| r.failure) {
+                    if !sh.retry.take().is_some_and(|r| r.failure) {
                         continue;
                     }
-                    tracing::info!(shard = s, w = rt.min_w, "shard resumed after a failure");
+                    tracing::info!(shard = s, w = sh.min_w, "shard resumed after a failure");
                     metrics::counter!("tidemark_shard_recoveries_total").increment(1);
                     self.health.update(s, |h| {
                         h.retrying = None;
@@ -151,10 +151,10 @@ impl Worker {
 
     /// Earliest retry due among shards in retry.
     pub(super) fn next_retry(&self) -> Option<Instant> {
-        self.rts
+        self.owned
             .values()
-            .filter(|rt| !rt.stopped)
-            .filter_map(|rt| rt.retry.map(|r| r.due))
+            .filter(|sh| !sh.stopped)
+            .filter_map(|sh| sh.retry.map(|r| r.due))
             .min()
     }
 
@@ -162,11 +162,11 @@ impl Worker {
     /// are dropped and it re-reads from W after `recheck`, until W moves again. Logged and
     /// counted once per change of reason, with a reminder every [`LOG_REMINDER`].
     pub(super) fn hold(&mut self, s: u32, why: ShardStatus, recheck: Duration) {
-        let Some(rt) = self.rts.get_mut(&s) else {
+        let Some(sh) = self.owned.get_mut(&s) else {
             return;
         };
-        let changed = rt.held.as_ref() != Some(&why);
-        let remind = rt.last_logged.is_none_or(|t| t.elapsed() >= LOG_REMINDER);
+        let changed = sh.held.as_ref() != Some(&why);
+        let remind = sh.last_logged.is_none_or(|t| t.elapsed() >= LOG_REMINDER);
         if changed {
             match &why {
                 ShardStatus::LaneEmpty { lane, offset } => {
@@ -179,19 +179,19 @@ impl Worker {
                 }
                 _ => {}
             }
-            rt.last_logged = Some(Instant::now());
+            sh.last_logged = Some(Instant::now());
         } else if remind {
             tracing::warn!(shard = s, status = ?why, "shard still held");
-            rt.last_logged = Some(Instant::now());
+            sh.last_logged = Some(Instant::now());
         }
-        rt.held = Some(why.clone());
-        rt.retry = Some(Retry {
+        sh.held = Some(why.clone());
+        sh.retry = Some(Retry {
             due: Instant::now() + recheck,
             backoff: recheck,
             failure: false,
         });
-        rt.pending.clear();
-        let min_w = rt.min_w;
+        sh.pending.clear();
+        let min_w = sh.min_w;
         self.health.update(s, |h| {
             h.status = why;
             h.min_w = min_w;
@@ -209,9 +209,9 @@ impl Worker {
 
     /// A held shard's W moved again (the lane was initialised, the log continues): running.
     pub(super) fn clear_held(&mut self, s: u32) {
-        if let Some(rt) = self.rts.get_mut(&s) {
-            if rt.held.take().is_some() {
-                rt.last_logged = None;
+        if let Some(sh) = self.owned.get_mut(&s) {
+            if sh.held.take().is_some() {
+                sh.last_logged = None;
                 tracing::info!(shard = s, "held shard moves again; running");
                 self.health.update(s, |h| h.status = ShardStatus::Running);
             }

@@ -12,7 +12,7 @@ use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
 
-use super::shard::ShardRt;
+use super::shard::OwnedShard;
 use super::{Error, MaterializerOptions, READ_GRACE, RETRY_MAX, RETRY_MIN};
 use crate::health::{HealthBoard, ShardStatus};
 
@@ -26,7 +26,8 @@ pub struct Worker {
     pub(super) core_shown: String,
     pub(super) reader: LogReader,
     pub(super) mailboxes: Vec<MailboxStore>,
-    pub(super) rts: BTreeMap<u32, ShardRt>,
+    /// The state of every shard this worker owns (running or stopped), by shard.
+    pub(super) owned: BTreeMap<u32, OwnedShard>,
     pub(super) opts: MaterializerOptions,
     pub(super) health: Arc<HealthBoard>,
     /// Current delay before replacing a failed log connection (None: reads are healthy).
@@ -60,7 +61,7 @@ impl Worker {
             core_shown,
             reader,
             mailboxes,
-            rts: BTreeMap::new(),
+            owned: BTreeMap::new(),
             opts,
             health,
             read_backoff: None,
@@ -82,7 +83,7 @@ impl Worker {
                 Err(e) if e.is_corrupt() && store.layout() == Layout::PackedV2 => {
                     tracing::error!(shard = s, error = %e, "shard not claimed: corrupt watermark");
                     metrics::counter!("tidemark_shard_corrupt_total").increment(1);
-                    w.rts.insert(s, ShardRt::stopped(s, mb));
+                    w.owned.insert(s, OwnedShard::stopped(s, mb));
                     w.health
                         .update(s, |h| h.status = ShardStatus::Corrupt(e.to_string()));
                     corrupt.push(s);
@@ -98,9 +99,9 @@ impl Worker {
                 uniform = wm.lanes.is_uniform(),
                 "claimed shard"
             );
-            w.rts.insert(
+            w.owned.insert(
                 s,
-                ShardRt {
+                OwnedShard {
                     shard: s,
                     mb,
                     epoch,
@@ -126,10 +127,10 @@ impl Worker {
             });
         }
         let claimed: Vec<u32> = w
-            .rts
+            .owned
             .values()
-            .filter(|rt| !rt.stopped)
-            .map(|rt| rt.shard)
+            .filter(|sh| !sh.stopped)
+            .map(|sh| sh.shard)
             .collect();
         tracing::info!(
             core = %w.core_url,
@@ -142,7 +143,7 @@ impl Worker {
 
     /// The shards this worker owns.
     pub fn shards(&self) -> Vec<u32> {
-        self.rts.keys().copied().collect()
+        self.owned.keys().copied().collect()
     }
 
     /// The core instance this worker reads.
@@ -182,9 +183,9 @@ impl Worker {
             return;
         }
         tracing::info!(core = %self.core_shown, "log read resumed");
-        for rt in self.rts.values() {
-            if rt.retry.is_none() {
-                self.health.update(rt.shard, |h| {
+        for sh in self.owned.values() {
+            if sh.retry.is_none() {
+                self.health.update(sh.shard, |h| {
                     h.retrying = None;
                     h.last_progress = Instant::now();
                 });
@@ -213,8 +214,8 @@ impl Worker {
         }
         self.marks_at = Some(Instant::now());
         let mut marks: BTreeMap<usize, Vec<(u32, u64)>> = BTreeMap::new();
-        for rt in self.rts.values().filter(|rt| !rt.stopped) {
-            marks.entry(rt.mb).or_default().push((rt.shard, rt.epoch));
+        for sh in self.owned.values().filter(|sh| !sh.stopped) {
+            marks.entry(sh.mb).or_default().push((sh.shard, sh.epoch));
         }
         for (mb, marks) in marks {
             if let Err(e) = self.mailboxes[mb].refresh_owner_marks(&marks).await {
@@ -225,9 +226,9 @@ impl Worker {
 
     /// Removes this owner's marks (only where they still hold its epoch).
     pub(super) async fn clear_marks(&mut self) {
-        for rt in self.rts.values().filter(|rt| !rt.stopped) {
-            let _ = self.mailboxes[rt.mb]
-                .clear_owner_mark(rt.shard, rt.epoch)
+        for sh in self.owned.values().filter(|sh| !sh.stopped) {
+            let _ = self.mailboxes[sh.mb]
+                .clear_owner_mark(sh.shard, sh.epoch)
                 .await;
         }
     }
@@ -240,10 +241,10 @@ impl Worker {
             self.refresh_marks().await;
             self.retry_due().await;
             let positions: Vec<(u32, u64)> = self
-                .rts
+                .owned
                 .values()
-                .filter(|rt| !rt.stopped && rt.retry.is_none())
-                .map(|rt| (rt.shard, rt.read_pos))
+                .filter(|sh| !sh.stopped && sh.retry.is_none())
+                .map(|sh| (sh.shard, sh.read_pos))
                 .collect();
             let next_retry = self.next_retry();
             if positions.is_empty() {
@@ -262,7 +263,7 @@ impl Worker {
                     }
                 }
             }
-            let any_pending = self.rts.values().any(|rt| !rt.pending.is_empty());
+            let any_pending = self.owned.values().any(|sh| !sh.pending.is_empty());
             let mut block = if any_pending {
                 Duration::from_millis(20)
             } else {
@@ -302,10 +303,10 @@ impl Worker {
                 let mut retry: BTreeSet<u32> = stepped.into_iter().collect();
                 // shards with pending records were processed by the step too
                 retry.extend(
-                    self.rts
+                    self.owned
                         .values()
-                        .filter(|rt| !rt.pending.is_empty())
-                        .map(|rt| rt.shard),
+                        .filter(|sh| !sh.pending.is_empty())
+                        .map(|sh| sh.shard),
                 );
                 for s in retry {
                     self.schedule_retry(s, &why);
@@ -316,13 +317,13 @@ impl Worker {
 
     /// Re-reads a shard's watermark and restarts reading from its lowest W.
     pub(super) async fn resync(&mut self, s: u32) -> Result<(), Error> {
-        let Some(rt) = self.rts.get(&s) else {
+        let Some(sh) = self.owned.get(&s) else {
             return Ok(());
         };
-        if rt.stopped {
+        if sh.stopped {
             return Ok(());
         }
-        let (mb, epoch) = (rt.mb, rt.epoch);
+        let (mb, epoch) = (sh.mb, sh.epoch);
         match self.mailboxes[mb].read_watermark(s).await {
             Ok(wm) => {
                 if wm.epoch != epoch {
@@ -334,12 +335,12 @@ impl Worker {
                     );
                     return Ok(());
                 }
-                let rt = self.rt(s);
-                rt.pending.clear();
-                rt.min_w = wm.lanes.min_present_w().unwrap_or(0);
-                rt.read_pos = rt.min_w;
-                rt.uniform = wm.lanes.is_uniform();
-                let min_w = rt.min_w;
+                let sh = self.shard_mut(s);
+                sh.pending.clear();
+                sh.min_w = wm.lanes.min_present_w().unwrap_or(0);
+                sh.read_pos = sh.min_w;
+                sh.uniform = wm.lanes.is_uniform();
+                let min_w = sh.min_w;
                 self.health.update(s, |h| h.min_w = min_w);
                 Ok(())
             }

@@ -21,6 +21,7 @@
 //! - [`error`]: the crate's one error type.
 //! - [`redact_url`]: a Redis URL without its password, for output and logs.
 
+pub mod assign;
 pub mod deployment;
 pub mod error;
 pub mod keys;

@@ -118,7 +118,7 @@ pub enum IdClaim {
 /// Connection to one core Redis (commit side).
 #[derive(Clone)]
 pub struct LogStore {
-    conn: ConnectionManager,
+    pub(crate) conn: ConnectionManager,
     url: String,
 }
 

@@ -3,10 +3,10 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
+use tidemark_ops as ops;
 use tidemark_server::gateway::GatewayOptions;
 use tidemark_server::materializer::{MaterializerOptions, RandomChunkFault};
 use tidemark_server::run;
-use tidemark_store::ops;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::Topology;
 use tokio_util::sync::CancellationToken;
@@ -621,11 +621,11 @@ struct LuaArgs {
     rounds: usize,
 }
 
-/// [`store_exit`], and for a missing watermark one line on why (`ops::explain_missing`).
+/// [`store_exit`], and for a missing watermark one line on why (`ops::wm::explain_missing`).
 async fn missing_or_store_exit(url: &str, shard: u32, e: &tidemark_store::Error) -> ExitCode {
     let code = store_exit(e);
     if e.code() == "no_watermark" {
-        eprintln!("{}", ops::explain_missing(url, shard).await);
+        eprintln!("{}", ops::wm::explain_missing(url, shard).await);
     }
     code
 }
@@ -651,7 +651,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             layout,
             epoch,
             force,
-        }) => match ops::wm_init(&redis, shards, layout, epoch, force).await {
+        }) => match ops::wm::init(&redis, shards, layout, epoch, force).await {
             Ok((created, present)) => {
                 println!(
                     "initialised {created} shard(s) on {redis}: layout {layout}, epoch {epoch}; \
@@ -662,12 +662,12 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Err(e) => Ok(store_exit(&e)),
         },
         Cmd::Wm(WmCmd::Inspect { redis, shard, json }) => {
-            match ops::wm_inspect(&redis, shard).await {
+            match ops::wm::inspect(&redis, shard).await {
                 Ok(wm) => {
                     if json {
-                        println!("{}", ops::inspect_json(shard, &wm));
+                        println!("{}", ops::wm::inspect_json(shard, &wm));
                     } else {
-                        print!("{}", ops::inspect_human(shard, &wm));
+                        print!("{}", ops::wm::inspect_human(shard, &wm));
                     }
                     Ok(ExitCode::SUCCESS)
                 }
@@ -690,11 +690,11 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
             let shards = if all {
-                ops::discover_shards(&redis).await?
+                ops::wm::discover_shards(&redis).await?
             } else {
                 vec![shard.expect("clap requires --shard or --all")]
             };
-            match ops::wm_downgrade(&redis, &shards, force_offline).await {
+            match ops::wm::downgrade(&redis, &shards, force_offline).await {
                 Ok(report) => {
                     for (s, wm) in &report.converted {
                         println!(
@@ -720,7 +720,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Cmd::Wm(WmCmd::Verify { redis }) => {
-            let (checked, findings) = ops::wm_verify(&redis).await?;
+            let (checked, findings) = ops::wm::verify(&redis).await?;
             for f in &findings {
                 match f.shard {
                     Some(s) => println!("{} shard {s}: {}", f.url, f.problem),
@@ -742,7 +742,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             core,
             shard,
             accept_loss,
-        }) => match ops::shard_rebase(&redis, &core, shard, accept_loss).await {
+        }) => match ops::shard::rebase(&redis, &core, shard, accept_loss).await {
             Ok(r) if r.min_w >= r.to => {
                 println!(
                     "shard {shard}: W={} and the log continues from it (first record above {}): \
@@ -776,14 +776,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
         },
-        Cmd::Shard(ShardCmd::Fence { redis, shard }) => match ops::shard_fence(&redis, shard).await
-        {
-            Ok(epoch) => {
-                println!("shard {shard}: epoch raised to {epoch}; older owners are fenced");
-                Ok(ExitCode::SUCCESS)
+        Cmd::Shard(ShardCmd::Fence { redis, shard }) => {
+            match ops::shard::fence(&redis, shard).await {
+                Ok(epoch) => {
+                    println!("shard {shard}: epoch raised to {epoch}; older owners are fenced");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
             }
-            Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
-        },
+        }
         Cmd::Token(a) => {
             if !tidemark_protocol::is_valid_user_id(&a.user) {
                 anyhow::bail!("--user must be 1..=128 bytes without control characters");
@@ -1116,17 +1117,16 @@ async fn run_serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn run_trace(a: TraceArgs) -> anyhow::Result<ExitCode> {
-    let topology = match &a.config {
-        Some(path) => Topology::from_file(path)?,
-        None => Topology::single(
-            a.shards.expect("clap requires --shards"),
-            Layout::PackedV2,
-            &a.core.expect("clap requires --core"),
-            &a.mailbox.expect("clap requires --mailbox"),
-        ),
+    let instances = match &a.config {
+        Some(path) => ops::trace::Instances::File(path),
+        None => ops::trace::Instances::Single {
+            shards: a.shards.expect("clap requires --shards"),
+            core: a.core.as_deref().expect("clap requires --core"),
+            mailbox: a.mailbox.as_deref().expect("clap requires --mailbox"),
+        },
     };
-    let map = topology.validate()?;
-    let t = match tidemark_store::trace::trace(&map, a.shard, a.offset).await {
+    let map = instances.shard_map()?;
+    let t = match ops::trace::trace(&map, a.shard, a.offset).await {
         Ok(t) => t,
         Err(e) => return Ok(store_exit(&e)),
     };

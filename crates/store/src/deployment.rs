@@ -178,6 +178,13 @@ impl Identity {
     }
 }
 
+/// A connection to the instance at `url` for the functions below (the library's default
+/// multiplexed connection).
+pub async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url)?;
+    Ok(client.get_multiplexed_async_connection().await?)
+}
+
 /// Reads the identity recorded on the instance (None when there is none).
 pub async fn read(conn: &mut impl ConnectionLike) -> Result<Option<Identity>> {
     let m: BTreeMap<String, String> = redis::cmd("HGETALL").arg(KEY).query_async(conn).await?;

@@ -10,15 +10,18 @@
 //!   whose `route(user)` is the only place a recipient's shard, lane and instances are computed.
 //! - [`deployment`]: the deployment's identity recorded in every instance (shard count,
 //!   instance positions, tables), checked before a process writes anything.
+//! - [`inspect`]: read-only reads of one offset (log, mailboxes, acks, staging) for the
+//!   operator tools, which live in the `tidemark-ops` crate.
+//! - [`ops`]: owner marks (`owner:{s}`): their lifetime and the read the offline tools make.
 //! - [`redact_url`]: a Redis URL without its password, for output and logs.
 
 pub mod deployment;
 pub mod error;
+pub mod inspect;
 pub mod keys;
 pub mod ops;
 pub mod redis;
 pub mod topology;
-pub mod trace;
 pub mod wake;
 
 pub use error::Error;

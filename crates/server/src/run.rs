@@ -25,6 +25,10 @@ use crate::health::HealthBoard;
 use crate::materializer::{self, MaterializerOptions, Worker};
 use tidemark_store::topology::{ShardMap, Topology, TopologyError};
 
+// what `serve` and `up` refuse before anything starts (unsafe --dev-auth, no token secret)
+mod guard;
+pub use guard::{check_dev_auth, serve_secret};
+
 /// Errors of running the service.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

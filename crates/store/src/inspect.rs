@@ -15,6 +15,7 @@ use crate::error::Result;
 use crate::keys;
 use crate::redis::dlog::CoreStore;
 use crate::redis::store::Store;
+use crate::scan::KeyScan;
 
 /// The lowest offset `dlog:{shard}` still holds (`None`: the log is empty). Only the record's
 /// id is read, so a record that does not decode still counts.
@@ -48,38 +49,26 @@ pub async fn first_log_offset(log: &CoreStore, shard: u32) -> Result<Option<u64>
 pub async fn mailboxes_holding(store: &Store, shard: u32, seq: u64) -> Result<Vec<String>> {
     let mut conn = store.connection();
     let prefix = keys::mailbox(shard, "");
-    let pattern = format!("{prefix}*");
-    let mut cursor: u64 = 0;
+    let mut scan = KeyScan::new(format!("{prefix}*"));
     let mut users = Vec::new();
-    loop {
-        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        if !batch.is_empty() {
-            let mut pipe = redis::pipe();
-            for k in &batch {
-                pipe.cmd("ZCOUNT").arg(k).arg(seq).arg(seq);
-            }
-            let counts: Vec<u64> = pipe.query_async(&mut conn).await?;
-            for (k, n) in batch.iter().zip(counts) {
-                if n > 0 {
-                    if let Some(u) = k
-                        .strip_prefix(prefix.as_bytes())
-                        .and_then(|u| std::str::from_utf8(u).ok())
-                    {
-                        users.push(u.to_string());
-                    }
+    while let Some(batch) = scan.next_batch::<Vec<u8>>(&mut conn).await? {
+        if batch.is_empty() {
+            continue;
+        }
+        let mut pipe = redis::pipe();
+        for k in &batch {
+            pipe.cmd("ZCOUNT").arg(k).arg(seq).arg(seq);
+        }
+        let counts: Vec<u64> = pipe.query_async(&mut conn).await?;
+        for (k, n) in batch.iter().zip(counts) {
+            if n > 0 {
+                if let Some(u) = k
+                    .strip_prefix(prefix.as_bytes())
+                    .and_then(|u| std::str::from_utf8(u).ok())
+                {
+                    users.push(u.to_string());
                 }
             }
-        }
-        cursor = next;
-        if cursor == 0 {
-            break;
         }
     }
     users.sort();

@@ -21,6 +21,7 @@ pub mod inspect;
 pub mod keys;
 pub mod ops;
 pub mod redis;
+mod scan;
 pub mod topology;
 pub mod wake;
 

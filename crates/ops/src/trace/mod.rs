@@ -22,7 +22,8 @@
 //! and not acked, a record missing from the log above the lowest W, …) are listed in
 //! [`Trace::problems`].
 //!
-//! This file gathers the trace; [`report`] holds what it found, [`render`] prints it.
+//! This file gathers the trace; `report.rs` holds what it found (the types re-exported
+//! here), `render.rs` prints it.
 
 mod render;
 mod report;

@@ -8,22 +8,27 @@
 use std::path::Path;
 use std::process::Command;
 
-use tidemark_store::redis::watermark::Layout;
+use super::driver::Local;
+use super::{Error, LadderStep, LoadOptions, RunReport};
 
-use super::{Error, LadderStep, LoadOptions, RunReport, Target};
-
-/// Runs every layout of `opts` (a [`Target::Local`]) in a child process of its own, in order.
+/// Runs every layout of `opts` (a [`Target::Local`](super::Target::Local)) in a child process
+/// of its own, in order.
 pub fn run_load_isolated(exe: &Path, opts: &LoadOptions) -> Result<Vec<RunReport>, Error> {
+    let Some(locals) = super::local_runs(opts) else {
+        return Err(Error::Invalid(
+            "only a local deployment runs in a child process".into(),
+        ));
+    };
     let mut runs = Vec::new();
-    for &layout in &opts.layouts {
-        runs.extend(run_child(exe, opts, layout)?);
+    for local in &locals {
+        runs.extend(run_child(exe, opts, local)?);
     }
     Ok(runs)
 }
 
 /// [`run_ladder`](super::run_ladder) with every step and layout in a child process of its
 /// own: each step's mailbox and core instance counts and rate replace those of `base` (a
-/// [`Target::Local`]).
+/// local target).
 pub fn run_ladder_isolated(
     exe: &Path,
     base: &LoadOptions,
@@ -36,19 +41,9 @@ pub fn run_ladder_isolated(
     Ok(runs)
 }
 
-/// Runs `exe bench load` for one layout of `opts` and reads its reports back.
-fn run_child(exe: &Path, opts: &LoadOptions, layout: Layout) -> Result<Vec<RunReport>, Error> {
-    let Target::Local {
-        mailbox,
-        core,
-        shards,
-        appendfsync,
-    } = &opts.target
-    else {
-        return Err(Error::Invalid(
-            "only a local deployment runs in a child process".into(),
-        ));
-    };
+/// Runs `exe bench load` for one local deployment of `opts` and reads its reports back.
+fn run_child(exe: &Path, opts: &LoadOptions, local: &Local) -> Result<Vec<RunReport>, Error> {
+    let layout = local.layout;
     let out = std::env::temp_dir().join(format!(
         "tidemark-bench-{}-{}.json",
         std::process::id(),
@@ -62,10 +57,10 @@ fn run_child(exe: &Path, opts: &LoadOptions, layout: Layout) -> Result<Vec<RunRe
         .args(["--fanout", &opts.fanout.to_string()])
         .args(["--seed", &opts.seed.to_string()])
         .args(["--drain-grace", &opts.drain_grace.as_secs().to_string()])
-        .args(["--mailbox", &mailbox.to_string()])
-        .args(["--core", &core.to_string()])
-        .args(["--shards", &shards.to_string()])
-        .args(["--appendfsync", appendfsync])
+        .args(["--mailbox", &local.mailbox.to_string()])
+        .args(["--core", &local.core.to_string()])
+        .args(["--shards", &local.shards.to_string()])
+        .args(["--appendfsync", &local.appendfsync])
         .arg("--report-out")
         .arg(&out);
     if !opts.progress {

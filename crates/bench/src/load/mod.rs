@@ -208,25 +208,13 @@ impl Error {
 pub async fn run_load(opts: &LoadOptions) -> Result<Vec<RunReport>, Error> {
     validate(opts)?;
     let mut out = Vec::new();
-    match &opts.target {
-        Target::Local {
-            mailbox,
-            core,
-            shards,
-            appendfsync,
-        } => {
-            for &layout in &opts.layouts {
-                let local = driver::Local {
-                    mailbox: *mailbox,
-                    core: *core,
-                    shards: *shards,
-                    appendfsync: appendfsync.clone(),
-                    layout,
-                };
-                out.push(driver::run_local(opts, &local).await?);
+    match local_runs(opts) {
+        Some(locals) => {
+            for local in &locals {
+                out.push(driver::run_local(opts, local).await?);
             }
         }
-        Target::Remote { .. } => {
+        None => {
             if opts.layouts.len() != 1 {
                 return Err(Error::Invalid(
                     "a remote deployment has one layout: give exactly one (it only labels the run)"
@@ -237,6 +225,31 @@ pub async fn run_load(opts: &LoadOptions) -> Result<Vec<RunReport>, Error> {
         }
     }
     Ok(out)
+}
+
+/// One fresh local deployment per layout of `opts`, in order; `None` for a remote target.
+fn local_runs(opts: &LoadOptions) -> Option<Vec<driver::Local>> {
+    let Target::Local {
+        mailbox,
+        core,
+        shards,
+        appendfsync,
+    } = &opts.target
+    else {
+        return None;
+    };
+    Some(
+        opts.layouts
+            .iter()
+            .map(|&layout| driver::Local {
+                mailbox: *mailbox,
+                core: *core,
+                shards: *shards,
+                appendfsync: appendfsync.clone(),
+                layout,
+            })
+            .collect(),
+    )
 }
 
 /// Runs every step (for every layout of `base.layouts`) on a fresh local deployment of

@@ -17,18 +17,19 @@
 //!   instance positions, tables), checked before a process writes anything.
 //! - [`wake`]: wake-up hints on `wake:{s}`, end to end: the payload codec,
 //!   [`wake::publish_wake`] and [`wake::WakeSubscriber`].
-//! - [`ops`], [`trace`]: the operator tools (`tidemark wm …`, `shard …`, `trace`).
 //! - [`error`]: the crate's one error type.
+//! - [`inspect`]: read-only reads of one offset (log, mailboxes, acks, staging) for the
+//!   operator tools, which live in the `tidemark-ops` crate.
 //! - [`redact_url`]: a Redis URL without its password, for output and logs.
 
 pub mod assign;
 pub mod deployment;
 pub mod error;
+pub mod inspect;
 pub mod keys;
-pub mod ops;
 pub mod redis;
+mod scan;
 pub mod topology;
-pub mod trace;
 pub mod wake;
 
 pub use error::Error;

@@ -10,6 +10,8 @@
 //! (systemd, Kubernetes) restarts it — never a process that is up with a dead gateway.
 
 mod data_dir;
+// what `serve` and `up` refuse before anything starts (unsafe --dev-auth, no token secret)
+mod guard;
 mod serve;
 mod up;
 
@@ -17,6 +19,7 @@ pub use data_dir::{
     load_or_create_redis_password, load_or_create_secret, prepare_data_dir, Tightened,
     REDIS_PASSWORD_FILE, TOKEN_SECRET_FILE,
 };
+pub use guard::{check_dev_auth, serve_secret};
 pub use serve::{check_identity, init_missing, redact_url, serve, Running, ServeOptions};
 pub use up::{up, Up, UpOptions, UP_TOPOLOGY_FILE};
 

@@ -160,6 +160,7 @@ impl Service {
                     ..Default::default()
                 },
                 owned_shards: None,
+                node: None,
             },
             cancel.clone(),
         )
@@ -496,6 +497,7 @@ async fn an_admin_address_that_cannot_be_bound_stops_the_start() {
             },
             materializer: MaterializerOptions::default(),
             owned_shards: None,
+            node: None,
         },
         CancellationToken::new(),
     )

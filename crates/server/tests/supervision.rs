@@ -99,6 +99,7 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
                 ..Default::default()
             },
             owned_shards: None,
+            node: None,
         },
         cancel.clone(),
     )

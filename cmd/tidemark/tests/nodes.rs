@@ -1,0 +1,289 @@
+//! Several `tidemark serve` processes (nodes) in leases mode against one deployment
+//! (issue 13, ADR-0030), with traffic spread over every node's gateway while nodes fail:
+//!
+//! 1. three nodes converge on a balanced assignment (each owns ⌊S/3⌋ or ⌈S/3⌉ shards);
+//! 2. kill -9 of one node: its shards are taken by the others (takeover time printed);
+//! 3. SIGSTOP of another for 3× the lease TTL, then SIGCONT: its shards are taken while it
+//!    sleeps, and when it wakes it writes nothing it no longer owns;
+//! 4. SIGTERM of a node: it releases its leases at once.
+//!
+//! Then every acknowledged message must be in every recipient's mailbox exactly once, in log
+//! order (seq ascending), read through any live gateway.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::{http_get, http_post, serve_args, spawn_killed_with_us, wait_healthy};
+use tidemark_redis_proc::RedisProcess;
+use tidemark_store::redis::watermark::Layout;
+use tidemark_store::topology::{ShardMap, Topology};
+
+const SHARDS: u32 = 8;
+const TTL: Duration = Duration::from_secs(1);
+const USERS: usize = 12;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One node: `serve --ownership leases --lease-ttl 1s --node-id <id>` on `port`.
+fn start_node(core: &str, mailbox: &str, id: &str, port: u16) -> Child {
+    let mut args = serve_args(core, mailbox, SHARDS, &format!("127.0.0.1:{port}"));
+    args.extend(
+        [
+            "--ownership",
+            "leases",
+            "--lease-ttl",
+            "1s",
+            "--node-id",
+            id,
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    cmd.args(&args)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    spawn_killed_with_us(&mut cmd)
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: sending a signal to our own child process
+    unsafe {
+        libc::kill(child.id() as i32, sig);
+    }
+}
+
+/// Shard → lease holder, for the shards that have one.
+async fn owners(map: &ShardMap) -> BTreeMap<u32, String> {
+    match tidemark_ops::status::status(map).await {
+        Ok(s) => s
+            .shards
+            .into_iter()
+            .filter_map(|l| l.owner.map(|o| (l.shard, o)))
+            .collect(),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+/// Waits until every shard is held by one of `live`, each of them holding ⌊S/n⌋ or ⌈S/n⌉;
+/// returns how long it took.
+async fn until_balanced(map: &ShardMap, live: &[&str], what: &str) -> Duration {
+    let start = Instant::now();
+    let n = live.len() as u32;
+    loop {
+        let o = owners(map).await;
+        let mut count: BTreeMap<&str, u32> = live.iter().map(|&id| (id, 0)).collect();
+        let mut ok = o.len() == SHARDS as usize;
+        for id in o.values() {
+            match count.get_mut(id.as_str()) {
+                Some(c) => *c += 1,
+                None => ok = false,
+            }
+        }
+        if ok
+            && count
+                .values()
+                .all(|&c| c == SHARDS / n || c == SHARDS.div_ceil(n))
+        {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{what}: not balanced over {live:?} after 30 s: {o:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// An acknowledged message: its recipients and its offset per shard.
+struct Acked {
+    to: Vec<String>,
+    offsets: BTreeMap<u32, u64>,
+}
+
+/// Sends until `stop`, round-robin over the gateways of `ports` that answer; a message whose
+/// gateway fails is resent with the same id through the next one (idempotent).
+fn sender(
+    ports: Arc<Mutex<Vec<u16>>>,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<Acked>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut i = 0usize;
+        while !stop.load(Ordering::SeqCst) {
+            let to: Vec<String> = (0..1 + i % 3)
+                .map(|k| format!("u{}", (i * 7 + k * 5) % USERS))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let body =
+                serde_json::json!({"id": format!("m{i}"), "to": to, "body": format!("b{i}")});
+            let sender = format!("s{}", i % 4);
+            let mut tries = 0;
+            loop {
+                let live = ports.lock().unwrap().clone();
+                let port = live[(i + tries) % live.len()];
+                let (status, resp) = http_post(
+                    port,
+                    &format!("/v1/messages?user={sender}"),
+                    &body.to_string(),
+                );
+                if status == 200 {
+                    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+                    let offsets = v["offsets"]
+                        .as_object()
+                        .unwrap()
+                        .iter()
+                        .map(|(s, o)| (s.parse().unwrap(), o.as_u64().unwrap()))
+                        .collect();
+                    acked.lock().unwrap().push(Acked { to, offsets });
+                    break;
+                }
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(20));
+                if tries > 500 {
+                    panic!("message m{i} not acknowledged: {status} {resp}");
+                }
+            }
+            i += 1;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_fail_over_and_hand_over_without_losing_a_message() {
+    let core = RedisProcess::start().expect("redis-server");
+    let mailbox = RedisProcess::start().expect("redis-server");
+    let (cu, mu) = (core.url(), mailbox.url());
+    let map = Topology::single(SHARDS, Layout::PackedV2, &cu, &mu)
+        .validate()
+        .unwrap();
+    let ids = ["n0", "n1", "n2"];
+    let ports: Vec<u16> = ids.iter().map(|_| free_port()).collect();
+    let mut nodes: Vec<Child> = ids
+        .iter()
+        .zip(&ports)
+        .map(|(id, &p)| start_node(&cu, &mu, id, p))
+        .collect();
+    for &p in &ports {
+        wait_healthy(p).await;
+    }
+    let t = until_balanced(&map, &ids, "three nodes").await;
+    println!("three nodes balanced in {t:?}");
+
+    let live_ports = Arc::new(Mutex::new(ports.clone()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let tx = sender(live_ports.clone(), stop.clone(), acked.clone());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    // kill -9 of n1: the others take its shards
+    live_ports.lock().unwrap().retain(|&p| p != ports[1]);
+    nodes[1].kill().unwrap();
+    let _ = nodes[1].wait();
+    let t = until_balanced(&map, &["n0", "n2"], "after kill -9 of n1").await;
+    println!("kill -9: shards taken over in {t:?} (lease TTL {TTL:?})");
+    assert!(t <= TTL * 4 + Duration::from_secs(1), "takeover took {t:?}");
+
+    // SIGSTOP of n2 for 3x the TTL: n0 takes everything; n2 wakes up fenced, then the two
+    // rebalance again
+    live_ports.lock().unwrap().retain(|&p| p != ports[2]);
+    signal(&nodes[2], libc::SIGSTOP);
+    let t = until_balanced(&map, &["n0"], "while n2 is stopped").await;
+    println!("SIGSTOP: shards taken over in {t:?}");
+    tokio::time::sleep((TTL * 3).saturating_sub(t)).await;
+    signal(&nodes[2], libc::SIGCONT);
+    let t = until_balanced(&map, &["n0", "n2"], "after SIGCONT of n2").await;
+    println!("SIGCONT: rebalanced in {t:?}");
+    live_ports.lock().unwrap().push(ports[2]);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    stop.store(true, Ordering::SeqCst);
+    tx.join().unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    assert!(
+        acked.len() > 50,
+        "only {} messages acknowledged",
+        acked.len()
+    );
+
+    // every acknowledged message, exactly once, in log order, in every recipient's mailbox
+    let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for m in &acked {
+        for u in &m.to {
+            let s = map.route(u).shard;
+            want.entry(u.clone()).or_default().push(m.offsets[&s]);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (u, seqs) in &want {
+        let mut want_set: Vec<u64> = seqs.clone();
+        want_set.sort_unstable();
+        loop {
+            let (status, body) = http_get(
+                ports[0],
+                &format!("/v1/mailbox?user={u}&after=0&limit=1000"),
+            );
+            assert_eq!(status, 200, "{body}");
+            let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let got: Vec<u64> = page["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["seq"].as_u64().unwrap())
+                .collect();
+            assert!(
+                got.windows(2).all(|w| w[0] < w[1]),
+                "{u}: not in order or repeated: {got:?}"
+            );
+            if got == want_set {
+                break;
+            }
+            let missing: Vec<&u64> = want_set.iter().filter(|s| !got.contains(s)).collect();
+            let extra: Vec<&u64> = got.iter().filter(|s| !want_set.contains(s)).collect();
+            assert!(
+                extra.is_empty(),
+                "{u}: entries never acknowledged: {extra:?}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{u}: acknowledged but not delivered: {missing:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    println!(
+        "{} acknowledged messages, {} mailbox entries checked",
+        acked.len(),
+        want.values().map(Vec::len).sum::<usize>()
+    );
+
+    // SIGTERM of n0: its leases are released at once, n2 takes everything well within a TTL
+    signal(&nodes[0], libc::SIGTERM);
+    let exited = tokio::task::spawn_blocking(move || {
+        let mut n0 = nodes.swap_remove(0);
+        let status = n0.wait();
+        (status, nodes)
+    });
+    let t = until_balanced(&map, &["n2"], "after SIGTERM of n0").await;
+    println!("SIGTERM: shards taken over in {t:?}");
+    let (status, mut rest) = exited.await.unwrap();
+    assert!(status.unwrap().success(), "n0 exits cleanly on SIGTERM");
+    for n in &mut rest {
+        let _ = n.kill();
+        let _ = n.wait();
+    }
+}

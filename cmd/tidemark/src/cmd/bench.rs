@@ -8,6 +8,8 @@ use clap::{Args, Subcommand};
 use tidemark_bench::load::{self, LoadOptions, Target};
 use tidemark_store::redis::watermark::Layout;
 
+use super::args::LocalSizeArgs;
+
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// Lua micro-benchmark: server-side µs per call of each script, v1 and v2.
@@ -56,15 +58,8 @@ pub struct LoadArgs {
     /// Layouts, each run on a fresh deployment.
     #[arg(long, value_delimiter = ',', default_value = "packed-v2", value_parser = tidemark_ops::parse_layout)]
     layouts: Vec<Layout>,
-    /// Local deployment: mailbox Redis instances.
-    #[arg(long, default_value_t = 1)]
-    mailbox: usize,
-    /// Local deployment: core Redis instances.
-    #[arg(long, default_value_t = 1)]
-    core: usize,
-    /// Local deployment: shards.
-    #[arg(long, default_value_t = 64)]
-    shards: u32,
+    #[command(flatten)]
+    size: LocalSizeArgs,
     /// Local deployment: appendfsync.
     #[arg(long, default_value = "everysec")]
     appendfsync: String,
@@ -122,9 +117,9 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
             core_urls: a.core_urls.clone(),
         },
         None => Target::Local {
-            mailbox: a.mailbox,
-            core: a.core,
-            shards: a.shards,
+            mailbox: a.size.mailbox,
+            core: a.size.core,
+            shards: a.size.shards,
             appendfsync: a.appendfsync.clone(),
         },
     };

@@ -9,6 +9,7 @@
 //! - [`client`]: `token`, `secret gen`, `send`, `tail` (`tidemark_client`).
 //! - [`exit`]: the exit statuses of every command; [`logs`]: where stderr lines go.
 
+pub mod args;
 pub mod bench;
 pub mod client;
 pub mod exit;

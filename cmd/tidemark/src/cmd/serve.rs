@@ -13,23 +13,16 @@ use tidemark_server::materializer::{ChunkFault, MaterializerOptions, RandomChunk
 use tidemark_server::ownership::{NodeOptions, Role};
 use tidemark_server::run;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::topology::Topology;
 use tokio_util::sync::CancellationToken;
 
+use super::args::{InstancesArgs, LocalSizeArgs};
 use super::exit::refuse;
 use super::logs::notice;
 
 #[derive(Args)]
 pub struct UpArgs {
-    /// Mailbox Redis instances.
-    #[arg(long, default_value_t = 1)]
-    mailbox: usize,
-    /// Core Redis instances.
-    #[arg(long, default_value_t = 1)]
-    core: usize,
-    /// Shards (fixed for a data dir).
-    #[arg(long, default_value_t = 64)]
-    shards: u32,
+    #[command(flatten)]
+    size: LocalSizeArgs,
     /// Gateway listen address.
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: std::net::SocketAddr,
@@ -57,18 +50,8 @@ pub struct UpArgs {
 
 #[derive(Args)]
 pub struct ServeArgs {
-    /// Core Redis URLs.
-    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
-    core: Vec<String>,
-    /// Mailbox Redis URLs.
-    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
-    mailbox: Vec<String>,
-    /// Shards.
-    #[arg(long, required_unless_present = "config")]
-    shards: Option<u32>,
-    /// TOML deployment file (shards, layout, instances, static shard tables).
-    #[arg(long, conflicts_with_all = ["core", "mailbox", "shards"])]
-    config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    instances: InstancesArgs,
     /// Gateway listen address.
     #[arg(long, default_value = "127.0.0.1:7400")]
     listen: std::net::SocketAddr,
@@ -304,9 +287,9 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
     let cancel = shutdown_token();
     let up = run::up(
         run::UpOptions {
-            mailbox: a.mailbox,
-            core: a.core,
-            shards: a.shards,
+            mailbox: a.size.mailbox,
+            core: a.size.core,
+            shards: a.size.shards,
             layout: a.layout,
             listen: a.listen,
             data_dir: a.data_dir.clone(),
@@ -351,15 +334,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         Ok(t) => t,
         Err(code) => return Ok(code),
     };
-    let topology = match &a.config {
-        Some(path) => Topology::from_file(path)?,
-        None => Topology::new(
-            a.shards.expect("clap requires --shards"),
-            a.layout,
-            a.core.clone(),
-            a.mailbox.clone(),
-        ),
-    };
+    let topology = a.instances.topology(a.layout)?;
     let secret = match run::serve_secret(a.secret_file.as_deref(), a.dev_auth) {
         Ok(s) => s,
         Err(why) => return Ok(refuse(why)),

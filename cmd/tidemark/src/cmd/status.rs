@@ -5,24 +5,14 @@ use std::process::ExitCode;
 
 use clap::Args;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::topology::Topology;
 
+use super::args::InstancesArgs;
 use super::exit::store_exit;
 
 #[derive(Args)]
 pub struct StatusArgs {
-    /// Core Redis URLs (comma-separated; else use --config).
-    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
-    core: Vec<String>,
-    /// Mailbox Redis URLs (comma-separated; else use --config).
-    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
-    mailbox: Vec<String>,
-    /// Shards of the deployment.
-    #[arg(long, required_unless_present = "config")]
-    shards: Option<u32>,
-    /// TOML deployment file (instances and tables).
-    #[arg(long, conflicts_with_all = ["core", "mailbox", "shards"])]
-    config: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    instances: InstancesArgs,
     /// One JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -30,16 +20,8 @@ pub struct StatusArgs {
 
 /// Runs `tidemark status`.
 pub async fn run(a: StatusArgs) -> anyhow::Result<ExitCode> {
-    let topology = match &a.config {
-        Some(path) => Topology::from_file(path)?,
-        // every watermark names its own layout: the one given here is not used to read
-        None => Topology::new(
-            a.shards.expect("clap requires --shards"),
-            Layout::PackedV2,
-            a.core.clone(),
-            a.mailbox.clone(),
-        ),
-    };
+    // every watermark names its own layout: the one given here is not used to read
+    let topology = a.instances.topology(Layout::PackedV2)?;
     let map = topology.validate()?;
     let status = match tidemark_ops::status::status(&map).await {
         Ok(s) => s,

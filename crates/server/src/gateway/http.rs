@@ -149,6 +149,23 @@ fn user_of(shared: &Shared, headers: &HeaderMap, uri: &Uri) -> Result<String, Re
 
 /// Reads a request body, refusing (without reading on) one above `max` bytes or one that
 /// has not fully arrived within `within` (a client trickling its body holds a connection).
+/// The caller (authenticated first: 401 before anything is read) and its body parsed with
+/// `parse` (read within the header timeout, at most one frame's bytes); else the error answer.
+async fn authed_request<T>(
+    shared: &Shared,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: Body,
+    parse: impl FnOnce(&[u8], &Limits) -> Result<T, FrameError>,
+) -> Result<(String, T), Response> {
+    let user = user_of(shared, headers, uri)?;
+    let limits = &shared.opts.limits;
+    let within = shared.opts.header_read_timeout;
+    let bytes = read_body(headers, body, limits.max_frame_bytes, within).await?;
+    let req = parse(&bytes, limits).map_err(|e| frame_error(&e))?;
+    Ok((user, req))
+}
+
 async fn read_body(
     headers: &HeaderMap,
     body: Body,
@@ -199,19 +216,10 @@ async fn send_message(
     body: Body,
 ) -> Response {
     let received = Instant::now();
-    let user = match user_of(&shared, &headers, &uri) {
-        Ok(u) => u,
-        Err(r) => return r,
-    };
-    let limits = &shared.opts.limits;
-    let within = shared.opts.header_read_timeout;
-    let bytes = match read_body(&headers, body, limits.max_frame_bytes, within).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let req = match parse_send_request(&bytes, limits) {
+    let (user, req) = match authed_request(&shared, &uri, &headers, body, parse_send_request).await
+    {
         Ok(r) => r,
-        Err(e) => return frame_error(&e),
+        Err(r) => return r,
     };
     let permit = match send::reserve(&shared, &user, &req).await {
         Ok(p) => p,
@@ -290,19 +298,9 @@ async fn ack_mailbox(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let user = match user_of(&shared, &headers, &uri) {
-        Ok(u) => u,
-        Err(r) => return r,
-    };
-    let limits = &shared.opts.limits;
-    let within = shared.opts.header_read_timeout;
-    let bytes = match read_body(&headers, body, limits.max_frame_bytes, within).await {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
-    let req = match parse_ack_request(&bytes, limits) {
+    let (user, req) = match authed_request(&shared, &uri, &headers, body, parse_ack_request).await {
         Ok(r) => r,
-        Err(e) => return frame_error(&e),
+        Err(r) => return r,
     };
     let mut mailbox = shared.mailbox(&user);
     // Never trim above the lane's W: those entries have not been visible to anyone.

@@ -5,10 +5,10 @@
 //! the connection cap, and `/metrics` + `/healthz` moved to `--admin-listen`.
 
 mod gateway_support;
+mod tls_support;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 use tidemark_server::gateway::{GatewayOptions, TlsConfig};
 use tidemark_server::materializer::MaterializerOptions;
 use tidemark_server::run;
+use tls_support::{client_config, self_signed, TlsFiles};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
@@ -28,34 +29,12 @@ use tokio_util::sync::CancellationToken;
 /// Bound of every single wait.
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A self-signed certificate for `localhost` and 127.0.0.1, written as PEM files into `dir`;
-/// returns (cert path, key path, the certificate to trust).
-fn self_signed(
-    dir: &Path,
-) -> (
-    std::path::PathBuf,
-    std::path::PathBuf,
-    CertificateDer<'static>,
-) {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".into()])
-        .expect("rcgen");
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
-    (cert, key, ck.cert.der().clone())
-}
+/// The names of the test certificate.
+const NAMES: [&str; 2] = ["localhost", "127.0.0.1"];
 
 /// A TLS client that trusts only `ca`.
 fn connector(ca: &CertificateDer<'static>) -> TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    TlsConnector::from(Arc::new(config))
+    TlsConnector::from(client_config(ca))
 }
 
 /// A TLS connection to the gateway at `addr`, verified as `localhost`.
@@ -163,7 +142,7 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wss_and_https_are_served_on_one_tls_listener() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key, ca) = self_signed(dir.path());
+    let (cert, key, ca) = self_signed(dir.path(), &NAMES);
     let tls_config = TlsConfig::from_pem_files(&cert, &key).expect("load cert and key");
     let svc = start(|o| o.tls = Some(tls_config)).await;
     let addr = svc.running().addr;
@@ -247,7 +226,7 @@ async fn wss_and_https_are_served_on_one_tls_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_handshakes_run_per_connection_with_a_timeout_and_count_against_the_cap() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key, ca) = self_signed(dir.path());
+    let (cert, key, ca) = self_signed(dir.path(), &NAMES);
     let tls_config = TlsConfig::from_pem_files(&cert, &key).unwrap();
     let svc = start(|o| {
         o.tls = Some(tls_config);
@@ -351,14 +330,10 @@ async fn without_an_admin_listener_metrics_and_healthz_stay_on_the_gateway() {
 
 #[test]
 fn unusable_certificate_or_key_files_are_refused_naming_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key, _) = self_signed(dir.path());
-    let other = tempfile::tempdir().unwrap();
-    let (_, other_key, _) = self_signed(other.path());
-    let missing = dir.path().join("missing.pem");
-    let garbage = dir.path().join("garbage.pem");
-    std::fs::write(&garbage, "not a pem file\n").unwrap();
-    let broken = dir.path().join("broken.pem");
+    let files = TlsFiles::new(&NAMES, "not a pem file\n");
+    let (cert, key, other_key) = (&files.cert, &files.key, &files.other_key);
+    let (missing, garbage) = (&files.missing, &files.garbage);
+    let broken = files.dir.path().join("broken.pem");
     std::fs::write(
         &broken,
         "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
@@ -367,22 +342,22 @@ fn unusable_certificate_or_key_files_are_refused_naming_the_file() {
 
     let refused = |c: &Path, k: &Path| TlsConfig::from_pem_files(c, k).unwrap_err();
     let cases = [
-        (refused(&missing, &key), "tls_unreadable", &missing),
-        (refused(&cert, &missing), "tls_unreadable", &missing),
-        (refused(&garbage, &key), "tls_bad_pem", &garbage),
-        (refused(&broken, &key), "tls_bad_pem", &broken),
-        (refused(&cert, &garbage), "tls_bad_pem", &garbage),
+        (refused(missing, key), "tls_unreadable", missing),
+        (refused(cert, missing), "tls_unreadable", missing),
+        (refused(garbage, key), "tls_bad_pem", garbage),
+        (refused(&broken, key), "tls_bad_pem", &broken),
+        (refused(cert, garbage), "tls_bad_pem", garbage),
         // a key is not a certificate, and a certificate is not a key
-        (refused(&key, &key), "tls_bad_pem", &key),
-        (refused(&cert, &cert), "tls_bad_pem", &cert),
-        (refused(&cert, &other_key), "tls_key_mismatch", &other_key),
+        (refused(key, key), "tls_bad_pem", key),
+        (refused(cert, cert), "tls_bad_pem", cert),
+        (refused(cert, other_key), "tls_key_mismatch", other_key),
     ];
     for (e, code, file) in cases {
         let text = e.to_string();
         assert_eq!(e.code(), code, "{text}");
         assert!(text.contains(&file.display().to_string()), "{text}");
     }
-    assert!(TlsConfig::from_pem_files(&cert, &key).is_ok());
+    assert!(TlsConfig::from_pem_files(cert, key).is_ok());
 }
 
 #[tokio::test]

@@ -176,10 +176,8 @@ async fn ack_then_reconnect_resumes_after_the_acked_seq() {
 async fn sync_restarts_the_stream_exactly_after_the_seq() {
     let (d, mut alice, mut bob, seqs) =
         start_exchange("alice", "bob", 4, |i| (format!("s{i}"), format!("b{i}"))).await;
-    bob.sync(seqs[1]).await;
-    bob.expect_seqs(&seqs[2..]).await;
-    bob.sync(0).await;
-    bob.expect_seqs(&seqs).await;
+    bob.sync_expect(seqs[1], &seqs[2..]).await;
+    bob.sync_expect(0, &seqs).await;
     // Then live entries keep streaming.
     let o = alice.send_ok("s4", &["bob"], "live").await;
     bob.expect_message(offset_of(&o, "bob"), "live").await;

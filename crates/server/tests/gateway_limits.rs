@@ -249,13 +249,14 @@ async fn half_sent_requests_are_closed_after_the_header_read_timeout() {
 
 #[tokio::test]
 async fn connections_beyond_the_cap_get_503_and_healthz_still_answers() {
+    let cap = 4;
     let d = start_with(|o| {
-        o.max_connections = 4;
+        o.max_connections = cap;
         o.health_reserve = 2;
     })
     .await;
     // Four WebSockets fill the cap (they count for as long as they are open).
-    let mut held = d.ready_all((0..4).map(|i| format!("u{i}"))).await;
+    let mut held = d.ready_all((0..cap).map(|i| format!("u{i}"))).await;
     // Above the cap: health and metrics answer, everything else is 503 `overloaded`.
     let (status, body) = d.get_text("/healthz").await;
     assert_eq!((status, body.as_str()), (200, "ok"));
@@ -460,9 +461,10 @@ async fn a_user_may_open_only_so_many_websockets() {
 #[tokio::test]
 async fn one_user_flooding_commits_does_not_starve_the_others() {
     // 8 permits in all, 2 per user: before, one user's queued sends took all 8.
+    let share = 2;
     let d = start_with(|o| {
         o.max_inflight_commits = 8;
-        o.max_inflight_commits_per_user = 2;
+        o.max_inflight_commits_per_user = share;
     })
     .await;
     let mut greedy = d.ready_all(["greedy"; 4]).await;
@@ -485,7 +487,11 @@ async fn one_user_flooding_commits_does_not_starve_the_others() {
             overloaded += 1;
         }
     }
-    assert_eq!(overloaded, 16 - 2, "greedy holds exactly its share of 2");
+    assert_eq!(
+        overloaded,
+        16 - share,
+        "greedy holds exactly its share of 2"
+    );
     // carol still gets in: her send waits for the core, then is acked.
     let r = carol.send_msg("c-1", &["bob"], "hello").await;
     assert_eq!(r["type"], "send_ack", "{r}");

@@ -745,9 +745,10 @@ impl Ws {
         self.send_json(&json!({"type":"ack","seq":seq})).await;
     }
 
-    /// Sends a `sync` frame.
-    pub async fn sync(&mut self, after: u64) {
+    /// Sends a `sync` frame for `after` and expects exactly `seqs` delivered next, in order.
+    pub async fn sync_expect(&mut self, after: u64, seqs: &[u64]) {
         self.send_json(&json!({"type":"sync","after":after})).await;
+        self.expect_seqs(seqs).await;
     }
 
     /// Sends a `send` frame without waiting for its answer.

@@ -32,7 +32,7 @@ use support::{aof_always, route, Serve};
 use tidemark_client::{Auth, Client, Event};
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tokio::sync::Mutex;
 
@@ -141,7 +141,7 @@ type Seen = BTreeMap<String, (u64, Vec<u64>)>;
 /// One sampler round: the acknowledged offsets first, then every shard's watermark, then every
 /// mailbox (so a record acknowledged before the round and at or below W must be there).
 async fn sample_round(
-    store: &mut Store,
+    store: &mut MailboxStore,
     users: &[String],
     sent: &Mutex<Vec<Sent>>,
     seen: &mut Seen,
@@ -230,14 +230,14 @@ async fn sampler(
     out: Arc<Mutex<Samples>>,
     stop: Arc<AtomicBool>,
 ) {
-    let mut store: Option<Store> = None;
+    let mut store: Option<MailboxStore> = None;
     let mut seen = Seen::new();
     while !stop.load(Ordering::SeqCst) {
         tokio::time::sleep(Duration::from_millis(100)).await;
         if store.is_none() {
             store = tokio::time::timeout(
                 Duration::from_secs(2),
-                Store::connect(&mb_url, Layout::PackedV2),
+                MailboxStore::connect(&mb_url, Layout::PackedV2),
             )
             .await
             .ok()
@@ -523,7 +523,9 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
     // from Redis directly
     let client = redis::Client::open(mb_url.as_str()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut store = Store::connect(&mb_url, Layout::PackedV2).await.unwrap();
+    let mut store = MailboxStore::connect(&mb_url, Layout::PackedV2)
+        .await
+        .unwrap();
     let (mut lost, mut duplicated, mut reordered, mut total) = (0usize, 0usize, 0u64, 0usize);
     for (i, u) in users.iter().enumerate() {
         let r = route(u, SHARDS);

@@ -33,7 +33,7 @@ use support::{aof_always, http_get, route, tidemark, Serve};
 use tidemark_client::{Auth, Client, Event};
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
-use tidemark_store::redis::dlog::CoreStore;
+use tidemark_store::redis::dlog::LogStore;
 
 const SHARDS: u32 = 4;
 const SENDER: &str = "drill-sender";
@@ -124,7 +124,7 @@ async fn send(c: &Client, id: &str, to: &[String], expected: &mut Expected) {
 /// its `send_ack`, and records what each recipient must hold.
 async fn commit_direct(core_url: &str, id: &str, to: &[String], expected: &mut Expected) {
     let body = format!("message {id}");
-    let mut core = CoreStore::connect(core_url).await.unwrap();
+    let mut core = LogStore::connect(core_url).await.unwrap();
     let mut by_shard: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
     for u in to {
         by_shard
@@ -205,7 +205,7 @@ async fn check_nothing_visible(
     before: &Expected,
     after: &Expected,
 ) {
-    let mut store = tidemark_store::redis::store::Store::connect(
+    let mut store = tidemark_store::redis::store::MailboxStore::connect(
         mb_url,
         tidemark_store::redis::watermark::Layout::PackedV2,
     )

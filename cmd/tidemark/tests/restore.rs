@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use support::{aof_always, redis_cmd, route, serve_healthy, until};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
-use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
 
 const SHARDS: u32 = 2;
 
@@ -72,7 +72,7 @@ async fn restores_that_move_one_side_back() {
     let mut server = serve_healthy(&core_url, &mb_url, SHARDS, port).await;
     let bob = route("bob", SHARDS);
     let s = bob.shard;
-    let commits = CoreStore::connect(&core_url).await.unwrap();
+    let commits = LogStore::connect(&core_url).await.unwrap();
     let mut n = 0u64;
     let mut send = |body: &'static str| {
         n += 1;
@@ -192,7 +192,7 @@ async fn restores_that_move_one_side_back() {
     let head = || {
         let core_url = core_url.clone();
         async move {
-            let mut c = CoreStore::connect(&core_url).await.unwrap();
+            let mut c = LogStore::connect(&core_url).await.unwrap();
             c.head(s).await.unwrap()
         }
     };

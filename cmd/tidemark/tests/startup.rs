@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use support::tidemark;
 use tidemark_redis_proc::RedisProcess;
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 
 const SHARDS: u32 = 4;
@@ -170,7 +170,9 @@ async fn another_shard_count_is_refused_and_writes_nothing() {
     let out = tidemark(&["wm", "verify", "--redis", &core.url()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("core instance 0"));
-    let mut st = Store::connect(&mb0.url(), Layout::PackedV2).await.unwrap();
+    let mut st = MailboxStore::connect(&mb0.url(), Layout::PackedV2)
+        .await
+        .unwrap();
     st.init_watermark(6, Layout::PackedV2, 1, 0, false)
         .await
         .unwrap();
@@ -237,7 +239,7 @@ fn configuration_mistakes_are_refused() {
 /// every other shard, and reports the corrupt one in `/healthz` (503) and `/metrics`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_shard_stops_only_itself() {
-    use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
+    use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
     let (core, mailbox) = support::redis_pair();
     let mut st = support::init_watermarks(&mailbox.url(), SHARDS).await;
     let mut conn = st.connection();
@@ -272,7 +274,7 @@ async fn a_corrupt_shard_stops_only_itself() {
     );
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("shard_unavailable"), "{body}");
-    let mut commits = CoreStore::connect(&core.url()).await.unwrap();
+    let mut commits = LogStore::connect(&core.url()).await.unwrap();
     assert_eq!(
         commits.head(1).await.unwrap(),
         0,

@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{route, serve_healthy};
-use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
 
 const SHARDS: u32 = 4;
 
@@ -51,7 +51,7 @@ async fn tail_reconnects_resumes_and_gives_up() {
     wait_for(&err_path, "tail: connected to", Duration::from_secs(10)).await;
 
     let shard = route("bob", SHARDS).shard;
-    let mut commits = CoreStore::connect(&core.url()).await.unwrap();
+    let mut commits = LogStore::connect(&core.url()).await.unwrap();
     commits
         .commit(
             shard,

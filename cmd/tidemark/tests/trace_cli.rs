@@ -9,8 +9,10 @@ use std::process::Output;
 
 use tidemark_protocol::entry::encode_entry;
 use tidemark_redis_proc::RedisProcess;
-use tidemark_store::redis::dlog::CoreStore;
-use tidemark_store::redis::store::{Advance, AdvanceRecord, Materialized, SingleItem, Store};
+use tidemark_store::redis::dlog::LogStore;
+use tidemark_store::redis::store::{
+    Advance, AdvanceRecord, MailboxStore, Materialized, SingleItem,
+};
 use tidemark_store::redis::watermark::LANES;
 mod support;
 use support::{redis_cmd, route, tidemark};
@@ -25,9 +27,9 @@ fn trace(core: &str, mb: &str, offset: u64, json: bool) -> Output {
 }
 
 /// Two redis-servers (core, mailbox), a store of each, every watermark initialised.
-async fn instances() -> ((RedisProcess, RedisProcess), CoreStore, Store) {
+async fn instances() -> ((RedisProcess, RedisProcess), LogStore, MailboxStore) {
     let (core_p, mb_p) = support::redis_pair();
-    let core = CoreStore::connect(&core_p.url()).await.unwrap();
+    let core = LogStore::connect(&core_p.url()).await.unwrap();
     let store = support::init_watermarks(&mb_p.url(), SHARDS).await;
     ((core_p, mb_p), core, store)
 }

@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use std::ops::Range;
 
 use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, ValueFormatter};
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 use plotters::style::register_font;
 
@@ -95,49 +95,112 @@ pub fn write_plots(dir: &Path, runs: &[RunReport], ladder: bool) -> Result<Vec<P
     register_fonts()?;
     std::fs::create_dir_all(dir)?;
     let mut written = Vec::new();
-
-    let png = dir.join("e2e_latency.png");
-    draw_latency(
-        BitMapBackend::new(&png, SIZE).into_drawing_area(),
-        runs,
-        ladder,
-    )
-    .map_err(|message| Error::Draw {
-        path: png.clone(),
-        message,
-    })?;
-    written.push(png);
-    let svg = dir.join("e2e_latency.svg");
-    draw_latency(
-        SVGBackend::new(&svg, SIZE).into_drawing_area(),
-        runs,
-        ladder,
-    )
-    .map_err(|message| Error::Draw {
-        path: svg.clone(),
-        message,
-    })?;
-    written.push(svg);
-
+    write_figure(dir, &Latency { runs, ladder }, &mut written)?;
     if ladder {
-        let png = dir.join("ladder.png");
-        draw_ladder(BitMapBackend::new(&png, SIZE).into_drawing_area(), runs).map_err(
-            |message| Error::Draw {
-                path: png.clone(),
-                message,
-            },
-        )?;
-        written.push(png);
-        let svg = dir.join("ladder.svg");
-        draw_ladder(SVGBackend::new(&svg, SIZE).into_drawing_area(), runs).map_err(|message| {
-            Error::Draw {
-                path: svg.clone(),
-                message,
-            }
-        })?;
-        written.push(svg);
+        write_figure(dir, &Ladder { runs }, &mut written)?;
     }
     Ok(written)
+}
+
+/// A figure, drawn the same way on the PNG and the SVG backend.
+trait Figure {
+    /// File name without the extension.
+    const STEM: &'static str;
+
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String>;
+}
+
+/// Draws `figure` as `<STEM>.png`, then `<STEM>.svg`, into `dir`; adds each file to
+/// `written` once drawn.
+fn write_figure<F: Figure>(
+    dir: &Path,
+    figure: &F,
+    written: &mut Vec<PathBuf>,
+) -> Result<(), Error> {
+    let failed = |path: &PathBuf| {
+        let path = path.clone();
+        move |message| Error::Draw { path, message }
+    };
+    let png = dir.join(format!("{}.png", F::STEM));
+    figure
+        .draw(BitMapBackend::new(&png, SIZE).into_drawing_area())
+        .map_err(failed(&png))?;
+    written.push(png);
+    let svg = dir.join(format!("{}.svg", F::STEM));
+    figure
+        .draw(SVGBackend::new(&svg, SIZE).into_drawing_area())
+        .map_err(failed(&svg))?;
+    written.push(svg);
+    Ok(())
+}
+
+/// The end-to-end latency percentile curve of every run.
+struct Latency<'a> {
+    runs: &'a [RunReport],
+    ladder: bool,
+}
+
+impl Figure for Latency<'_> {
+    const STEM: &'static str = "e2e_latency";
+
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        draw_latency(root, self.runs, self.ladder)
+    }
+}
+
+/// The capacity ladder: rate against P99 and against Redis CPU %.
+struct Ladder<'a> {
+    runs: &'a [RunReport],
+}
+
+impl Figure for Ladder<'_> {
+    const STEM: &'static str = "ladder";
+
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        draw_ladder(root, self.runs)
+    }
+}
+
+/// One series: a line through `points`, a dot on each, and its legend entry `label`.
+fn draw_line<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    points: &[(f64, f64)],
+    color: RGBColor,
+    label: String,
+) -> Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate<From = (f64, f64)>,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    chart
+        .draw_series(LineSeries::new(points.to_vec(), color.stroke_width(2)))
+        .map_err(e)?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3)));
+    chart
+        .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+        .map_err(e)?;
+    Ok(())
+}
+
+/// The legend of a chart's series, upper left on a translucent white box.
+fn draw_legend<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    font_size: u32,
+) -> Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .label_font(("sans-serif", font_size))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())
 }
 
 /// The x coordinate of a percentile: its number of nines; the maximum goes one past the
@@ -278,43 +341,40 @@ fn draw_latency<DB: DrawingBackend>(
             .iter()
             .map(|&(p, ms)| (nines(p), ms.max(lo)))
             .collect();
-        chart
-            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-            .map_err(e)?
-            .label(series_label(r, ladder, runs))
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-            });
-        chart
-            .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
-            .map_err(e)?;
+        draw_line(&mut chart, &points, color, series_label(r, ladder, runs))?;
     }
     if runs.iter().any(|r| !r.e2e_curve.is_empty()) {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 16))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(e)?;
+        draw_legend(&mut chart, 16)?;
     }
     root.present().map_err(e)?;
     Ok(())
 }
 
-/// The `M+C` labels of ladder points, just above and right of each point.
-macro_rules! point_labels {
-    ($pts:expr) => {
-        $pts.iter().map(|p| {
+/// A ladder series: [`draw_line`] through its `(rate, y)` points, each labelled with its
+/// `M+C` instance counts just above and right of it.
+fn draw_ladder_line<'a, DB, CT>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    pts: &[(f64, f64, String)],
+    color: RGBColor,
+    label: String,
+) -> Result<(), String>
+where
+    DB: DrawingBackend + 'a,
+    CT: CoordTranslate<From = (f64, f64)>,
+{
+    let line: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
+    draw_line(chart, &line, color, label)?;
+    chart
+        .draw_series(pts.iter().map(|p| {
             EmptyElement::at((p.0, p.1))
                 + Text::new(
                     p.2.clone(),
                     (6, -20),
                     ("sans-serif", 14).into_font().color(&BLACK),
                 )
-        })
-    };
+        }))
+        .map_err(|e| e.to_string())?;
+    Ok(())
 }
 
 fn draw_ladder<DB: DrawingBackend>(
@@ -365,33 +425,10 @@ fn draw_ladder<DB: DrawingBackend>(
             .filter(|r| r.layout == *layout)
             .map(|r| (r.rate, r.e2e_ms.p99.max(lo), r.instances_label()))
             .collect();
-        chart
-            .draw_series(LineSeries::new(
-                pts.iter().map(|p| (p.0, p.1)),
-                color.stroke_width(2),
-            ))
-            .map_err(e)?
-            .label(layout.to_string())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-            });
-        chart
-            .draw_series(
-                pts.iter()
-                    .map(|p| Circle::new((p.0, p.1), 4, color.filled())),
-            )
-            .map_err(e)?;
-        chart.draw_series(point_labels!(pts)).map_err(e)?;
+        draw_ladder_line(&mut chart, &pts, color, layout.to_string())?;
     }
     if !runs.is_empty() {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .label_font(("sans-serif", 14))
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(e)?;
+        draw_legend(&mut chart, 14)?;
     }
 
     // Right: rate → CPU % per pool.
@@ -444,33 +481,10 @@ fn draw_ladder<DB: DrawingBackend>(
                 .filter(|r| r.layout == *layout)
                 .map(|r| (r.rate, get(r), r.instances_label()))
                 .collect();
-            chart
-                .draw_series(LineSeries::new(
-                    pts.iter().map(|p| (p.0, p.1)),
-                    color.stroke_width(2),
-                ))
-                .map_err(e)?
-                .label(format!("{pool} ({layout})"))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
-                });
-            chart
-                .draw_series(
-                    pts.iter()
-                        .map(|p| Circle::new((p.0, p.1), 4, color.filled())),
-                )
-                .map_err(e)?;
-            chart.draw_series(point_labels!(pts)).map_err(e)?;
+            draw_ladder_line(&mut chart, &pts, color, format!("{pool} ({layout})"))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
+    draw_legend(&mut chart, 14)?;
     root.present().map_err(e)?;
     Ok(())
 }

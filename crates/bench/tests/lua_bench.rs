@@ -3,6 +3,8 @@
 //! never asserted. The full default run is the ignored test `full_run`:
 //! `cargo test -p tidemark-bench --release --test lua_bench -- --ignored --nocapture full_run`.
 
+use std::collections::BTreeMap;
+
 use tidemark_bench::lua::{self, LuaBenchOptions};
 use tidemark_redis_proc::RedisProcess;
 
@@ -14,6 +16,18 @@ const SCRIPTS: [&str; 5] = [
     "gc_completed_dispatch",
 ];
 const CHECKS: [&str; 4] = ["two_sub", "rep", "byte_loop", "length"];
+
+/// The keys of a report map, in order.
+fn keys<V>(m: &BTreeMap<String, V>) -> Vec<&str> {
+    m.keys().map(String::as_str).collect()
+}
+
+/// `names` sorted (the order of a map's keys).
+fn sorted<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    let mut v = names.to_vec();
+    v.sort();
+    v
+}
 
 fn small(redis_url: Option<String>) -> LuaBenchOptions {
     LuaBenchOptions {
@@ -43,40 +57,14 @@ async fn report_is_well_formed() {
     assert_eq!((report.rounds, report.calls_per_round), (2, 500));
     assert!(report.noop_evalsha_us > 0.0);
 
-    assert_eq!(
-        report
-            .scripts
-            .keys()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-        {
-            let mut s = SCRIPTS.to_vec();
-            s.sort();
-            s
-        }
-    );
+    assert_eq!(keys(&report.scripts), sorted(&SCRIPTS));
     for (name, by_layout) in &report.scripts {
-        assert_eq!(
-            by_layout.keys().map(String::as_str).collect::<Vec<_>>(),
-            ["packed-v1", "packed-v2"],
-            "{name}"
-        );
+        assert_eq!(keys(by_layout), ["packed-v1", "packed-v2"], "{name}");
         for (layout, us) in by_layout {
             assert!(us.is_finite() && *us > 0.0, "{name} {layout}: {us}");
         }
     }
-    assert_eq!(
-        report
-            .uniform_checks_us
-            .keys()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-        {
-            let mut c = CHECKS.to_vec();
-            c.sort();
-            c
-        }
-    );
+    assert_eq!(keys(&report.uniform_checks_us), sorted(&CHECKS));
     // The net figure of a check is a difference (the length check may be ~0 either side);
     // the raw figures are all real timings.
     for us in report.uniform_checks_us.values() {
@@ -88,11 +76,9 @@ async fn report_is_well_formed() {
     }
 
     let j = report.to_json();
-    let top = j.as_object().unwrap();
-    let mut keys: Vec<_> = top.keys().map(String::as_str).collect();
-    keys.sort();
+    let top: Vec<&str> = j.as_object().unwrap().keys().map(String::as_str).collect();
     assert_eq!(
-        keys,
+        sorted(&top),
         [
             "calls_per_round",
             "noop_evalsha_us",

@@ -41,7 +41,7 @@ pub enum Error {
         /// The server's message, or the raw body.
         message: String,
     },
-    /// The server answered with an `error` frame (for [`send_and_wait`](crate::Client::send_and_wait):
+    /// The server answered with an `error` frame (for [`send_and_wait`](crate::ClientHandle::send_and_wait):
     /// one carrying the send's id; while connecting: instead of `ready`). Code: the server's
     /// code, e.g. `bad_recipient`.
     #[error("server error {code}: {message}")]
@@ -62,7 +62,7 @@ pub enum Error {
     /// The server broke the protocol (e.g. its first frame was not `ready`). Code `protocol`.
     #[error("protocol violation by the server: {0}")]
     Protocol(String),
-    /// [`send_and_wait`](crate::Client::send_and_wait) was called with an id that already has
+    /// [`send_and_wait`](crate::ClientHandle::send_and_wait) was called with an id that already has
     /// a waiter on this connection. Code `id_in_flight`.
     #[error("a send with id {0:?} is already waiting for its ack on this connection")]
     IdInFlight(String),

@@ -3,10 +3,11 @@
 //!
 //! - [`Client`]: one authenticated connection. [`Client::connect`] waits for the server's
 //!   `ready` frame; then a reader task routes `send_ack`/`error` frames to whoever waits for
-//!   that send id ([`Client::send_and_wait`], [`ClientHandle::start_send`]) and everything
+//!   that send id ([`ClientHandle::send_and_wait`], [`ClientHandle::start_send`]) and everything
 //!   else to [`Client::next_event`], while one writer task owns the socket's sink behind a
-//!   bounded queue. [`ClientHandle`] (from [`Client::handle`]) sends from other tasks, so many
-//!   sends can be in flight at once. See the [`client`] module for the routing rules.
+//!   bounded queue. [`ClientHandle`] (from [`Client::handle`]; a `Client` derefs to its own)
+//!   sends from other tasks, so many sends can be in flight at once. See the [`client`]
+//!   module for the routing rules.
 //! - [`Auth`]: a bearer token (`Authorization` header) or a `--dev-auth` user name
 //!   (`?user=`).
 //! - CLI helpers: [`make_token`], [`parse_ttl`], [`read_secret`], [`send_once`], [`tail`],

@@ -110,6 +110,66 @@ fn to(users: &[&str]) -> Vec<String> {
     users.iter().map(|u| u.to_string()).collect()
 }
 
+/// A `send_ack` frame; `offsets` as (shard, offset) pairs.
+fn send_ack(id: &str, offsets: &[(u32, u64)]) -> Value {
+    let offsets: serde_json::Map<String, Value> = offsets
+        .iter()
+        .map(|(shard, offset)| (shard.to_string(), json!(offset)))
+        .collect();
+    json!({"type": "send_ack", "id": id, "offsets": offsets})
+}
+
+/// An `error` frame; the `id` field only when `id` is given.
+fn error_frame(code: &str, message: &str, id: Option<&str>) -> Value {
+    let mut frame = json!({"type": "error", "code": code, "message": message});
+    if let Some(id) = id {
+        frame["id"] = json!(id);
+    }
+    frame
+}
+
+/// The event of a `send_ack` no waiter took.
+fn ack_event(id: &str, offsets: &[(u32, u64)]) -> Event {
+    Event::SendAck {
+        id: id.into(),
+        offsets: offsets.iter().copied().collect(),
+    }
+}
+
+/// The event of an `error` frame no waiter took.
+fn error_event(code: &str, message: &str, id: Option<&str>) -> Event {
+    Event::Error {
+        code: code.into(),
+        message: message.into(),
+        id: id.map(Into::into),
+    }
+}
+
+/// [`peer`] whose script starts by sending `ready` for `user` (delivery after `after`).
+async fn ready_peer<T, F, Fut>(user: &'static str, after: u64, script: F) -> (String, JoinHandle<T>)
+where
+    F: FnOnce(PeerWs) -> Fut + Send + 'static,
+    Fut: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    peer(move |mut ws, _| async move {
+        send(&mut ws, ready(user, after)).await;
+        script(ws).await
+    })
+    .await
+}
+
+/// Connects to the peer at `url` as the dev user alice.
+async fn connect_alice(url: &str) -> Client {
+    Client::connect(url, &dev("alice")).await.unwrap()
+}
+
+/// Closes the client cleanly, then waits for the peer's script and returns its result.
+async fn close<T>(client: Client, peer: JoinHandle<T>) -> T {
+    client.close().await;
+    peer.await.unwrap()
+}
+
 /// Bounds every test: a hang is a failure, not a stuck CI job.
 async fn within<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(20), f)
@@ -135,9 +195,7 @@ async fn token_goes_in_the_authorization_header() {
             .unwrap();
         assert_eq!(client.user(), "alice");
         assert_eq!(client.ready_after(), 3400);
-        client.close().await;
-
-        let seen = peer.await.unwrap();
+        let seen = close(client, peer).await;
         assert_eq!(seen.uri, "/v1/ws");
         assert_eq!(seen.authorization, Some(format!("Bearer {token}")));
         let bearer = seen.authorization.unwrap();
@@ -161,8 +219,7 @@ async fn dev_user_goes_in_the_query() {
         let client = Client::connect(&url, &dev("bob smith")).await.unwrap();
         assert_eq!(client.user(), "bob smith");
         assert_eq!(client.ready_after(), 0);
-        client.close().await;
-        let seen = peer.await.unwrap();
+        let seen = close(client, peer).await;
         assert_eq!(seen.uri, "/v1/ws?user=bob+smith");
         assert_eq!(seen.authorization, None);
     })
@@ -172,8 +229,7 @@ async fn dev_user_goes_in_the_query() {
 #[tokio::test]
 async fn frames_are_sent_as_the_protocol_spells_them() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             let mut got = Vec::new();
             while let Some(m) = recv_raw(&mut ws).await {
                 got.push(m);
@@ -181,7 +237,7 @@ async fn frames_are_sent_as_the_protocol_spells_them() {
             got
         })
         .await;
-        let client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let client = connect_alice(&url).await;
         client
             .send("c-1", &to(&["bob", "carol"]), "hi \"there\"\n")
             .await
@@ -190,9 +246,7 @@ async fn frames_are_sent_as_the_protocol_spells_them() {
         client.sync(3400).await.unwrap();
         client.send_raw_text("{not json").await.unwrap();
         client.send_raw_binary(vec![1, 2, 3]).await.unwrap();
-        client.close().await;
-
-        let got = peer.await.unwrap();
+        let got = close(client, peer).await;
         let texts: Vec<Value> = got[..3]
             .iter()
             .map(|m| serde_json::from_str(m.to_text().unwrap()).unwrap())
@@ -218,8 +272,7 @@ async fn frames_are_sent_as_the_protocol_spells_them() {
 async fn send_and_wait_matches_acks_by_id_out_of_order() {
     within(async {
         const N: u64 = 16;
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             let mut sends = Vec::new();
             for _ in 0..N {
                 let f = recv(&mut ws).await.unwrap();
@@ -230,20 +283,16 @@ async fn send_and_wait_matches_acks_by_id_out_of_order() {
                 let id = f["id"].as_str().unwrap();
                 let n: u64 = id.strip_prefix("m-").unwrap().parse().unwrap();
                 assert_eq!(f["body"], format!("body {n}"));
-                send(
-                    &mut ws,
-                    json!({"type":"send_ack","id":id,"offsets":{(n % 3).to_string(): 100 + n, "7": n}}),
-                )
-                .await;
+                send(&mut ws, send_ack(id, &[((n % 3) as u32, 100 + n), (7, n)])).await;
                 if i == 5 {
                     send(&mut ws, deliver(42, "bob", "meanwhile")).await;
-                    send(&mut ws, json!({"type":"send_ack","id":"nobody-waits","offsets":{"1":1}})).await;
+                    send(&mut ws, send_ack("nobody-waits", &[(1, 1)])).await;
                 }
             }
             recv(&mut ws).await;
         })
         .await;
-        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let mut client = connect_alice(&url).await;
         let want = |n: u64| BTreeMap::from([((n % 3) as u32, 100 + n), (7, n)]);
 
         // Half from spawned tasks through handles, half concurrently on the client itself.
@@ -252,8 +301,13 @@ async fn send_and_wait_matches_acks_by_id_out_of_order() {
             .map(|n| {
                 let h = handle.clone();
                 tokio::spawn(async move {
-                    h.send_and_wait(&format!("m-{n}"), &["bob".into()], &format!("body {n}"), WAIT)
-                        .await
+                    h.send_and_wait(
+                        &format!("m-{n}"),
+                        &["bob".into()],
+                        &format!("body {n}"),
+                        WAIT,
+                    )
+                    .await
                 })
             })
             .collect();
@@ -280,13 +334,9 @@ async fn send_and_wait_matches_acks_by_id_out_of_order() {
         );
         assert_eq!(
             client.next_event().await,
-            Some(Event::SendAck {
-                id: "nobody-waits".into(),
-                offsets: BTreeMap::from([(1, 1)])
-            })
+            Some(ack_event("nobody-waits", &[(1, 1)]))
         );
-        client.close().await;
-        peer.await.unwrap();
+        close(client, peer).await;
     })
     .await
 }
@@ -294,20 +344,23 @@ async fn send_and_wait_matches_acks_by_id_out_of_order() {
 #[tokio::test]
 async fn error_frame_with_the_id_fails_that_send() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             let mut ids = [recv(&mut ws).await.unwrap(), recv(&mut ws).await.unwrap()]
                 .map(|f| f["id"].as_str().unwrap().to_owned());
             ids.sort();
             assert_eq!(ids, ["a", "b"]);
-            send(&mut ws, json!({"type":"error","code":"bad_json","message":"invalid JSON"})).await;
-            send(&mut ws, json!({"type":"error","code":"overloaded","message":"later","id":"b"})).await;
-            send(&mut ws, json!({"type":"error","code":"bad_recipient","message":"recipient #1 is a duplicate","id":"a"})).await;
-            send(&mut ws, json!({"type":"error","code":"bad_id","message":"stray","id":"unknown-id"})).await;
+            for (code, message, id) in [
+                ("bad_json", "invalid JSON", None),
+                ("overloaded", "later", Some("b")),
+                ("bad_recipient", "recipient #1 is a duplicate", Some("a")),
+                ("bad_id", "stray", Some("unknown-id")),
+            ] {
+                send(&mut ws, error_frame(code, message, id)).await;
+            }
             recv(&mut ws).await;
         })
         .await;
-        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let mut client = connect_alice(&url).await;
         let dup = to(&["bob", "bob"]);
         let ok = to(&["bob"]);
         let (a, b) = tokio::join!(
@@ -326,24 +379,13 @@ async fn error_frame_with_the_id_fails_that_send() {
         assert!(matches!(&b, Error::Server { code, message } if code == "overloaded" && message == "later"));
         assert!(b.retryable());
 
-        assert_eq!(
-            client.next_event().await,
-            Some(Event::Error {
-                code: "bad_json".into(),
-                message: "invalid JSON".into(),
-                id: None
-            })
-        );
-        assert_eq!(
-            client.next_event().await,
-            Some(Event::Error {
-                code: "bad_id".into(),
-                message: "stray".into(),
-                id: Some("unknown-id".into())
-            })
-        );
-        client.close().await;
-        peer.await.unwrap();
+        for want in [
+            error_event("bad_json", "invalid JSON", None),
+            error_event("bad_id", "stray", Some("unknown-id")),
+        ] {
+            assert_eq!(client.next_event().await, Some(want));
+        }
+        close(client, peer).await;
     })
     .await
 }
@@ -351,8 +393,7 @@ async fn error_frame_with_the_id_fails_that_send() {
 #[tokio::test]
 async fn deliveries_and_odd_frames_become_events_then_closed() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 5)).await;
+        let (url, peer) = ready_peer("alice", 5, |mut ws| async move {
             send(&mut ws, deliver(6, "bob", "one")).await;
             send(&mut ws, deliver(7, "carol", "two\nlines")).await;
             send(&mut ws, json!({"type":"from_a_newer_server","x":1})).await;
@@ -366,7 +407,7 @@ async fn deliveries_and_odd_frames_become_events_then_closed() {
             while ws.next().await.is_some() {}
         })
         .await;
-        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let mut client = connect_alice(&url).await;
         assert_eq!(client.ready_after(), 5);
         let mut events = Vec::new();
         while let Some(e) = client.next_event().await {
@@ -401,14 +442,13 @@ async fn deliveries_and_odd_frames_become_events_then_closed() {
 #[tokio::test]
 async fn server_close_fails_pending_and_later_sends() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             assert_eq!(recv(&mut ws).await.unwrap()["id"], "pending");
             ws.close(None).await.unwrap();
             while ws.next().await.is_some() {}
         })
         .await;
-        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let mut client = connect_alice(&url).await;
         let handle = client.handle();
         let e = client
             .send_and_wait("pending", &to(&["bob"]), "x", WAIT)
@@ -437,8 +477,7 @@ async fn server_close_fails_pending_and_later_sends() {
 #[tokio::test]
 async fn client_close_does_the_close_handshake() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             let first = recv(&mut ws).await;
             // A close frame, then a clean end of the stream (not an error).
             let close = ws.next().await.unwrap().unwrap();
@@ -446,13 +485,12 @@ async fn client_close_does_the_close_handshake() {
             (first, close, end.map(|r| r.map_err(|e| e.to_string())))
         })
         .await;
-        let client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let client = connect_alice(&url).await;
         let handle = client.handle();
         client.ack(7).await.unwrap();
-        client.close().await;
-        let (first, close, end) = peer.await.unwrap();
+        let (first, close_frame, end) = close(client, peer).await;
         assert_eq!(first, Some(json!({"type":"ack","seq":7})));
-        assert!(close.is_close(), "{close:?}");
+        assert!(close_frame.is_close(), "{close_frame:?}");
         assert!(end.is_none(), "{end:?}");
         assert!(matches!(handle.sync(0).await, Err(Error::Closed)));
     })
@@ -462,20 +500,15 @@ async fn client_close_does_the_close_handshake() {
 #[tokio::test]
 async fn timed_out_send_and_late_ack() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             assert_eq!(recv(&mut ws).await.unwrap()["id"], "slow");
             // Answer only after the client has given up and says so with a sync.
             assert_eq!(recv(&mut ws).await.unwrap()["type"], "sync");
-            send(
-                &mut ws,
-                json!({"type":"send_ack","id":"slow","offsets":{"0":1}}),
-            )
-            .await;
+            send(&mut ws, send_ack("slow", &[(0, 1)])).await;
             recv(&mut ws).await;
         })
         .await;
-        let mut client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let mut client = connect_alice(&url).await;
         let e = client
             .send_and_wait("slow", &to(&["bob"]), "x", Duration::from_millis(100))
             .await
@@ -485,13 +518,9 @@ async fn timed_out_send_and_late_ack() {
         client.sync(0).await.unwrap();
         assert_eq!(
             client.next_event().await,
-            Some(Event::SendAck {
-                id: "slow".into(),
-                offsets: BTreeMap::from([(0, 1)])
-            })
+            Some(ack_event("slow", &[(0, 1)]))
         );
-        client.close().await;
-        peer.await.unwrap();
+        close(client, peer).await;
     })
     .await
 }
@@ -499,21 +528,16 @@ async fn timed_out_send_and_late_ack() {
 #[tokio::test]
 async fn one_waiter_per_id() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             for n in 1..=2 {
                 let f = recv(&mut ws).await.unwrap();
                 assert_eq!(f["id"], "dup");
-                send(
-                    &mut ws,
-                    json!({"type":"send_ack","id":"dup","offsets":{"0":n}}),
-                )
-                .await;
+                send(&mut ws, send_ack("dup", &[(0, n)])).await;
             }
             recv(&mut ws).await;
         })
         .await;
-        let client = Client::connect(&url, &dev("alice")).await.unwrap();
+        let client = connect_alice(&url).await;
         let bob = to(&["bob"]);
         let first = client.start_send("dup", &bob, "x").await.unwrap();
         assert_eq!(first.id(), "dup");
@@ -523,8 +547,7 @@ async fn one_waiter_per_id() {
         // Answered: the id may wait again (a retry with the same id).
         let again = client.send_and_wait("dup", &bob, "x", WAIT).await.unwrap();
         assert_eq!(again, BTreeMap::from([(0, 2)]));
-        client.close().await;
-        peer.await.unwrap();
+        close(client, peer).await;
     })
     .await
 }
@@ -572,11 +595,7 @@ async fn connect_failures() {
     within(async {
         // An error frame instead of ready.
         let (url, peer1) = peer(|mut ws, _| async move {
-            send(
-                &mut ws,
-                json!({"type":"error","code":"forbidden","message":"no"}),
-            )
-            .await;
+            send(&mut ws, error_frame("forbidden", "no", None)).await;
             let _ = ws.close(None).await;
         })
         .await;
@@ -639,19 +658,15 @@ async fn send_once_returns_the_offsets() {
         let ids = Arc::new(Mutex::new(Vec::new()));
         for explicit in [None, Some("my-id".to_string())] {
             let ids2 = ids.clone();
-            let (url, peer) = peer(|mut ws, _| async move {
-                send(&mut ws, ready("alice", 0)).await;
+            let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
                 let f = recv(&mut ws).await.unwrap();
                 assert_eq!(f["to"], json!(["bob", "carol"]));
                 assert_eq!(f["body"], "hello");
                 ids2.lock()
                     .unwrap()
                     .push(f["id"].as_str().unwrap().to_owned());
-                send(
-                    &mut ws,
-                    json!({"type":"send_ack","id":f["id"],"offsets":{"3":17,"12":3471}}),
-                )
-                .await;
+                let id = f["id"].as_str().unwrap();
+                send(&mut ws, send_ack(id, &[(3, 17), (12, 3471)])).await;
                 assert!(recv(&mut ws).await.is_none());
             })
             .await;
@@ -677,14 +692,10 @@ async fn send_once_returns_the_offsets() {
 #[tokio::test]
 async fn send_once_reports_a_server_error() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             let f = recv(&mut ws).await.unwrap();
-            send(
-                &mut ws,
-                json!({"type":"error","code":"body_too_large","message":"too big","id":f["id"]}),
-            )
-            .await;
+            let id = f["id"].as_str();
+            send(&mut ws, error_frame("body_too_large", "too big", id)).await;
             recv(&mut ws).await;
         })
         .await;
@@ -708,8 +719,7 @@ async fn send_once_reports_a_server_error() {
 #[tokio::test]
 async fn tail_syncs_dedupes_and_acks() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 5)).await;
+        let (url, peer) = ready_peer("alice", 5, |mut ws| async move {
             // In flight before the sync arrives: the stream after ready.after.
             send(&mut ws, deliver(8, "bob", "eight")).await;
             assert_eq!(recv(&mut ws).await, Some(json!({"type":"sync","after":2})));
@@ -744,8 +754,7 @@ async fn tail_syncs_dedupes_and_acks() {
 #[tokio::test]
 async fn tail_without_after_starts_at_ready_and_does_not_ack() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 5)).await;
+        let (url, peer) = ready_peer("alice", 5, |mut ws| async move {
             for seq in [5, 6, 6, 7] {
                 send(&mut ws, deliver(seq, "bob", "x")).await;
             }
@@ -772,14 +781,9 @@ async fn tail_without_after_starts_at_ready_and_does_not_ack() {
 #[tokio::test]
 async fn tail_stops_on_a_server_error() {
     within(async {
-        let (url, peer) = peer(|mut ws, _| async move {
-            send(&mut ws, ready("alice", 0)).await;
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
             send(&mut ws, deliver(1, "bob", "x")).await;
-            send(
-                &mut ws,
-                json!({"type":"error","code":"seq_out_of_range","message":"no"}),
-            )
-            .await;
+            send(&mut ws, error_frame("seq_out_of_range", "no", None)).await;
             recv(&mut ws).await;
         })
         .await;

@@ -71,9 +71,24 @@ pub fn encode_entry(seq: u64, sent_at_us: u64, from: &str, body: &str) -> Vec<u8
     out
 }
 
-/// Decodes a stored entry. Any truncation, a sender length outside 1..=128, or non-UTF-8
-/// sender or body is [`Error::BadEntry`] (code `bad_entry`). Never panics.
-pub fn decode_entry(bytes: &[u8]) -> Result<Entry, Error> {
+/// The fixed fields and the sender of a stored entry, borrowed from its bytes, with the body
+/// left as bytes: for readers that only need to know whose entry it is (`tidemark trace`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryHead<'a> {
+    /// MailboxSeq (u48).
+    pub seq: u64,
+    /// When the gateway accepted the send, unix microseconds.
+    pub sent_at_us: u64,
+    /// The sender's user id.
+    pub from: &'a str,
+    /// The body, not checked for UTF-8.
+    pub body: &'a [u8],
+}
+
+/// Decodes the head of a stored entry: everything [`decode_entry`] checks except that the body
+/// is UTF-8. Any truncation, a sender length outside 1..=128, or a non-UTF-8 sender is
+/// [`Error::BadEntry`]. Never panics.
+pub fn decode_entry_head(bytes: &[u8]) -> Result<EntryHead<'_>, Error> {
     let bad = |reason| Err(Error::BadEntry { reason });
     let Some((header, rest)) = bytes.split_first_chunk::<ENTRY_HEADER_BYTES>() else {
         return bad("shorter than the 15-byte header");
@@ -92,14 +107,28 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Entry, Error> {
     let Ok(from) = std::str::from_utf8(from) else {
         return bad("sender is not UTF-8");
     };
-    let Ok(body) = std::str::from_utf8(body) else {
-        return bad("body is not UTF-8");
+    Ok(EntryHead {
+        seq: u64::from_be_bytes(seq),
+        sent_at_us: u64::from_be_bytes(sent_at_us),
+        from,
+        body,
+    })
+}
+
+/// Decodes a stored entry. Any truncation, a sender length outside 1..=128, or non-UTF-8
+/// sender or body is [`Error::BadEntry`] (code `bad_entry`). Never panics.
+pub fn decode_entry(bytes: &[u8]) -> Result<Entry, Error> {
+    let head = decode_entry_head(bytes)?;
+    let Ok(body) = std::str::from_utf8(head.body) else {
+        return Err(Error::BadEntry {
+            reason: "body is not UTF-8",
+        });
     };
     Ok(Entry {
-        seq: u64::from_be_bytes(seq),
-        from: from.to_owned(),
+        seq: head.seq,
+        from: head.from.to_owned(),
         body: body.to_owned(),
-        sent_at_us: u64::from_be_bytes(sent_at_us),
+        sent_at_us: head.sent_at_us,
     })
 }
 
@@ -184,6 +213,27 @@ mod tests {
     }
 
     #[test]
+    fn head_decodes_without_the_body() {
+        let mut bytes = encode_entry(258, 1_764_489_600_000_000, "alice", "hi");
+        assert_eq!(
+            decode_entry_head(&bytes).unwrap(),
+            EntryHead {
+                seq: 258,
+                sent_at_us: 1_764_489_600_000_000,
+                from: "alice",
+                body: b"hi",
+            }
+        );
+        // A body that is not UTF-8 spoils the entry, not its head.
+        bytes.push(0xc3);
+        assert_eq!(decode_entry(&bytes).unwrap_err().code(), "bad_entry");
+        assert_eq!(decode_entry_head(&bytes).unwrap().from, "alice");
+        // Truncated in the sender (5 bytes announced, 1 there): no head either.
+        let e = decode_entry_head(&bytes[..16]).unwrap_err();
+        assert_eq!(e.code(), "bad_entry");
+    }
+
+    #[test]
     #[should_panic(expected = "exceeds u48")]
     fn encode_refuses_seq_above_u48() {
         encode_entry(MAX_SEQ + 1, 0, "a", "");
@@ -220,7 +270,9 @@ mod tests {
         #[test]
         fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
             if let Ok(e) = decode_entry(&bytes) {
-                // Whatever decodes re-encodes to the same bytes.
+                // Whatever decodes re-encodes to the same bytes, and has the same head.
+                let h = decode_entry_head(&bytes).unwrap();
+                prop_assert_eq!((h.seq, h.sent_at_us, h.from), (e.seq, e.sent_at_us, &*e.from));
                 prop_assert_eq!(e.encode(), bytes);
             }
         }

@@ -8,9 +8,10 @@
 //!   send request as an HTTP body and as a `send` frame, an ack as `{"seq":N}`, a mailbox
 //!   query as a query string), and a `send` frame's fields read as an HTTP body give the same
 //!   request (the two paths validate identically);
-//! - a rejection names its code consistently (`code()` is the [`ErrorCode`]'s string, a
-//!   client error: HTTP 4xx) and echoes only a valid client id (non-empty, at most
-//!   `max_id_bytes`, no control character); its `error` frame round-trips.
+//! - a rejection names its code consistently (`code()` is the string of its
+//!   [`ErrorCode`](crate::ErrorCode), a client error: HTTP 4xx) and echoes only a valid
+//!   client id (non-empty, at most `max_id_bytes`, no control character); its `error` frame
+//!   round-trips.
 //!
 //! Not part of the API: for tests and fuzzing only.
 
@@ -27,6 +28,31 @@ pub struct Seen {
     pub send_accepted: bool,
     /// `parse_ack_request` accepted the input.
     pub ack_accepted: bool,
+}
+
+/// The two sets of limits the corpus replay and the property tests hold every input to: the
+/// defaults, and small ones that every size rule trips over.
+pub fn limit_sets() -> [Limits; 2] {
+    [
+        Limits::default(),
+        Limits {
+            max_frame_bytes: 512,
+            max_body_bytes: 8,
+            max_recipients: 3,
+            max_id_bytes: 4,
+            max_page_entries: 5,
+            default_page_entries: 2,
+        },
+    ]
+}
+
+/// [`check`] under each of [`limit_sets`]; what it saw under the default limits, or the
+/// first rule broken, naming the limits it was broken under.
+pub fn check_all_limits(data: &[u8]) -> Result<Seen, String> {
+    let [default, small] = limit_sets();
+    let seen = check(data, &default).map_err(|broken| format!("limits {default:?}: {broken}"))?;
+    check(data, &small).map_err(|broken| format!("limits {small:?}: {broken}"))?;
+    Ok(seen)
 }
 
 /// Runs every parser on `data` under `limits` and checks the rules of this module. Returns

@@ -301,52 +301,46 @@ mod tests {
             parse_ack_request(br#"{"seq":7}"#, &l()).unwrap(),
             AckRequest { seq: 7 }
         );
-        let code = |b: &[u8]| parse_ack_request(b, &l()).unwrap_err().code();
-        assert_eq!(code(br#"{"seq":281474976710656}"#), "seq_out_of_range");
-        assert_eq!(code(br#"{"seq":-1}"#), "seq_out_of_range");
-        assert_eq!(code(br#"{"seq":"7"}"#), "bad_request");
-        assert_eq!(code(br#"{}"#), "bad_request");
-        assert_eq!(code(b"7"), "bad_json");
+        for (body, code) in [
+            (&br#"{"seq":281474976710656}"#[..], "seq_out_of_range"),
+            (br#"{"seq":-1}"#, "seq_out_of_range"),
+            (br#"{"seq":"7"}"#, "bad_request"),
+            (br#"{}"#, "bad_request"),
+            (b"7", "bad_json"),
+        ] {
+            let e = parse_ack_request(body, &l()).unwrap_err();
+            assert_eq!(e.code(), code, "{}", String::from_utf8_lossy(body));
+        }
     }
 
     #[test]
     fn mailbox_query() {
         let q = |s: &str| parse_mailbox_query(s, &l());
-        assert_eq!(
-            q("").unwrap(),
-            MailboxQuery {
-                after: None,
-                limit: 100
-            }
-        );
-        assert_eq!(
-            q("after=3400&limit=50").unwrap(),
-            MailboxQuery {
-                after: Some(3400),
-                limit: 50
-            }
-        );
-        assert_eq!(
-            q(&format!("limit=1000&x=y&after={MAX_SEQ}")).unwrap(),
-            MailboxQuery {
-                after: Some(MAX_SEQ),
-                limit: 1000
-            }
-        );
-        let code = |s: &str| q(s).unwrap_err().code();
-        assert_eq!(code("after=281474976710656"), "seq_out_of_range");
-        assert_eq!(code("after=99999999999999999999999"), "seq_out_of_range");
-        assert_eq!(code("after=-1"), "seq_out_of_range");
-        assert_eq!(code("after=1.5"), "bad_request");
-        assert_eq!(code("after="), "bad_request");
-        assert_eq!(code("after"), "bad_request");
-        assert_eq!(code("after=+1"), "bad_request");
-        assert_eq!(code("after=1&after=2"), "bad_request");
-        assert_eq!(code("limit=0"), "bad_request");
-        assert_eq!(code("limit=1001"), "bad_request");
-        assert_eq!(code("limit=abc"), "bad_request");
-        assert_eq!(code("limit=99999999999"), "bad_request");
-        assert_eq!(code("limit=1&limit=1"), "bad_request");
+        let max = format!("limit=1000&x=y&after={MAX_SEQ}");
+        for (query, after, limit) in [
+            ("", None, 100),
+            ("after=3400&limit=50", Some(3400), 50),
+            (&max, Some(MAX_SEQ), 1000),
+        ] {
+            assert_eq!(q(query).unwrap(), MailboxQuery { after, limit }, "{query}");
+        }
+        for (query, code) in [
+            ("after=281474976710656", "seq_out_of_range"),
+            ("after=99999999999999999999999", "seq_out_of_range"),
+            ("after=-1", "seq_out_of_range"),
+            ("after=1.5", "bad_request"),
+            ("after=", "bad_request"),
+            ("after", "bad_request"),
+            ("after=+1", "bad_request"),
+            ("after=1&after=2", "bad_request"),
+            ("limit=0", "bad_request"),
+            ("limit=1001", "bad_request"),
+            ("limit=abc", "bad_request"),
+            ("limit=99999999999", "bad_request"),
+            ("limit=1&limit=1", "bad_request"),
+        ] {
+            assert_eq!(q(query).unwrap_err().code(), code, "{query}");
+        }
     }
 
     #[test]

@@ -8,7 +8,9 @@
 //! - [`token`]: HMAC-SHA256 bearer tokens (`v1.<payload>.<mac>`) naming a user and an expiry.
 //! - [`secret`]: the one loader of the token secret (file or environment, at least 32 bytes
 //!   after trimming) used by the server, the CLI and the client helpers.
-//! - [`entry`]: the binary mailbox entry stored as a sorted-set member in the mailbox Redis.
+//! - [`entry`]: the binary mailbox entry stored as a sorted-set member in the mailbox Redis
+//!   (the one decoder, whole or head only).
+//! - [`time`]: unix microseconds as an RFC 3339 UTC timestamp (the one formatter).
 //! - [`close`]: the WebSocket close codes the gateway sends ([`CloseCode`]).
 //! - [`error`]: the crate's [`Error`] and the wire-level [`ErrorCode`]s (stable strings,
 //!   HTTP status, retryable or not).
@@ -27,10 +29,11 @@ pub mod frames;
 pub mod fuzzing;
 pub mod http;
 pub mod secret;
+pub mod time;
 pub mod token;
 
 pub use close::CloseCode;
-pub use entry::{decode_entry, encode_entry, Entry};
+pub use entry::{decode_entry, decode_entry_head, encode_entry, Entry, EntryHead};
 pub use error::{Error, ErrorCode};
 pub use frames::{parse_client_frame, ClientFrame, FrameError, Limits, ServerFrame};
 pub use http::{

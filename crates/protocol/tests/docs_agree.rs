@@ -12,16 +12,28 @@ fn protocol_md() -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// The text of the section `heading` (e.g. `## Error codes`), up to the next `## ` heading.
+fn section<'a>(doc: &'a str, heading: &str) -> &'a str {
+    doc.split(heading)
+        .nth(1)
+        .unwrap_or_else(|| panic!("docs/protocol.md has a `{heading}` section"))
+        .split("\n## ")
+        .next()
+        .unwrap()
+}
+
+/// The trimmed cells of a markdown table row.
+fn cells(row: &str) -> Vec<&str> {
+    row.trim_matches('|').split(" | ").map(str::trim).collect()
+}
+
 #[test]
 fn error_table_matches_error_code() {
     let doc = protocol_md();
-    let table = doc
-        .split("## Error codes")
-        .nth(1)
-        .expect("docs/protocol.md has an `## Error codes` section");
+    let table = section(&doc, "## Error codes");
     let mut rows = HashMap::new();
     for line in table.lines().filter(|l| l.starts_with("| `")) {
-        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        let cells = cells(line);
         assert_eq!(cells.len(), 4, "row: {line}");
         let code = cells[0].trim_matches('`');
         let retryable = match cells[2] {
@@ -68,19 +80,13 @@ fn documented_limits_are_the_defaults() {
 #[test]
 fn close_code_table_matches_close_code() {
     let doc = protocol_md();
-    let table = doc
-        .split("## Close codes")
-        .nth(1)
-        .expect("docs/protocol.md has a `## Close codes` section")
-        .split("\n## ")
-        .next()
-        .unwrap();
+    let table = section(&doc, "## Close codes");
     let mut rows = HashMap::new();
     for line in table
         .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| code"))
     {
-        let cells: Vec<&str> = line.trim_matches('|').split(" | ").map(str::trim).collect();
+        let cells = cells(line);
         let Ok(num) = cells[0].parse::<u16>() else {
             continue; // the separator row
         };

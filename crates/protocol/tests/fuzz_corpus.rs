@@ -8,19 +8,8 @@
 use std::fs;
 use std::path::Path;
 
-use tidemark_protocol::fuzzing::check;
+use tidemark_protocol::fuzzing::check_all_limits;
 use tidemark_protocol::{parse_client_frame, Limits};
-
-fn small_limits() -> Limits {
-    Limits {
-        max_frame_bytes: 512,
-        max_body_bytes: 8,
-        max_recipients: 3,
-        max_id_bytes: 4,
-        max_page_entries: 5,
-        default_page_entries: 2,
-    }
-}
 
 /// The documented refusal of each hostile seed: (code, echoed client id).
 fn expected_refusal(name: &str) -> Option<(&'static str, Option<&'static str>)> {
@@ -62,12 +51,7 @@ fn replay_seed_corpus() {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         let data = fs::read(&path).unwrap();
         files += 1;
-        for l in [&limits, &small_limits()] {
-            if let Err(broken) = check(&data, l) {
-                panic!("{name} (limits {l:?}): {broken}");
-            }
-        }
-        let seen = check(&data, &limits).unwrap();
+        let seen = check_all_limits(&data).unwrap_or_else(|broken| panic!("{name}: {broken}"));
         if seen.frame_accepted {
             accepted += 1;
         } else {

@@ -5,6 +5,7 @@
 
 use proptest::prelude::*;
 use serde_json::{Map, Number, Value};
+use tidemark_protocol::fuzzing::{check_all_limits, limit_sets};
 use tidemark_protocol::{
     parse_ack_request, parse_client_frame, parse_mailbox_query, parse_send_request, ClientFrame,
     ErrorCode, Limits, SendRequest, MAX_SEQ,
@@ -79,28 +80,15 @@ fn frame_like() -> impl Strategy<Value = Value> {
         })
 }
 
-fn small_limits() -> Limits {
-    Limits {
-        max_frame_bytes: 512,
-        max_body_bytes: 8,
-        max_recipients: 3,
-        max_id_bytes: 4,
-        max_page_entries: 5,
-        default_page_entries: 2,
-    }
-}
-
 /// The fuzz target's checks on `bytes`, under both sets of limits.
 fn target_checks(bytes: &[u8]) -> Result<(), TestCaseError> {
-    for limits in [Limits::default(), small_limits()] {
-        tidemark_protocol::fuzzing::check(bytes, &limits).map_err(TestCaseError::fail)?;
-    }
+    check_all_limits(bytes).map_err(TestCaseError::fail)?;
     Ok(())
 }
 
 fn check(text: &str) -> Result<(), TestCaseError> {
     target_checks(text.as_bytes())?;
-    for limits in [Limits::default(), small_limits()] {
+    for limits in limit_sets() {
         match parse_client_frame(text, &limits) {
             Ok(frame) => {
                 let again = parse_client_frame(&frame.to_json(), &Limits::default());

@@ -793,7 +793,7 @@ fn neighbour_of(user: &str) -> String {
 /// The W of `user`'s lane, read from Redis.
 async fn lane_w(d: &Deployment, user: &str) -> u64 {
     let r = route(user);
-    let mut st = tidemark_store::redis::store::Store::connect(
+    let mut st = tidemark_store::redis::store::MailboxStore::connect(
         &d.mailbox_url,
         tidemark_store::redis::watermark::Layout::PackedV2,
     )

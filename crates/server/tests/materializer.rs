@@ -15,8 +15,8 @@ use tidemark_redis_proc::RedisProcess;
 use tidemark_server::health::{HealthBoard, ShardStatus};
 use tidemark_server::materializer::{ChunkFault, MaterializerOptions, Worker};
 use tidemark_store::keys;
-use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::{encode_blob, LaneWatermarks, Layout};
 use tidemark_store::topology::Topology;
 use tokio_util::sync::CancellationToken;
@@ -35,15 +35,15 @@ fn route(user: &str) -> tidemark_store::topology::Route {
 struct Env {
     core: RedisProcess,
     mailbox: RedisProcess,
-    core_store: CoreStore,
-    mb_store: Store,
+    core_store: LogStore,
+    mb_store: MailboxStore,
 }
 
 async fn env() -> Env {
     let core = RedisProcess::start().unwrap();
     let mailbox = RedisProcess::start().unwrap();
-    let core_store = CoreStore::connect(&core.url()).await.unwrap();
-    let mut mb_store = Store::connect(&mailbox.url(), Layout::PackedV2)
+    let core_store = LogStore::connect(&core.url()).await.unwrap();
+    let mut mb_store = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
         .await
         .unwrap();
     for s in 0..SHARDS {

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use gateway_support::{route, Service};
 use tidemark_server::gateway::GatewayOptions;
 use tidemark_server::materializer::{ChunkFault, MaterializerOptions};
-use tidemark_store::redis::dlog::{CoreStore, DEFAULT_DEDUPE_TTL_S};
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 
 /// Panics the first `times` times record `offset` of `shard` is about to be materialised.
@@ -54,11 +54,11 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
         ..Default::default()
     };
     let svc = Service::start(gateway, materializer).await;
-    let mut commits = CoreStore::connect(&svc.core_url).await.unwrap();
-    let mb = Store::connect(&svc.mailbox_url, Layout::PackedV2)
+    let mut commits = LogStore::connect(&svc.core_url).await.unwrap();
+    let mb = MailboxStore::connect(&svc.mailbox_url, Layout::PackedV2)
         .await
         .unwrap();
-    let w = |mut mb: Store| async move {
+    let w = |mut mb: MailboxStore| async move {
         mb.read_watermark(bob.shard)
             .await
             .unwrap()

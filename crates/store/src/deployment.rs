@@ -178,6 +178,13 @@ impl Identity {
     }
 }
 
+/// A connection to the instance at `url` for the functions below (the library's default
+/// multiplexed connection).
+pub async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url)?;
+    Ok(client.get_multiplexed_async_connection().await?)
+}
+
 /// Reads the identity recorded on the instance (None when there is none).
 pub async fn read(conn: &mut impl ConnectionLike) -> Result<Option<Identity>> {
     let m: BTreeMap<String, String> = redis::cmd("HGETALL").arg(KEY).query_async(conn).await?;
@@ -211,26 +218,14 @@ pub async fn record_if_absent(conn: &mut impl ConnectionLike, id: &Identity) -> 
 
 /// Shards that have a `wm:{s}` key on the instance (SCAN; one pass over the keyspace).
 pub async fn watermark_shards(conn: &mut impl ConnectionLike) -> Result<Vec<u32>> {
-    let mut cursor: u64 = 0;
+    let mut scan = crate::scan::KeyScan::new("wm:{*}");
     let mut shards = Vec::new();
-    loop {
-        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg("wm:{*}")
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(conn)
-            .await?;
+    while let Some(batch) = scan.next_batch::<String>(conn).await? {
         shards.extend(batch.iter().filter_map(|k| {
             k.strip_prefix("wm:{")
                 .and_then(|r| r.strip_suffix('}'))
                 .and_then(|n| n.parse::<u32>().ok())
         }));
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
     }
     shards.sort_unstable();
     shards.dedup();

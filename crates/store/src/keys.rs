@@ -11,6 +11,11 @@
 //!   stgidx:{s}       zset  offsets with staging
 //!   owner:{s}        string epoch of the live owner (PX, refreshed every second)
 //!   wake:{s}         pub/sub channel (hint)
+//!
+//! core Redis, coordination (ADR-0030)
+//!   lease:{s}              string  node id owning shard s (PX; on the shard's core instance)
+//!   {tidemark}:nodes       zset    node id -> Redis ms its record expires (instance 0)
+//!   {tidemark}:node:<id>   hash    url, role, beat (PX; instance 0)
 //! ```
 //!
 //! In the dedupe key, `<n>` is the sender's length in bytes, in decimal: the prefix makes the
@@ -88,3 +93,14 @@ pub fn dedupe_legacy(shard: u32, sender: &str, client_id: &str) -> String {
 pub fn wake(shard: u32) -> String {
     format!("wake:{{{shard}}}")
 }
+
+/// `lease:{s}`: the node that owns shard `s` (a PX lease on the shard's core instance).
+pub fn lease(shard: u32) -> String {
+    format!("lease:{{{shard}}}")
+}
+
+/// `{tidemark}:nodes`: the live nodes, scored by when their record expires (core instance 0).
+pub const NODES: &str = "{tidemark}:nodes";
+
+/// Prefix of a node's record: `{tidemark}:node:<id>`.
+pub const NODE_PREFIX: &str = "{tidemark}:node:";

@@ -3,22 +3,33 @@
 //! - [`redis::watermark`]: the packed per-shard watermark of ADR-0015 (codec, validation).
 //! - [`redis::scripts`]: the Lua scripts, embedded with `include_str!`, in their packed-v1 and
 //!   packed-v2 sets.
-//! - [`redis::store`]: one typed wrapper per script, EVALSHA with NOSCRIPT recovery, and the
-//!   only call site of `decode_lane_watermarks`.
+//! - [`redis::store`]: [`MailboxStore`](redis::store::MailboxStore), the mailbox Redis
+//!   (watermarks, materialisation, mailboxes, owner marks): one typed wrapper per script,
+//!   EVALSHA with NOSCRIPT recovery, and the only call site of `decode_lane_watermarks`. One
+//!   file per concern under `redis/store/`; every script reply is decoded in
+//!   `redis/store/reply.rs`.
+//! - [`redis::dlog`]: [`LogStore`](redis::dlog::LogStore), the core Redis (dispatch logs,
+//!   commits, dedupe) and the log reader.
 //! - [`keys`]: key names.
 //! - [`topology`]: the deployment's topology, validated once into a [`topology::ShardMap`]
 //!   whose `route(user)` is the only place a recipient's shard, lane and instances are computed.
 //! - [`deployment`]: the deployment's identity recorded in every instance (shard count,
 //!   instance positions, tables), checked before a process writes anything.
+//! - [`wake`]: wake-up hints on `wake:{s}`, end to end: the payload codec,
+//!   [`wake::publish_wake`] and [`wake::WakeSubscriber`].
+//! - [`error`]: the crate's one error type.
+//! - [`inspect`]: read-only reads of one offset (log, mailboxes, acks, staging) for the
+//!   operator tools, which live in the `tidemark-ops` crate.
 //! - [`redact_url`]: a Redis URL without its password, for output and logs.
 
+pub mod assign;
 pub mod deployment;
 pub mod error;
+pub mod inspect;
 pub mod keys;
-pub mod ops;
 pub mod redis;
+mod scan;
 pub mod topology;
-pub mod trace;
 pub mod wake;
 
 pub use error::Error;

@@ -1,12 +1,37 @@
-//! Wake-up hints on `wake:{s}` (Pub/Sub). A hint is never the data path: it only tells
-//! gateways which mailboxes may have new entries; a reader always re-reads W and the mailbox.
+//! Wake-up hints on `wake:{s}` (Pub/Sub), end to end: the payload codec, the publisher
+//! ([`publish_wake`], used by the materializer after W moves) and the subscriber
+//! ([`WakeSubscriber`], used by the gateway: one per mailbox instance). A hint is never the data
+//! path: it only tells gateways which mailboxes may have new entries; a reader always re-reads
+//! W and the mailbox. Which connections a hint wakes is the gateway's business.
 //!
 //! ```text
 //! payload = <min present W, decimal> '\n' { <len u8 (1..=128)> <recipient id bytes> }*
 //! ```
 //! Length-prefixed ids, so any valid id (even one holding '\n') can be named.
+//!
+//! The subscriber connects with a timeout ([`CONNECT_TIMEOUT`]), subscribes to the pattern
+//! [`PATTERN`], and pings its connection every [`PING_EVERY`] while it waits for hints, so a
+//! silent dead connection ends the subscription ([`PING_TIMEOUT`]) instead of hanging it. A
+//! redis-rs Pub/Sub connection (`Client::get_async_pubsub`) has no response timeout (the 500 ms
+//! default of multiplexed connections does not apply to it), hence the ping's own.
 
+use std::time::Duration;
+
+use futures::StreamExt;
+
+use crate::error::Result;
+use crate::keys;
 use crate::redis::dlog::{decode_recipients, encode_recipients};
+use crate::redis::store::MailboxStore;
+
+/// How long connecting to the mailbox instance for Pub/Sub may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the subscriber pings its connection (a silent dead connection is replaced).
+pub const PING_EVERY: Duration = Duration::from_secs(5);
+/// How long a ping may take before the connection is given up.
+pub const PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// The pattern the subscriber listens on: every shard's `wake:{s}` ([`keys::wake`]).
+pub const PATTERN: &str = "wake:*";
 
 /// Builds a hint payload.
 pub fn encode(min_w: u64, recipients: &[&str]) -> Vec<u8> {
@@ -21,6 +46,117 @@ pub fn decode(payload: &[u8]) -> Option<(u64, Vec<String>)> {
     let nl = payload.iter().position(|&b| b == b'\n')?;
     let w = std::str::from_utf8(&payload[..nl]).ok()?.parse().ok()?;
     Some((w, decode_recipients(&payload[nl + 1..])?))
+}
+
+/// The shard a channel `wake:{s}` names; `None` for any other channel.
+pub fn shard_of_channel(channel: &str) -> Option<u32> {
+    channel
+        .strip_prefix("wake:{")
+        .and_then(|r| r.strip_suffix('}'))
+        .and_then(|n| n.parse().ok())
+}
+
+/// One hint: the shard's lowest present W and the recipients that got entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WakeHint {
+    /// Lowest present W of the shard after the move.
+    pub min_w: u64,
+    /// Recipients that may have new entries.
+    pub recipients: Vec<String>,
+}
+
+impl WakeHint {
+    /// The hint's payload ([`encode`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let names: Vec<&str> = self.recipients.iter().map(String::as_str).collect();
+        encode(self.min_w, &names)
+    }
+
+    /// A payload's hint ([`decode`]); `None` when malformed.
+    pub fn decode(payload: &[u8]) -> Option<WakeHint> {
+        decode(payload).map(|(min_w, recipients)| WakeHint { min_w, recipients })
+    }
+}
+
+/// Publishes `hints` (`(shard, hint)`, each on `wake:{shard}`) on the mailbox instance of
+/// `store`, as one pipeline of PUBLISH (not one round trip per shard).
+pub async fn publish_wake(store: &MailboxStore, hints: &[(u32, WakeHint)]) -> Result<()> {
+    let mut pipe = redis::pipe();
+    for (shard, hint) in hints {
+        pipe.cmd("PUBLISH")
+            .arg(keys::wake(*shard))
+            .arg(hint.encode())
+            .ignore();
+    }
+    pipe.query_async::<()>(&mut store.connection()).await?;
+    Ok(())
+}
+
+/// One message received on [`PATTERN`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WakeMessage {
+    /// The shard its channel names ([`shard_of_channel`]).
+    pub shard: Option<u32>,
+    /// The hint it carries; `None` when the payload is malformed.
+    pub hint: Option<WakeHint>,
+}
+
+/// A live subscription to every shard's hints on one mailbox instance. Ends (an error from
+/// [`WakeSubscriber::next`], or `None`) when the connection does; the caller reconnects.
+pub struct WakeSubscriber {
+    sink: redis::aio::PubSubSink,
+    stream: redis::aio::PubSubStream,
+    ping: tokio::time::Interval,
+}
+
+impl WakeSubscriber {
+    /// Connects to `url` (within [`CONNECT_TIMEOUT`]) and subscribes to [`PATTERN`]. Anything
+    /// published before this returns is not seen.
+    pub async fn connect(url: &str) -> Result<WakeSubscriber> {
+        let client = redis::Client::open(url)?;
+        let pubsub = tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub())
+            .await
+            .map_err(|_| {
+                redis::RedisError::from((redis::ErrorKind::Io, "pub/sub connect timed out"))
+            })??;
+        let (mut sink, stream) = pubsub.split();
+        sink.psubscribe(PATTERN).await?;
+        let mut ping = tokio::time::interval(PING_EVERY);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ping.tick().await;
+        Ok(WakeSubscriber { sink, stream, ping })
+    }
+
+    /// The next message, pinging the connection every [`PING_EVERY`] while none comes.
+    /// `Ok(None)`: the subscription ended; an error: the connection failed or a ping went
+    /// unanswered for [`PING_TIMEOUT`]. Dropping the future loses no received message, but may
+    /// cut a ping short: race it only against the end of the subscription.
+    pub async fn next(&mut self) -> Result<Option<WakeMessage>> {
+        loop {
+            tokio::select! {
+                msg = self.stream.next() => {
+                    let Some(msg) = msg else { return Ok(None) };
+                    return Ok(Some(WakeMessage {
+                        shard: shard_of_channel(msg.get_channel_name()),
+                        hint: WakeHint::decode(msg.get_payload_bytes()),
+                    }));
+                }
+                _ = self.ping.tick() => {
+                    match tokio::time::timeout(PING_TIMEOUT, self.sink.ping::<redis::Value>()).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Err(e.into()),
+                        Err(_) => {
+                            return Err(redis::RedisError::from((
+                                redis::ErrorKind::Io,
+                                "pub/sub ping timed out",
+                            ))
+                            .into())
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

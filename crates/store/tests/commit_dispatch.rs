@@ -1,4 +1,4 @@
-//! The commit side against a real redis-server: `CoreStore::commit` (`commit_dispatch.lua`)
+//! The commit side against a real redis-server: `LogStore::commit` (`commit_dispatch.lua`)
 //! at the end of the u48 offset space, a log record above u48, and the dedupe key (length-
 //! prefixed, unambiguous for any strings; the legacy form still read). The store takes raw
 //! strings: it must not depend on the protocol's validation of ids.
@@ -8,7 +8,7 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use tidemark_store::keys;
-use tidemark_store::redis::dlog::{CoreStore, LogReader};
+use tidemark_store::redis::dlog::{LogReader, LogStore};
 use tidemark_store::redis::watermark::U48_MAX;
 use tidemark_store::Error;
 
@@ -18,14 +18,14 @@ const TTL: u64 = 60;
 
 /// The core store on the test's redis-server.
 struct Core {
-    core: CoreStore,
+    core: LogStore,
 }
 
 type Env = support::Env<Core>;
 
 async fn env() -> Env {
     support::env(|url| async move {
-        let core = CoreStore::connect(&url).await.unwrap();
+        let core = LogStore::connect(&url).await.unwrap();
         Core { core }
     })
     .await

@@ -6,7 +6,7 @@ use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use tidemark_store::keys;
 use tidemark_store::redis::store::{
-    Advance, AdvanceRecord, ChunkWritten, Gc, Materialized, SingleItem, Store,
+    Advance, AdvanceRecord, ChunkWritten, Gc, MailboxStore, Materialized, SingleItem,
 };
 use tidemark_store::redis::watermark::{
     decode_lane_watermarks, encode_packed_v1, encode_packed_v2, CorruptCode, LaneRecord,
@@ -20,16 +20,16 @@ type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 /// The packed-v2 store (new code) and the packed-v1 store (old code) on the test's
 /// redis-server.
 struct Stores {
-    v2: Store,
-    v1: Store,
+    v2: MailboxStore,
+    v1: MailboxStore,
 }
 
 type Env = support::Env<Stores>;
 
 async fn env() -> Env {
     support::env(|url| async move {
-        let v2 = Store::connect(&url, Layout::PackedV2).await.unwrap();
-        let v1 = Store::connect(&url, Layout::PackedV1).await.unwrap();
+        let v2 = MailboxStore::connect(&url, Layout::PackedV2).await.unwrap();
+        let v1 = MailboxStore::connect(&url, Layout::PackedV1).await.unwrap();
         Stores { v2, v1 }
     })
     .await
@@ -129,7 +129,7 @@ fn hot_verdict(v: V, fields: &Fields, old: bool) -> V {
 }
 
 /// Verdicts of every wm_blob-reading script of `store` on the watermark of shard 0.
-async fn lua_verdicts(store: &mut Store, epoch: u64) -> Vec<(&'static str, V)> {
+async fn lua_verdicts(store: &mut MailboxStore, epoch: u64) -> Vec<(&'static str, V)> {
     let mut out = Vec::new();
     let g = store.gc_completed(0, 10).await.unwrap();
     out.push((
@@ -309,7 +309,12 @@ fn vectors() -> Vec<(&'static str, Fields)> {
 
 /// Every wm_blob-reading script of `store` (new code, or `old`) gives `expect` on the vector
 /// `fields` called `name`; the hot path only where it looks at lanes.
-async fn assert_scripts(store: &mut Store, (fields, name): (&Fields, &str), expect: &V, old: bool) {
+async fn assert_scripts(
+    store: &mut MailboxStore,
+    (fields, name): (&Fields, &str),
+    expect: &V,
+    old: bool,
+) {
     let what = if old { "v1" } else { "v2" };
     for (script, got) in lua_verdicts(store, epoch_of(fields)).await {
         let want = if script == "materialize_fresh_single_recipient" {
@@ -683,7 +688,7 @@ async fn old_code_refuses_to_claim_newer_data_without_raising_the_epoch() {
 
 /// Records 1 (to `a`) and 2 (to `to`) through `store`'s hot path in one batch, epoch 1: the
 /// second is applied.
-async fn two_in_a_batch(store: &mut Store, to: &str) {
+async fn two_in_a_batch(store: &mut MailboxStore, to: &str) {
     let items = [item(1, "a"), item(2, to)];
     let r = store.materialize_batch(0, 1, &items).await.unwrap();
     assert_eq!(r[1], Materialized::Applied { offset: 2 });

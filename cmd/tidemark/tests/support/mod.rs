@@ -260,15 +260,15 @@ pub fn aof_always() -> RedisOptions {
 
 /// Shard `shard`'s watermark on the mailbox Redis at `url`.
 pub async fn watermark(url: &str, shard: u32) -> tidemark_store::redis::watermark::ShardWatermark {
-    use tidemark_store::redis::{store::Store, watermark::Layout};
-    let mut st = Store::connect(url, Layout::PackedV2).await.unwrap();
+    use tidemark_store::redis::{store::MailboxStore, watermark::Layout};
+    let mut st = MailboxStore::connect(url, Layout::PackedV2).await.unwrap();
     st.read_watermark(shard).await.unwrap()
 }
 
 /// The mailbox store at `url`, every watermark of shards `0..shards` initialised (packed-v2).
-pub async fn init_watermarks(url: &str, shards: u32) -> tidemark_store::redis::store::Store {
-    use tidemark_store::redis::{store::Store, watermark::Layout};
-    let mut st = Store::connect(url, Layout::PackedV2).await.unwrap();
+pub async fn init_watermarks(url: &str, shards: u32) -> tidemark_store::redis::store::MailboxStore {
+    use tidemark_store::redis::{store::MailboxStore, watermark::Layout};
+    let mut st = MailboxStore::connect(url, Layout::PackedV2).await.unwrap();
     for s in 0..shards {
         st.init_watermark(s, Layout::PackedV2, 1, 0, false)
             .await

@@ -5,7 +5,9 @@
 //! ([`Target::Local`]: its own redis-servers under a new temporary data dir, the gateway and
 //! the materializers in this process) — and returns one [`RunReport`] per layout.
 //! [`markdown_table`] lays them out like the ADR, [`to_json`] gives the machine-readable form,
-//! [`run_ladder`] / [`ladder_table`] repeat it over (mailbox, core, rate) steps.
+//! [`run_ladder`] / [`ladder_table`] repeat it over (mailbox, core, rate) steps;
+//! [`run_load_isolated`] / [`run_ladder_isolated`] run each layout and step in a child
+//! process of its own.
 //!
 //! # Method
 //!
@@ -42,6 +44,7 @@
 
 mod driver;
 mod info;
+mod isolated;
 mod report;
 
 use std::collections::BTreeMap;
@@ -49,6 +52,7 @@ use std::time::Duration;
 
 use tidemark_store::redis::watermark::Layout;
 
+pub use isolated::{run_ladder_isolated, run_load_isolated};
 pub use report::{
     from_json, group_thousands, ladder_table, markdown_table, parse_steps, to_json, InstanceStats,
     LadderStep, Percentiles, PoolPair, RunReport, CURVE_PERCENTILES,
@@ -175,6 +179,9 @@ pub enum Error {
     /// Temporary directory or other I/O.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
+    /// A run in a child process ([`run_load_isolated`]) failed or left no readable report.
+    #[error("{0}")]
+    Child(String),
 }
 
 impl Error {
@@ -187,6 +194,7 @@ impl Error {
             Error::Client { source, .. } => source.code(),
             Error::Redis { .. } => "redis",
             Error::Io(_) => "io",
+            Error::Child(_) => "child",
         }
     }
 }
@@ -200,25 +208,13 @@ impl Error {
 pub async fn run_load(opts: &LoadOptions) -> Result<Vec<RunReport>, Error> {
     validate(opts)?;
     let mut out = Vec::new();
-    match &opts.target {
-        Target::Local {
-            mailbox,
-            core,
-            shards,
-            appendfsync,
-        } => {
-            for &layout in &opts.layouts {
-                let local = driver::Local {
-                    mailbox: *mailbox,
-                    core: *core,
-                    shards: *shards,
-                    appendfsync: appendfsync.clone(),
-                    layout,
-                };
-                out.push(driver::run_local(opts, &local).await?);
+    match local_runs(opts) {
+        Some(locals) => {
+            for local in &locals {
+                out.push(driver::run_local(opts, local).await?);
             }
         }
-        Target::Remote { .. } => {
+        None => {
             if opts.layouts.len() != 1 {
                 return Err(Error::Invalid(
                     "a remote deployment has one layout: give exactly one (it only labels the run)"
@@ -231,11 +227,45 @@ pub async fn run_load(opts: &LoadOptions) -> Result<Vec<RunReport>, Error> {
     Ok(out)
 }
 
+/// One fresh local deployment per layout of `opts`, in order; `None` for a remote target.
+fn local_runs(opts: &LoadOptions) -> Option<Vec<driver::Local>> {
+    let Target::Local {
+        mailbox,
+        core,
+        shards,
+        appendfsync,
+    } = &opts.target
+    else {
+        return None;
+    };
+    Some(
+        opts.layouts
+            .iter()
+            .map(|&layout| driver::Local {
+                mailbox: *mailbox,
+                core: *core,
+                shards: *shards,
+                appendfsync: appendfsync.clone(),
+                layout,
+            })
+            .collect(),
+    )
+}
+
 /// Runs every step (for every layout of `base.layouts`) on a fresh local deployment of
 /// `step.mailbox` + `step.core` instances at `step.rate`; everything else from `base`
 /// (shards and `appendfsync` from its [`Target::Local`]). Same threading rule as
 /// [`run_load`].
 pub async fn run_ladder(base: &LoadOptions, steps: &[LadderStep]) -> Result<Vec<RunReport>, Error> {
+    let mut out = Vec::new();
+    for opts in ladder_options(base, steps)? {
+        out.extend(run_load(&opts).await?);
+    }
+    Ok(out)
+}
+
+/// The options of every step of a ladder: `base` with the step's instance counts and rate.
+fn ladder_options(base: &LoadOptions, steps: &[LadderStep]) -> Result<Vec<LoadOptions>, Error> {
     let Target::Local {
         shards,
         appendfsync,
@@ -249,9 +279,9 @@ pub async fn run_ladder(base: &LoadOptions, steps: &[LadderStep]) -> Result<Vec<
     if steps.is_empty() {
         return Err(Error::Invalid("a ladder needs at least one step".into()));
     }
-    let mut out = Vec::new();
-    for step in steps {
-        let opts = LoadOptions {
+    Ok(steps
+        .iter()
+        .map(|step| LoadOptions {
             rate: step.rate,
             target: Target::Local {
                 mailbox: step.mailbox,
@@ -260,10 +290,8 @@ pub async fn run_ladder(base: &LoadOptions, steps: &[LadderStep]) -> Result<Vec<
                 appendfsync: appendfsync.clone(),
             },
             ..base.clone()
-        };
-        out.extend(run_load(&opts).await?);
-    }
-    Ok(out)
+        })
+        .collect())
 }
 
 fn validate(opts: &LoadOptions) -> Result<(), Error> {

@@ -11,7 +11,7 @@
 //! than the cap either.
 
 use tidemark_protocol::entry::{decode_entry, Entry};
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::topology::Route;
 
 /// One page read after a cursor.
@@ -63,11 +63,11 @@ impl PageSizer {
 pub(crate) struct Mailbox {
     pub user: String,
     pub route: Route,
-    store: Store,
+    store: MailboxStore,
 }
 
 impl Mailbox {
-    pub(crate) fn new(user: String, route: Route, store: Store) -> Mailbox {
+    pub(crate) fn new(user: String, route: Route, store: MailboxStore) -> Mailbox {
         Mailbox { user, route, store }
     }
 

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tidemark_store::redis::dlog::CoreStore;
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::dlog::LogStore;
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::topology::ShardMap;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -25,9 +25,9 @@ pub(crate) struct Shared {
     pub opts: GatewayOptions,
     pub health: Arc<HealthBoard>,
     /// One per core instance (index = instance).
-    cores: Vec<CoreStore>,
+    cores: Vec<LogStore>,
     /// One per mailbox instance (index = instance).
-    mailboxes: Vec<Store>,
+    mailboxes: Vec<MailboxStore>,
     /// Permits = commits that may be in flight (or queued on a connection) gateway-wide.
     pub commits: Arc<Semaphore>,
     /// Per-user connection counts, commit shares and send buckets.
@@ -51,11 +51,11 @@ impl Shared {
         let metrics = crate::telemetry::metrics_handle();
         let mut cores = Vec::with_capacity(map.core_urls().len());
         for url in map.core_urls() {
-            cores.push(CoreStore::connect(url).await?);
+            cores.push(LogStore::connect(url).await?);
         }
         let mut mailboxes = Vec::with_capacity(map.mailbox_urls().len());
         for url in map.mailbox_urls() {
-            mailboxes.push(Store::connect(url, map.layout()).await?);
+            mailboxes.push(MailboxStore::connect(url, map.layout()).await?);
         }
         let permits = opts.max_inflight_commits.clamp(1, Semaphore::MAX_PERMITS);
         let users = Arc::new(Users::new(
@@ -88,7 +88,7 @@ impl Shared {
     }
 
     /// A connection to the core instance of `shard`.
-    pub(crate) fn core(&self, shard: u32) -> CoreStore {
+    pub(crate) fn core(&self, shard: u32) -> LogStore {
         self.cores[self.map.core_of(shard)].clone()
     }
 

@@ -1,26 +1,25 @@
-//! The wake hub: materializers publish `wake:{s}` (the shard's lowest present W and the
-//! recipients that got entries, length-prefixed: `tidemark_store::wake`) on the mailbox Redis
-//! after W moves; one subscriber task per mailbox instance (`PSUBSCRIBE wake:*`) wakes the
-//! connections of the users named.
+//! The gateway's side of wake-up hints: which connections a hint wakes. Materializers
+//! publish `wake:{s}` (the shard's lowest present W and the recipients that got entries,
+//! length-prefixed) on the mailbox Redis after W moves; one subscriber task per mailbox
+//! instance ([`tidemark_store::wake::WakeSubscriber`], which owns the channel, the encoding,
+//! the connection and its pings) hands each hint to the [`WakeHub`], which wakes the
+//! connections of the users named and keeps the shard's hinted lowest W.
 //!
 //! A hint is only a hint: the data path is always the mailbox read (never above the lane's
 //! W), and every connection also re-checks periodically, so a lost hint (a Pub/Sub reconnect)
-//! only delays delivery. Waking uses `Notify::notify_one`, which
-//! stores a permit when the connection is busy reading, so a hint is never lost between
-//! reads.
+//! only delays delivery. Waking uses `Notify::notify_one`, which stores a permit when the
+//! connection is busy reading, so a hint is never lost between reads.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use tidemark_store::wake::{WakeHint, WakeSubscriber};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// How often the subscriber pings its connection (a silent dead connection is replaced).
-const PING_EVERY: Duration = Duration::from_secs(5);
-const PING_TIMEOUT: Duration = Duration::from_secs(3);
+/// Wait before a failed or ended subscription is made again.
 const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 
 /// The registered connections of one user: (registration id, its notifier).
@@ -73,19 +72,26 @@ impl WakeHub {
     }
 
     /// Wakes the connections of every user named in a hint payload. Returns how many.
-    pub(crate) fn wake_payload(&self, shard: Option<u32>, payload: &[u8]) -> usize {
+    #[cfg(test)]
+    fn wake_payload(&self, shard: Option<u32>, payload: &[u8]) -> usize {
+        match WakeHint::decode(payload) {
+            Some(hint) => self.wake(shard, &hint),
+            None => 0,
+        }
+    }
+
+    /// Wakes the connections of every user a hint names (and records its lowest W for
+    /// `shard`). Returns how many.
+    pub(crate) fn wake(&self, shard: Option<u32>, hint: &WakeHint) -> usize {
         // The shard's lowest W bounds what a hinted reader may read without the watermark.
-        let Some((min_w, named)) = tidemark_store::wake::decode(payload) else {
-            return 0;
-        };
         if let Some(shard) = shard {
             let mut h = self.hinted.lock().expect("wake hub lock");
             let e = h.entry(shard).or_insert(0);
-            *e = (*e).max(min_w);
+            *e = (*e).max(hint.min_w);
         }
         let users = self.users.lock().expect("wake hub lock");
         let mut woken = 0;
-        for user in &named {
+        for user in &hint.recipients {
             if let Some(list) = users.get(user.as_str()) {
                 for (_, n) in list {
                     n.notify_one();
@@ -143,44 +149,19 @@ async fn subscribe_once(
     hub: &WakeHub,
     url: &str,
     cancel: &CancellationToken,
-) -> redis::RedisResult<()> {
-    let client = redis::Client::open(url)?;
-    let pubsub = tokio::time::timeout(Duration::from_secs(5), client.get_async_pubsub())
-        .await
-        .map_err(|_| {
-            redis::RedisError::from((redis::ErrorKind::Io, "pub/sub connect timed out"))
-        })??;
-    let (mut sink, mut stream) = pubsub.split();
-    sink.psubscribe("wake:*").await?;
+) -> Result<(), tidemark_store::Error> {
+    let mut sub = WakeSubscriber::connect(url).await?;
     tracing::debug!(url = %tidemark_store::redact_url(url), "wake subscription up");
     // Anything published while we were away is lost: let every connection re-read once.
     hub.wake_all();
-    let mut ping = tokio::time::interval(PING_EVERY);
-    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ping.tick().await;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            msg = stream.next() => {
-                let Some(msg) = msg else { return Ok(()) };
+            msg = sub.next() => {
+                let Some(msg) = msg? else { return Ok(()) };
                 metrics::counter!("tidemark_wake_hints_total").increment(1);
-                let shard = msg
-                    .get_channel_name()
-                    .strip_prefix("wake:{")
-                    .and_then(|r| r.strip_suffix('}'))
-                    .and_then(|n| n.parse().ok());
-                hub.wake_payload(shard, msg.get_payload_bytes());
-            }
-            _ = ping.tick() => {
-                match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => return Err(e),
-                    Err(_) => {
-                        return Err(redis::RedisError::from((
-                            redis::ErrorKind::Io,
-                            "pub/sub ping timed out",
-                        )))
-                    }
+                if let Some(hint) = &msg.hint {
+                    hub.wake(msg.shard, hint);
                 }
             }
         }

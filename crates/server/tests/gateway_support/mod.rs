@@ -18,7 +18,7 @@ use tidemark_server::gateway::{serve, GatewayError, GatewayOptions};
 use tidemark_server::health::HealthBoard;
 use tidemark_server::materializer::{MaterializerOptions, Worker};
 use tidemark_server::run::{self, Running, ServeOptions};
-use tidemark_store::redis::store::Store;
+use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::{Route, Topology};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -83,7 +83,7 @@ pub async fn start_full(
         vec![core_url.clone()],
         vec![mailbox_url.clone()],
     );
-    let mut store = Store::connect(&mailbox_url, Layout::PackedV2)
+    let mut store = MailboxStore::connect(&mailbox_url, Layout::PackedV2)
         .await
         .expect("mailbox store");
     for s in 0..SHARDS {

@@ -15,7 +15,7 @@
 //! ```
 //!
 //! Materializers read the log in order with [`LogReader`] (XREAD BLOCK on a connection of its
-//! own, without response timeout) and trim it with [`CoreStore::trim`] once every lane's W has
+//! own, without response timeout) and trim it with [`LogStore::trim`] once every lane's W has
 //! passed a record.
 
 use std::collections::HashMap;
@@ -103,7 +103,7 @@ pub fn request_digest(recipients: &[&str], body: &str) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
 }
 
-/// What a client id names, as [`CoreStore::claim_message_id`] finds it.
+/// What a client id names, as [`LogStore::claim_message_id`] finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IdClaim {
     /// First use of the id: it now names this message.
@@ -117,8 +117,8 @@ pub enum IdClaim {
 
 /// Connection to one core Redis (commit side).
 #[derive(Clone)]
-pub struct CoreStore {
-    conn: ConnectionManager,
+pub struct LogStore {
+    pub(crate) conn: ConnectionManager,
     url: String,
 }
 
@@ -192,9 +192,9 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
     Ok(out)
 }
 
-impl CoreStore {
+impl LogStore {
     /// Connects to a core Redis and loads the commit script.
-    pub async fn connect(url: &str) -> Result<CoreStore> {
+    pub async fn connect(url: &str) -> Result<LogStore> {
         let client = redis::Client::open(url)?;
         let cfg = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(Duration::from_secs(30)))
@@ -206,7 +206,7 @@ impl CoreStore {
             .arg(&COMMIT_DISPATCH.source)
             .query_async(&mut conn)
             .await?;
-        Ok(CoreStore {
+        Ok(LogStore {
             conn,
             url: url.to_string(),
         })
@@ -233,7 +233,7 @@ impl CoreStore {
     /// before taking an offset, so nothing is written (a duplicate is still answered).
     ///
     /// The request digest is [`request_digest`] of this shard's recipients and the body; a
-    /// gateway committing one message to several shards uses [`CoreStore::commit_request`]
+    /// gateway committing one message to several shards uses [`LogStore::commit_request`]
     /// with the digest of the whole message instead.
     #[allow(clippy::too_many_arguments)]
     pub async fn commit(
@@ -260,7 +260,7 @@ impl CoreStore {
         .await
     }
 
-    /// [`CoreStore::commit`] with the caller's request digest: a resend of the same id whose
+    /// [`LogStore::commit`] with the caller's request digest: a resend of the same id whose
     /// digest differs is refused with [`Error::IdReused`] (nothing written).
     #[allow(clippy::too_many_arguments)]
     pub async fn commit_request(

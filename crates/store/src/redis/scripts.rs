@@ -19,6 +19,7 @@
 //! | fence_epoch.lua (not ADR)               | epoch only    | epoch     |
 //! | commit_dispatch.lua (core Redis)        | —             | —         |
 //! | ack_mailbox.lua (mailbox Redis)         | —             | —         |
+//! | shard_lease.lua, node_heartbeat.lua, node_list.lua (core Redis; [`super::lease`]) | — | — |
 
 use std::sync::LazyLock;
 

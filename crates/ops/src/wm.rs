@@ -1,28 +1,31 @@
-//! Operator commands on watermarks (`tidemark wm …`, `tidemark shard fence`): library code
-//! behind the thin binary, returning values that the binary prints.
+//! `tidemark wm …`: the watermarks (`wm:{s}`) of a mailbox instance. [`init`] creates them,
+//! [`inspect`] and [`verify`] read them (through `read_log_watermarks.lua`, like an owner),
+//! [`downgrade`] rewrites them as packed-v1 (offline, ADR-0015), and [`explain_missing`] says
+//! why one is missing, from the deployment identity the instance records.
 
 use serde_json::json;
-
-use crate::error::Result;
-use crate::redis::store::Store;
-use crate::redis::watermark::{Layout, ShardWatermark, LANES};
+use tidemark_store::error::{Error, Result};
+use tidemark_store::redis::store::MailboxStore;
+use tidemark_store::redis::store::OWNER_MARK_TTL_MS;
+use tidemark_store::redis::watermark::{Layout, ShardWatermark, LANES};
+use tidemark_store::{deployment, redact_url};
 
 /// `tidemark wm init`: fresh watermarks for shards `0..shards`, all lanes present at 0.
 /// An existing watermark is left as it is (counted) unless `force`, which overwrites it
 /// (checked per shard, atomically). Returns (created, already present).
-pub async fn wm_init(
+pub async fn init(
     url: &str,
     shards: u32,
     layout: Layout,
     epoch: u64,
     force: bool,
 ) -> Result<(u32, u32)> {
-    let mut store = Store::connect(url, Layout::PackedV2).await?;
+    let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
     let (mut created, mut present) = (0, 0);
     for s in 0..shards {
         match store.init_watermark(s, layout, epoch, 0, force).await {
             Ok(()) => created += 1,
-            Err(crate::Error::AlreadyExists { .. }) => present += 1,
+            Err(Error::AlreadyExists { .. }) => present += 1,
             Err(e) => return Err(e),
         }
     }
@@ -33,13 +36,12 @@ pub async fn wm_init(
 /// deployment identity the instance records, when it has one).
 pub async fn explain_missing(url: &str, shard: u32) -> String {
     let id = async {
-        let client = redis::Client::open(url).ok()?;
-        let mut conn = client.get_multiplexed_async_connection().await.ok()?;
-        crate::deployment::read(&mut conn).await.ok()
+        let mut conn = deployment::connect(url).await.ok()?;
+        deployment::read(&mut conn).await.ok()
     }
     .await;
     match id {
-        Some(Some(id)) if id.role == crate::deployment::Role::Core => format!(
+        Some(Some(id)) if id.role == deployment::Role::Core => format!(
             "{url} is core instance {} of a {}-shard deployment (dispatch logs); watermarks \
              live on the mailbox instances: pass a mailbox URL",
             id.index, id.shards
@@ -53,7 +55,7 @@ pub async fn explain_missing(url: &str, shard: u32) -> String {
             "{url} is mailbox instance {}, which holds shards {}; shard {shard} lives on \
              another mailbox instance",
             id.index,
-            crate::deployment::format_ranges(&id.holds)
+            deployment::format_ranges(&id.holds)
         ),
         Some(Some(id)) => format!(
             "{url} is mailbox instance {}, which should hold shard {shard}: its watermark was \
@@ -70,8 +72,8 @@ pub async fn explain_missing(url: &str, shard: u32) -> String {
 }
 
 /// `tidemark wm inspect`: the decoded watermark of one shard.
-pub async fn wm_inspect(url: &str, shard: u32) -> Result<ShardWatermark> {
-    let mut store = Store::connect(url, Layout::PackedV2).await?;
+pub async fn inspect(url: &str, shard: u32) -> Result<ShardWatermark> {
+    let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
     store.read_watermark(shard).await
 }
 
@@ -145,35 +147,18 @@ pub struct DowngradeReport {
     pub skipped: Vec<(u32, String)>,
 }
 
-/// How long an owner mark (`owner:{s}`) lives without a refresh.
-pub const OWNER_MARK_TTL_MS: u64 = 5000;
-
-/// The epoch of the live owner of `shard`, if one refreshed its mark within
-/// [`OWNER_MARK_TTL_MS`].
-pub async fn live_owner(store: &Store, shard: u32) -> Result<Option<u64>> {
-    let v: Option<String> = redis::cmd("GET")
-        .arg(crate::keys::owner(shard))
-        .query_async(&mut store.connection())
-        .await?;
-    Ok(v.and_then(|e| e.parse().ok()))
-}
-
 /// `tidemark wm downgrade`: the ADR's offline downgrade of the given shards (19 → 1216 bytes,
 /// layout packed-v1). A shard whose owner is live and holds the current epoch is skipped
 /// (it would write packed-v2 again right after) unless `force_offline`; a fenced owner (its
 /// epoch below the shard's) cannot write and does not count. Stops at the first corrupt or
 /// missing watermark.
-pub async fn wm_downgrade(
-    url: &str,
-    shards: &[u32],
-    force_offline: bool,
-) -> Result<DowngradeReport> {
-    let mut store = Store::connect(url, Layout::PackedV2).await?;
+pub async fn downgrade(url: &str, shards: &[u32], force_offline: bool) -> Result<DowngradeReport> {
+    let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
     let mut report = DowngradeReport::default();
     for &s in shards {
         if !force_offline {
             let wm = store.read_watermark(s).await?;
-            if let Some(e) = live_owner(&store, s).await? {
+            if let Some(e) = store.live_owner(s).await? {
                 if e >= wm.epoch {
                     report.skipped.push((
                         s,
@@ -194,9 +179,8 @@ pub async fn wm_downgrade(
 
 /// Shards that have a `wm:{s}` key on this instance (SCAN), sorted.
 pub async fn discover_shards(url: &str) -> Result<Vec<u32>> {
-    let client = redis::Client::open(url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    crate::deployment::watermark_shards(&mut conn).await
+    let mut conn = deployment::connect(url).await?;
+    deployment::watermark_shards(&mut conn).await
 }
 
 /// One finding of `wm verify`.
@@ -212,18 +196,18 @@ pub struct VerifyFinding {
 
 /// `tidemark wm verify`: every shard of every instance, decoded and checked; returns the
 /// number of shards checked and every finding. An instance that records a deployment identity
-/// (`crate::deployment`) is also checked against it: a core instance is reported as such, and
+/// ([`deployment`]) is also checked against it: a core instance is reported as such, and
 /// a `wm:{s}` that the deployment does not place on this instance is a finding.
-pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
+pub async fn verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
     let mut checked = 0;
     let mut findings = Vec::new();
     for url in urls {
         let shards = discover_shards(url).await?;
-        let mut store = Store::connect(url, Layout::PackedV2).await?;
-        let identity = crate::deployment::read(&mut store.connection()).await?;
+        let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
+        let identity = deployment::read(&mut store.connection()).await?;
         if identity.is_none() && shards.is_empty() {
             findings.push(VerifyFinding {
-                url: crate::redact_url(url),
+                url: redact_url(url),
                 shard: None,
                 problem: "no watermark and no deployment identity here: not a mailbox instance \
                           of a Tidemark deployment (a core instance, or never initialised)"
@@ -232,9 +216,9 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
             continue;
         }
         if let Some(id) = &identity {
-            if id.role == crate::deployment::Role::Core {
+            if id.role == deployment::Role::Core {
                 findings.push(VerifyFinding {
-                    url: crate::redact_url(url),
+                    url: redact_url(url),
                     shard: None,
                     problem: format!(
                         "this is core instance {} of a {}-shard deployment (dispatch logs), not \
@@ -246,14 +230,14 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
             }
             for s in shards.iter().filter(|s| !id.holds.contains(s)) {
                 findings.push(VerifyFinding {
-                    url: crate::redact_url(url),
+                    url: redact_url(url),
                     shard: Some(*s),
                     problem: format!(
                         "wm:{{{s}}} does not belong here: this is mailbox instance {} of a \
                          {}-shard deployment, holding shards {}",
                         id.index,
                         id.shards,
-                        crate::deployment::format_ranges(&id.holds)
+                        deployment::format_ranges(&id.holds)
                     ),
                 });
             }
@@ -265,11 +249,11 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
                 .collect();
             if !missing.is_empty() {
                 findings.push(VerifyFinding {
-                    url: crate::redact_url(url),
+                    url: redact_url(url),
                     shard: None,
                     problem: format!(
                         "no watermark for shards {} that this instance holds",
-                        crate::deployment::format_ranges(&missing)
+                        deployment::format_ranges(&missing)
                     ),
                 });
             }
@@ -279,7 +263,7 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
                 checked += 1;
                 if let Err(problem) = r {
                     findings.push(VerifyFinding {
-                        url: crate::redact_url(url),
+                        url: redact_url(url),
                         shard: Some(*s),
                         problem: problem.to_string(),
                     });
@@ -288,60 +272,4 @@ pub async fn wm_verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
         }
     }
     Ok((checked, findings))
-}
-
-/// What `tidemark shard rebase` found or did.
-#[derive(Debug)]
-pub struct Rebase {
-    /// Lowest present W before.
-    pub min_w: u64,
-    /// The W the lanes below it were (or would be) moved to: the offset before the first
-    /// record the log holds (the head when the log is empty).
-    pub to: u64,
-    /// True when the watermark was written.
-    pub done: bool,
-}
-
-/// `tidemark shard rebase`: after a restore moved the mailbox side's W back behind a trimmed
-/// core log (the owner reports a log discontinuity), moves every lane below the log's start up
-/// to it, giving up the offsets in between (their mailbox entries went with the restore; the
-/// log no longer holds them). Only with `accept_loss`; without it, reports what it would do.
-pub async fn shard_rebase(
-    mailbox_url: &str,
-    core_url: &str,
-    shard: u32,
-    accept_loss: bool,
-) -> Result<Rebase> {
-    let mut store = Store::connect(mailbox_url, Layout::PackedV2).await?;
-    let wm = store.read_watermark(shard).await?;
-    let min_w = wm.lanes.min_present_w().unwrap_or(0);
-    let mut core = crate::redis::dlog::CoreStore::connect(core_url).await?;
-    let to = match core.read_after(shard, 0, 1).await?.first() {
-        Some(first) => first.offset - 1,
-        None => core.head(shard).await?,
-    };
-    if min_w >= to || !accept_loss {
-        return Ok(Rebase {
-            min_w,
-            to,
-            done: false,
-        });
-    }
-    store.rebase_lanes(shard, to).await?;
-    Ok(Rebase {
-        min_w,
-        to,
-        done: true,
-    })
-}
-
-/// `tidemark shard fence`: raises the shard's epoch by one; returns the new epoch.
-pub async fn shard_fence(url: &str, shard: u32) -> Result<u64> {
-    let mut store = Store::connect(url, Layout::PackedV2).await?;
-    store.claim(shard).await
-}
-
-/// Parses a layout argument.
-pub fn parse_layout(s: &str) -> std::result::Result<Layout, String> {
-    s.parse()
 }

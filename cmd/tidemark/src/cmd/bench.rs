@@ -1,0 +1,216 @@
+//! `tidemark bench …`: the Lua micro-benchmark, the open-loop load and its capacity ladder, and
+//! the tables of a saved report. Argument parsing and printing only; the benchmarks, and
+//! running each layout in a child process of its own, are `tidemark_bench`.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use tidemark_bench::load::{self, LoadOptions, Target};
+use tidemark_store::redis::watermark::Layout;
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// Lua micro-benchmark: server-side µs per call of each script, v1 and v2.
+    Lua(LuaArgs),
+    /// Open-loop load: the ADR's measurement table, layouts side by side.
+    Load(LoadArgs),
+    /// Capacity ladder: the load repeated over M+C@R steps.
+    Ladder(LadderArgs),
+    /// The tables (and, with --plot, the figures) of a JSON report that `bench load|ladder
+    /// --json` wrote, without running anything.
+    Report(ReportArgs),
+}
+
+#[derive(Args)]
+pub struct ReportArgs {
+    /// The JSON report (`{"runs":[…]}`).
+    json: std::path::PathBuf,
+    /// Also the ladder table (ρ ≤ 0.65 sizing per step).
+    #[arg(long)]
+    ladder: bool,
+    /// Redraw the PNG and SVG plots into this directory.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+}
+
+#[derive(Args, Clone)]
+pub struct LoadArgs {
+    /// WebSocket clients.
+    #[arg(long, default_value_t = 1000)]
+    clients: usize,
+    /// Aggregate messages per second.
+    #[arg(long, default_value_t = 10000.0)]
+    rate: f64,
+    /// Seconds of load.
+    #[arg(long, default_value_t = 60)]
+    duration: u64,
+    /// Recipients per message.
+    #[arg(long, default_value_t = 1)]
+    fanout: usize,
+    /// RNG seed (same for every layout).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds after the window during which deliveries still count.
+    #[arg(long, default_value_t = 5)]
+    drain_grace: u64,
+    /// Layouts, each run on a fresh deployment.
+    #[arg(long, value_delimiter = ',', default_value = "packed-v2", value_parser = tidemark_ops::parse_layout)]
+    layouts: Vec<Layout>,
+    /// Local deployment: mailbox Redis instances.
+    #[arg(long, default_value_t = 1)]
+    mailbox: usize,
+    /// Local deployment: core Redis instances.
+    #[arg(long, default_value_t = 1)]
+    core: usize,
+    /// Local deployment: shards.
+    #[arg(long, default_value_t = 64)]
+    shards: u32,
+    /// Local deployment: appendfsync.
+    #[arg(long, default_value = "everysec")]
+    appendfsync: String,
+    /// A running deployment's gateway instead (ws://…/v1/ws).
+    #[arg(long)]
+    target: Option<String>,
+    /// With --target: token secret file (else dev auth).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+    /// With --target: mailbox Redis URLs for INFO.
+    #[arg(long, value_delimiter = ',')]
+    mailbox_urls: Vec<String>,
+    /// With --target: core Redis URLs for INFO.
+    #[arg(long, value_delimiter = ',')]
+    core_urls: Vec<String>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Write PNG and SVG plots into this directory.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+    /// Internal: write the raw run reports here instead of printing (one child per layout).
+    #[arg(long, hide = true)]
+    report_out: Option<std::path::PathBuf>,
+}
+
+#[derive(Args)]
+pub struct LadderArgs {
+    /// Steps M+C@R, comma-separated (e.g. 1+1@2000,1+1@5000,2+2@10000).
+    #[arg(long)]
+    steps: String,
+    #[command(flatten)]
+    load: LoadArgs,
+}
+
+/// The load generator's options from the flags (a secret file is read here).
+fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
+    let target = match &a.target {
+        Some(ws_url) => Target::Remote {
+            ws_url: ws_url.clone(),
+            token_secret: match &a.secret_file {
+                Some(p) => Some(
+                    tidemark_protocol::secret::load(
+                        Some(p),
+                        tidemark_protocol::secret::SECRET_ENV_VAR,
+                    )?
+                    .into_bytes(),
+                ),
+                None => None,
+            },
+            mailbox_urls: a.mailbox_urls.clone(),
+            core_urls: a.core_urls.clone(),
+        },
+        None => Target::Local {
+            mailbox: a.mailbox,
+            core: a.core,
+            shards: a.shards,
+            appendfsync: a.appendfsync.clone(),
+        },
+    };
+    Ok(LoadOptions {
+        clients: a.clients,
+        rate: a.rate,
+        duration: std::time::Duration::from_secs(a.duration),
+        fanout: a.fanout,
+        seed: a.seed,
+        drain_grace: std::time::Duration::from_secs(a.drain_grace),
+        target,
+        layouts: a.layouts.clone(),
+        progress: !a.no_progress,
+    })
+}
+
+#[derive(Args)]
+pub struct LuaArgs {
+    /// Redis to use (default: start a private redis-server).
+    #[arg(long)]
+    redis: Option<String>,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Script calls timed per round and variant.
+    #[arg(long, default_value_t = 20000)]
+    calls: usize,
+    /// Rounds (the report keeps the median).
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+}
+
+/// Runs one `tidemark bench` command.
+pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        BenchCmd::Load(a) => {
+            let opts = load_options(&a)?;
+            let runs = if a.target.is_none() && a.layouts.len() > 1 {
+                // each layout in a fresh process of its own (see `run_load_isolated`)
+                load::run_load_isolated(&std::env::current_exe()?, &opts)?
+            } else {
+                load::run_load(&opts).await?
+            };
+            if let Some(path) = &a.report_out {
+                std::fs::write(path, serde_json::to_string(&runs)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            let text = load::render(&runs, false, a.json.as_deref(), a.plot.as_deref())?;
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Ladder(a) => {
+            let steps = load::parse_steps(&a.steps)?;
+            let opts = load_options(&a.load)?;
+            let runs = if a.load.target.is_none() {
+                // every step and layout in a fresh process (see `bench load`)
+                load::run_ladder_isolated(&std::env::current_exe()?, &opts, &steps)?
+            } else {
+                load::run_ladder(&opts, &steps).await?
+            };
+            let text = load::render(&runs, true, a.load.json.as_deref(), a.load.plot.as_deref())?;
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Report(a) => {
+            let text = std::fs::read_to_string(&a.json)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
+            let runs =
+                load::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
+            let text = load::render(&runs, a.ladder, None, a.plot.as_deref())?;
+            print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Lua(a) => {
+            let report = tidemark_bench::lua::run(&tidemark_bench::LuaBenchOptions {
+                redis_url: a.redis,
+                calls_per_round: a.calls,
+                rounds: a.rounds,
+            })
+            .await?;
+            print!("{}", report.to_table());
+            if let Some(path) = a.json {
+                std::fs::write(&path, serde_json::to_string_pretty(&report.to_json())?)?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

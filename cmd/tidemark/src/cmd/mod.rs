@@ -1,0 +1,18 @@
+//! One module per command group (tikv-ctl's `cmd/` layout): each holds its flags (clap
+//! derive), calls one library function per command and prints what it returns. The work
+//! itself is in the library crates.
+//!
+//! - [`serve`]: `up`, `serve` (the service: `tidemark_server::run`).
+//! - [`wm`]: `wm …`, `shard …` (maintenance: `tidemark_ops::{wm, shard}`).
+//! - [`trace`]: `trace` (`tidemark_ops::trace`).
+//! - [`bench`]: `bench …` (`tidemark_bench`).
+//! - [`client`]: `token`, `secret gen`, `send`, `tail` (`tidemark_client`).
+//! - [`exit`]: the exit statuses of every command; [`logs`]: where stderr lines go.
+
+pub mod bench;
+pub mod client;
+pub mod exit;
+pub mod logs;
+pub mod serve;
+pub mod trace;
+pub mod wm;

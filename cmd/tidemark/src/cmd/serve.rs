@@ -1,0 +1,383 @@
+//! `tidemark up` (a local deployment with its own redis-servers) and `tidemark serve` (against
+//! Redis started elsewhere): their flags, including the gateway's listeners and limits shared by
+//! both, the refusals made before anything starts, and the lines printed once it runs. The
+//! service itself is `tidemark_server::run`.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Args;
+use tidemark_server::gateway::{GatewayOptions, TlsConfig};
+use tidemark_server::materializer::{ChunkFault, MaterializerOptions, RandomChunkFault};
+use tidemark_server::run;
+use tidemark_store::redis::watermark::Layout;
+use tidemark_store::topology::Topology;
+use tokio_util::sync::CancellationToken;
+
+use super::exit::refuse;
+use super::logs::notice;
+
+#[derive(Args)]
+pub struct UpArgs {
+    /// Mailbox Redis instances.
+    #[arg(long, default_value_t = 1)]
+    mailbox: usize,
+    /// Core Redis instances.
+    #[arg(long, default_value_t = 1)]
+    core: usize,
+    /// Shards (fixed for a data dir).
+    #[arg(long, default_value_t = 64)]
+    shards: u32,
+    /// Gateway listen address.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    listen: std::net::SocketAddr,
+    /// Data directory (AOF files, deployment file, token secret).
+    #[arg(long, default_value = "./data")]
+    data_dir: std::path::PathBuf,
+    /// Accept `?user=NAME` without a token (development only; loopback --listen only).
+    #[arg(long)]
+    dev_auth: bool,
+    /// Allow --dev-auth on a non-loopback --listen address (anyone who reaches it can act as
+    /// any user).
+    #[arg(long, requires = "dev_auth")]
+    dev_auth_public: bool,
+    /// Watermark layout to write.
+    #[arg(long, default_value = "packed-v2", value_parser = tidemark_ops::parse_layout)]
+    layout: Layout,
+    /// appendfsync of every instance: always (default: nothing acknowledged is lost), everysec.
+    #[arg(long, default_value = "always")]
+    appendfsync: String,
+    #[command(flatten)]
+    listeners: ListenerArgs,
+    #[command(flatten)]
+    limits: GatewayLimitArgs,
+}
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Core Redis URLs.
+    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
+    core: Vec<String>,
+    /// Mailbox Redis URLs.
+    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
+    mailbox: Vec<String>,
+    /// Shards.
+    #[arg(long, required_unless_present = "config")]
+    shards: Option<u32>,
+    /// TOML deployment file (shards, layout, instances, static shard tables).
+    #[arg(long, conflicts_with_all = ["core", "mailbox", "shards"])]
+    config: Option<std::path::PathBuf>,
+    /// Gateway listen address.
+    #[arg(long, default_value = "127.0.0.1:7400")]
+    listen: std::net::SocketAddr,
+    /// Accept `?user=NAME` without a token (development only; loopback --listen only).
+    #[arg(long)]
+    dev_auth: bool,
+    /// Allow --dev-auth on a non-loopback --listen address (anyone who reaches it can act as
+    /// any user).
+    #[arg(long, requires = "dev_auth")]
+    dev_auth_public: bool,
+    /// Watermark layout to write (without --config; with it, the file's `layout` decides).
+    #[arg(long, default_value = "packed-v2", value_parser = tidemark_ops::parse_layout, conflicts_with = "config")]
+    layout: Layout,
+    /// File holding the token secret (else env TIDEMARK_TOKEN_SECRET).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+    /// Own only these shards (comma-separated); default all.
+    #[arg(long, value_delimiter = ',')]
+    own_shards: Option<Vec<u32>>,
+    /// Fault injection for fault runs: fail this percentage of lane chunk writes.
+    #[arg(long, hide = true, default_value_t = 0)]
+    fault_chunk_fail_pct: u8,
+    #[command(flatten)]
+    listeners: ListenerArgs,
+    #[command(flatten)]
+    limits: GatewayLimitArgs,
+}
+
+/// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
+#[derive(Args)]
+struct ListenerArgs {
+    /// Serve wss:// and https:// with this PEM certificate chain (leaf first).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Serve /metrics and /healthz here instead (plain HTTP, no auth: loopback or a private
+    /// network); the --listen address then answers them 404.
+    #[arg(long)]
+    admin_listen: Option<std::net::SocketAddr>,
+}
+
+impl ListenerArgs {
+    /// Loads the certificate and key (if given): a file that cannot be used is refused (exit
+    /// 2) before anything starts.
+    fn tls(&self) -> Result<Option<TlsConfig>, ExitCode> {
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => TlsConfig::from_pem_files(cert, key)
+                .map(Some)
+                .map_err(refuse),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Limits on slow, idle and greedy clients (`serve` and `up`; docs/operations.md, ADR-0025).
+#[derive(Args)]
+struct GatewayLimitArgs {
+    /// Most open client connections (WebSockets included); beyond: HTTP 503 `overloaded`.
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
+    /// A request head (or body) must arrive within this time, e.g. 10s.
+    #[arg(long, default_value = "10s", value_parser = tidemark_client::parse_ttl)]
+    header_read_timeout: std::time::Duration,
+    /// Ping a WebSocket client after this much silence.
+    #[arg(long, default_value = "20s", value_parser = tidemark_client::parse_ttl)]
+    ws_ping_interval: std::time::Duration,
+    /// Close a WebSocket (4002) from which nothing, not even a pong, arrived for this long.
+    #[arg(long, default_value = "60s", value_parser = tidemark_client::parse_ttl)]
+    ws_idle_timeout: std::time::Duration,
+    /// Bytes of outbound frames one WebSocket may have queued (e.g. 65536, 64k, 1m).
+    #[arg(long, default_value = "64k", value_parser = parse_bytes)]
+    max_queued_bytes: usize,
+    /// Close a WebSocket (4003) whose frames waited this long for room; drop an HTTP
+    /// response whose writes made no progress for this long.
+    #[arg(long, default_value = "30s", value_parser = tidemark_client::parse_ttl)]
+    slow_client_grace: std::time::Duration,
+    /// Bytes of mailbox entries in one `GET /v1/mailbox` page (e.g. 1m).
+    #[arg(long, default_value = "1m", value_parser = parse_bytes)]
+    max_page_bytes: usize,
+    /// Most open WebSockets of one user; beyond: HTTP 429 `too_many_connections`.
+    #[arg(long, default_value_t = 16)]
+    max_connections_per_user: usize,
+    /// Most commits in flight for one user (0: an eighth of the gateway's 4096).
+    #[arg(long, default_value_t = 0)]
+    max_inflight_commits_per_user: usize,
+    /// Sends per second one user may make (0: no limit); beyond: `rate_limited`.
+    #[arg(long, default_value_t = 0.0)]
+    send_rate_per_user: f64,
+    /// Sends one user may make at once before the rate applies (0: one second's worth).
+    #[arg(long, default_value_t = 0)]
+    send_burst_per_user: u32,
+}
+
+/// A byte count: a number, optionally followed by k or m (KiB, MiB).
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let lower = s.to_ascii_lowercase();
+    let (num, mul) = match lower.strip_suffix('k') {
+        Some(n) => (n, 1024),
+        None => match lower.strip_suffix('m') {
+            Some(n) => (n, 1024 * 1024),
+            None => (lower.as_str(), 1),
+        },
+    };
+    num.parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("bad byte count {s:?} (e.g. 262144, 256k, 1m)"))
+}
+
+impl GatewayLimitArgs {
+    /// Gateway options with these limits (and defaults for everything else).
+    fn options(&self) -> GatewayOptions {
+        GatewayOptions {
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            ping_interval: self.ws_ping_interval,
+            idle_timeout: self.ws_idle_timeout,
+            max_queued_bytes: self.max_queued_bytes,
+            slow_client_grace: self.slow_client_grace,
+            max_page_bytes: self.max_page_bytes,
+            max_connections_per_user: self.max_connections_per_user,
+            max_inflight_commits_per_user: self.max_inflight_commits_per_user,
+            send_rate_per_user: self.send_rate_per_user,
+            send_burst_per_user: self.send_burst_per_user,
+            ..GatewayOptions::default()
+        }
+    }
+}
+
+/// What `serve` and `up` check first: `--dev-auth` only where it is safe (else refused, or a
+/// warning with `--dev-auth-public`), then the TLS files loaded.
+fn preflight(
+    dev_auth: bool,
+    dev_auth_public: bool,
+    listen: SocketAddr,
+    listeners: &ListenerArgs,
+) -> Result<Option<TlsConfig>, ExitCode> {
+    match run::check_dev_auth(dev_auth, dev_auth_public, listen) {
+        Err(why) => return Err(refuse(why)),
+        Ok(Some(warning)) => eprintln!("{warning}"),
+        Ok(None) => {}
+    }
+    listeners.tls()
+}
+
+/// The gateway's options from the flags `serve` and `up` share.
+fn gateway_options(
+    listeners: &ListenerArgs,
+    limits: &GatewayLimitArgs,
+    dev_auth: bool,
+    token_secret: Option<Vec<u8>>,
+    tls: Option<TlsConfig>,
+) -> GatewayOptions {
+    GatewayOptions {
+        dev_auth,
+        token_secret,
+        tls,
+        admin_listen: listeners.admin_listen,
+        ..limits.options()
+    }
+}
+
+/// Cancelled on Ctrl-C or SIGTERM (after a `stopping...` notice).
+fn shutdown_token() -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        notice("stopping...");
+        c.cancel();
+    });
+    cancel
+}
+
+/// Runs `tidemark up`.
+pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
+    let tls = match preflight(a.dev_auth, a.dev_auth_public, a.listen, &a.listeners) {
+        Ok(t) => t,
+        Err(code) => return Ok(code),
+    };
+    if !tidemark_redis_proc::redis_server_available() {
+        eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
+        return Ok(ExitCode::FAILURE);
+    }
+    // the data dir holds the secrets: private (0700 / 0600), tightened when it was not
+    let tightened = match run::prepare_data_dir(&a.data_dir) {
+        Ok(t) => t,
+        Err(e) => return Ok(refuse(e)),
+    };
+    if !tightened.is_empty() {
+        eprintln!(
+            "note: {} was readable by other users; removed group/other access from {} path(s):",
+            a.data_dir.display(),
+            tightened.len()
+        );
+        for t in tightened.iter().take(8) {
+            eprintln!("  {t}");
+        }
+        if tightened.len() > 8 {
+            eprintln!("  … and {} more", tightened.len() - 8);
+        }
+    }
+    let secret = match run::load_or_create_secret(&a.data_dir) {
+        Ok(s) => s,
+        Err(run::Error::Secret(e)) => return Ok(refuse(e)),
+        Err(e) => return Err(e.into()),
+    };
+    let cancel = shutdown_token();
+    let up = run::up(
+        run::UpOptions {
+            mailbox: a.mailbox,
+            core: a.core,
+            shards: a.shards,
+            layout: a.layout,
+            listen: a.listen,
+            data_dir: a.data_dir.clone(),
+            gateway: gateway_options(
+                &a.listeners,
+                &a.limits,
+                a.dev_auth,
+                Some(secret.into_bytes()),
+                tls,
+            ),
+            materializer: Default::default(),
+            appendfsync: a.appendfsync,
+        },
+        cancel,
+    )
+    .await?;
+    for line in up.endpoint_lines() {
+        println!("{line}");
+    }
+    println!(
+        "token secret in {}; mint a token with: tidemark token --user NAME --secret-file {}",
+        a.data_dir.join("token.secret").display(),
+        a.data_dir.join("token.secret").display()
+    );
+    println!("Ctrl-C stops Tidemark and its redis-servers.");
+    let run::Up {
+        core,
+        mailbox,
+        running,
+        ..
+    } = up;
+    let res = running.wait().await;
+    drop(core);
+    drop(mailbox);
+    res?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `tidemark serve`.
+pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let tls = match preflight(a.dev_auth, a.dev_auth_public, a.listen, &a.listeners) {
+        Ok(t) => t,
+        Err(code) => return Ok(code),
+    };
+    let topology = match &a.config {
+        Some(path) => Topology::from_file(path)?,
+        None => Topology::new(
+            a.shards.expect("clap requires --shards"),
+            a.layout,
+            a.core.clone(),
+            a.mailbox.clone(),
+        ),
+    };
+    let secret = match run::serve_secret(a.secret_file.as_deref(), a.dev_auth) {
+        Ok(s) => s,
+        Err(why) => return Ok(refuse(why)),
+    };
+    let cancel = shutdown_token();
+    let running = run::serve(
+        run::ServeOptions {
+            topology: topology.clone(),
+            listen: a.listen,
+            gateway: gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls),
+            materializer: MaterializerOptions {
+                fault: (a.fault_chunk_fail_pct > 0).then(|| {
+                    Arc::new(RandomChunkFault {
+                        percent: a.fault_chunk_fail_pct,
+                    }) as Arc<dyn ChunkFault>
+                }),
+                ..Default::default()
+            },
+            owned_shards: a.own_shards,
+        },
+        cancel,
+    )
+    .await?;
+    println!("gateway  {}", running.ws_url());
+    if running.admin_addr.is_some() {
+        println!(
+            "admin    {} (GET /metrics, GET /healthz)",
+            running.admin_url()
+        );
+    }
+    for (i, u) in topology.core.iter().enumerate() {
+        println!("core     {i} {}", tidemark_store::redact_url(u));
+    }
+    for (i, u) in topology.mailbox.iter().enumerate() {
+        println!("mailbox  {i} {}", tidemark_store::redact_url(u));
+    }
+    running.wait().await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,113 @@
+//! The handshake: the upgrade request with its credential ([`build_request`]), the
+//! upgrade's failures as [`Error`]s ([`connect_error`]: an HTTP refusal keeps the server's
+//! code), and the wait for the server's `ready` frame ([`wait_ready`]).
+
+use futures::stream::SplitStream;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::handshake::client::Request;
+use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::{self, Message};
+use url::Url;
+
+use super::incoming::{parse_incoming, Incoming};
+use super::{Auth, Ws};
+use crate::error::Error;
+
+/// The upgrade request, and the URL to show in errors (without its query, which may carry a
+/// credential).
+pub(super) fn build_request(ws_url: &str, auth: &Auth) -> Result<(Request, String), Error> {
+    let invalid = |reason: String| Error::InvalidUrl {
+        url: ws_url.to_owned(),
+        reason,
+    };
+    let mut url = Url::parse(ws_url).map_err(|e| invalid(e.to_string()))?;
+    if !matches!(url.scheme(), "ws" | "wss") {
+        return Err(invalid(format!(
+            "scheme must be ws or wss, not {}",
+            url.scheme()
+        )));
+    }
+    let mut shown = url.clone();
+    shown.set_query(None);
+    if let Auth::DevUser(name) = auth {
+        url.query_pairs_mut().append_pair("user", name);
+    }
+    let mut request = url
+        .as_str()
+        .into_client_request()
+        .map_err(|e| invalid(e.to_string()))?;
+    if let Auth::Token(token) = auth {
+        let value = HeaderValue::from_str(&format!("Bearer {token}"))
+            .map_err(|_| invalid("the token contains characters not allowed in a header".into()))?;
+        request.headers_mut().insert(AUTHORIZATION, value);
+    }
+    Ok((request, shown.to_string()))
+}
+
+/// The [`Error`] of a failed upgrade of `url`.
+pub(super) fn connect_error(url: &str, e: tungstenite::Error) -> Error {
+    match e {
+        tungstenite::Error::Http(response) => {
+            let status = response.status().as_u16();
+            let body = response.body().as_deref().unwrap_or_default();
+            let detail = serde_json::from_slice::<Value>(body).ok().and_then(|v| {
+                let err = v.get("error")?;
+                Some((
+                    err.get("code")?.as_str()?.to_owned(),
+                    err.get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default()
+                        .to_owned(),
+                ))
+            });
+            let (code, message) = detail.unwrap_or_else(|| {
+                (
+                    "upgrade_rejected".to_owned(),
+                    String::from_utf8_lossy(body).into_owned(),
+                )
+            });
+            Error::Rejected {
+                status,
+                code,
+                message,
+            }
+        }
+        source => Error::Connect {
+            url: url.to_owned(),
+            source,
+        },
+    }
+}
+
+/// Reads frames until the server's `ready`: its `(user, after)`.
+pub(super) async fn wait_ready(stream: &mut SplitStream<Ws>) -> Result<(String, u64), Error> {
+    loop {
+        let text = match stream.next().await {
+            None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Err(Error::Closed),
+            Some(Ok(Message::Text(text))) => text,
+            Some(Ok(Message::Binary(_))) => {
+                return Err(Error::Protocol("binary frame before ready".into()))
+            }
+            Some(Ok(_)) => continue, // ping / pong
+        };
+        match parse_incoming(text.as_str()) {
+            Ok(Incoming::Ready { user, after }) => return Ok((user, after)),
+            Ok(Incoming::Error(e)) => {
+                return Err(Error::Server {
+                    code: e.code,
+                    message: e.message,
+                })
+            }
+            Ok(Incoming::Unknown) => continue,
+            Ok(other) => {
+                return Err(Error::Protocol(format!(
+                    "first frame was not ready: {other:?}"
+                )))
+            }
+            Err(e) => return Err(Error::Protocol(e)),
+        }
+    }
+}

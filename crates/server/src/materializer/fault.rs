@@ -1,0 +1,31 @@
+//! Fault injection for tests and fault runs: a hook the chunked path asks before each lane
+//! chunk write, and a hash-based one for `serve --fault-chunk-fail-pct`.
+
+/// Fault injection for tests and fault runs.
+pub trait ChunkFault: Send + Sync {
+    /// True: skip this lane chunk write, as if it had failed; `attempt` counts from 0 per
+    /// (record, lane).
+    fn fail(&self, shard: u32, offset: u64, lane: usize, attempt: u32) -> bool;
+
+    /// True: panic just before record `offset` of `shard` is routed (tests of supervision).
+    fn panic_before(&self, _shard: u32, _offset: u64) -> bool {
+        false
+    }
+}
+
+/// Fails a given percentage of lane chunk writes, decided by a hash of (shard, offset, lane,
+/// attempt), so every chunk eventually lands. For fault runs (`serve --fault-chunk-fail-pct`).
+#[derive(Debug, Clone, Copy)]
+pub struct RandomChunkFault {
+    /// 0..=100; 100 is capped at 90 so that retries can succeed.
+    pub percent: u8,
+}
+
+impl ChunkFault for RandomChunkFault {
+    fn fail(&self, shard: u32, offset: u64, lane: usize, attempt: u32) -> bool {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        std::hash::Hash::hash(&(shard, offset, lane, attempt), &mut h);
+        let roll = std::hash::Hasher::finish(&h) % 100;
+        roll < u64::from(self.percent.min(90))
+    }
+}

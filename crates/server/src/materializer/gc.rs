@@ -1,0 +1,141 @@
+//! After each step: one wake hint per shard that moved (pipelined per mailbox instance), and
+//! once a second per shard `gc_completed_dispatch`, the log trimmed to the lowest W, the
+//! head checked against W and the log checked to continue from W.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use tidemark_store::redis::store::Gc;
+use tidemark_store::redis::watermark::U48_MAX;
+use tidemark_store::wake::{publish_wake, WakeHint};
+
+use super::worker::Worker;
+use super::{Error, GC_SHARDS_PER_LOOP};
+use crate::health::ShardStatus;
+
+impl Worker {
+    pub(super) async fn publish_and_gc(&mut self) -> Result<(), Error> {
+        let now = Instant::now();
+        // one pipeline of PUBLISH per mailbox instance, not one round trip per shard
+        let mut pubs: BTreeMap<usize, Vec<(u32, WakeHint)>> = BTreeMap::new();
+        let mut gc_due = Vec::new();
+        for sh in self.owned.values_mut() {
+            // a shard stopped in this step may still have moved before: hint it
+            if sh.moved {
+                sh.moved = false;
+                let touched = std::mem::take(&mut sh.touched);
+                pubs.entry(sh.mb).or_default().push((
+                    sh.shard,
+                    WakeHint {
+                        min_w: sh.min_w,
+                        recipients: touched.into_iter().collect(),
+                    },
+                ));
+                let min_w = sh.min_w;
+                self.health.update(sh.shard, |h| {
+                    h.min_w = min_w;
+                    h.last_progress = now;
+                });
+            }
+            // stopped shards too: their head and lag stay live (messages still wait there)
+            if now.duration_since(sh.last_gc) >= self.opts.gc_interval {
+                gc_due.push((sh.last_gc, sh.shard));
+            }
+        }
+        // a few shards per loop (oldest first), so GC round trips never stall a batch
+        gc_due.sort_unstable();
+        gc_due.truncate(GC_SHARDS_PER_LOOP);
+        let gc_due: Vec<u32> = gc_due.into_iter().map(|(_, s)| s).collect();
+        for s in &gc_due {
+            if let Some(sh) = self.owned.get_mut(s) {
+                sh.last_gc = now;
+            }
+        }
+        for (mb, hints) in pubs {
+            // a lost hint is caught by the gateways' periodic re-check
+            let _ = publish_wake(&self.mailboxes[mb], &hints).await;
+        }
+        for s in gc_due {
+            // GC only frees space: a failure is retried at the next interval, nothing else
+            if let Err(e) = self.gc_shard(s).await {
+                tracing::warn!(shard = s, error = %e, "gc failed; retried later");
+                metrics::counter!("tidemark_errors_total", "code" => "gc").increment(1);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn gc_shard(&mut self, s: u32) -> Result<(), Error> {
+        let mb = self.owned[&s].mb;
+        if self.owned[&s].stopped {
+            // no GC for a stopped shard (fenced, corrupt): only its head and lag
+            let head = self.core.head(s).await?;
+            self.health.update(s, |h| {
+                h.head = head;
+                h.log_exhausted = head >= U48_MAX;
+            });
+            return Ok(());
+        }
+        match self.mailboxes[mb].gc_completed(s, 1000).await? {
+            Gc::Done { min_w, .. } => {
+                let min_w = min_w.unwrap_or(0);
+                if min_w > 0 {
+                    self.core.trim(s, min_w).await?;
+                }
+                let mut head = self.core.head(s).await?;
+                if head < min_w {
+                    // the core instance lost commits the mailbox side already holds (restored
+                    // to an earlier point, or an AOF that lost writes): the next commit would
+                    // get an offset at or below W and be taken for a replay. Raise the head.
+                    let max_w = self.mailboxes[mb]
+                        .read_watermark(s)
+                        .await?
+                        .lanes
+                        .max_present_w()
+                        .unwrap_or(min_w);
+                    if let Some(old) = self.core.raise_head(s, max_w).await? {
+                        tracing::error!(
+                            shard = s,
+                            head = old,
+                            w = max_w,
+                            "core log head below W (core restored to an earlier point?); \
+                             head raised to W so new commits follow it"
+                        );
+                        metrics::counter!("tidemark_head_raised_total").increment(1);
+                        head = max_w;
+                    }
+                }
+                let sh = self.shard_mut(s);
+                let idle = sh.pending.is_empty() && head <= min_w;
+                if idle && sh.held.is_some() {
+                    // caught up with the head (a rebase moved W to it): nothing is held
+                    self.clear_held(s);
+                }
+                let sh = self.shard_mut(s);
+                if head > min_w && sh.pending.is_empty() && sh.retry.is_none() {
+                    // behind the head with nothing in flight: the log must hold W + 1
+                    let next = self.core.read_after(s, min_w, 1).await?;
+                    let next = next.first().map(|r| r.offset);
+                    if next != Some(min_w + 1) {
+                        self.hold_discontinuity(s, min_w, next);
+                    }
+                }
+                self.health.update(s, |h| {
+                    h.head = head;
+                    h.min_w = min_w;
+                    h.log_exhausted = head >= U48_MAX;
+                    if idle {
+                        h.last_progress = Instant::now();
+                    }
+                });
+            }
+            Gc::Corrupt(v) => {
+                self.stop(
+                    s,
+                    ShardStatus::Corrupt(format!("{} lane {:?}", v.code, v.lane)),
+                );
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,163 @@
+//! Routing a read batch (hot items per mailbox instance, the rest to the chunked path) and
+//! the hot path: one-recipient records on a uniform watermark, pipelined across shards.
+
+use std::collections::BTreeMap;
+
+use tidemark_protocol::entry::encode_entry;
+use tidemark_store::redis::dlog::DispatchRecord;
+use tidemark_store::redis::store::{Materialized, SingleItem};
+
+use super::chunked::Pending;
+use super::worker::Worker;
+use super::Error;
+use crate::health::ShardStatus;
+
+pub(super) fn single_item(rec: &DispatchRecord) -> SingleItem {
+    SingleItem {
+        offset: rec.offset,
+        prev: rec.prev,
+        recipient: rec.recipients[0].clone(),
+        entry: encode_entry(rec.offset, rec.sent_at_us, &rec.sender, &rec.body),
+    }
+}
+
+impl Worker {
+    pub(super) async fn step(
+        &mut self,
+        batches: Vec<(u32, Vec<DispatchRecord>)>,
+    ) -> Result<(), Error> {
+        // Route records: hot items per mailbox instance, the rest to pending.
+        let mut holes = Vec::new();
+        let mut hot: BTreeMap<usize, Vec<(u32, u64, Vec<SingleItem>)>> = BTreeMap::new();
+        // each hot item's record, in the same order: a record the script sends back
+        // (NotUniform) goes to the chunked path as it was read, never decoded back
+        let mut hot_recs: BTreeMap<usize, Vec<Vec<DispatchRecord>>> = BTreeMap::new();
+        for (s, recs) in batches {
+            let map = &self.map;
+            let Some(sh) = self.owned.get_mut(&s) else {
+                continue;
+            };
+            if sh.stopped {
+                continue;
+            }
+            let mut items = Vec::new();
+            let mut recs_of_items = Vec::new();
+            let mut hole = None;
+            for rec in recs {
+                if rec.offset <= sh.read_pos {
+                    continue; // already read (a re-read after resync overlaps)
+                }
+                if let Some(f) = &self.opts.fault {
+                    if f.panic_before(s, rec.offset) {
+                        panic!(
+                            "injected fault: panic before shard {s} offset {}",
+                            rec.offset
+                        );
+                    }
+                }
+                if rec.prev != sh.read_pos {
+                    // a hole in the log (trimmed above W, or W moved back by a restore)
+                    hole = Some((sh.read_pos, rec.offset));
+                    break;
+                }
+                sh.read_pos = rec.offset;
+                if sh.pending.is_empty() && sh.uniform && rec.recipients.len() == 1 {
+                    items.push(single_item(&rec));
+                    recs_of_items.push(rec);
+                } else {
+                    sh.pending.push_back(Pending::new(rec, map));
+                }
+            }
+            if !items.is_empty() {
+                hot.entry(sh.mb).or_default().push((s, sh.epoch, items));
+                hot_recs.entry(sh.mb).or_default().push(recs_of_items);
+            }
+            if let Some((w, next)) = hole {
+                // records before the hole still go through; the shard then waits
+                holes.push((s, w, Some(next)));
+            }
+        }
+        for (s, w, next) in holes {
+            self.hold_discontinuity(s, w, next);
+        }
+        for (mb, batches) in hot {
+            let outcomes = self.mailboxes[mb].materialize_batches(&batches).await?;
+            let recs = hot_recs.remove(&mb).unwrap_or_default();
+            for (((s, _, items), recs), outs) in batches.into_iter().zip(recs).zip(outcomes) {
+                self.handle_hot(s, items, recs, outs).await?;
+            }
+        }
+        let with_pending: Vec<u32> = self
+            .owned
+            .values()
+            .filter(|sh| !sh.stopped && !sh.pending.is_empty())
+            .map(|sh| sh.shard)
+            .collect();
+        for s in with_pending {
+            self.process_pending(s).await?;
+        }
+        self.publish_and_gc().await
+    }
+
+    pub(super) async fn handle_hot(
+        &mut self,
+        s: u32,
+        items: Vec<SingleItem>,
+        mut recs: Vec<DispatchRecord>,
+        outs: Vec<Materialized>,
+    ) -> Result<(), Error> {
+        let mut applied = 0u64;
+        for (i, out) in outs.into_iter().enumerate() {
+            match out {
+                Materialized::Applied { .. } | Materialized::Replay { .. } => {
+                    let sh = self.shard_mut(s);
+                    sh.touched.insert(items[i].recipient.clone());
+                    sh.moved = true;
+                    sh.min_w = sh.min_w.max(items[i].offset);
+                    applied += 1;
+                }
+                Materialized::NotUniform => {
+                    // The rest goes to the chunked path, in order, ahead of later pending,
+                    // each as the record it was read as.
+                    let moved: Vec<Pending> = recs
+                        .drain(i..)
+                        .map(|rec| Pending::new(rec, &self.map))
+                        .collect();
+                    let sh = self.shard_mut(s);
+                    sh.uniform = false;
+                    for p in moved.into_iter().rev() {
+                        sh.pending.push_front(p);
+                    }
+                    break;
+                }
+                Materialized::Gap { w } => {
+                    tracing::warn!(
+                        shard = s,
+                        w,
+                        offset = items[i].offset,
+                        "gap: re-reading from W"
+                    );
+                    metrics::counter!("tidemark_gaps_total").increment(1);
+                    self.resync(s).await?;
+                    break;
+                }
+                Materialized::Fenced { current_epoch } => {
+                    self.stop(s, ShardStatus::Fenced { current_epoch });
+                    break;
+                }
+                Materialized::Corrupt(v) => {
+                    self.stop(
+                        s,
+                        ShardStatus::Corrupt(format!("{} lane {:?}", v.code, v.lane)),
+                    );
+                    break;
+                }
+            }
+        }
+        metrics::counter!("tidemark_materialized_total", "path" => "hot").increment(applied);
+        if applied > 0 {
+            self.clear_held(s);
+        }
+        Ok(())
+    }
+}

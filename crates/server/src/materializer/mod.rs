@@ -1,0 +1,106 @@
+//! Materializers: the single owner of each shard copies its dispatch log, in log order and
+//! exactly once, into the recipients' mailboxes and moves the shard's contiguous watermark.
+//!
+//! One [`Worker`] runs per core Redis instance and owns the shards of that instance that this
+//! process owns (static assignment). On start it claims each shard (raises `wm_epoch`, which
+//! fences any older owner) and resumes from the lowest present W. Then it loops:
+//!
+//! 1. `XREAD BLOCK` over all its shards' logs (a connection of its own, no response timeout);
+//! 2. the steady state — a one-recipient record on a uniform watermark — goes through
+//!    `materialize_fresh_single_recipient` (hot path), pipelined across all shards of a
+//!    mailbox instance, each shard's records in log order (each command CASes on W, so a
+//!    failure cannot be overtaken);
+//! 3. every other record (many recipients, or a diverged watermark) is *pending*: its lane
+//!    chunks are written with `write_lane_chunk` (idempotent) and `advance_log_watermarks`
+//!    moves each lane whose chunk is durable and whose CAS holds. A failed chunk holds its lane
+//!    back (the blob diverges to 1216 bytes) and is retried until it lands; then the lanes meet
+//!    and the blob is written back as 19 bytes, and the hot path resumes;
+//! 4. a wake-up hint is published per shard that moved (`wake:{s}`, a hint only);
+//! 5. once a second per shard: `gc_completed_dispatch` and the core log trimmed to the lowest W.
+//!
+//! Replays are no-ops, a gap makes the owner re-read from W, a fenced or corrupt shard is
+//! stopped (fail closed) and reported unhealthy.
+//!
+//! **Failures retry by themselves.** Any Redis failure while materialising (connection refused,
+//! timeout, `NOAUTH`, `LOADING`, `BUSY`, `READONLY`, …) puts the shards of the step in
+//! *retry*: their in-memory records are dropped and, after a capped backoff ([`RETRY_MIN`]
+//! doubling to [`RETRY_MAX`]), each re-reads its watermark and resumes reading the log from
+//! its lowest W. This repeats until it succeeds, with or without new traffic (a shard never
+//! waits for an unrelated send to notice a gap). A lost log connection (XREAD) is replaced
+//! with the same backoff. `/healthz` names every shard in retry.
+//!
+//! A panic is not handled here: [`crate::run`] supervises each worker, logs and counts the
+//! panic and starts the worker again (it re-claims its shards: replays are no-ops).
+//!
+//! Files: [`worker`] (the loop, log reads, claims, owner marks), [`hot`] (routing a read
+//! batch; the pipelined hot path), [`chunked`] (pending records: lane chunks, then advance),
+//! [`shard`] (per-shard state: retry, holds, stop), [`gc`] (wake hints, GC, trimming),
+//! [`fault`] (fault injection).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+mod chunked;
+mod fault;
+mod gc;
+mod hot;
+mod shard;
+mod worker;
+
+pub use fault::{ChunkFault, RandomChunkFault};
+pub use worker::Worker;
+
+/// Most shards garbage-collected in one loop iteration.
+const GC_SHARDS_PER_LOOP: usize = 4;
+
+/// First retry delay of a shard whose writes or reads failed.
+pub const RETRY_MIN: Duration = Duration::from_millis(50);
+/// Longest retry delay (the backoff doubles up to this).
+pub const RETRY_MAX: Duration = Duration::from_secs(1);
+/// Longest wait for an XREAD beyond its BLOCK time before the connection is presumed dead.
+const READ_GRACE: Duration = Duration::from_secs(10);
+/// How often a shard held by a log discontinuity re-checks the log.
+const DISCONTINUITY_RECHECK: Duration = Duration::from_secs(5);
+/// A hold or retry that lasts is logged again this often (else once per state change).
+const LOG_REMINDER: Duration = Duration::from_secs(60);
+
+/// Tuning of a materializer.
+#[derive(Clone)]
+pub struct MaterializerOptions {
+    /// Most records read per XREAD.
+    pub batch: usize,
+    /// XREAD BLOCK time when idle.
+    pub block: Duration,
+    /// How often each shard is garbage-collected (staging state, core log).
+    pub gc_interval: Duration,
+    /// Fault injection for chunk writes.
+    pub fault: Option<Arc<dyn ChunkFault>>,
+}
+
+impl Default for MaterializerOptions {
+    fn default() -> Self {
+        MaterializerOptions {
+            batch: 512,
+            block: Duration::from_millis(500),
+            gc_interval: Duration::from_secs(1),
+            fault: None,
+        }
+    }
+}
+
+/// Errors that stop a whole worker.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Storage failure.
+    #[error(transparent)]
+    Store(#[from] tidemark_store::Error),
+}
+
+impl Error {
+    /// Stable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Store(e) => e.code(),
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Per-shard state of a worker ([`OwnedShard`]) and its transitions: stop (fenced, corrupt),
+//! retry after a failure (capped backoff), and holds (an empty lane, a log discontinuity).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use super::chunked::Pending;
+use super::worker::Worker;
+use super::{DISCONTINUITY_RECHECK, LOG_REMINDER, RETRY_MAX, RETRY_MIN};
+use crate::health::ShardStatus;
+
+pub(super) struct OwnedShard {
+    pub(super) shard: u32,
+    pub(super) mb: usize,
+    pub(super) epoch: u64,
+    /// Highest offset read from the log (materialised or pending).
+    pub(super) read_pos: u64,
+    pub(super) uniform: bool,
+    pub(super) pending: VecDeque<Pending>,
+    pub(super) stopped: bool,
+    /// Set while the shard waits to retry after a failure: it reads nothing until then.
+    pub(super) retry: Option<Retry>,
+    /// Why the shard is held (an empty lane, a log discontinuity), reported in health and
+    /// re-checked periodically; cleared when W moves again.
+    pub(super) held: Option<ShardStatus>,
+    /// When the current hold or retry was last logged (one line per state change, then a
+    /// reminder every [`LOG_REMINDER`]).
+    pub(super) last_logged: Option<Instant>,
+    pub(super) touched: BTreeSet<String>,
+    pub(super) moved: bool,
+    pub(super) min_w: u64,
+    pub(super) last_gc: Instant,
+}
+
+impl OwnedShard {
+    /// A shard this worker does not run (its watermark was corrupt at start).
+    pub(super) fn stopped(shard: u32, mb: usize) -> OwnedShard {
+        OwnedShard {
+            shard,
+            mb,
+            epoch: 0,
+            read_pos: 0,
+            uniform: false,
+            pending: VecDeque::new(),
+            stopped: true,
+            retry: None,
+            held: None,
+            last_logged: None,
+            touched: BTreeSet::new(),
+            moved: false,
+            min_w: 0,
+            last_gc: Instant::now(),
+        }
+    }
+}
+
+/// A shard's retry after a failure.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Retry {
+    /// When the next attempt is due.
+    pub(super) due: Instant,
+    /// The delay that led to `due` (doubles on each failure, up to [`RETRY_MAX`]).
+    pub(super) backoff: Duration,
+    /// A failure (reported as `retrying` in health) rather than a periodic re-check.
+    pub(super) failure: bool,
+}
+
+impl Worker {
+    /// The state of shard `s`, which this worker owns (every caller got `s` from the worker's
+    /// own shards).
+    pub(super) fn shard_mut(&mut self, s: u32) -> &mut OwnedShard {
+        self.owned.get_mut(&s).expect("a shard this worker owns")
+    }
+
+    pub(super) fn stop(&mut self, shard: u32, status: ShardStatus) {
+        if let Some(sh) = self.owned.get_mut(&shard) {
+            sh.stopped = true;
+            sh.retry = None;
+            sh.pending.clear();
+        }
+        tracing::error!(shard, ?status, "shard stopped");
+        match &status {
+            ShardStatus::Fenced { .. } => {
+                metrics::counter!("tidemark_shard_fenced_total").increment(1)
+            }
+            ShardStatus::Corrupt(_) => {
+                metrics::counter!("tidemark_shard_corrupt_total").increment(1)
+            }
+            _ => {}
+        }
+        self.health.update(shard, |h| {
+            h.status = status;
+            h.retrying = None;
+        });
+    }
+
+    /// Puts `shard` in retry after `why`: its records in memory are dropped and, after the
+    /// backoff, it re-reads its watermark and resumes from its lowest W.
+    pub(super) fn schedule_retry(&mut self, shard: u32, why: &str) {
+        let Some(sh) = self.owned.get_mut(&shard) else {
+            return;
+        };
+        if sh.stopped {
+            return;
+        }
+        let backoff = sh
+            .retry
+            .map_or(RETRY_MIN, |r| (r.backoff * 2).min(RETRY_MAX));
+        sh.retry = Some(Retry {
+            due: Instant::now() + backoff,
+            backoff,
+            failure: true,
+        });
+        sh.pending.clear();
+        self.health.set_retrying(shard, why);
+    }
+
+    /// Runs the resync of every shard whose retry is due; a failed resync backs off further.
+    pub(super) async fn retry_due(&mut self) {
+        let now = Instant::now();
+        let due: Vec<u32> = self
+            .owned
+            .values()
+            .filter(|sh| !sh.stopped && sh.retry.is_some_and(|r| r.due <= now))
+            .map(|sh| sh.shard)
+            .collect();
+        for s in due {
+            match self.resync(s).await {
+                Ok(()) => {
+                    let sh = self.shard_mut(s);
+                    if sh.stopped {
+                        continue;
+                    }
+                    if !sh.retry.take().is_some_and(|r| r.failure) {
+                        continue;
+                    }
+                    tracing::info!(shard = s, w = sh.min_w, "shard resumed after a failure");
+                    metrics::counter!("tidemark_shard_recoveries_total").increment(1);
+                    self.health.update(s, |h| {
+                        h.retrying = None;
+                        h.last_progress = Instant::now();
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(shard = s, error = %e, "resync failed; retrying");
+                    self.schedule_retry(s, &e.to_string());
+                }
+            }
+        }
+    }
+
+    /// Earliest retry due among shards in retry.
+    pub(super) fn next_retry(&self) -> Option<Instant> {
+        self.owned
+            .values()
+            .filter(|sh| !sh.stopped)
+            .filter_map(|sh| sh.retry.map(|r| r.due))
+            .min()
+    }
+
+    /// Holds shard `s` for `why` (an empty lane, a log discontinuity): its records in memory
+    /// are dropped and it re-reads from W after `recheck`, until W moves again. Logged and
+    /// counted once per change of reason, with a reminder every [`LOG_REMINDER`].
+    pub(super) fn hold(&mut self, s: u32, why: ShardStatus, recheck: Duration) {
+        let Some(sh) = self.owned.get_mut(&s) else {
+            return;
+        };
+        let changed = sh.held.as_ref() != Some(&why);
+        let remind = sh.last_logged.is_none_or(|t| t.elapsed() >= LOG_REMINDER);
+        if changed {
+            match &why {
+                ShardStatus::LaneEmpty { lane, offset } => {
+                    tracing::error!(shard = s, lane, offset, "record needs an empty lane; held");
+                    metrics::counter!("tidemark_lane_empty_holds_total").increment(1);
+                }
+                ShardStatus::Discontinuity { w, next } => {
+                    tracing::error!(shard = s, w, ?next, "log discontinuity; shard held");
+                    metrics::counter!("tidemark_log_discontinuities_total").increment(1);
+                }
+                _ => {}
+            }
+            sh.last_logged = Some(Instant::now());
+        } else if remind {
+            tracing::warn!(shard = s, status = ?why, "shard still held");
+            sh.last_logged = Some(Instant::now());
+        }
+        sh.held = Some(why.clone());
+        sh.retry = Some(Retry {
+            due: Instant::now() + recheck,
+            backoff: recheck,
+            failure: false,
+        });
+        sh.pending.clear();
+        let min_w = sh.min_w;
+        self.health.update(s, |h| {
+            h.status = why;
+            h.min_w = min_w;
+        });
+    }
+
+    /// The log holds no record `w + 1` (its next record is `next`).
+    pub(super) fn hold_discontinuity(&mut self, s: u32, w: u64, next: Option<u64>) {
+        self.hold(
+            s,
+            ShardStatus::Discontinuity { w, next },
+            DISCONTINUITY_RECHECK,
+        );
+    }
+
+    /// A held shard's W moved again (the lane was initialised, the log continues): running.
+    pub(super) fn clear_held(&mut self, s: u32) {
+        if let Some(sh) = self.owned.get_mut(&s) {
+            if sh.held.take().is_some() {
+                sh.last_logged = None;
+                tracing::info!(shard = s, "held shard moves again; running");
+                self.health.update(s, |h| h.status = ShardStatus::Running);
+            }
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! The worker: one per core instance, owning this process's shards of it. Claims them,
+//! reads their logs with `XREAD BLOCK`, hands each batch to the hot and chunked paths, keeps
+//! the owner marks, and replaces a failed log connection.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tidemark_store::redis::dlog::{LogReader, LogStore};
+use tidemark_store::redis::store::MailboxStore;
+use tidemark_store::redis::watermark::Layout;
+use tidemark_store::topology::ShardMap;
+use tokio_util::sync::CancellationToken;
+
+use super::shard::OwnedShard;
+use super::{Error, MaterializerOptions, READ_GRACE, RETRY_MAX, RETRY_MIN};
+use crate::health::{HealthBoard, ShardStatus};
+
+/// One materializer worker: the owned shards of one core instance.
+pub struct Worker {
+    /// Routing (a record's recipients → lanes) and the shard → mailbox instance table.
+    pub(super) map: ShardMap,
+    pub(super) core: LogStore,
+    pub(super) core_url: String,
+    /// `core_url` without its password, for logs and `/healthz`.
+    pub(super) core_shown: String,
+    pub(super) reader: LogReader,
+    pub(super) mailboxes: Vec<MailboxStore>,
+    /// The state of every shard this worker owns (running or stopped), by shard.
+    pub(super) owned: BTreeMap<u32, OwnedShard>,
+    pub(super) opts: MaterializerOptions,
+    pub(super) health: Arc<HealthBoard>,
+    /// Current delay before replacing a failed log connection (None: reads are healthy).
+    pub(super) read_backoff: Option<Duration>,
+    /// When the owner marks (`owner:{s}`) were last refreshed.
+    pub(super) marks_at: Option<Instant>,
+}
+
+impl Worker {
+    /// Connects to core instance `core` of `map` and to the mailbox instances (`mailboxes`,
+    /// one per instance of the map), claims every shard in `shards` (all on that core
+    /// instance), and resumes each from its lowest W.
+    pub async fn start(
+        map: ShardMap,
+        core: usize,
+        mailboxes: Vec<MailboxStore>,
+        shards: &[u32],
+        opts: MaterializerOptions,
+        health: Arc<HealthBoard>,
+    ) -> Result<Worker, Error> {
+        let core_url = map.core_urls()[core].as_str();
+        debug_assert!(shards.iter().all(|&s| map.core_of(s) == core));
+        let reader = LogReader::connect(core_url).await?;
+        let core_shown = tidemark_store::redact_url(core_url);
+        let core_url = core_url.to_string();
+        let core = LogStore::connect(&core_url).await?;
+        let mut w = Worker {
+            map,
+            core,
+            core_url,
+            core_shown,
+            reader,
+            mailboxes,
+            owned: BTreeMap::new(),
+            opts,
+            health,
+            read_backoff: None,
+            marks_at: None,
+        };
+        let mut corrupt = Vec::new();
+        for &s in shards {
+            let mb = w.map.mailbox_of(s);
+            w.health.update(s, |h| h.status = ShardStatus::Starting);
+            let store = &mut w.mailboxes[mb];
+            let claimed = match store.claim(s).await {
+                Ok(epoch) => store.read_watermark(s).await.map(|wm| (epoch, wm)),
+                Err(e) => Err(e),
+            };
+            let (epoch, wm) = match claimed {
+                Ok(c) => c,
+                // new code: only this shard stops (fail closed); the others run. Old
+                // (packed-v1) code refuses the whole start before claiming (run::serve).
+                Err(e) if e.is_corrupt() && store.layout() == Layout::PackedV2 => {
+                    tracing::error!(shard = s, error = %e, "shard not claimed: corrupt watermark");
+                    metrics::counter!("tidemark_shard_corrupt_total").increment(1);
+                    w.owned.insert(s, OwnedShard::stopped(s, mb));
+                    w.health
+                        .update(s, |h| h.status = ShardStatus::Corrupt(e.to_string()));
+                    corrupt.push(s);
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let min_w = wm.lanes.min_present_w().unwrap_or(0);
+            tracing::debug!(
+                shard = s,
+                epoch,
+                min_w,
+                uniform = wm.lanes.is_uniform(),
+                "claimed shard"
+            );
+            w.owned.insert(
+                s,
+                OwnedShard {
+                    shard: s,
+                    mb,
+                    epoch,
+                    read_pos: min_w,
+                    uniform: wm.lanes.is_uniform(),
+                    pending: VecDeque::new(),
+                    stopped: false,
+                    retry: None,
+                    held: None,
+                    last_logged: None,
+                    touched: BTreeSet::new(),
+                    moved: false,
+                    min_w,
+                    last_gc: Instant::now() - Duration::from_secs(3600),
+                },
+            );
+            w.health.update(s, |h| {
+                h.status = ShardStatus::Running;
+                h.epoch = epoch;
+                h.min_w = min_w;
+                h.last_progress = Instant::now();
+                h.retrying = None;
+            });
+        }
+        let claimed: Vec<u32> = w
+            .owned
+            .values()
+            .filter(|sh| !sh.stopped)
+            .map(|sh| sh.shard)
+            .collect();
+        tracing::info!(
+            core = %w.core_url,
+            shards = %tidemark_store::deployment::format_ranges(&claimed),
+            corrupt = %tidemark_store::deployment::format_ranges(&corrupt),
+            "claimed shards"
+        );
+        Ok(w)
+    }
+
+    /// The shards this worker owns.
+    pub fn shards(&self) -> Vec<u32> {
+        self.owned.keys().copied().collect()
+    }
+
+    /// The core instance this worker reads.
+    pub fn core_url(&self) -> &str {
+        &self.core_url
+    }
+
+    /// The log read failed: report it on every shard, wait (capped backoff), replace the
+    /// connection.
+    pub(super) async fn log_read_failed(&mut self, e: &str, cancel: &CancellationToken) {
+        let backoff = self
+            .read_backoff
+            .map_or(RETRY_MIN, |b| (b * 2).min(RETRY_MAX));
+        self.read_backoff = Some(backoff);
+        tracing::warn!(error = %e, core = %self.core_shown, ?backoff, "log read failed; retrying");
+        metrics::counter!("tidemark_errors_total", "code" => "log_read").increment(1);
+        let why = format!("reading the log on {}: {e}", self.core_shown);
+        for s in self.shards() {
+            self.health.set_retrying(s, &why);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(backoff) => {}
+        }
+        match tokio::time::timeout(READ_GRACE, LogReader::connect(&self.core_url)).await {
+            Ok(Ok(r)) => self.reader = r,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, core = %self.core_shown, "log reconnect failed")
+            }
+            Err(_) => tracing::warn!(core = %self.core_shown, "log reconnect timed out"),
+        }
+    }
+
+    /// The log read succeeded after failures: clear what [`Self::log_read_failed`] reported.
+    pub(super) fn log_read_ok(&mut self) {
+        if self.read_backoff.take().is_none() {
+            return;
+        }
+        tracing::info!(core = %self.core_shown, "log read resumed");
+        for sh in self.owned.values() {
+            if sh.retry.is_none() {
+                self.health.update(sh.shard, |h| {
+                    h.retrying = None;
+                    h.last_progress = Instant::now();
+                });
+            }
+        }
+    }
+
+    /// Runs until `cancel` fires. Redis failures never end it (shards retry, see the module
+    /// documentation); it returns early only with the error of a bug (none today). On a clean
+    /// stop the owner marks are removed, so offline tools see no live owner at once.
+    pub async fn run(mut self, cancel: CancellationToken) -> Result<(), Error> {
+        let r = self.run_loop(&cancel).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.clear_marks()).await;
+        r
+    }
+
+    /// Refreshes `owner:{s}` (this owner's epoch, expiring after
+    /// `tidemark_store::redis::store::OWNER_MARK_TTL_MS`) of every running shard, once a
+    /// second: one pipeline per mailbox instance.
+    pub(super) async fn refresh_marks(&mut self) {
+        if self
+            .marks_at
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        self.marks_at = Some(Instant::now());
+        let mut marks: BTreeMap<usize, Vec<(u32, u64)>> = BTreeMap::new();
+        for sh in self.owned.values().filter(|sh| !sh.stopped) {
+            marks.entry(sh.mb).or_default().push((sh.shard, sh.epoch));
+        }
+        for (mb, marks) in marks {
+            if let Err(e) = self.mailboxes[mb].refresh_owner_marks(&marks).await {
+                tracing::debug!(error = %e, "owner marks not refreshed");
+            }
+        }
+    }
+
+    /// Removes this owner's marks (only where they still hold its epoch).
+    pub(super) async fn clear_marks(&mut self) {
+        for sh in self.owned.values().filter(|sh| !sh.stopped) {
+            let _ = self.mailboxes[sh.mb]
+                .clear_owner_mark(sh.shard, sh.epoch)
+                .await;
+        }
+    }
+
+    pub(super) async fn run_loop(&mut self, cancel: &CancellationToken) -> Result<(), Error> {
+        loop {
+            if cancel.is_cancelled() {
+                return Ok(());
+            }
+            self.refresh_marks().await;
+            self.retry_due().await;
+            let positions: Vec<(u32, u64)> = self
+                .owned
+                .values()
+                .filter(|sh| !sh.stopped && sh.retry.is_none())
+                .map(|sh| (sh.shard, sh.read_pos))
+                .collect();
+            let next_retry = self.next_retry();
+            if positions.is_empty() {
+                match next_retry {
+                    // every shard stopped (fenced/corrupt): stay alive for /healthz
+                    None => {
+                        cancel.cancelled().await;
+                        return Ok(());
+                    }
+                    Some(due) => {
+                        tokio::select! {
+                            _ = cancel.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep_until(due.into()) => {}
+                        }
+                        continue;
+                    }
+                }
+            }
+            let any_pending = self.owned.values().any(|sh| !sh.pending.is_empty());
+            let mut block = if any_pending {
+                Duration::from_millis(20)
+            } else {
+                self.opts.block
+            };
+            if let Some(due) = next_retry {
+                block = block.min(due.saturating_duration_since(Instant::now()));
+            }
+            // XREAD BLOCK 0 would block for ever
+            let block = block.max(Duration::from_millis(1));
+            let read = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                r = tokio::time::timeout(
+                    block + READ_GRACE,
+                    self.reader.read(&positions, self.opts.batch, block),
+                ) => r,
+            };
+            let batches = match read {
+                Ok(Ok(b)) => b,
+                Ok(Err(e)) => {
+                    self.log_read_failed(&e.to_string(), cancel).await;
+                    continue;
+                }
+                Err(_) => {
+                    self.log_read_failed("XREAD timed out", cancel).await;
+                    continue;
+                }
+            };
+            self.log_read_ok();
+            let stepped: Vec<u32> = positions.iter().map(|p| p.0).collect();
+            if let Err(e) = self.step(batches).await {
+                // Redis trouble: nothing is lost (the log is still there); every shard of the
+                // step re-reads from its W once the backoff has passed, until that succeeds.
+                tracing::warn!(error = %e, "materialize step failed; shards retry from W");
+                metrics::counter!("tidemark_errors_total", "code" => e.code()).increment(1);
+                let why = e.to_string();
+                let mut retry: BTreeSet<u32> = stepped.into_iter().collect();
+                // shards with pending records were processed by the step too
+                retry.extend(
+                    self.owned
+                        .values()
+                        .filter(|sh| !sh.pending.is_empty())
+                        .map(|sh| sh.shard),
+                );
+                for s in retry {
+                    self.schedule_retry(s, &why);
+                }
+            }
+        }
+    }
+
+    /// Re-reads a shard's watermark and restarts reading from its lowest W.
+    pub(super) async fn resync(&mut self, s: u32) -> Result<(), Error> {
+        let Some(sh) = self.owned.get(&s) else {
+            return Ok(());
+        };
+        if sh.stopped {
+            return Ok(());
+        }
+        let (mb, epoch) = (sh.mb, sh.epoch);
+        match self.mailboxes[mb].read_watermark(s).await {
+            Ok(wm) => {
+                if wm.epoch != epoch {
+                    self.stop(
+                        s,
+                        ShardStatus::Fenced {
+                            current_epoch: Some(wm.epoch),
+                        },
+                    );
+                    return Ok(());
+                }
+                let sh = self.shard_mut(s);
+                sh.pending.clear();
+                sh.min_w = wm.lanes.min_present_w().unwrap_or(0);
+                sh.read_pos = sh.min_w;
+                sh.uniform = wm.lanes.is_uniform();
+                let min_w = sh.min_w;
+                self.health.update(s, |h| h.min_w = min_w);
+                Ok(())
+            }
+            Err(e) if e.is_corrupt() => {
+                self.stop(s, ShardStatus::Corrupt(e.to_string()));
+                Ok(())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! `tidemark serve`: checks everything that can fail, then claims the owned shards, starts a
+//! supervised materializer worker per core instance and the gateway.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tidemark_protocol::secret::TokenSecret;
+use tidemark_store::redis::store::MailboxStore;
+use tidemark_store::redis::watermark::Layout;
+use tidemark_store::topology::{ShardMap, Topology};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::Error;
+use crate::gateway::{self, GatewayOptions};
+use crate::health::HealthBoard;
+use crate::materializer::{MaterializerOptions, Worker};
+
+/// What `serve` runs.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// Instances and tables.
+    pub topology: Topology,
+    /// Gateway listen address.
+    pub listen: SocketAddr,
+    /// Gateway settings.
+    pub gateway: GatewayOptions,
+    /// Materializer settings.
+    pub materializer: MaterializerOptions,
+    /// Shards this process owns (None: all). Each shard must have exactly one owner.
+    pub owned_shards: Option<Vec<u32>>,
+}
+
+/// A running service: its addresses and its health board.
+pub struct Running {
+    /// The gateway's bound address.
+    pub addr: SocketAddr,
+    /// The admin listener's bound address (`/metrics`, `/healthz`), when there is one.
+    pub admin_addr: Option<SocketAddr>,
+    /// The gateway serves TLS (`wss://`, `https://`).
+    pub tls: bool,
+    /// Shard health, shared with `/healthz`.
+    pub health: Arc<HealthBoard>,
+    tracker: TaskTracker,
+    cancel: CancellationToken,
+    errors: tokio::sync::mpsc::UnboundedReceiver<Error>,
+}
+
+impl Running {
+    /// The WebSocket URL of the gateway (`wss://` with TLS).
+    pub fn ws_url(&self) -> String {
+        let scheme = if self.tls { "wss" } else { "ws" };
+        format!("{scheme}://{}/v1/ws", self.addr)
+    }
+
+    /// Where `/metrics` and `/healthz` are served: the admin listener when there is one, else
+    /// the gateway (`https://` with TLS).
+    pub fn admin_url(&self) -> String {
+        match self.admin_addr {
+            Some(a) => format!("http://{a}"),
+            None if self.tls => format!("https://{}", self.addr),
+            None => format!("http://{}", self.addr),
+        }
+    }
+
+    /// Waits until `cancel` fires (or a task fails), then stops and joins every task.
+    pub async fn wait(mut self) -> Result<(), Error> {
+        let first = tokio::select! {
+            _ = self.cancel.cancelled() => None,
+            e = self.errors.recv() => e,
+        };
+        self.cancel.cancel();
+        self.tracker.close();
+        self.tracker.wait().await;
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops and joins every task.
+    pub async fn shutdown(self) -> Result<(), Error> {
+        self.cancel.cancel();
+        self.wait().await
+    }
+}
+
+/// Initialises the watermark of every shard that has none (never overwrites one).
+pub async fn init_missing(map: &ShardMap) -> Result<u32, Error> {
+    let mut created = 0;
+    for (i, url) in map.mailbox_urls().iter().enumerate() {
+        let mut store = MailboxStore::connect(url, map.layout()).await?;
+        for s in map.shards_on_mailbox(i) {
+            match store.init_watermark(s, map.layout(), 1, 0, false).await {
+                Ok(()) => created += 1,
+                Err(tidemark_store::Error::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(created)
+}
+
+/// Checks the deployment identity recorded in every instance against `topology` and records
+/// it where it is missing (see `tidemark_store::deployment`). Every instance is checked before
+/// any is written, so a refused start writes nothing.
+pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
+    use tidemark_store::deployment::{self, Identity, Role};
+    let tables = deployment::tables_fingerprint(map.core_table(), map.mailbox_table());
+    let mut missing = Vec::new();
+    for (role, urls) in [
+        (Role::Core, map.core_urls()),
+        (Role::Mailbox, map.mailbox_urls()),
+    ] {
+        for (index, url) in urls.iter().enumerate() {
+            let want = Identity {
+                shards: map.shards(),
+                role,
+                index,
+                holds: match role {
+                    Role::Core => map.shards_on_core(index),
+                    Role::Mailbox => map.shards_on_mailbox(index),
+                },
+                tables: tables.clone(),
+            };
+            let connect_err = |source| Error::Connect {
+                role: role.as_str(),
+                url: redact_url(url),
+                source,
+            };
+            let mut conn = deployment::connect(url).await.map_err(connect_err)?;
+            let refuse = |what: String| {
+                Error::Deployment(format!(
+                    "{} Redis {} (instance {index}): {what}; refusing to start, nothing was \
+                     written (start with the shard count and instance lists this deployment \
+                     was created with)",
+                    role.as_str(),
+                    redact_url(url)
+                ))
+            };
+            match deployment::read(&mut conn).await.map_err(connect_err)? {
+                Some(have) => {
+                    let d = have.differences(&want);
+                    if !d.is_empty() {
+                        return Err(refuse(d.join("; ")));
+                    }
+                }
+                None => {
+                    // created before identities: what it holds must agree with the topology
+                    if role == Role::Mailbox {
+                        let foreign: Vec<u32> = deployment::watermark_shards(&mut conn)
+                            .await
+                            .map_err(connect_err)?
+                            .into_iter()
+                            .filter(|s| !want.holds.contains(s))
+                            .collect();
+                        if !foreign.is_empty() {
+                            return Err(refuse(format!(
+                                "it holds watermarks of shards {} which a {}-shard deployment \
+                                 with these tables places elsewhere or does not have",
+                                deployment::format_ranges(&foreign),
+                                map.shards()
+                            )));
+                        }
+                    }
+                    missing.push((conn, want));
+                }
+            }
+        }
+    }
+    for (mut conn, want) in missing {
+        let have = deployment::record_if_absent(&mut conn, &want).await?;
+        let d = have.differences(&want);
+        if !d.is_empty() {
+            return Err(Error::Deployment(format!(
+                "another process recorded a different identity at the same time: {}",
+                d.join("; ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `url` without its password (`redis://:secret@host` → `redis://:***@host`), for messages.
+pub use tidemark_store::redact_url;
+
+/// Starts the materializers and the gateway. Returns once the gateway is listening.
+///
+/// Start-up never hurts a running deployment: everything that can fail is checked before the
+/// first shard is claimed (claiming raises the epoch, which fences the current owner):
+/// the topology and the owned shards are validated, the listeners are bound, every core and
+/// mailbox Redis must answer, and every owned shard's watermark must be one this code can own.
+///
+/// A token secret shorter than [`tidemark_protocol::secret::MIN_SECRET_BYTES`] is refused
+/// before anything starts.
+pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Running, Error> {
+    if let Some(secret) = &opts.gateway.token_secret {
+        TokenSecret::new(secret, "the gateway options")?;
+    }
+    // before any worker counts anything
+    let _ = crate::telemetry::metrics_handle();
+    let map = opts.topology.validate()?;
+    let owned: Vec<u32> = match &opts.owned_shards {
+        Some(owned) => owned
+            .iter()
+            .map(|&s| map.check_shard(s))
+            .collect::<Result<_, _>>()?,
+        None => map.all_shards().collect(),
+    };
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: opts.listen,
+            source,
+        })?;
+    let admin = match opts.gateway.admin_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Listen { addr, source })?,
+        ),
+        None => None,
+    };
+    let mut mailboxes = Vec::new();
+    for url in map.mailbox_urls() {
+        mailboxes.push(
+            MailboxStore::connect(url, map.layout())
+                .await
+                .map_err(|source| Error::Connect {
+                    role: "mailbox",
+                    url: redact_url(url),
+                    source,
+                })?,
+        );
+    }
+    check_identity(&map).await?;
+    init_missing(&map).await?;
+    let health = Arc::new(HealthBoard::default());
+    // every owned shard must be ownable by this code before any is claimed: a refusal (old
+    // code on newer data) then fences nobody. New code starts with a corrupt shard: only that
+    // shard stays stopped and is reported (the worker does not claim it).
+    let mut cores = Vec::new();
+    for url in map.core_urls() {
+        cores.push(
+            tidemark_store::redis::dlog::LogStore::connect(url)
+                .await
+                .map_err(|source| Error::Connect {
+                    role: "core",
+                    url: redact_url(url),
+                    source,
+                })?,
+        );
+    }
+    for &s in &owned {
+        match mailboxes[map.mailbox_of(s)].check_claimable(s).await {
+            Ok(wm) => {
+                // a core instance restored behind the mailbox side: its head is below W, and
+                // a new commit there would reuse a delivered offset (a replay, never
+                // delivered). Raise the head before anything is served.
+                let max_w = wm.lanes.max_present_w().unwrap_or(0);
+                let core = &mut cores[map.core_of(s)];
+                if let Some(old) = core.raise_head(s, max_w).await? {
+                    tracing::error!(
+                        shard = s,
+                        head = old,
+                        w = max_w,
+                        "core log head was below W (core restored to an earlier point?); \
+                         head raised to W so new commits follow it"
+                    );
+                    metrics::counter!("tidemark_head_raised_total").increment(1);
+                }
+            }
+            Err(e) if e.is_corrupt() && map.layout() == Layout::PackedV2 => {}
+            Err(e) => return Err(Error::Store(e)),
+        }
+    }
+    let tracker = TaskTracker::new();
+    let (err_tx, errors) = tokio::sync::mpsc::unbounded_channel();
+    for core in 0..map.core_urls().len() {
+        let shards: Vec<u32> = owned
+            .iter()
+            .copied()
+            .filter(|&s| map.core_of(s) == core)
+            .collect();
+        if shards.is_empty() {
+            continue;
+        }
+        // The first start is part of start-up (its errors stop `serve`); restarts are
+        // supervised and retried.
+        let worker = Worker::start(
+            map.clone(),
+            core,
+            mailboxes.clone(),
+            &shards,
+            opts.materializer.clone(),
+            health.clone(),
+        )
+        .await?;
+        tracker.spawn(supervise_worker(
+            worker,
+            WorkerSpec {
+                map: map.clone(),
+                core,
+                mailboxes: mailboxes.clone(),
+                shards,
+                opts: opts.materializer.clone(),
+            },
+            health.clone(),
+            cancel.clone(),
+        ));
+    }
+    let addr = listener.local_addr()?;
+    let admin_addr = admin.as_ref().map(|a| a.local_addr()).transpose()?;
+    let tls = opts.gateway.tls.is_some();
+    let (c, tx, h, topo, gw) = (
+        cancel.clone(),
+        err_tx.clone(),
+        health.clone(),
+        map.clone(),
+        opts.gateway.clone(),
+    );
+    tracker.spawn(async move {
+        let outcome = tokio::spawn(gateway::serve_listeners(
+            listener,
+            admin,
+            topo,
+            gw,
+            h,
+            c.clone(),
+        ))
+        .await;
+        if c.is_cancelled() {
+            return;
+        }
+        // the gateway ended on its own: stop the whole service (the process exits non-zero)
+        let ended = match outcome {
+            Ok(Err(e)) => {
+                let _ = tx.send(e.into());
+                return;
+            }
+            Ok(Ok(())) => crate::supervise::Ended::Exited("returned".into()),
+            Err(je) if je.is_panic() => crate::supervise::Ended::Panicked(
+                crate::supervise::panic_message(je.into_panic().as_ref()),
+            ),
+            Err(je) => crate::supervise::Ended::Exited(je.to_string()),
+        };
+        tracing::error!(%ended, "gateway ended; stopping the service");
+        let _ = tx.send(Error::TaskEnded {
+            task: "gateway",
+            ended,
+        });
+    });
+    Ok(Running {
+        addr,
+        admin_addr,
+        tls,
+        health,
+        tracker,
+        cancel,
+        errors,
+    })
+}
+
+/// What a materializer worker is started from (again, after a panic).
+struct WorkerSpec {
+    map: ShardMap,
+    /// The core instance (index in the map) whose logs the worker reads.
+    core: usize,
+    mailboxes: Vec<MailboxStore>,
+    /// The owned shards of that core instance.
+    shards: Vec<u32>,
+    opts: MaterializerOptions,
+}
+
+/// Runs `first` and, whenever a worker panics or returns before `cancel`, reports its shards
+/// down and starts a new one from `spec` (which re-claims the shards).
+async fn supervise_worker(
+    first: Worker,
+    spec: WorkerSpec,
+    health: Arc<HealthBoard>,
+    cancel: CancellationToken,
+) {
+    let ids: Vec<u32> = spec.shards.clone();
+    let mut first = Some(first);
+    let spec = Arc::new(spec);
+    let (h, c) = (health.clone(), cancel.clone());
+    crate::supervise::supervise(
+        "materializer",
+        cancel.clone(),
+        move || {
+            let first = first.take();
+            let (spec, health, cancel) = (spec.clone(), h.clone(), c.clone());
+            async move {
+                let worker = match first {
+                    Some(w) => w,
+                    None => {
+                        Worker::start(
+                            spec.map.clone(),
+                            spec.core,
+                            spec.mailboxes.clone(),
+                            &spec.shards,
+                            spec.opts.clone(),
+                            health,
+                        )
+                        .await?
+                    }
+                };
+                worker.run(cancel).await
+            }
+        },
+        move |ended| {
+            tracing::error!(shards = ?ids, %ended, "materializer worker down");
+            health.mark_down(&ids, &format!("materializer worker {ended}; restarting"));
+        },
+    )
+    .await;
+}

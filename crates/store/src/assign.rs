@@ -1,0 +1,122 @@
+//! Which node should own which shard: a balanced assignment every node computes on its own
+//! from the same list of live nodes, without a coordinator (issue 13, ADR-0030).
+//!
+//! ```text
+//! capacity(node i of N, nodes sorted by id) = ⌊S/N⌋ + (1 if i < S mod N)
+//! score(node, shard)                        = xxh3_64("<node id>\0<shard>")
+//! pairs (shard, node) by score, highest first; a pair is taken when its shard is still free
+//! and its node still has capacity.
+//! ```
+//!
+//! Every node gets ⌊S/N⌋ or ⌈S/N⌉ shards. A shard goes to the node that scores it highest
+//! unless that node is full, so when a node joins or leaves mostly the shards it takes or
+//! gives move (rendezvous hashing with capacities), not a reshuffle of everything. Nodes that
+//! see the same live set compute the same answer; while views differ, leases keep one owner
+//! per shard and the assignment converges once they agree.
+
+/// For each shard `0..shards`, the index in `nodes` of the node that should own it. `nodes`
+/// must be non-empty, without duplicates; its order does not matter (ties in capacity are
+/// broken by id, not by position).
+pub fn balanced(shards: u32, nodes: &[String]) -> Vec<usize> {
+    assert!(!nodes.is_empty(), "an assignment needs at least one node");
+    let n = nodes.len();
+    let mut by_id: Vec<usize> = (0..n).collect();
+    by_id.sort_by(|&a, &b| nodes[a].cmp(&nodes[b]));
+    let (base, extra) = (shards as usize / n, shards as usize % n);
+    let mut capacity = vec![0usize; n];
+    for (rank, &i) in by_id.iter().enumerate() {
+        capacity[i] = base + usize::from(rank < extra);
+    }
+    let mut pairs: Vec<(u64, u32, usize)> = Vec::with_capacity(shards as usize * n);
+    for s in 0..shards {
+        for (i, node) in nodes.iter().enumerate() {
+            pairs.push((score(node, s), s, i));
+        }
+    }
+    // highest score first; ties (practically never) by shard, then by node id
+    pairs.sort_unstable_by(|a, b| {
+        b.0.cmp(&a.0)
+            .then(a.1.cmp(&b.1))
+            .then(nodes[a.2].cmp(&nodes[b.2]))
+    });
+    let mut owner = vec![usize::MAX; shards as usize];
+    let mut left = shards as usize;
+    for (_, s, i) in pairs {
+        if left == 0 {
+            break;
+        }
+        if owner[s as usize] == usize::MAX && capacity[i] > 0 {
+            owner[s as usize] = i;
+            capacity[i] -= 1;
+            left -= 1;
+        }
+    }
+    owner
+}
+
+fn score(node: &str, shard: u32) -> u64 {
+    let mut key = Vec::with_capacity(node.len() + 6);
+    key.extend_from_slice(node.as_bytes());
+    key.push(0);
+    key.extend_from_slice(&shard.to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("node-{i}")).collect()
+    }
+
+    /// The owner id of every shard.
+    fn owners(shards: u32, nodes: &[String]) -> Vec<String> {
+        balanced(shards, nodes)
+            .into_iter()
+            .map(|i| nodes[i].clone())
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn every_node_gets_floor_or_ceil(shards in 1u32..300, n in 1usize..9) {
+            let nodes = ids(n);
+            let a = balanced(shards, &nodes);
+            let mut count = vec![0u32; n];
+            for &i in &a {
+                prop_assert!(i < n);
+                count[i] += 1;
+            }
+            let (lo, hi) = (shards / n as u32, shards.div_ceil(n as u32));
+            prop_assert!(count.iter().all(|&c| c == lo || c == hi), "{count:?}");
+        }
+
+        #[test]
+        fn the_order_of_the_list_does_not_matter(shards in 1u32..200, n in 1usize..7, rot in 0usize..7) {
+            let nodes = ids(n);
+            let mut turned = nodes.clone();
+            turned.rotate_left(rot % n);
+            prop_assert_eq!(owners(shards, &nodes), owners(shards, &turned));
+        }
+    }
+
+    /// A node joining takes about its share; the others keep the rest.
+    #[test]
+    fn a_join_or_a_leave_moves_about_one_share() {
+        for (shards, n) in [(64u32, 2usize), (64, 3), (256, 4), (1024, 7)] {
+            let before = owners(shards, &ids(n));
+            let after = owners(shards, &ids(n + 1));
+            let moved = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+            let share = shards.div_ceil(n as u32 + 1) as usize;
+            // the newcomer's share, plus a little reshuffling among full nodes
+            assert!(
+                moved <= share + share / 2 + n,
+                "{shards}/{n}: moved {moved}, share {share}"
+            );
+            let back = owners(shards, &ids(n));
+            assert_eq!(back, before, "leaving again restores the assignment");
+        }
+    }
+}

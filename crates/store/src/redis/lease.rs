@@ -1,0 +1,259 @@
+//! Shard leases and the node registry on core Redis (issue 13, ADR-0030): typed wrappers of
+//! `lua/core/shard_lease.lua`, `node_heartbeat.lua` and `node_list.lua`, each called by
+//! EVALSHA with a NOSCRIPT reload (`redis::Script::invoke_async`).
+//!
+//! A lease says which node may own a shard; it never replaces the epoch fence. Lease time is
+//! Redis time (PX on the server); a node also keeps its own deadline (the time it *sent* its
+//! last successful renewal plus the TTL, minus a margin) and stops writing a shard at that
+//! deadline, before the lease can expire and another node take it.
+
+use std::sync::LazyLock;
+
+use redis::Value;
+
+use super::dlog::LogStore;
+use crate::error::{Error, Result};
+use crate::keys;
+
+static SHARD_LEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("lua/core/shard_lease.lua")));
+static NODE_HEARTBEAT: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("lua/core/node_heartbeat.lua")));
+static NODE_LIST: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(include_str!("lua/core/node_list.lua")));
+
+/// Longest node id (bytes).
+pub const MAX_NODE_ID: usize = 128;
+
+/// What a lease call found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lease {
+    /// The calling node holds the lease now (`fresh`: it was free before this acquire).
+    Held { fresh: bool },
+    /// Another node holds it for `pttl_ms` more (nothing written).
+    Other { owner: String, pttl_ms: i64 },
+    /// Renew or release of a lease that had expired (nothing written).
+    Absent,
+    /// Released.
+    Released,
+}
+
+/// A live node, as the registry on core instance 0 knows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct NodeInfo {
+    /// Node id (`serve --node-id`).
+    pub id: String,
+    /// Advertised client URL (`serve --advertise`).
+    pub url: String,
+    /// `all`, `gateway` or `materializer`.
+    pub role: String,
+    /// Milliseconds since its last heartbeat (Redis time).
+    pub age_ms: u64,
+}
+
+/// Checks a node id: 1..=[`MAX_NODE_ID`] bytes of `A-Z a-z 0-9 - _ .` (it appears in keys,
+/// logs and URLs).
+pub fn check_node_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= MAX_NODE_ID
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "node id {id:?}: 1..={MAX_NODE_ID} characters of A-Z a-z 0-9 - _ ."
+        )))
+    }
+}
+
+fn bad(detail: String) -> Error {
+    Error::UnexpectedReply {
+        script: "shard_lease",
+        detail,
+    }
+}
+
+fn parse_lease(op: &str, v: &Value) -> Result<Lease> {
+    let items = match v {
+        Value::Array(items) => items,
+        other => return Err(bad(format!("{op}: {other:?}"))),
+    };
+    let int = |i: usize| match items.get(i) {
+        Some(Value::Int(n)) => Ok(*n),
+        other => Err(bad(format!("{op}: item {i} {other:?}"))),
+    };
+    match int(0)? {
+        0 if op == "release" => Ok(Lease::Released),
+        0 => Ok(Lease::Held {
+            fresh: int(1)? == 1,
+        }),
+        1 => {
+            let owner = match items.get(1) {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                other => return Err(bad(format!("{op}: owner {other:?}"))),
+            };
+            Ok(Lease::Other {
+                owner,
+                pttl_ms: int(2)?,
+            })
+        }
+        2 => Ok(Lease::Absent),
+        n => Err(bad(format!("{op}: status {n}"))),
+    }
+}
+
+impl LogStore {
+    async fn lease_op(&mut self, op: &str, shard: u32, node: &str, ttl_ms: u64) -> Result<Lease> {
+        let v: Value = SHARD_LEASE
+            .key(keys::lease(shard))
+            .arg(op)
+            .arg(node)
+            .arg(ttl_ms)
+            .invoke_async(&mut self.conn)
+            .await?;
+        parse_lease(op, &v)
+    }
+
+    /// Takes shard `shard`'s lease for `node` when it is free or already `node`'s, for
+    /// `ttl_ms` from now (Redis time).
+    pub async fn acquire_lease(&mut self, shard: u32, node: &str, ttl_ms: u64) -> Result<Lease> {
+        self.lease_op("acquire", shard, node, ttl_ms).await
+    }
+
+    /// Extends `node`'s lease of `shard` to `ttl_ms` from now, only while `node` holds it.
+    pub async fn renew_lease(&mut self, shard: u32, node: &str, ttl_ms: u64) -> Result<Lease> {
+        self.lease_op("renew", shard, node, ttl_ms).await
+    }
+
+    /// Gives up `node`'s lease of `shard` (only while `node` holds it).
+    pub async fn release_lease(&mut self, shard: u32, node: &str) -> Result<Lease> {
+        self.lease_op("release", shard, node, 0).await
+    }
+
+    /// The holder of `shard`'s lease and its remaining ms, if any (for `tidemark status`).
+    pub async fn lease_holder(&mut self, shard: u32) -> Result<Option<(String, i64)>> {
+        let (owner, pttl): (Option<String>, i64) = redis::pipe()
+            .cmd("GET")
+            .arg(keys::lease(shard))
+            .cmd("PTTL")
+            .arg(keys::lease(shard))
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(owner.map(|o| (o, pttl)))
+    }
+
+    /// Records that node `id` is alive for `ttl_ms` (call on core instance 0).
+    pub async fn heartbeat(&mut self, id: &str, ttl_ms: u64, url: &str, role: &str) -> Result<u64> {
+        check_node_id(id)?;
+        let now: u64 = NODE_HEARTBEAT
+            .key(keys::NODES)
+            .key(format!("{}{id}", keys::NODE_PREFIX))
+            .arg(id)
+            .arg(ttl_ms)
+            .arg(url)
+            .arg(role)
+            .invoke_async(&mut self.conn)
+            .await?;
+        Ok(now)
+    }
+
+    /// Removes node `id`'s record at once (a clean stop; call on core instance 0).
+    pub async fn deregister(&mut self, id: &str) -> Result<()> {
+        let () = redis::pipe()
+            .cmd("ZREM")
+            .arg(keys::NODES)
+            .arg(id)
+            .ignore()
+            .cmd("DEL")
+            .arg(format!("{}{id}", keys::NODE_PREFIX))
+            .ignore()
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(())
+    }
+
+    /// The live nodes by id (call on core instance 0).
+    pub async fn live_nodes(&mut self) -> Result<Vec<NodeInfo>> {
+        let v: Vec<Value> = NODE_LIST
+            .key(keys::NODES)
+            .arg(keys::NODE_PREFIX)
+            .invoke_async(&mut self.conn)
+            .await?;
+        let nbad = |d: &str| Error::UnexpectedReply {
+            script: "node_list",
+            detail: d.to_string(),
+        };
+        let now = match v.first() {
+            Some(Value::Int(n)) => *n,
+            _ => return Err(nbad("no time")),
+        };
+        let text = |x: &Value| match x {
+            Value::BulkString(b) => Ok(String::from_utf8_lossy(b).into_owned()),
+            _ => Err(nbad("not a string")),
+        };
+        let mut out = Vec::new();
+        for rec in v[1..].chunks(4) {
+            let [id, url, role, Value::Int(beat)] = rec else {
+                return Err(nbad("bad record"));
+            };
+            out.push(NodeInfo {
+                id: text(id)?,
+                url: text(url)?,
+                role: text(role)?,
+                age_ms: u64::try_from(now - beat).unwrap_or(0),
+            });
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids() {
+        for ok in ["a", "node-1", "n_2.example", &"x".repeat(MAX_NODE_ID)] {
+            assert!(check_node_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "a b", "a:b", "é", &"x".repeat(MAX_NODE_ID + 1), "a\n"] {
+            assert!(check_node_id(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lease_replies_decode() {
+        let arr = Value::Array;
+        assert_eq!(
+            parse_lease("acquire", &arr(vec![Value::Int(0), Value::Int(1)])).unwrap(),
+            Lease::Held { fresh: true }
+        );
+        assert_eq!(
+            parse_lease("release", &arr(vec![Value::Int(0), Value::Int(0)])).unwrap(),
+            Lease::Released
+        );
+        assert_eq!(
+            parse_lease(
+                "renew",
+                &arr(vec![
+                    Value::Int(1),
+                    Value::BulkString(b"other".to_vec()),
+                    Value::Int(1200)
+                ])
+            )
+            .unwrap(),
+            Lease::Other {
+                owner: "other".into(),
+                pttl_ms: 1200
+            }
+        );
+        assert_eq!(
+            parse_lease("renew", &arr(vec![Value::Int(2)])).unwrap(),
+            Lease::Absent
+        );
+        assert!(parse_lease("renew", &arr(vec![Value::Int(9)])).is_err());
+        assert!(parse_lease("renew", &Value::Int(0)).is_err());
+    }
+}

@@ -1,0 +1,23 @@
+-- node_heartbeat.lua — a node says it is alive (core Redis, instance 0). Its record expires on
+-- the Redis side; the live list is read by node_list.lua. Redis time only (TIME), never the
+-- node's clock.
+--
+-- KEYS[1]  {tidemark}:nodes        zset  node id -> Redis ms at which its record expires
+-- KEYS[2]  {tidemark}:node:<id>    hash  url, role, beat (Redis ms of the last heartbeat)
+-- ARGV[1]  node id     string, 1..=128 bytes
+-- ARGV[2]  ttl_ms      decimal u64 > 0: how long the record lives without another heartbeat
+-- ARGV[3]  url         string, the node's advertised client URL
+-- ARGV[4]  role        "all" | "gateway" | "materializer"
+--
+-- Returns now_ms (Redis time of the heartbeat). Expired members are removed from KEYS[1].
+-- Errors: "ERR bad_ttl" for a ttl that is not > 0.
+-- Publishes nothing.
+local ttl = tonumber(ARGV[2])
+if not ttl or ttl <= 0 then return redis.error_reply('bad_ttl') end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[2], 'url', ARGV[3], 'role', ARGV[4], 'beat', now)
+redis.call('PEXPIRE', KEYS[2], ttl)
+redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return now

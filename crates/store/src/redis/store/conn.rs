@@ -1,0 +1,96 @@
+//! The connection side of [`MailboxStore`]: `SCRIPT LOAD` of the script set, one EVALSHA
+//! command per call, and the NOSCRIPT recovery (reload the set, repeat the call; for a
+//! pipeline, repeat the whole pipeline in its original order). No reply is decoded here: the
+//! values go to [`super::reply`].
+
+use redis::{Cmd, Value};
+
+use super::MailboxStore;
+use crate::error::{Error, Result};
+use crate::redis::scripts::Script;
+
+fn is_noscript(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSCRIPT")
+}
+
+impl MailboxStore {
+    /// `SCRIPT LOAD` of every script of the set.
+    pub async fn load_scripts(&mut self) -> Result<()> {
+        let mut pipe = redis::pipe();
+        for s in self.set.all() {
+            pipe.cmd("SCRIPT").arg("LOAD").arg(&s.source);
+        }
+        let shas: Vec<String> = pipe.query_async(&mut self.conn).await?;
+        for (s, sha) in self.set.all().iter().zip(shas) {
+            if sha != s.sha {
+                return Err(Error::UnexpectedReply {
+                    script: s.name,
+                    detail: format!("SCRIPT LOAD returned {sha}, expected {}", s.sha),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn evalsha(script: &Script, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(&script.sha).arg(keys.len());
+        for k in keys {
+            c.arg(*k);
+        }
+        for a in args {
+            c.arg(*a);
+        }
+        c
+    }
+
+    pub(super) async fn invoke(&mut self, cmd: &Cmd) -> Result<Value> {
+        match cmd.query_async::<Value>(&mut self.conn).await {
+            Err(e) if is_noscript(&e) => {
+                self.load_scripts().await?;
+                Ok(cmd.query_async::<Value>(&mut self.conn).await?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    /// Runs `cmds` as one pipeline. On NOSCRIPT anywhere, reloads and repeats the whole
+    /// pipeline in order (safe: every command is a CAS or idempotent).
+    pub(super) async fn invoke_pipeline(&mut self, cmds: &[Cmd]) -> Result<Vec<Value>> {
+        for attempt in 0..2 {
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for c in cmds {
+                pipe.add_command(c.clone());
+            }
+            let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut self.conn).await?;
+            let mut noscript = false;
+            let mut out = Vec::with_capacity(replies.len());
+            for r in replies {
+                match r {
+                    Ok(v) => out.push(v),
+                    Err(e) if is_noscript(&e) => {
+                        noscript = true;
+                        out.push(Value::Nil);
+                    }
+                    Err(e) => {
+                        if !noscript {
+                            return Err(e.into());
+                        }
+                        out.push(Value::Nil);
+                    }
+                }
+            }
+            if !noscript {
+                return Ok(out);
+            }
+            if attempt == 0 {
+                self.load_scripts().await?;
+            }
+        }
+        Err(Error::UnexpectedReply {
+            script: "pipeline",
+            detail: "NOSCRIPT persisted after SCRIPT LOAD".into(),
+        })
+    }
+}

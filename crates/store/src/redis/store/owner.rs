@@ -1,0 +1,53 @@
+//! Owner marks on [`MailboxStore`]: `owner:{s}` holds the epoch of the process materialising
+//! shard `s`, set with a [`OWNER_MARK_TTL_MS`] expiry and refreshed while it runs, deleted on a
+//! clean stop. Only offline tools read it (is an owner live?); nothing on the data path does:
+//! fencing is the epoch in `wm:{s}`, never this mark.
+
+use super::MailboxStore;
+use crate::error::Result;
+use crate::keys;
+
+/// How long an owner mark (`owner:{s}`) lives without a refresh.
+pub const OWNER_MARK_TTL_MS: u64 = 5000;
+
+/// Deletes the mark only while it still holds the caller's epoch (a newer owner's stays).
+const CLEAR_MARK_LUA: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end return 1";
+
+impl MailboxStore {
+    /// Sets `owner:{s}` to the epoch, expiring after [`OWNER_MARK_TTL_MS`], for every
+    /// `(shard, epoch)` of `marks`, in one pipeline.
+    pub async fn refresh_owner_marks(&self, marks: &[(u32, u64)]) -> Result<()> {
+        let mut pipe = redis::pipe();
+        for &(shard, epoch) in marks {
+            pipe.cmd("SET")
+                .arg(keys::owner(shard))
+                .arg(epoch)
+                .arg("PX")
+                .arg(OWNER_MARK_TTL_MS)
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut self.connection()).await?;
+        Ok(())
+    }
+
+    /// Removes `owner:{shard}` if it still holds `epoch`.
+    pub async fn clear_owner_mark(&self, shard: u32, epoch: u64) -> Result<()> {
+        let _: i64 = redis::Script::new(CLEAR_MARK_LUA)
+            .key(keys::owner(shard))
+            .arg(epoch.to_string())
+            .invoke_async(&mut self.connection())
+            .await?;
+        Ok(())
+    }
+
+    /// The epoch of the live owner of `shard`, if one refreshed its mark within
+    /// [`OWNER_MARK_TTL_MS`].
+    pub async fn live_owner(&self, shard: u32) -> Result<Option<u64>> {
+        let v: Option<String> = redis::cmd("GET")
+            .arg(keys::owner(shard))
+            .query_async(&mut self.connection())
+            .await?;
+        Ok(v.and_then(|e| e.parse().ok()))
+    }
+}

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use cmd::{bench, client, serve, trace, wm};
+use cmd::{bench, client, serve, status, trace, wm};
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +46,8 @@ enum Cmd {
     /// Token secret files.
     #[command(subcommand)]
     Secret(client::SecretCmd),
+    /// Live nodes, and every shard's owner, epoch, W, head and lag.
+    Status(status::StatusArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -60,6 +62,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Tail(a) => client::tail(a).await,
         Cmd::Trace(a) => trace::run(a).await,
         Cmd::Secret(c) => client::secret(c),
+        Cmd::Status(a) => status::run(a).await,
     }
 }
 

@@ -7,6 +7,7 @@
 //!   the offline downgrade to packed-v1, and why a watermark is missing.
 //! - [`shard`]: maintenance of one shard — `fence` (raise its epoch), `rebase` (after a restore
 //!   behind the trimmed log).
+//! - [`status`]: live nodes and every shard's owner, epoch, W, head and lag.
 //! - [`trace`]: follows one message from its log record to every mailbox entry, read-only.
 //!
 //! Everything reads and writes Redis through the store crate's typed functions
@@ -14,6 +15,7 @@
 //! [`tidemark_store::deployment`]); no raw command is sent from here.
 
 pub mod shard;
+pub mod status;
 pub mod trace;
 pub mod wm;
 

@@ -154,6 +154,19 @@ impl HealthBoard {
         }
     }
 
+    /// Forgets `shard` (handed over to another node): `/healthz` no longer reports it and its
+    /// `tidemark_shard_running` gauge is 0.
+    pub fn forget(&self, shard: u32) {
+        let mut m = self.shards.lock().expect("health lock");
+        if let Some(e) = m.remove(&shard) {
+            e.gauges.running.set(0.0);
+            if matches!(e.health.status, ShardStatus::Corrupt(_)) {
+                self.corrupt
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
     /// True when `shard` is owned here and stopped because its watermark is corrupt.
     pub fn is_corrupt(&self, shard: u32) -> bool {
         if self.corrupt.load(std::sync::atomic::Ordering::Relaxed) == 0 {

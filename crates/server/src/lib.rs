@@ -4,6 +4,7 @@
 pub mod gateway;
 pub mod health;
 pub mod materializer;
+pub mod ownership;
 pub mod run;
 pub mod supervise;
 pub mod telemetry;

@@ -4,7 +4,7 @@
 //!
 //! - [`serve`]: `up`, `serve` (the service: `tidemark_server::run`).
 //! - [`wm`]: `wm …`, `shard …` (maintenance: `tidemark_ops::{wm, shard}`).
-//! - [`trace`]: `trace` (`tidemark_ops::trace`).
+//! - [`trace`]: `trace` (`tidemark_ops::trace`); [`status`]: `status` (`tidemark_ops::status`).
 //! - [`bench`]: `bench …` (`tidemark_bench`).
 //! - [`client`]: `token`, `secret gen`, `send`, `tail` (`tidemark_client`).
 //! - [`exit`]: the exit statuses of every command; [`logs`]: where stderr lines go.
@@ -14,5 +14,6 @@ pub mod client;
 pub mod exit;
 pub mod logs;
 pub mod serve;
+pub mod status;
 pub mod trace;
 pub mod wm;

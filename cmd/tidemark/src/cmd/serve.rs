@@ -10,6 +10,7 @@ use std::sync::Arc;
 use clap::Args;
 use tidemark_server::gateway::{GatewayOptions, TlsConfig};
 use tidemark_server::materializer::{ChunkFault, MaterializerOptions, RandomChunkFault};
+use tidemark_server::ownership::{NodeOptions, Role};
 use tidemark_server::run;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::Topology;
@@ -84,9 +85,26 @@ pub struct ServeArgs {
     /// File holding the token secret (else env TIDEMARK_TOKEN_SECRET).
     #[arg(long)]
     secret_file: Option<std::path::PathBuf>,
-    /// Own only these shards (comma-separated); default all.
-    #[arg(long, value_delimiter = ',')]
+    /// Own only these shards (comma-separated); default all. Static ownership only.
+    #[arg(long, value_delimiter = ',', conflicts_with = "ownership")]
     own_shards: Option<Vec<u32>>,
+    /// This node's id in the deployment's registry (default: a random id, printed at start);
+    /// 1..=128 characters of A-Z a-z 0-9 - _ .
+    #[arg(long)]
+    node_id: Option<String>,
+    /// The client URL `tidemark status` shows for this node (default: ws://<--listen>/v1/ws).
+    #[arg(long)]
+    advertise: Option<String>,
+    /// What this node runs: `all` (gateway and materializers) or `gateway` (owns no shard).
+    #[arg(long, default_value = "all", value_parser = ["all", "gateway"])]
+    role: String,
+    /// How shards are owned: `static` (every shard, or --own-shards; ADR-0015) or `leases`
+    /// (balanced over the live nodes with automatic failover; ADR-0030).
+    #[arg(long, default_value = "static", value_parser = ["static", "leases"])]
+    ownership: String,
+    /// Lease TTL in leases mode, also the registry record's lifetime (renewed every third).
+    #[arg(long, default_value = "3s", value_parser = tidemark_client::parse_ttl)]
+    lease_ttl: std::time::Duration,
     /// Fault injection for fault runs: fail this percentage of lane chunk writes.
     #[arg(long, hide = true, default_value_t = 0)]
     fault_chunk_fail_pct: u8,
@@ -346,6 +364,31 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         Ok(s) => s,
         Err(why) => return Ok(refuse(why)),
     };
+    let node_id = match a.node_id.clone() {
+        Some(id) => id,
+        None => tidemark_server::ownership::random_node_id()?,
+    };
+    if let Err(e) = tidemark_store::redis::lease::check_node_id(&node_id) {
+        return Ok(refuse(e));
+    }
+    if a.lease_ttl < std::time::Duration::from_millis(300) {
+        return Ok(refuse("--lease-ttl must be at least 300ms"));
+    }
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
+    let node = NodeOptions {
+        id: node_id.clone(),
+        advertise: a
+            .advertise
+            .clone()
+            .unwrap_or_else(|| format!("{scheme}://{}/v1/ws", a.listen)),
+        role: if a.role == "gateway" {
+            Role::Gateway
+        } else {
+            Role::All
+        },
+        lease_ttl: a.lease_ttl,
+        leases: a.ownership == "leases",
+    };
     let cancel = shutdown_token();
     let running = run::serve(
         run::ServeOptions {
@@ -361,11 +404,13 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 ..Default::default()
             },
             owned_shards: a.own_shards,
+            node: Some(node),
         },
         cancel,
     )
     .await?;
     println!("gateway  {}", running.ws_url());
+    println!("node     {node_id} ({} ownership)", a.ownership);
     if running.admin_addr.is_some() {
         println!(
             "admin    {} (GET /metrics, GET /healthz)",

@@ -38,7 +38,13 @@ impl Worker {
                 });
             }
             // stopped shards too: their head and lag stay live (messages still wait there)
-            if now.duration_since(sh.last_gc) >= self.opts.gc_interval {
+            // (never a shard whose lease is no longer ours: trimming writes the core log)
+            let ours = self
+                .opts
+                .lease_gate
+                .as_ref()
+                .is_none_or(|g| g.may_write(sh.shard));
+            if ours && now.duration_since(sh.last_gc) >= self.opts.gc_interval {
                 gc_due.push((sh.last_gc, sh.shard));
             }
         }

@@ -32,12 +32,13 @@ impl Worker {
         // each hot item's record, in the same order: a record the script sends back
         // (NotUniform) goes to the chunked path as it was read, never decoded back
         let mut hot_recs: BTreeMap<usize, Vec<Vec<DispatchRecord>>> = BTreeMap::new();
+        let gate = self.opts.lease_gate.clone();
         for (s, recs) in batches {
             let map = &self.map;
             let Some(sh) = self.owned.get_mut(&s) else {
                 continue;
             };
-            if sh.stopped {
+            if sh.stopped || gate.as_ref().is_some_and(|g| !g.may_write(s)) {
                 continue;
             }
             let mut items = Vec::new();
@@ -91,6 +92,7 @@ impl Worker {
             .owned
             .values()
             .filter(|sh| !sh.stopped && !sh.pending.is_empty())
+            .filter(|sh| gate.as_ref().is_none_or(|g| g.may_write(sh.shard)))
             .map(|sh| sh.shard)
             .collect();
         for s in with_pending {

@@ -75,6 +75,10 @@ pub struct MaterializerOptions {
     pub gc_interval: Duration,
     /// Fault injection for chunk writes.
     pub fault: Option<Arc<dyn ChunkFault>>,
+    /// In leases mode, the node's per-shard write permission ([`crate::ownership`]): a shard
+    /// whose gate is closed is not read, written or garbage-collected. `None`: static
+    /// ownership, always open.
+    pub lease_gate: Option<Arc<crate::ownership::LeaseGate>>,
 }
 
 impl Default for MaterializerOptions {
@@ -84,6 +88,7 @@ impl Default for MaterializerOptions {
             block: Duration::from_millis(500),
             gc_interval: Duration::from_secs(1),
             fault: None,
+            lease_gate: None,
         }
     }
 }

@@ -240,10 +240,13 @@ impl Worker {
             }
             self.refresh_marks().await;
             self.retry_due().await;
+            let gate = self.opts.lease_gate.clone();
             let positions: Vec<(u32, u64)> = self
                 .owned
                 .values()
                 .filter(|sh| !sh.stopped && sh.retry.is_none())
+                // in leases mode, only shards whose lease is still ours (see ownership.rs)
+                .filter(|sh| gate.as_ref().is_none_or(|g| g.may_write(sh.shard)))
                 .map(|sh| (sh.shard, sh.read_pos))
                 .collect();
             let next_retry = self.next_retry();

@@ -21,6 +21,7 @@ pub use data_dir::{
 };
 pub use guard::{check_dev_auth, serve_secret};
 pub use serve::{check_identity, init_missing, redact_url, serve, Running, ServeOptions};
+pub(crate) use serve::{check_ownable, supervise_worker, WorkerSpec};
 pub use up::{up, Up, UpOptions, UP_TOPOLOGY_FILE};
 
 use std::net::SocketAddr;

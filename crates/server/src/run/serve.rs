@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tidemark_protocol::secret::TokenSecret;
+use tidemark_store::redis::dlog::LogStore;
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::{ShardMap, Topology};
@@ -15,6 +16,7 @@ use super::Error;
 use crate::gateway::{self, GatewayOptions};
 use crate::health::HealthBoard;
 use crate::materializer::{MaterializerOptions, Worker};
+use crate::ownership::{LeaseGate, LeaseLoop, NodeOptions};
 
 /// What `serve` runs.
 #[derive(Clone)]
@@ -28,7 +30,12 @@ pub struct ServeOptions {
     /// Materializer settings.
     pub materializer: MaterializerOptions,
     /// Shards this process owns (None: all). Each shard must have exactly one owner.
+    /// Ignored in leases mode.
     pub owned_shards: Option<Vec<u32>>,
+    /// This process as a node of the deployment: registered in core Redis (`tidemark
+    /// status`), and in leases mode owning the shards the balanced assignment gives it.
+    /// `None`: not registered, static ownership.
+    pub node: Option<NodeOptions>,
 }
 
 /// A running service: its addresses and its health board.
@@ -181,6 +188,38 @@ pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
     Ok(())
 }
 
+/// Checks that this code may own shard `s` before it is claimed: its watermark is one this
+/// code can own (a refusal — old code on newer data — fences nobody; a corrupt watermark under
+/// new code is let through: only that shard stays stopped), and a core log head below W (a core
+/// restored behind the mailbox side) is raised to W before anything is committed there.
+pub(crate) async fn check_ownable(
+    layout: Layout,
+    mailbox: &mut MailboxStore,
+    core: &mut LogStore,
+    s: u32,
+) -> Result<(), Error> {
+    match mailbox.check_claimable(s).await {
+        Ok(wm) => {
+            // a new commit on a head below W would reuse a delivered offset (a replay,
+            // never delivered)
+            let max_w = wm.lanes.max_present_w().unwrap_or(0);
+            if let Some(old) = core.raise_head(s, max_w).await? {
+                tracing::error!(
+                    shard = s,
+                    head = old,
+                    w = max_w,
+                    "core log head was below W (core restored to an earlier point?); \
+                     head raised to W so new commits follow it"
+                );
+                metrics::counter!("tidemark_head_raised_total").increment(1);
+            }
+            Ok(())
+        }
+        Err(e) if e.is_corrupt() && layout == Layout::PackedV2 => Ok(()),
+        Err(e) => Err(Error::Store(e)),
+    }
+}
+
 /// `url` without its password (`redis://:secret@host` → `redis://:***@host`), for messages.
 pub use tidemark_store::redact_url;
 
@@ -200,7 +239,11 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     // before any worker counts anything
     let _ = crate::telemetry::metrics_handle();
     let map = opts.topology.validate()?;
+    let leases = opts.node.as_ref().is_some_and(|n| n.leases);
+    let materializes = opts.node.as_ref().is_none_or(|n| n.role.materializes());
     let owned: Vec<u32> = match &opts.owned_shards {
+        // leases mode takes its shards later, one lease at a time; a gateway takes none
+        _ if leases || !materializes => Vec::new(),
         Some(owned) => owned
             .iter()
             .map(|&s| map.check_shard(s))
@@ -242,7 +285,7 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     let mut cores = Vec::new();
     for url in map.core_urls() {
         cores.push(
-            tidemark_store::redis::dlog::LogStore::connect(url)
+            LogStore::connect(url)
                 .await
                 .map_err(|source| Error::Connect {
                     role: "core",
@@ -252,27 +295,8 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         );
     }
     for &s in &owned {
-        match mailboxes[map.mailbox_of(s)].check_claimable(s).await {
-            Ok(wm) => {
-                // a core instance restored behind the mailbox side: its head is below W, and
-                // a new commit there would reuse a delivered offset (a replay, never
-                // delivered). Raise the head before anything is served.
-                let max_w = wm.lanes.max_present_w().unwrap_or(0);
-                let core = &mut cores[map.core_of(s)];
-                if let Some(old) = core.raise_head(s, max_w).await? {
-                    tracing::error!(
-                        shard = s,
-                        head = old,
-                        w = max_w,
-                        "core log head was below W (core restored to an earlier point?); \
-                         head raised to W so new commits follow it"
-                    );
-                    metrics::counter!("tidemark_head_raised_total").increment(1);
-                }
-            }
-            Err(e) if e.is_corrupt() && map.layout() == Layout::PackedV2 => {}
-            Err(e) => return Err(Error::Store(e)),
-        }
+        let (mb, core) = (map.mailbox_of(s), map.core_of(s));
+        check_ownable(map.layout(), &mut mailboxes[mb], &mut cores[core], s).await?;
     }
     let tracker = TaskTracker::new();
     let (err_tx, errors) = tokio::sync::mpsc::unbounded_channel();
@@ -297,7 +321,7 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         )
         .await?;
         tracker.spawn(supervise_worker(
-            worker,
+            Some(worker),
             WorkerSpec {
                 map: map.clone(),
                 core,
@@ -308,6 +332,47 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
             health.clone(),
             cancel.clone(),
         ));
+    }
+    if let Some(node) = &opts.node {
+        if leases && materializes {
+            let gate = Arc::new(LeaseGate::default());
+            let lease_loop = LeaseLoop {
+                node: node.clone(),
+                map: map.clone(),
+                mailboxes: mailboxes.clone(),
+                materializer: MaterializerOptions {
+                    lease_gate: Some(gate.clone()),
+                    ..opts.materializer.clone()
+                },
+                health: health.clone(),
+                gate,
+                tracker: tracker.clone(),
+            };
+            // not restarted in place (its workers and leases are its state): if it ends, the
+            // whole service stops and the process exits non-zero
+            let (c, tx) = (cancel.clone(), err_tx.clone());
+            tracker.spawn(async move {
+                let outcome = crate::supervise::catch_panic(lease_loop.run(c.clone())).await;
+                if c.is_cancelled() {
+                    return;
+                }
+                let ended = match outcome {
+                    Ok(()) => crate::supervise::Ended::Exited("returned".into()),
+                    Err(msg) => crate::supervise::Ended::Panicked(msg),
+                };
+                tracing::error!(%ended, "lease loop ended; stopping the service");
+                let _ = tx.send(Error::TaskEnded {
+                    task: "lease loop",
+                    ended,
+                });
+            });
+        } else {
+            tracker.spawn(crate::ownership::heartbeat_loop(
+                node.clone(),
+                map.clone(),
+                cancel.clone(),
+            ));
+        }
     }
     let addr = listener.local_addr()?;
     let admin_addr = admin.as_ref().map(|a| a.local_addr()).transpose()?;
@@ -362,26 +427,26 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
 }
 
 /// What a materializer worker is started from (again, after a panic).
-struct WorkerSpec {
-    map: ShardMap,
+pub(crate) struct WorkerSpec {
+    pub(crate) map: ShardMap,
     /// The core instance (index in the map) whose logs the worker reads.
-    core: usize,
-    mailboxes: Vec<MailboxStore>,
+    pub(crate) core: usize,
+    pub(crate) mailboxes: Vec<MailboxStore>,
     /// The owned shards of that core instance.
-    shards: Vec<u32>,
-    opts: MaterializerOptions,
+    pub(crate) shards: Vec<u32>,
+    pub(crate) opts: MaterializerOptions,
 }
 
 /// Runs `first` and, whenever a worker panics or returns before `cancel`, reports its shards
 /// down and starts a new one from `spec` (which re-claims the shards).
-async fn supervise_worker(
-    first: Worker,
+pub(crate) async fn supervise_worker(
+    first: Option<Worker>,
     spec: WorkerSpec,
     health: Arc<HealthBoard>,
     cancel: CancellationToken,
 ) {
     let ids: Vec<u32> = spec.shards.clone();
-    let mut first = Some(first);
+    let mut first = first;
     let spec = Arc::new(spec);
     let (h, c) = (health.clone(), cancel.clone());
     crate::supervise::supervise(

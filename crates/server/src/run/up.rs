@@ -221,6 +221,7 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
             gateway: opts.gateway.clone(),
             materializer: opts.materializer.clone(),
             owned_shards: None,
+            node: None,
         },
         cancel,
     )

@@ -182,6 +182,7 @@ pub fn serve_options(
         gateway,
         materializer,
         owned_shards: None,
+        node: None,
     }
 }
 

@@ -1,0 +1,408 @@
+//! Which node owns which shard when several `serve` processes (nodes) run against one
+//! deployment (issue 13, ADR-0030).
+//!
+//! Every node registers in core Redis (instance 0) with a heartbeat. In **leases** mode each
+//! node computes the same balanced assignment from the live nodes
+//! ([`tidemark_store::assign::balanced`]) and takes the shards assigned to it by winning their
+//! leases (`lease:{s}` on the shard's core instance, compare-and-set with a Redis-side expiry);
+//! a node that holds a shard assigned elsewhere hands it over (stops writing, then releases).
+//! Winning a lease is not what makes writes safe: the worker that then starts claims the shard,
+//! which raises `wm_epoch` past every epoch seen, and every write is fenced by that epoch.
+//!
+//! ```text
+//!  every tick (lease TTL / 3):
+//!   heartbeat ──▶ live nodes ──▶ target = balanced(S, live)
+//!   renew held leases      (lost or past the deadline ──▶ stop writing at once: gate closed)
+//!   held but not target    ──▶ restart that core's worker without it, then release
+//!   target but not held    ──▶ acquire; won ──▶ gate opened, worker restarted with it (claims)
+//! ```
+//!
+//! A node knows its own deadline for each lease: the time it *sent* the last successful
+//! renewal plus the TTL, minus a margin of a third of the TTL. The [`LeaseGate`] closes at that
+//! deadline and the worker writes nothing for a shard whose gate is closed, so a node that
+//! cannot renew (Redis unreachable, a GC pause, SIGSTOP) stops before its lease can expire and
+//! another node take the shard — and if it resumes later anyway, its scripts meet a higher
+//! epoch and it stops that shard (fenced).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tidemark_store::redis::dlog::LogStore;
+use tidemark_store::redis::lease::Lease;
+use tidemark_store::redis::store::MailboxStore;
+use tidemark_store::topology::ShardMap;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::health::HealthBoard;
+use crate::materializer::MaterializerOptions;
+
+/// A shard refused by [`crate::run::check_ownable`] is tried again after this long.
+const REFUSED_RECHECK: Duration = Duration::from_secs(30);
+
+/// Default lease TTL (`serve --lease-ttl`).
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
+
+/// What a node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Gateway and materializers.
+    #[default]
+    All,
+    /// Only the client protocol: owns no shard.
+    Gateway,
+    /// Only materializers (the listener serves `/healthz` and `/metrics`).
+    Materializer,
+}
+
+impl Role {
+    /// The name used in the registry and `tidemark status`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::All => "all",
+            Role::Gateway => "gateway",
+            Role::Materializer => "materializer",
+        }
+    }
+
+    /// True when the node runs materializers.
+    pub fn materializes(self) -> bool {
+        self != Role::Gateway
+    }
+}
+
+/// A node's identity and how it obtains shards.
+#[derive(Debug, Clone)]
+pub struct NodeOptions {
+    /// Node id (`--node-id`; default: a random id printed at start).
+    pub id: String,
+    /// Public client URL (`--advertise`; default from `--listen`).
+    pub advertise: String,
+    /// What the node runs.
+    pub role: Role,
+    /// Lease TTL; renewals every third of it.
+    pub lease_ttl: Duration,
+    /// Leases mode (the balanced assignment over live nodes); false: static ownership (the
+    /// node only registers).
+    pub leases: bool,
+}
+
+/// Per-shard write permission of a node in leases mode: open until the node's own deadline
+/// for the lease (see the module documentation). The materializer asks it before every step.
+#[derive(Debug, Default)]
+pub struct LeaseGate {
+    deadlines: Mutex<HashMap<u32, Instant>>,
+}
+
+impl LeaseGate {
+    /// True while this node may write `shard`.
+    pub fn may_write(&self, shard: u32) -> bool {
+        self.deadlines
+            .lock()
+            .expect("gate lock")
+            .get(&shard)
+            .is_some_and(|&d| Instant::now() < d)
+    }
+
+    fn open_until(&self, shard: u32, deadline: Instant) {
+        self.deadlines
+            .lock()
+            .expect("gate lock")
+            .insert(shard, deadline);
+    }
+
+    fn close(&self, shard: u32) {
+        self.deadlines.lock().expect("gate lock").remove(&shard);
+    }
+
+    fn deadline(&self, shard: u32) -> Option<Instant> {
+        self.deadlines
+            .lock()
+            .expect("gate lock")
+            .get(&shard)
+            .copied()
+    }
+}
+
+/// A random node id: `node-` and 8 hex digits.
+pub fn random_node_id() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 4];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(format!("node-{:08x}", u32::from_be_bytes(b)))
+}
+
+/// Everything the lease loop needs to start and stop workers.
+pub(crate) struct LeaseLoop {
+    pub node: NodeOptions,
+    pub map: ShardMap,
+    pub mailboxes: Vec<MailboxStore>,
+    pub materializer: MaterializerOptions,
+    pub health: Arc<HealthBoard>,
+    pub gate: Arc<LeaseGate>,
+    pub tracker: TaskTracker,
+}
+
+/// One core instance's running worker: its shards and how to stop it.
+struct RunningWorker {
+    shards: Vec<u32>,
+    stop: CancellationToken,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl LeaseLoop {
+    /// Runs until `cancel`: heartbeats, converges on the balanced assignment, renews. On
+    /// `cancel`: stops every worker (in-flight writes finish), releases every lease and
+    /// deregisters, so the other nodes take the shards at once.
+    pub(crate) async fn run(self, cancel: CancellationToken) {
+        let ttl = self.node.lease_ttl;
+        let ttl_ms = ttl.as_millis() as u64;
+        let tick = ttl / 3;
+        let mut cores: Vec<Option<LogStore>> = vec![None; self.map.core_urls().len()];
+        let mut held: BTreeSet<u32> = BTreeSet::new();
+        let mut workers: BTreeMap<usize, RunningWorker> = BTreeMap::new();
+        let mut first = true;
+        // shards this code may not own (old code on newer data): not retried for a while
+        let mut refused: HashMap<u32, Instant> = HashMap::new();
+        loop {
+            if !first {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(tick) => {}
+                }
+            }
+            first = false;
+            // 1. connections (re-made after a failure)
+            for (i, c) in cores.iter_mut().enumerate() {
+                if c.is_none() {
+                    match LogStore::connect(&self.map.core_urls()[i]).await {
+                        Ok(s) => *c = Some(s),
+                        Err(e) => {
+                            tracing::warn!(core = i, error = %e, "lease loop: core unreachable")
+                        }
+                    }
+                }
+            }
+            // 2. heartbeat and the live set (instance 0)
+            let live = match cores[0].as_mut() {
+                Some(c0) => {
+                    let beat = c0
+                        .heartbeat(
+                            &self.node.id,
+                            ttl_ms,
+                            &self.node.advertise,
+                            self.node.role.as_str(),
+                        )
+                        .await;
+                    match beat {
+                        Ok(_) => c0.live_nodes().await.ok(),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "heartbeat failed");
+                            cores[0] = None;
+                            None
+                        }
+                    }
+                }
+                None => None,
+            };
+            // 3. renew what is held; a lease lost or past its deadline closes its gate now
+            let mut lost = Vec::new();
+            for &s in &held {
+                let ci = self.map.core_of(s);
+                let sent = Instant::now();
+                let renewed = match cores[ci].as_mut() {
+                    Some(c) => c.renew_lease(s, &self.node.id, ttl_ms).await,
+                    None => Err(tidemark_store::Error::InvalidArgument(
+                        "no connection".into(),
+                    )),
+                };
+                match renewed {
+                    Ok(Lease::Held { .. }) => self.gate.open_until(s, sent + ttl - ttl / 3),
+                    Ok(other) => {
+                        tracing::warn!(shard = s, ?other, "lease lost; shard stopped");
+                        metrics::counter!("tidemark_lease_losses_total").increment(1);
+                        self.gate.close(s);
+                        lost.push(s);
+                    }
+                    Err(e) => {
+                        if matches!(e, tidemark_store::Error::Redis(_)) {
+                            cores[ci] = None;
+                        }
+                        if self.gate.deadline(s).is_none_or(|d| Instant::now() >= d) {
+                            tracing::warn!(shard = s, error = %e, "lease not renewed in time; shard stopped");
+                            metrics::counter!("tidemark_lease_losses_total").increment(1);
+                            self.gate.close(s);
+                            lost.push(s);
+                        }
+                    }
+                }
+            }
+            for s in lost {
+                held.remove(&s);
+            }
+            metrics::counter!("tidemark_lease_renewals_total").increment(held.len() as u64);
+            // 4. the target: balanced over the live materializing nodes (this one included)
+            let target: BTreeSet<u32> = match &live {
+                Some(nodes) => {
+                    let mut ids: Vec<String> = nodes
+                        .iter()
+                        .filter(|n| n.role != Role::Gateway.as_str())
+                        .map(|n| n.id.clone())
+                        .collect();
+                    if !ids.contains(&self.node.id) {
+                        ids.push(self.node.id.clone());
+                    }
+                    let owner = tidemark_store::assign::balanced(self.map.shards(), &ids);
+                    self.map
+                        .all_shards()
+                        .filter(|&s| ids[owner[s as usize]] == self.node.id)
+                        .collect()
+                }
+                // registry unreachable: keep what is held, take nothing new
+                None => held.clone(),
+            };
+            // 5. hand over what is held but assigned elsewhere: stop writing first
+            let give: Vec<u32> = held.difference(&target).copied().collect();
+            for &s in &give {
+                self.gate.close(s);
+                held.remove(&s);
+            }
+            // 6. take what is assigned here and free
+            for &s in target.difference(&held.clone()) {
+                let ci = self.map.core_of(s);
+                let Some(c) = cores[ci].as_mut() else {
+                    continue;
+                };
+                let sent = Instant::now();
+                if refused
+                    .get(&s)
+                    .is_some_and(|t| t.elapsed() < REFUSED_RECHECK)
+                {
+                    continue;
+                }
+                match c.acquire_lease(s, &self.node.id, ttl_ms).await {
+                    Ok(Lease::Held { .. }) => {
+                        let mut mb = self.mailboxes[self.map.mailbox_of(s)].clone();
+                        let layout = self.map.layout();
+                        if let Err(e) = crate::run::check_ownable(layout, &mut mb, c, s).await {
+                            // old code on newer data (or Redis trouble): leave it, write nothing
+                            tracing::error!(shard = s, error = %e, "shard not taken: this code may not own it");
+                            let _ = c.release_lease(s, &self.node.id).await;
+                            refused.insert(s, Instant::now());
+                            continue;
+                        }
+                        refused.remove(&s);
+                        self.gate.open_until(s, sent + ttl - ttl / 3);
+                        held.insert(s);
+                    }
+                    Ok(_) => {} // still held by its previous owner: next tick
+                    Err(e) => tracing::debug!(shard = s, error = %e, "lease not acquired"),
+                }
+            }
+            // 7. workers follow `held` (each core's worker restarted when its set changed)
+            self.apply(&held, &mut workers, &cancel).await;
+            for s in give {
+                let ci = self.map.core_of(s);
+                if let Some(c) = cores[ci].as_mut() {
+                    let _ = c.release_lease(s, &self.node.id).await;
+                }
+                self.health.forget(s);
+                tracing::info!(shard = s, "shard handed over");
+            }
+            metrics::gauge!("tidemark_node_shards_owned").set(held.len() as f64);
+        }
+        // stop: workers first (in-flight writes finish), then leases and the registry record
+        for s in &held {
+            self.gate.close(*s);
+        }
+        let none = BTreeSet::new();
+        self.apply(&none, &mut workers, &cancel).await;
+        for &s in &held {
+            if let Some(c) = cores[self.map.core_of(s)].as_mut() {
+                let _ = c.release_lease(s, &self.node.id).await;
+            }
+        }
+        if let Some(c0) = cores[0].as_mut() {
+            let _ = c0.deregister(&self.node.id).await;
+        }
+        tracing::info!(node = %self.node.id, released = held.len(), "node stopped; leases released");
+    }
+
+    /// Makes each core instance's worker own exactly `held`'s shards of that instance:
+    /// a worker whose set changed is stopped (and joined) and a new one started.
+    async fn apply(
+        &self,
+        held: &BTreeSet<u32>,
+        workers: &mut BTreeMap<usize, RunningWorker>,
+        cancel: &CancellationToken,
+    ) {
+        for core in 0..self.map.core_urls().len() {
+            let want: Vec<u32> = held
+                .iter()
+                .copied()
+                .filter(|&s| self.map.core_of(s) == core)
+                .collect();
+            if workers.get(&core).map(|w| &w.shards) == Some(&want)
+                || (want.is_empty() && !workers.contains_key(&core))
+            {
+                continue;
+            }
+            if let Some(old) = workers.remove(&core) {
+                old.stop.cancel();
+                let _ = old.done.await;
+            }
+            if want.is_empty() || cancel.is_cancelled() {
+                continue;
+            }
+            let stop = cancel.child_token();
+            let done = self.tracker.spawn(crate::run::supervise_worker(
+                None,
+                crate::run::WorkerSpec {
+                    map: self.map.clone(),
+                    core,
+                    mailboxes: self.mailboxes.clone(),
+                    shards: want.clone(),
+                    opts: self.materializer.clone(),
+                },
+                self.health.clone(),
+                stop.clone(),
+            ));
+            workers.insert(
+                core,
+                RunningWorker {
+                    shards: want,
+                    stop,
+                    done,
+                },
+            );
+        }
+    }
+}
+
+/// The registry heartbeat of a node in static mode (leases mode beats in [`LeaseLoop`]):
+/// every second until `cancel`, then the record is removed. Failures are logged and retried.
+pub(crate) async fn heartbeat_loop(node: NodeOptions, map: ShardMap, cancel: CancellationToken) {
+    let ttl_ms = node.lease_ttl.as_millis() as u64;
+    let mut core0: Option<LogStore> = None;
+    loop {
+        if core0.is_none() {
+            core0 = LogStore::connect(&map.core_urls()[0]).await.ok();
+        }
+        if let Some(c) = core0.as_mut() {
+            let role = node.role.as_str();
+            if let Err(e) = c.heartbeat(&node.id, ttl_ms, &node.advertise, role).await {
+                tracing::debug!(error = %e, "heartbeat failed");
+                core0 = None;
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(node.lease_ttl / 3) => {}
+        }
+    }
+    if let Some(c) = core0.as_mut() {
+        let _ = c.deregister(&node.id).await;
+    }
+}

@@ -84,64 +84,45 @@ fn no_child_reports_left(pid: u32) {
     }
 }
 
-const COMMON: [&str; 15] = [
-    "--clients",
-    "3",
-    "--duration",
-    "1",
-    "--fanout",
-    "2",
-    "--seed",
-    "7",
-    "--shards",
-    "4",
-    "--drain-grace",
-    "5",
-    "--appendfsync",
-    "everysec",
-    "--no-progress",
-];
+/// The options of every run here, after the command's own.
+const COMMON: &str = "--clients 3 --duration 1 --fanout 2 --seed 7 --shards 4 --drain-grace 5 \
+                      --appendfsync everysec --no-progress";
+
+/// Runs `tidemark bench ARGS COMMON --json FILE` (a command line, split at spaces); checks
+/// it wrote the merged report and left no child report behind; returns stdout and the
+/// report's runs.
+fn bench_merged(args: &str) -> (String, Vec<Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir
+        .path()
+        .join(format!("{}.json", args.split(' ').next().unwrap()));
+    let mut all: Vec<&str> = args.split(' ').chain(COMMON.split_whitespace()).collect();
+    all.extend(["--json", json.to_str().unwrap()]);
+    let (pid, stdout) = bench(&all);
+    let wrote = format!("wrote {}", json.display());
+    assert!(stdout.contains(&wrote), "{stdout}");
+    no_child_reports_left(pid);
+    (stdout, runs(&json))
+}
 
 #[test]
 fn bench_load_runs_each_layout_in_a_child_and_merges_the_reports() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("load.json");
-    let mut args = vec!["load", "--layouts", "packed-v1,packed-v2"];
-    args.extend(["--rate", "30", "--mailbox", "1", "--core", "2"]);
-    args.extend(COMMON);
-    args.extend(["--json", json.to_str().unwrap()]);
-    let (pid, stdout) = bench(&args);
-    let runs = runs(&json);
+    let (stdout, runs) =
+        bench_merged("load --layouts packed-v1,packed-v2 --rate 30 --mailbox 1 --core 2");
     assert_eq!(runs.len(), 2, "one run per layout");
-    check_run(&runs[0], "packed-v1", 1, 2, 30.0);
-    check_run(&runs[1], "packed-v2", 1, 2, 30.0);
+    for (run, layout) in runs.iter().zip(["packed-v1", "packed-v2"]) {
+        check_run(run, layout, 1, 2, 30.0);
+    }
     assert!(stdout.contains("packed-v1: sent 30"), "{stdout}");
     assert!(stdout.contains("packed-v2: sent 30"), "{stdout}");
-    assert!(
-        stdout.contains(&format!("wrote {}", json.display())),
-        "{stdout}"
-    );
-    no_child_reports_left(pid);
 }
 
 #[test]
 fn bench_ladder_runs_each_step_in_a_child_and_merges_the_reports() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("ladder.json");
-    let mut args = vec![
-        "ladder",
-        "--steps",
-        "1+1@20,2+1@30",
-        "--layouts",
-        "packed-v2",
-    ];
-    args.extend(COMMON);
-    args.extend(["--json", json.to_str().unwrap()]);
-    let (pid, stdout) = bench(&args);
-    let runs = runs(&json);
+    let (stdout, runs) = bench_merged("ladder --steps 1+1@20,2+1@30 --layouts packed-v2");
     assert_eq!(runs.len(), 2, "one run per step");
-    check_run(&runs[0], "packed-v2", 1, 1, 20.0);
-    check_run(&runs[1], "packed-v2", 2, 1, 30.0);
+    for (run, (mailbox, rate)) in runs.iter().zip([(1, 20.0), (2, 30.0)]) {
+        check_run(run, "packed-v2", mailbox, 1, rate);
+    }
     assert!(stdout.contains("2+1"), "the ladder table: {stdout}");
-    no_child_reports_left(pid);
 }

@@ -23,15 +23,14 @@
 mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use support::route;
+use support::{aof_always, route, Serve};
 use tidemark_client::{Auth, Client, Event};
-use tidemark_redis_proc::{RedisOptions, RedisProcess};
+use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
@@ -46,70 +45,14 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A `tidemark serve` child process, SIGKILLed on drop (and on our death).
-struct Serve {
-    child: Child,
-    /// Its stderr (log lines at ERROR and above).
-    log: std::path::PathBuf,
-}
-
-impl Serve {
-    fn start(core: &str, mailbox: &str, port: u16) -> Serve {
-        static STARTS: AtomicU64 = AtomicU64::new(0);
-        let n = STARTS.fetch_add(1, Ordering::SeqCst);
-        let log = tempfile_path(&format!("serve-{n}-{port}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-        cmd.args([
-            "serve",
-            "--core",
-            core,
-            "--mailbox",
-            mailbox,
-            "--shards",
-            &SHARDS.to_string(),
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--dev-auth",
-            "--fault-chunk-fail-pct",
-            "20",
-        ])
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap());
-        Serve {
-            child: support::spawn_killed_with_us(&mut cmd),
-            log,
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
-
-async fn wait_listening(port: u16) {
-    let start = Instant::now();
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "serve did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+/// `tidemark serve` on 127.0.0.1:`port` with a share (20 %) of lane chunk writes failing, its
+/// log (ERROR and above) in a file of its own.
+fn serve_faulty(core: &str, mailbox: &str, port: u16) -> Serve {
+    static STARTS: AtomicU64 = AtomicU64::new(0);
+    let n = STARTS.fetch_add(1, Ordering::SeqCst);
+    let log = tempfile_path(&format!("serve-{n}-{port}.log"));
+    let faults = ["--fault-chunk-fail-pct", "20"];
+    Serve::start((core, mailbox, SHARDS), port, &faults, "error", log)
 }
 
 #[derive(Default)]
@@ -329,11 +272,12 @@ fn counter(metrics: &str, name: &str) -> Option<f64> {
 }
 
 /// The zombie step's check: after another owner claimed every shard, the old one (still
-/// running on `port`) stops each shard as fenced once it tries to write there: `/healthz`
+/// still running) stops each shard as fenced once it tries to write there: `/healthz`
 /// names every shard `Fenced`, its log has `shard stopped … Fenced` for each, and
 /// `tidemark_shard_fenced_total` counts them. `probe` sends one message to every shard through
 /// the new owner's gateway, so each shard has a record to write.
-async fn assert_fenced(old: &Serve, port: u16, probe: &Client, round: u32) {
+async fn assert_fenced(old: &Serve, probe: &Client, round: u32) {
+    let port = old.port;
     let to: Vec<String> = (0u32..)
         .map(|i| format!("fence-probe-{i}"))
         .scan(BTreeSet::new(), |shards, u| {
@@ -389,19 +333,14 @@ async fn assert_fenced(old: &Serve, port: u16, probe: &Client, round: u32) {
 async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
     let secs = env_u64("TIDEMARK_CHAOS_SECS", 25);
     let n_users = env_u64("TIDEMARK_CHAOS_USERS", 24) as usize;
-    let opts = || RedisOptions {
-        appendonly: true,
-        appendfsync: "always".into(),
-        ..Default::default()
-    };
-    let mut core = RedisProcess::start_with(opts()).unwrap();
-    let mut mailbox = RedisProcess::start_with(opts()).unwrap();
+    let mut core = RedisProcess::start_with(aof_always()).unwrap();
+    let mut mailbox = RedisProcess::start_with(aof_always()).unwrap();
     let (core_url, mb_url) = (core.url(), mailbox.url());
     let port = tidemark_redis_proc::free_port().unwrap();
     let port_b = tidemark_redis_proc::free_port().unwrap();
-    let url = format!("ws://127.0.0.1:{port}/v1/ws");
-    let mut serve = Serve::start(&core_url, &mb_url, port);
-    wait_listening(port).await;
+    let mut serve = serve_faulty(&core_url, &mb_url, port);
+    serve.wait_listening().await;
+    let url = serve.ws_url();
 
     let users: Vec<String> = (0..n_users).map(|i| format!("u{i:03}")).collect();
     let stop_rx = Arc::new(AtomicBool::new(false));
@@ -497,8 +436,8 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
         match kind {
             "kill_serve" => {
                 serve.kill9();
-                serve = Serve::start(&core_url, &mb_url, port);
-                wait_listening(port).await;
+                serve = serve_faulty(&core_url, &mb_url, port);
+                serve.wait_listening().await;
             }
             "restart_core" => core.restart().unwrap(),
             "restart_mailbox" => mailbox.restart().unwrap(),
@@ -506,40 +445,23 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
                 for u in [&core_url, &mb_url] {
                     let c = redis::Client::open(u.as_str()).unwrap();
                     if let Ok(mut conn) = c.get_multiplexed_async_connection().await {
-                        let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                            .arg("KILL")
-                            .arg("TYPE")
-                            .arg("normal")
-                            .arg("SKIPME")
-                            .arg("yes")
-                            .query_async(&mut conn)
-                            .await;
-                        let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
-                            .arg("KILL")
-                            .arg("TYPE")
-                            .arg("pubsub")
-                            .query_async(&mut conn)
-                            .await;
+                        client_kill(&mut conn).await;
                     }
                 }
             }
             _ => {
                 // a second owner claims every shard: the first is now a zombie with the old
                 // epoch and must fail closed; then the first is restarted and fences it back
-                let mut b = Serve::start(&core_url, &mb_url, port_b);
-                wait_listening(port_b).await;
-                let probe = connect_retry(
-                    &format!("ws://127.0.0.1:{port_b}/v1/ws"),
-                    "prober",
-                    &AtomicBool::new(false),
-                )
-                .await
-                .expect("connected to the new owner");
-                assert_fenced(&serve, port, &probe, round).await;
+                let mut b = serve_faulty(&core_url, &mb_url, port_b);
+                b.wait_listening().await;
+                let probe = connect_retry(&b.ws_url(), "prober", &AtomicBool::new(false))
+                    .await
+                    .expect("connected to the new owner");
+                assert_fenced(&serve, &probe, round).await;
                 drop(probe);
                 serve.kill9();
-                serve = Serve::start(&core_url, &mb_url, port);
-                wait_listening(port).await;
+                serve = serve_faulty(&core_url, &mb_url, port);
+                serve.wait_listening().await;
                 tokio::time::sleep(Duration::from_millis(300)).await;
                 b.kill9();
             }
@@ -632,10 +554,7 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
             "{u}: W={w} below its last record after the drain"
         );
     }
-    let verify = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(["wm", "verify", "--redis", &mb_url])
-        .output()
-        .unwrap();
+    let verify = support::tidemark(&["wm", "verify", "--redis", &mb_url]);
     assert!(verify.status.success(), "{verify:?}");
     let fault_list: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let samples = samples.lock().await;
@@ -700,6 +619,15 @@ async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
         .unwrap()
 }
 
+/// One command on `conn`, which must succeed.
+async fn run(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) {
+    let () = redis::cmd(args[0])
+        .arg(&args[1..])
+        .query_async(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+}
+
 async fn client_kill(conn: &mut redis::aio::MultiplexedConnection) {
     for ty in ["normal", "pubsub"] {
         let _: redis::RedisResult<i64> = redis::cmd("CLIENT")
@@ -715,26 +643,13 @@ async fn client_kill(conn: &mut redis::aio::MultiplexedConnection) {
 
 /// `tidemark serve` without fault injection, its log in a file (printed when a run fails).
 fn serve_logged(core: &str, mailbox: &str, port: u16, log: &std::path::Path) -> Serve {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    cmd.args([
-        "serve",
-        "--core",
-        core,
-        "--mailbox",
-        mailbox,
-        "--shards",
-        &SHARDS.to_string(),
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--dev-auth",
-    ])
-    .env("RUST_LOG", "warn")
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(log).unwrap());
-    Serve {
-        child: support::spawn_killed_with_us(&mut cmd),
-        log: log.to_path_buf(),
-    }
+    Serve::start(
+        (core, mailbox, SHARDS),
+        port,
+        &[],
+        "warn",
+        log.to_path_buf(),
+    )
 }
 
 /// One quiet outage: bob is connected and got a first message; the fault starts; one message
@@ -742,19 +657,14 @@ fn serve_logged(core: &str, mailbox: &str, port: u16, log: &std::path::Path) -> 
 /// fault: once core Redis is back); the fault ends; then nothing. The message must reach bob
 /// and `/healthz` must be 200 again within a few seconds, with no further traffic.
 async fn quiet_outage(fault: Quiet) {
-    let opts = || RedisOptions {
-        appendonly: true,
-        appendfsync: "always".into(),
-        ..Default::default()
-    };
-    let mut core = RedisProcess::start_with(opts()).unwrap();
-    let mut mailbox = RedisProcess::start_with(opts()).unwrap();
+    let mut core = RedisProcess::start_with(aof_always()).unwrap();
+    let mut mailbox = RedisProcess::start_with(aof_always()).unwrap();
     let (core_url, mb_url) = (core.url(), mailbox.url());
     let port = tidemark_redis_proc::free_port().unwrap();
     let log = tempfile_path(&format!("quiet-{fault:?}.log"));
-    let _serve = serve_logged(&core_url, &mb_url, port, &log);
-    wait_listening(port).await;
-    let url = format!("ws://127.0.0.1:{port}/v1/ws");
+    let mut serve = serve_logged(&core_url, &mb_url, port, &log);
+    serve.wait_listening().await;
+    let url = serve.ws_url();
     let stop = Arc::new(AtomicBool::new(false));
     let bob = Arc::new(Mutex::new(Receiver::default()));
     let rx = tokio::spawn(receive(
@@ -801,13 +711,11 @@ async fn quiet_outage(fault: Quiet) {
         Quiet::MailboxKill9 => mailbox.kill(),
         Quiet::CoreKill9 => core.kill(),
         Quiet::MailboxAuth => {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("requirepass")
-                .arg("quiet-outage-test")
-                .query_async(&mut admin)
-                .await
-                .unwrap();
+            run(
+                &mut admin,
+                &["CONFIG", "SET", "requirepass", "quiet-outage-test"],
+            )
+            .await;
             client_kill(&mut admin).await;
         }
         Quiet::CoreClientKill => client_kill(&mut admin).await,
@@ -815,13 +723,11 @@ async fn quiet_outage(fault: Quiet) {
             libc::kill(mailbox.pid().unwrap() as i32, libc::SIGSTOP);
         },
         Quiet::MailboxBusy => {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("busy-reply-threshold")
-                .arg(100)
-                .query_async(&mut admin)
-                .await
-                .unwrap();
+            run(
+                &mut admin,
+                &["CONFIG", "SET", "busy-reply-threshold", "100"],
+            )
+            .await;
             let mut busy = redis_conn(&mb_url).await;
             tokio::spawn(async move {
                 let _: redis::RedisResult<()> = redis::cmd("EVAL")
@@ -832,13 +738,8 @@ async fn quiet_outage(fault: Quiet) {
             });
         }
         Quiet::MailboxReadonly => {
-            let nobody = tidemark_redis_proc::free_port().unwrap();
-            let _: () = redis::cmd("REPLICAOF")
-                .arg("127.0.0.1")
-                .arg(nobody)
-                .query_async(&mut admin)
-                .await
-                .unwrap();
+            let nobody = tidemark_redis_proc::free_port().unwrap().to_string();
+            run(&mut admin, &["REPLICAOF", "127.0.0.1", &nobody]).await;
         }
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -859,32 +760,17 @@ async fn quiet_outage(fault: Quiet) {
         Quiet::MailboxKill9 => mailbox.restart().unwrap(),
         Quiet::CoreKill9 => core.restart().unwrap(),
         Quiet::MailboxAuth => {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("requirepass")
-                .arg("")
-                .query_async(&mut admin)
-                .await
-                .unwrap();
+            run(&mut admin, &["CONFIG", "SET", "requirepass", ""]).await;
         }
         Quiet::CoreClientKill => {}
         Quiet::MailboxStop => unsafe {
             libc::kill(mailbox.pid().unwrap() as i32, libc::SIGCONT);
         },
         Quiet::MailboxBusy => {
-            let _: () = redis::cmd("SCRIPT")
-                .arg("KILL")
-                .query_async(&mut admin)
-                .await
-                .unwrap();
+            run(&mut admin, &["SCRIPT", "KILL"]).await;
         }
         Quiet::MailboxReadonly => {
-            let _: () = redis::cmd("REPLICAOF")
-                .arg("NO")
-                .arg("ONE")
-                .query_async(&mut admin)
-                .await
-                .unwrap();
+            run(&mut admin, &["REPLICAOF", "NO", "ONE"]).await;
         }
     }
     let second = match second {
@@ -930,10 +816,7 @@ async fn quiet_outage(fault: Quiet) {
         }
     };
     if took.is_none() || healthy.is_none() || std::env::var_os("TIDEMARK_QUIET_LOG").is_some() {
-        println!(
-            "---- serve log ----\n{}",
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        println!("---- serve log ----\n{}", serve.log_text());
     }
     stop.store(true, Ordering::SeqCst);
     let _ = rx.await;
@@ -945,42 +828,25 @@ async fn quiet_outage(fault: Quiet) {
 }
 
 fn tempfile_path(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("tidemark-chaos-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
+    support::temp_dir("chaos").join(name)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quiet_mailbox_kill9() {
-    quiet_outage(Quiet::MailboxKill9).await;
+/// One test per quiet fault.
+macro_rules! quiet_outage_tests {
+    ($($name:ident: $fault:ident,)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            quiet_outage(Quiet::$fault).await;
+        }
+    )*};
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quiet_mailbox_noauth() {
-    quiet_outage(Quiet::MailboxAuth).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quiet_mailbox_sigstop() {
-    quiet_outage(Quiet::MailboxStop).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quiet_mailbox_busy_script() {
-    quiet_outage(Quiet::MailboxBusy).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quiet_mailbox_readonly() {
-    quiet_outage(Quiet::MailboxReadonly).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quiet_core_kill9() {
-    quiet_outage(Quiet::CoreKill9).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn quiet_core_client_kill() {
-    quiet_outage(Quiet::CoreClientKill).await;
+quiet_outage_tests! {
+    quiet_mailbox_kill9: MailboxKill9,
+    quiet_mailbox_noauth: MailboxAuth,
+    quiet_mailbox_sigstop: MailboxStop,
+    quiet_mailbox_busy_script: MailboxBusy,
+    quiet_mailbox_readonly: MailboxReadonly,
+    quiet_core_kill9: CoreKill9,
+    quiet_core_client_kill: CoreClientKill,
 }

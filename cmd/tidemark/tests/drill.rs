@@ -25,127 +25,45 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
-use support::route;
+use support::{aof_always, http_get, route, tidemark, Serve};
 use tidemark_client::{Auth, Client, Event};
-use tidemark_redis_proc::{RedisOptions, RedisProcess};
+use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
 use tidemark_store::redis::dlog::LogStore;
 
 const SHARDS: u32 = 4;
 const SENDER: &str = "drill-sender";
 
-/// A `tidemark serve` child process (SIGKILLed on drop and on our death), stderr to a file.
-struct Serve {
-    child: Child,
-    port: u16,
+/// `tidemark serve --layout LAYOUT` on a free port, logging into `log`.
+fn serve(core: &str, mailbox: &str, layout: &str, log: PathBuf) -> Serve {
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let layout = ["--layout", layout];
+    Serve::start(
+        (core, mailbox, SHARDS),
+        port,
+        &layout,
+        "warn,tidemark_server=info",
+        log,
+    )
+}
+
+/// A deployment of `layout` serving: every message of the phase so far delivered.
+async fn serve_and_deliver(
+    (core, mailbox, layout): (&str, &str, &str),
     log: PathBuf,
+    (phase, users): (&str, &[String]),
+    expected: &mut Expected,
+) -> Serve {
+    let mut s = serve(core, mailbox, layout, log);
+    s.wait_listening().await;
+    send_phase(&s.ws_url(), phase, users, expected).await;
+    check_delivered(&s.ws_url(), expected).await;
+    s
 }
-
-impl Serve {
-    fn start(core: &str, mailbox: &str, layout: &str, log: PathBuf) -> Serve {
-        let port = tidemark_redis_proc::free_port().unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-        cmd.args([
-            "serve",
-            "--core",
-            core,
-            "--mailbox",
-            mailbox,
-            "--shards",
-            &SHARDS.to_string(),
-            "--layout",
-            layout,
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--dev-auth",
-        ])
-        .env("RUST_LOG", "warn,tidemark_server=info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(std::fs::File::create(&log).unwrap()));
-        Serve {
-            child: support::spawn_killed_with_us(&mut cmd),
-            port,
-            log,
-        }
-    }
-
-    fn ws_url(&self) -> String {
-        format!("ws://127.0.0.1:{}/v1/ws", self.port)
-    }
-
-    async fn wait_listening(&mut self) {
-        let start = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .is_err()
-        {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("serve exited with {st}: {}", self.log_text());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "serve did not start"
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    /// Waits (at most `secs`) for the process to exit on its own; its exit status.
-    async fn wait_exit(&mut self, secs: u64) -> std::process::ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(secs),
-                "serve did not exit: {}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// What an operator does: SIGTERM, then wait for the process to exit (SIGKILL after 10 s).
-    fn stop(&mut self) {
-        // SAFETY: signals our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn tidemark(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(args)
-        .output()
-        .expect("run tidemark")
-}
-
-use support::http_get;
 
 /// Two users per shard, in different lanes.
 fn pick_users() -> Vec<String> {
@@ -325,14 +243,9 @@ async fn wm_state(
     conn: &mut redis::aio::MultiplexedConnection,
     shard: u32,
 ) -> (String, u64, u64) {
+    let shard_arg = shard.to_string();
     let out = tidemark(&[
-        "wm",
-        "inspect",
-        "--redis",
-        mb_url,
-        "--shard",
-        &shard.to_string(),
-        "--json",
+        "wm", "inspect", "--redis", mb_url, "--shard", &shard_arg, "--json",
     ]);
     assert!(out.status.success(), "{out:?}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -347,6 +260,19 @@ async fn wm_state(
         v["epoch"].as_u64().unwrap(),
         len,
     )
+}
+
+/// Every shard's watermark is `want`: (layout, epoch, blob length).
+async fn assert_wms(
+    mb_url: &str,
+    conn: &mut redis::aio::MultiplexedConnection,
+    want: (&str, u64, u64),
+    what: &str,
+) {
+    for s in 0..SHARDS {
+        let (layout, epoch, len) = wm_state(mb_url, conn, s).await;
+        assert_eq!((layout.as_str(), epoch, len), want, "shard {s}{what}");
+    }
 }
 
 fn wm_verify(mb_url: &str) {
@@ -374,71 +300,36 @@ where
     }
 }
 
-fn log_dir() -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tidemark-drill-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn log_file(dir: &Path, name: &str) -> PathBuf {
-    dir.join(name)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upgrade_v1_to_v2_then_offline_downgrade() {
     let t0 = Instant::now();
-    let opts = || RedisOptions {
-        appendonly: true,
-        appendfsync: "always".into(),
-        ..Default::default()
-    };
-    let core = RedisProcess::start_with(opts()).unwrap();
-    let mailbox = RedisProcess::start_with(opts()).unwrap();
+    let core = RedisProcess::start_with(aof_always()).unwrap();
+    let mailbox = RedisProcess::start_with(aof_always()).unwrap();
     let (core_url, mb_url) = (core.url(), mailbox.url());
     let mut conn = redis::Client::open(mb_url.as_str())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let logs = log_dir();
+    let logs = support::temp_dir("drill");
     let users = pick_users();
     let mut expected = Expected::new();
 
     // ---- (a) the old deployment: packed-v1 ----
-    let mut old = Serve::start(
-        &core_url,
-        &mb_url,
-        "packed-v1",
-        log_file(&logs, "old-1.log"),
-    );
-    old.wait_listening().await;
-    send_phase(&old.ws_url(), "a", &users, &mut expected).await;
-    check_delivered(&old.ws_url(), &expected).await;
+    let deployment = (core_url.as_str(), mb_url.as_str(), "packed-v1");
+    let log = logs.join("old-1.log");
+    let mut old = serve_and_deliver(deployment, log, ("a", &users), &mut expected).await;
     check_mailboxes(&mut conn, &expected).await;
-    for s in 0..SHARDS {
-        let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
-        assert_eq!(
-            (layout.as_str(), epoch, len),
-            ("packed-v1", 2, 1216),
-            "shard {s}"
-        );
-    }
+    assert_wms(&mb_url, &mut conn, ("packed-v1", 2, 1216), "").await;
     wm_verify(&mb_url);
     assert_eq!(http_get(old.port, "/healthz").0, 200);
     println!("drill (a) packed-v1 deployment: ok at {:?}", t0.elapsed());
 
     // ---- (b) upgrade: a packed-v2 owner starts while the old one still runs ----
-    let mut new = Serve::start(&core_url, &mb_url, "packed-v2", log_file(&logs, "new.log"));
+    let mut new = serve(&core_url, &mb_url, "packed-v2", logs.join("new.log"));
     new.wait_listening().await;
     // claimed (epoch + 1), nothing converted yet: conversion is lazy, on the next write
-    for s in 0..SHARDS {
-        let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
-        assert_eq!(
-            (layout.as_str(), epoch, len),
-            ("packed-v1", 3, 1216),
-            "shard {s}"
-        );
-    }
+    assert_wms(&mb_url, &mut conn, ("packed-v1", 3, 1216), "").await;
     send_phase(&new.ws_url(), "b", &users, &mut expected).await;
     check_delivered(&new.ws_url(), &expected).await;
     // every shard was written: packed-v2, 19 bytes once its lanes meet again
@@ -498,12 +389,7 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
     // fails closed on the layout. It refuses every shard without writing and exits non-zero;
     // the packed-v2 owner keeps its epoch and keeps delivering.
     old.stop();
-    let mut late = Serve::start(
-        &core_url,
-        &mb_url,
-        "packed-v1",
-        log_file(&logs, "old-late.log"),
-    );
+    let mut late = serve(&core_url, &mb_url, "packed-v1", logs.join("old-late.log"));
     let status = late.wait_exit(20).await;
     let log = late.log_text();
     assert!(!status.success(), "old code must exit non-zero: {log}");
@@ -512,14 +398,8 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
         "old code beside a packed-v2 owner: {status}; {}",
         log.trim()
     );
-    for s in 0..SHARDS {
-        let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
-        assert_eq!(
-            (layout.as_str(), epoch, len),
-            ("packed-v2", 3, 19),
-            "shard {s}: epoch untouched"
-        );
-    }
+    let untouched = ": epoch untouched";
+    assert_wms(&mb_url, &mut conn, ("packed-v2", 3, 19), untouched).await;
     let c = Client::connect(&new.ws_url(), &Auth::DevUser(SENDER.into()))
         .await
         .expect("sender connects");
@@ -541,12 +421,8 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
     // It refuses to claim any shard (layout check, before the epoch is raised), writes
     // nothing and exits non-zero. A message committed meanwhile (what a gateway does before
     // its send_ack) waits in the log.
-    let mut wrong = Serve::start(
-        &core_url,
-        &mb_url,
-        "packed-v1",
-        log_file(&logs, "old-without-downgrade.log"),
-    );
+    let log = logs.join("old-without-downgrade.log");
+    let mut wrong = serve(&core_url, &mb_url, "packed-v1", log);
     let status = wrong.wait_exit(20).await;
     let log = wrong.log_text();
     assert!(!status.success(), "{log}");
@@ -555,14 +431,7 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
     commit_direct(&core_url, "c-while-refused", &users, &mut expected).await;
     check_nothing_visible(&mut conn, &mb_url, &before, &expected).await;
     wm_verify(&mb_url);
-    for s in 0..SHARDS {
-        let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
-        assert_eq!(
-            (layout.as_str(), epoch, len),
-            ("packed-v2", 3, 19),
-            "shard {s}"
-        );
-    }
+    assert_wms(&mb_url, &mut conn, ("packed-v2", 3, 19), "").await;
 
     let out = tidemark(&["wm", "downgrade", "--redis", &mb_url, "--all"]);
     assert!(out.status.success(), "{out:?}");
@@ -574,33 +443,14 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
             )),
             "{text}"
         );
-        let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
-        assert_eq!(
-            (layout.as_str(), epoch, len),
-            ("packed-v1", 3, 1216),
-            "shard {s}"
-        );
     }
+    assert_wms(&mb_url, &mut conn, ("packed-v1", 3, 1216), "").await;
     wm_verify(&mb_url);
-    let mut old2 = Serve::start(
-        &core_url,
-        &mb_url,
-        "packed-v1",
-        log_file(&logs, "old-2.log"),
-    );
-    old2.wait_listening().await;
-    send_phase(&old2.ws_url(), "c", &users, &mut expected).await;
     // nothing lost across the whole drill: (a), (b) and (c), each once, in order
-    check_delivered(&old2.ws_url(), &expected).await;
+    let log = logs.join("old-2.log");
+    let mut old2 = serve_and_deliver(deployment, log, ("c", &users), &mut expected).await;
     check_mailboxes(&mut conn, &expected).await;
-    for s in 0..SHARDS {
-        let (layout, epoch, len) = wm_state(&mb_url, &mut conn, s).await;
-        assert_eq!(
-            (layout.as_str(), epoch, len),
-            ("packed-v1", 4, 1216),
-            "shard {s}"
-        );
-    }
+    assert_wms(&mb_url, &mut conn, ("packed-v1", 4, 1216), "").await;
     wm_verify(&mb_url);
     assert_eq!(http_get(old2.port, "/healthz"), (200, "ok".to_string()));
 
@@ -610,20 +460,8 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
         .map(|(u, v)| (u, v.last().unwrap()))
         .next()
         .unwrap();
-    let out = tidemark(&[
-        "trace",
-        "--core",
-        &core_url,
-        "--mailbox",
-        &mb_url,
-        "--shards",
-        &SHARDS.to_string(),
-        "--shard",
-        &route(u, SHARDS).shard.to_string(),
-        "--offset",
-        &seq.to_string(),
-        "--json",
-    ]);
+    let shard = route(u, SHARDS).shard;
+    let out = support::trace(&core_url, &mb_url, SHARDS, shard, *seq, true);
     assert!(out.status.success(), "{out:?}");
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["status"], "materialised");

@@ -16,47 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::route;
+use support::{aof_always, redis_cmd, route, serve_healthy, until};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
-use tidemark_store::redis::store::MailboxStore;
-use tidemark_store::redis::watermark::Layout;
 
 const SHARDS: u32 = 2;
-
-fn serve(core: &str, mailbox: &str, port: u16) -> std::process::Child {
-    support::spawn_quiet(&support::serve_args(
-        core,
-        mailbox,
-        SHARDS,
-        &format!("127.0.0.1:{port}"),
-    ))
-}
-
-async fn until<F, Fut>(what: &str, secs: u64, mut f: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(secs),
-            "timed out: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
-    let c = redis::Client::open(url).unwrap();
-    let mut conn = c.get_connection().unwrap();
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut conn).unwrap()
-}
 
 /// The runbook's backup: rewrite the AOF, wait for the rewrite, copy `appendonlydir`.
 async fn backup(p: &RedisProcess, to: &Path) {
@@ -71,13 +35,13 @@ async fn backup(p: &RedisProcess, to: &Path) {
     })
     .await;
     let _ = std::fs::remove_dir_all(to);
-    let st = Command::new("cp")
-        .arg("-a")
-        .arg(p.dir().join("appendonlydir"))
-        .arg(to)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    copy_dir(&p.dir().join("appendonlydir"), to);
+}
+
+/// `cp -a from to`.
+fn copy_dir(from: &Path, to: &Path) {
+    let st = Command::new("cp").arg("-a").arg(from).arg(to).status();
+    assert!(st.unwrap().success());
 }
 
 /// The runbook's restore: stop the instance, put the copy back, start it (it loads the AOF).
@@ -85,22 +49,14 @@ fn restore(p: &mut RedisProcess, from: &Path) {
     p.kill();
     let aof = p.dir().join("appendonlydir");
     std::fs::remove_dir_all(&aof).unwrap();
-    let st = Command::new("cp")
-        .arg("-a")
-        .arg(from)
-        .arg(&aof)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    copy_dir(from, &aof);
     p.restart().unwrap();
 }
 
 fn opts(dir: PathBuf) -> RedisOptions {
     RedisOptions {
         data_dir: Some(dir),
-        appendonly: true,
-        appendfsync: "always".into(),
-        ..Default::default()
+        ..aof_always()
     }
 }
 
@@ -113,8 +69,7 @@ async fn restores_that_move_one_side_back() {
     let mut mailbox = RedisProcess::start_with(opts(root.join("mailbox"))).unwrap();
     let (core_url, mb_url) = (core.url(), mailbox.url());
     let port = tidemark_redis_proc::free_port().unwrap();
-    let mut server = serve(&core_url, &mb_url, port);
-    support::wait_healthy(port).await;
+    let mut server = serve_healthy(&core_url, &mb_url, SHARDS, port).await;
     let bob = route("bob", SHARDS);
     let s = bob.shard;
     let commits = LogStore::connect(&core_url).await.unwrap();
@@ -137,17 +92,8 @@ async fn restores_that_move_one_side_back() {
             panic!("commit {id} failed");
         }
     };
-    let lane_w = |url: String| async move {
-        MailboxStore::connect(&url, Layout::PackedV2)
-            .await
-            .unwrap()
-            .read_watermark(s)
-            .await
-            .unwrap()
-            .lanes
-            .lane(bob.lane)
-            .w
-    };
+    let lane_w =
+        |url: String| async move { support::watermark(&url, s).await.lanes.lane(bob.lane).w };
     let mailbox_bodies = |url: String| async move {
         let c = redis::Client::open(url).unwrap();
         let mut conn = c.get_multiplexed_async_connection().await.unwrap();
@@ -201,23 +147,13 @@ async fn restores_that_move_one_side_back() {
         "{body}"
     );
     let rebase = |accept: bool| {
-        let mut args = vec![
-            "shard".to_string(),
-            "rebase".into(),
-            "--redis".into(),
-            mb_url.clone(),
-            "--core".into(),
-            core_url.clone(),
-            "--shard".into(),
-            s.to_string(),
-        ];
+        let shard = s.to_string();
+        let mut args = vec!["shard", "rebase", "--redis", &mb_url, "--core", &core_url];
+        args.extend(["--shard", &shard]);
         if accept {
-            args.push("--accept-loss".into());
+            args.push("--accept-loss");
         }
-        Command::new(env!("CARGO_BIN_EXE_tidemark"))
-            .args(args)
-            .output()
-            .unwrap()
+        support::tidemark(&args)
     };
     let out = rebase(false);
     assert_eq!(out.status.code(), Some(2));
@@ -273,8 +209,7 @@ async fn restores_that_move_one_side_back() {
     let _ = server.wait();
     restore(&mut core, &core_backup);
     assert_eq!(head().await, 7);
-    server = serve(&core_url, &mb_url, port);
-    support::wait_healthy(port).await;
+    server = serve_healthy(&core_url, &mb_url, SHARDS, port).await;
     assert_eq!(head().await, 10, "raised before anything was served");
     assert_eq!(send("m11").await, 11);
     until("m11 delivered", 10, || async {

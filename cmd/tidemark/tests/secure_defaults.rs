@@ -6,53 +6,15 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use support::{http_get, spawn_killed_with_us};
+use support::{cli as tidemark, free_port, http_get, listening, run, serve_cmd, UpProc};
 
 const GOOD_SECRET: &str = "0123456789abcdef0123456789abcdef";
 
-fn tidemark() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    cmd.env_remove("TIDEMARK_TOKEN_SECRET")
-        .env_remove("TIDEMARK_TOKEN")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null());
-    cmd
-}
-
-/// Runs `cmd` to completion (at most 60 s, then it is killed and the test fails).
-fn run(cmd: &mut Command) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = spawn_killed_with_us(cmd);
-    let start = Instant::now();
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return child.wait_with_output().unwrap();
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "still running after 60 s; stderr: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn free_port() -> u16 {
-    tidemark_redis_proc::free_port().unwrap()
-}
-
-fn listening(port: u16) -> bool {
-    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
 }
 
 /// Pids of the redis-server processes whose working directory is inside `dir` (redis-server
@@ -90,9 +52,10 @@ fn serve_refuses_an_empty_or_short_secret() {
     let core = format!("redis://127.0.0.1:{}/", free_port());
     let mailbox = format!("redis://127.0.0.1:{}/", free_port());
     let listen = free_port();
-    let serve = |cmd: &mut Command| {
-        cmd.args(["serve", "--core", &core, "--mailbox", &mailbox])
-            .args(["--shards", "1", "--listen", &format!("127.0.0.1:{listen}")]);
+    let serve = || {
+        let mut cmd = serve_cmd(&core, &mailbox);
+        cmd.args(["--listen", &format!("127.0.0.1:{listen}")]);
+        cmd
     };
     let blank = dir.path().join("blank.secret");
     std::fs::write(&blank, " \n\t \n").unwrap();
@@ -117,8 +80,7 @@ fn serve_refuses_an_empty_or_short_secret() {
         ("31-byte --secret-file", None, Some(&short), false),
     ];
     for (what, env, file, dev_auth) in cases {
-        let mut cmd = tidemark();
-        serve(&mut cmd);
+        let mut cmd = serve();
         if let Some(v) = env {
             cmd.env("TIDEMARK_TOKEN_SECRET", v);
         }
@@ -134,16 +96,11 @@ fn serve_refuses_an_empty_or_short_secret() {
         assert!(!listening(listen), "{what}: something listens on {listen}");
     }
     // no secret at all and no --dev-auth: refused too
-    let mut cmd = tidemark();
-    serve(&mut cmd);
-    assert_refused(&run(&mut cmd), "no secret", "no token secret");
+    assert_refused(&run(&mut serve()), "no secret", "no token secret");
     // a 32-byte secret passes the check (and then fails on the missing Redis: exit 1)
     let ok = dir.path().join("ok.secret");
     std::fs::write(&ok, format!("  {GOOD_SECRET}\n")).unwrap();
-    let mut cmd = tidemark();
-    serve(&mut cmd);
-    cmd.arg("--secret-file").arg(&ok);
-    let o = run(&mut cmd);
+    let o = run(serve().arg("--secret-file").arg(&ok));
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
 }
 
@@ -231,16 +188,7 @@ fn dev_auth_on_a_public_address_needs_dev_auth_public() {
     let data = dir.path().join("data");
     let core = format!("redis://127.0.0.1:{}/", free_port());
     let serve = |listen: &str, extra: &[&str]| {
-        run(tidemark()
-            .args([
-                "serve",
-                "--core",
-                &core,
-                "--mailbox",
-                &core,
-                "--shards",
-                "1",
-            ])
+        run(serve_cmd(&core, &core)
             .args(["--listen", listen, "--dev-auth"])
             .args(extra))
     };
@@ -271,126 +219,8 @@ fn dev_auth_on_a_public_address_needs_dev_auth_public() {
         assert!(!stderr(&o).contains("warning"), "{}", stderr(&o));
     }
     // --dev-auth-public alone is a usage error
-    let o = run(tidemark()
-        .args([
-            "serve",
-            "--core",
-            &core,
-            "--mailbox",
-            &core,
-            "--shards",
-            "1",
-        ])
-        .arg("--dev-auth-public"));
+    let o = run(serve_cmd(&core, &core).arg("--dev-auth-public"));
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-}
-
-/// A running `tidemark up` child: its stdout lines up to "Ctrl-C stops …", its stderr so far.
-struct UpProc {
-    child: std::process::Child,
-    lines: Vec<String>,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
-}
-
-impl UpProc {
-    /// Starts `tidemark up --shards 2 --listen 127.0.0.1:0 --data-dir DATA ARGS…` and waits
-    /// until it has printed its endpoints.
-    fn start(data: &Path, args: &[&str]) -> UpProc {
-        Self::start_in(Path::new("."), "127.0.0.1:0", data, args)
-    }
-
-    /// [`UpProc::start`] in the working directory `cwd` (`data` may be relative to it) with
-    /// another `--listen`.
-    fn start_in(cwd: &Path, listen: &str, data: &Path, args: &[&str]) -> UpProc {
-        use std::io::Read;
-        let mut cmd = tidemark();
-        cmd.current_dir(cwd);
-        cmd.args(["up", "--shards", "2", "--listen", listen, "--data-dir"])
-            .arg(data)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = spawn_killed_with_us(&mut cmd);
-        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let mut err = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let rx = support::stdout_lines(&mut child);
-        let mut lines = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(line) => {
-                    let done = line.starts_with("Ctrl-C");
-                    lines.push(line);
-                    if done {
-                        break;
-                    }
-                }
-                Err(_) => {
-                    if let Some(status) = child.try_wait().unwrap() {
-                        panic!(
-                            "up exited with {status}: {}",
-                            stderr.lock().unwrap().as_str()
-                        );
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "up did not print its endpoints: {lines:?}"
-                    );
-                }
-            }
-        }
-        UpProc {
-            child,
-            lines,
-            stderr,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// The line starting with `prefix` (e.g. "gateway", "core     0").
-    fn line(&self, prefix: &str) -> &str {
-        self.lines
-            .iter()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no {prefix:?} line in {:#?}", self.lines))
-    }
-
-    /// SIGTERM, then waits for a clean exit.
-    fn stop(mut self) -> String {
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                assert!(
-                    status.success(),
-                    "up exited with {status}: {}",
-                    self.stderr()
-                );
-                break;
-            }
-            assert!(Instant::now() < deadline, "up did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        self.stderr()
-    }
 }
 
 fn mode(p: &Path) -> u32 {
@@ -482,17 +312,6 @@ fn up_keeps_its_data_dir_private() {
     assert!(!stderr.contains("note:"), "{stderr}");
 }
 
-/// The port in an endpoint line such as `core     0 redis://127.0.0.1:41733/`.
-fn port_of(line: &str) -> u16 {
-    let url = line.split_whitespace().nth(2).unwrap();
-    url.trim_end_matches('/')
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
 /// One inline command on a fresh connection; every reply byte until `n` lines came back.
 fn redis_raw(port: u16, commands: &str, n: usize) -> String {
     use std::io::{Read, Write};
@@ -530,18 +349,8 @@ fn up_redis_servers_require_a_password() {
         !printed.contains(&pass),
         "up printed the password:\n{printed}"
     );
-    let (core, mailbox) = (
-        port_of(up.line("core     0")),
-        port_of(up.line("mailbox  0")),
-    );
-    let gw: u16 = up
-        .line("gateway")
-        .trim_end_matches("/v1/ws")
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (core, mailbox) = (up.port("core     0"), up.port("mailbox  0"));
+    let gw = up.port("gateway");
 
     // any local process without the password: NOAUTH, on every instance
     for port in [core, mailbox] {
@@ -558,34 +367,23 @@ fn up_redis_servers_require_a_password() {
         assert!(!String::from_utf8_lossy(&cmdline).contains(&pass));
     }
     // the commands up prints work as printed
-    let cli = up
-        .lines
-        .iter()
-        .find(|l| l.contains("redis-cli"))
-        .expect("a redis-cli line")
-        .trim()
-        .to_string();
-    let o = run(Command::new("sh")
-        .arg("-c")
-        .arg(format!("{cli} PING"))
-        .current_dir(dir.path()));
+    let sh = |line: &str| {
+        run(Command::new("sh")
+            .arg("-c")
+            .arg(line)
+            .current_dir(dir.path()))
+    };
+    let cli = up.containing("redis-cli");
+    let o = sh(&format!("{cli} PING"));
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
         "PONG",
         "{cli}: {}",
         stderr(&o)
     );
-    let verify = up
-        .lines
-        .iter()
-        .find(|l| l.contains("tidemark wm verify"))
-        .expect("a wm verify line")
-        .trim()
-        .replacen("tidemark", env!("CARGO_BIN_EXE_tidemark"), 1);
-    let o = run(Command::new("sh")
-        .arg("-c")
-        .arg(&verify)
-        .current_dir(dir.path()));
+    let verify = up.containing("tidemark wm verify");
+    let verify = verify.replacen("tidemark", env!("CARGO_BIN_EXE_tidemark"), 1);
+    let o = sh(&verify);
     assert!(o.status.success(), "{verify}: {}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("2 watermark(s) checked, 0 problem(s)"));
 
@@ -622,22 +420,24 @@ fn up_redis_servers_require_a_password() {
     }
     assert_eq!(http_get(gw, "/healthz").0, 200);
     let url = |port: u16| format!("redis://:{pass}@127.0.0.1:{port}/");
-    let o = run(tidemark().args([
-        "trace",
+    // `tidemark trace` of the message, its instances given by `with`: materialised
+    let traced = |with: &[&str]| {
+        let at = ["--shard", shard, "--offset", offset];
+        let o = run(tidemark().arg("trace").args(with).args(at));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(o.status.success(), "{out}{}", stderr(&o));
+        assert!(out.contains("materialised, entry present"), "{out}");
+        out
+    };
+    let (core_url, mailbox_url) = (url(core), url(mailbox));
+    let out = traced(&[
         "--core",
-        &url(core),
+        &core_url,
         "--mailbox",
-        &url(mailbox),
+        &mailbox_url,
         "--shards",
         "2",
-        "--shard",
-        shard,
-        "--offset",
-        offset,
-    ]));
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{out}{}", stderr(&o));
-    assert!(out.contains("materialised, entry present"), "{out}");
+    ]);
     assert!(!out.contains(&pass), "trace printed the password:\n{out}");
     assert!(out.contains(":***@127.0.0.1"), "{out}");
     let o = run(tidemark().args(["wm", "inspect", "--redis", &url(mailbox), "--shard", shard]));
@@ -645,18 +445,7 @@ fn up_redis_servers_require_a_password() {
     // the topology up runs, for read-only tools (issue 10: trace --config on the data dir)
     let topo = data.join("tidemark.toml");
     assert_eq!(mode(&topo), 0o600);
-    let o = run(tidemark().args([
-        "trace",
-        "--config",
-        topo.to_str().unwrap(),
-        "--shard",
-        shard,
-        "--offset",
-        offset,
-    ]));
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{out}{}", stderr(&o));
-    assert!(out.contains("materialised, entry present"), "{out}");
+    traced(&["--config", topo.to_str().unwrap()]);
     // without the password the tools are refused
     let o = run(tidemark().args([
         "wm",
@@ -692,17 +481,10 @@ fn up_redis_servers_require_a_password() {
         std::fs::read_to_string(data.join("redis.pass")).unwrap(),
         pass
     );
-    let mailbox = port_of(up.line("mailbox  0"));
+    let mailbox = up.port("mailbox  0");
     let r = redis_raw(mailbox, &format!("AUTH {pass}\r\nPING\r\n"), 2);
     assert_eq!(r, "+OK\r\n+PONG\r\n");
-    let gw: u16 = up
-        .line("gateway")
-        .trim_end_matches("/v1/ws")
-        .rsplit(':')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let gw = up.port("gateway");
     let (status, body) = http_get(gw, "/v1/mailbox?user=bob");
     assert!(
         status == 200 && body.contains("hello bob"),

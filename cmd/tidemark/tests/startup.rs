@@ -8,6 +8,7 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use support::tidemark;
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
@@ -19,10 +20,9 @@ fn serve_args(core: &str, mailbox: &str, listen: &str) -> Vec<String> {
 }
 
 async fn epochs(mb: &str) -> Vec<u64> {
-    let mut st = MailboxStore::connect(mb, Layout::PackedV2).await.unwrap();
     let mut out = Vec::new();
     for s in 0..SHARDS {
-        out.push(st.read_watermark(s).await.unwrap().epoch);
+        out.push(support::watermark(mb, s).await.epoch);
     }
     out
 }
@@ -43,24 +43,10 @@ fn run_to_exit(args: &[String]) -> std::process::Output {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_serve_that_cannot_start_fences_nobody() {
-    let core = RedisProcess::start().unwrap();
-    let mailbox = RedisProcess::start().unwrap();
+    let (core, mailbox) = support::redis_pair();
     let port = tidemark_redis_proc::free_port().unwrap();
     let listen = format!("127.0.0.1:{port}");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    cmd.args(serve_args(&core.url(), &mailbox.url(), &listen))
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let mut running = support::spawn_killed_with_us(&mut cmd);
-    let start = Instant::now();
-    while support::http_get(port, "/healthz").0 != 200 {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "serve did not start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut running = support::serve_healthy(&core.url(), &mailbox.url(), SHARDS, port).await;
     let before = epochs(&mailbox.url()).await;
 
     // 1. the listen address is taken
@@ -112,13 +98,6 @@ async fn wm_keys(url: &str) -> Vec<u32> {
         .unwrap()
 }
 
-/// Starts `serve` and waits until `/healthz` answers 200; returns the child.
-async fn serve_until_healthy(args: &[String], port: u16) -> std::process::Child {
-    let child = support::spawn_quiet(args);
-    support::wait_healthy(port).await;
-    child
-}
-
 /// Issue 10, item 2: the shard count and the tables are recorded in every instance at first
 /// start; a process with another shard count is refused before it writes anything, and so is
 /// one that meets watermarks its topology does not place on an instance (deployments created
@@ -135,7 +114,7 @@ async fn another_shard_count_is_refused_and_writes_nothing() {
     let mut args = serve_args(&core.url(), &mailboxes, &listen);
     let i = args.iter().position(|a| a == "--shards").unwrap();
     args[i + 1] = "8".into();
-    let mut first = serve_until_healthy(&args, port).await;
+    let mut first = support::spawn_healthy(&args, port).await;
     let _ = first.kill();
     let _ = first.wait();
     assert_eq!(wm_keys(&mb0.url()).await, vec![0, 1, 2, 3]);
@@ -163,10 +142,7 @@ async fn another_shard_count_is_refused_and_writes_nothing() {
 
     // advice for a missing watermark says what the instance is
     let inspect = |url: &str, shard: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-            .args(["wm", "inspect", "--redis", url, "--shard", shard])
-            .output()
-            .unwrap();
+        let out = tidemark(&["wm", "inspect", "--redis", url, "--shard", shard]);
         assert_eq!(out.status.code(), Some(4));
         String::from_utf8_lossy(&out.stderr).to_string()
     };
@@ -184,36 +160,23 @@ async fn another_shard_count_is_refused_and_writes_nothing() {
     // a deployment from before identities: its watermarks decide
     let legacy = RedisProcess::start().unwrap();
     let legacy_core = RedisProcess::start().unwrap();
-    let mut st = MailboxStore::connect(&legacy.url(), Layout::PackedV2)
-        .await
-        .unwrap();
-    for s in 0..8 {
-        st.init_watermark(s, Layout::PackedV2, 1, 0, false)
-            .await
-            .unwrap();
-    }
+    support::init_watermarks(&legacy.url(), 8).await;
     let out = run_to_exit(&serve_args(&legacy_core.url(), &legacy.url(), &listen));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("shards 4-7"), "{err}");
 
     // wm verify: a core instance is named as such; a stray watermark is reported
-    let verify = |urls: String| {
-        Command::new(env!("CARGO_BIN_EXE_tidemark"))
-            .args(["wm", "verify", "--redis", &urls])
-            .output()
-            .unwrap()
-    };
-    let out = verify(core.url());
+    let out = tidemark(&["wm", "verify", "--redis", &core.url()]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("core instance 0"));
-    st = MailboxStore::connect(&mb0.url(), Layout::PackedV2)
+    let mut st = MailboxStore::connect(&mb0.url(), Layout::PackedV2)
         .await
         .unwrap();
     st.init_watermark(6, Layout::PackedV2, 1, 0, false)
         .await
         .unwrap();
-    let out = verify(mailboxes.clone());
+    let out = tidemark(&["wm", "verify", "--redis", &mailboxes]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success());
     assert!(text.contains("wm:{6} does not belong here"), "{text}");
@@ -223,8 +186,7 @@ async fn another_shard_count_is_refused_and_writes_nothing() {
 /// is an error; `up --layout packed-v1` on a packed-v2 data dir is refused.
 #[test]
 fn configuration_mistakes_are_refused() {
-    let dir = std::env::temp_dir().join(format!("tidemark-startup-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::temp_dir("startup");
     let cfg = dir.join("deploy.toml");
     std::fs::write(
         &cfg,
@@ -232,23 +194,18 @@ fn configuration_mistakes_are_refused() {
          mailbox_of_shards = [0, 0, 0, 0]\n",
     )
     .unwrap();
-    let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_tidemark"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
-    let out = run(&["serve", "--config", cfg.to_str().unwrap(), "--dev-auth"]);
+    let cfg = cfg.to_str().unwrap();
+    let out = tidemark(&["serve", "--config", cfg, "--dev-auth"]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("unknown field `mailbox_of_shards`"),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let out = run(&[
+    let out = tidemark(&[
         "serve",
         "--config",
-        cfg.to_str().unwrap(),
+        cfg,
         "--layout",
         "packed-v1",
         "--dev-auth",
@@ -263,18 +220,15 @@ fn configuration_mistakes_are_refused() {
         "shards = 4\ncore = 1\nmailbox = 1\nlayout = \"packed-v2\"\n",
     )
     .unwrap();
-    let out = run(&[
-        "up",
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--shards",
-        "4",
+    let mut up = vec!["up", "--data-dir", data.to_str().unwrap(), "--shards", "4"];
+    up.extend([
         "--layout",
         "packed-v1",
         "--dev-auth",
         "--listen",
         "127.0.0.1:0",
     ]);
+    let out = tidemark(&up);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("wm downgrade"), "{err}");
@@ -286,31 +240,15 @@ fn configuration_mistakes_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_shard_stops_only_itself() {
     use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
-    let core = RedisProcess::start().unwrap();
-    let mailbox = RedisProcess::start().unwrap();
-    let mut st = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
-        .await
-        .unwrap();
-    for s in 0..SHARDS {
-        st.init_watermark(s, Layout::PackedV2, 1, 0, false)
-            .await
-            .unwrap();
-    }
+    let (core, mailbox) = support::redis_pair();
+    let mut st = support::init_watermarks(&mailbox.url(), SHARDS).await;
     let mut conn = st.connection();
     let _: () = redis::AsyncCommands::hset(&mut conn, "wm:{1}", "wm_blob", "short")
         .await
         .unwrap();
     let port = tidemark_redis_proc::free_port().unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    cmd.args(serve_args(
-        &core.url(),
-        &mailbox.url(),
-        &format!("127.0.0.1:{port}"),
-    ))
-    .env("RUST_LOG", "error")
-    .stdout(Stdio::null())
-    .stderr(Stdio::null());
-    let mut child = support::spawn_killed_with_us(&mut cmd);
+    let listen = format!("127.0.0.1:{port}");
+    let mut child = support::spawn_quiet(&serve_args(&core.url(), &mailbox.url(), &listen));
     let start = Instant::now();
     let body = loop {
         let (status, body) = support::http_get(port, "/healthz");
@@ -327,14 +265,7 @@ async fn a_corrupt_shard_stops_only_itself() {
     // sends to the corrupt shard are refused before anything commits (issue 10, item 4)
     let on_shard_1 = (0..)
         .map(|i| format!("u{i}"))
-        .find(|u| {
-            tidemark_store::topology::Topology::single(SHARDS, Layout::PackedV2, "", "")
-                .validate()
-                .unwrap()
-                .route(u)
-                .shard
-                == 1
-        })
+        .find(|u| support::route(u, SHARDS).shard == 1)
         .unwrap();
     let (status, body) = support::http_post(
         port,
@@ -414,33 +345,17 @@ async fn a_corrupt_shard_stops_only_itself() {
 /// converted and what it skipped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn downgrade_refuses_a_live_owner() {
-    let core = RedisProcess::start().unwrap();
-    let mailbox = RedisProcess::start().unwrap();
+    let (core, mailbox) = support::redis_pair();
     let port = tidemark_redis_proc::free_port().unwrap();
-    let args = serve_args(&core.url(), &mailbox.url(), &format!("127.0.0.1:{port}"));
-    let mut owner = serve_until_healthy(&args, port).await;
+    let mut owner = support::serve_healthy(&core.url(), &mailbox.url(), SHARDS, port).await;
     // the owner refreshes its marks once a second
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let tm = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_tidemark"))
-            .args(args)
-            .output()
-            .unwrap()
-    };
     let mb = mailbox.url();
     let layout = |s: u32| {
         let mb = mb.clone();
-        async move {
-            MailboxStore::connect(&mb, Layout::PackedV2)
-                .await
-                .unwrap()
-                .read_watermark(s)
-                .await
-                .unwrap()
-                .layout
-        }
+        async move { support::watermark(&mb, s).await.layout }
     };
-    let out = tm(&["wm", "downgrade", "--redis", &mb, "--all"]);
+    let out = tidemark(&["wm", "downgrade", "--redis", &mb, "--all"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{text}");
     assert!(text.contains("0 converted, 4 skipped"), "{text}");
@@ -450,14 +365,16 @@ async fn downgrade_refuses_a_live_owner() {
     );
     assert_eq!(layout(0).await, Layout::PackedV2);
     // fenced: the owner can no longer write, the downgrade goes through
-    assert!(tm(&["shard", "fence", "--redis", &mb, "--shard", "0"])
-        .status
-        .success());
-    let out = tm(&["wm", "downgrade", "--redis", &mb, "--shard", "0"]);
+    assert!(
+        tidemark(&["shard", "fence", "--redis", &mb, "--shard", "0"])
+            .status
+            .success()
+    );
+    let out = tidemark(&["wm", "downgrade", "--redis", &mb, "--shard", "0"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(layout(0).await, Layout::PackedV1);
     // --force-offline: converted, with a warning
-    let out = tm(&[
+    let out = tidemark(&[
         "wm",
         "downgrade",
         "--redis",
@@ -471,7 +388,7 @@ async fn downgrade_refuses_a_live_owner() {
     // a clean stop removes the marks: the rest converts at once
     unsafe { libc::kill(owner.id() as i32, libc::SIGTERM) };
     let _ = owner.wait();
-    let out = tm(&["wm", "downgrade", "--redis", &mb, "--all"]);
+    let out = tidemark(&["wm", "downgrade", "--redis", &mb, "--all"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("4 converted, 0 skipped"), "{text}");
@@ -516,16 +433,10 @@ fn logs_are_plain_or_json_only() {
 #[test]
 fn secret_gen_writes_a_private_secret_once() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("tidemark-secret-gen-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::temp_dir("secret-gen");
     let path = dir.join("token.secret");
     let _ = std::fs::remove_file(&path);
-    let gen = || {
-        Command::new(env!("CARGO_BIN_EXE_tidemark"))
-            .args(["secret", "gen", "--out", path.to_str().unwrap()])
-            .output()
-            .unwrap()
-    };
+    let gen = || tidemark(&["secret", "gen", "--out", path.to_str().unwrap()]);
     let out = gen();
     assert!(out.status.success(), "{out:?}");
     let secret = std::fs::read_to_string(&path).unwrap();
@@ -539,16 +450,13 @@ fn secret_gen_writes_a_private_secret_once() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("never overwritten"));
     assert_eq!(std::fs::read_to_string(&path).unwrap(), secret);
-    let out = Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args([
-            "token",
-            "--user",
-            "bob",
-            "--secret-file",
-            path.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = tidemark(&[
+        "token",
+        "--user",
+        "bob",
+        "--secret-file",
+        path.to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{out:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,20 +7,10 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::route;
-use tidemark_redis_proc::RedisProcess;
+use support::{route, serve_healthy};
 use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
 
 const SHARDS: u32 = 4;
-
-fn serve(core: &str, mailbox: &str, port: u16) -> std::process::Child {
-    support::spawn_quiet(&support::serve_args(
-        core,
-        mailbox,
-        SHARDS,
-        &format!("127.0.0.1:{port}"),
-    ))
-}
 
 async fn wait_for(path: &std::path::Path, what: &str, limit: Duration) -> String {
     let start = Instant::now();
@@ -40,13 +30,10 @@ async fn wait_for(path: &std::path::Path, what: &str, limit: Duration) -> String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_reconnects_resumes_and_gives_up() {
-    let core = RedisProcess::start().unwrap();
-    let mailbox = RedisProcess::start().unwrap();
+    let (core, mailbox) = support::redis_pair();
     let port = tidemark_redis_proc::free_port().unwrap();
-    let mut server = serve(&core.url(), &mailbox.url(), port);
-    support::wait_healthy(port).await;
-    let dir = std::env::temp_dir().join(format!("tidemark-tail-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let mut server = serve_healthy(&core.url(), &mailbox.url(), SHARDS, port).await;
+    let dir = support::temp_dir("tail");
     let (out_path, err_path) = (dir.join("out"), dir.join("err"));
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tidemark"));
     cmd.args([
@@ -95,8 +82,7 @@ async fn tail_reconnects_resumes_and_gives_up() {
         )
         .await
         .unwrap();
-    server = serve(&core.url(), &mailbox.url(), port);
-    support::wait_healthy(port).await;
+    server = serve_healthy(&core.url(), &mailbox.url(), SHARDS, port).await;
     wait_for(
         &err_path,
         "reconnected; resuming after 1",

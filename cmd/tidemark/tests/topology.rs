@@ -14,8 +14,6 @@ use support::route;
 use tidemark_client::{Auth, Client, Event};
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
-use tidemark_store::redis::store::MailboxStore;
-use tidemark_store::redis::watermark::Layout;
 
 const SHARDS: u32 = 8;
 /// Shard → core instance. The default ranges would be [0, 0, 0, 0, 1, 1, 1, 1].
@@ -96,10 +94,8 @@ async fn delivered(c: &mut Client, body: &str, wait: Duration) -> bool {
 async fn epochs(mailboxes: &[String]) -> Vec<u64> {
     let mut out = Vec::new();
     for s in 0..SHARDS {
-        let mut st = MailboxStore::connect(&mailboxes[MAILBOX_OF[s as usize]], Layout::PackedV2)
-            .await
-            .unwrap();
-        out.push(st.read_watermark(s).await.unwrap().epoch);
+        let mailbox = &mailboxes[MAILBOX_OF[s as usize]];
+        out.push(support::watermark(mailbox, s).await.epoch);
     }
     out
 }

@@ -5,7 +5,7 @@
 //! (pending, staging), an acked and trimmed entry, a record trimmed from the log, an offset
 //! above the head, a corrupt watermark, a lost entry, and `--config` table selection.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
 use tidemark_protocol::entry::encode_entry;
 use tidemark_redis_proc::RedisProcess;
@@ -13,48 +13,38 @@ use tidemark_store::redis::dlog::LogStore;
 use tidemark_store::redis::store::{
     Advance, AdvanceRecord, MailboxStore, Materialized, SingleItem,
 };
-use tidemark_store::redis::watermark::{Layout, LANES};
+use tidemark_store::redis::watermark::LANES;
 mod support;
-use support::route;
+use support::{redis_cmd, route, tidemark};
 
 const SHARDS: u32 = 4;
 const SHARD: u32 = 2;
 const SENT_AT: u64 = 1_764_489_600_000_000;
 
-fn tidemark(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(args)
-        .output()
-        .expect("run tidemark")
+/// `tidemark trace` of `offset` in `SHARD`.
+fn trace(core: &str, mb: &str, offset: u64, json: bool) -> Output {
+    support::trace(core, mb, SHARDS, SHARD, offset, json)
 }
 
-fn trace(core: &str, mb: &str, offset: u64, json: bool) -> Output {
-    let o = offset.to_string();
-    let s = SHARD.to_string();
-    let sh = SHARDS.to_string();
-    let mut args = vec![
-        "trace",
-        "--core",
-        core,
-        "--mailbox",
-        mb,
-        "--shards",
-        &sh,
-        "--shard",
-        &s,
-        "--offset",
-        &o,
-    ];
-    if json {
-        args.push("--json");
-    }
-    tidemark(&args)
+/// Two redis-servers (core, mailbox), a store of each, every watermark initialised.
+async fn instances() -> ((RedisProcess, RedisProcess), LogStore, MailboxStore) {
+    let (core_p, mb_p) = support::redis_pair();
+    let core = LogStore::connect(&core_p.url()).await.unwrap();
+    let store = support::init_watermarks(&mb_p.url(), SHARDS).await;
+    ((core_p, mb_p), core, store)
 }
 
 fn trace_json(core: &str, mb: &str, offset: u64) -> serde_json::Value {
     let out = trace(core, mb, offset, true);
     assert!(out.status.success(), "{out:?}");
     serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// `tidemark trace` (text) of `offset`, which must exit with `code`: (stdout, stderr).
+fn trace_exit(core: &str, mb: &str, offset: u64, code: i32) -> (String, String) {
+    let out = trace(core, mb, offset, false);
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
+    (text(&out.stdout), text(&out.stderr))
 }
 
 fn text(b: &[u8]) -> String {
@@ -80,19 +70,8 @@ fn two_users() -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_delivered_pending_trimmed_above_head() {
-    let core_p = RedisProcess::start().unwrap();
-    let mb_p = RedisProcess::start().unwrap();
+    let ((core_p, mb_p), mut core, mut store) = instances().await;
     let (core_url, mb_url) = (core_p.url(), mb_p.url());
-    let mut core = LogStore::connect(&core_url).await.unwrap();
-    let mut store = MailboxStore::connect(&mb_url, Layout::PackedV2)
-        .await
-        .unwrap();
-    for s in 0..SHARDS {
-        store
-            .init_watermark(s, Layout::PackedV2, 1, 0, false)
-            .await
-            .unwrap();
-    }
     let epoch = store.claim(SHARD).await.unwrap();
     let (bob, carol) = two_users();
     let (lb, lc) = (route(&bob, SHARDS).lane, route(&carol, SHARDS).lane);
@@ -144,9 +123,7 @@ async fn trace_delivered_pending_trimmed_above_head() {
     assert_eq!(r["entry"]["from"], "alice");
     assert_eq!(v["problems"], serde_json::json!([]));
 
-    let out = trace(&core_url, &mb_url, 1, false);
-    assert!(out.status.success(), "{out:?}");
-    let t = text(&out.stdout);
+    let (t, _) = trace_exit(&core_url, &mb_url, 1, 0);
     assert!(
         t.contains("offset 1 prev 0, from alice, client id m-1"),
         "{t}"
@@ -229,9 +206,7 @@ async fn trace_delivered_pending_trimmed_above_head() {
 
     // GC trims the log at or below the lowest W: the trace continues from the mailboxes
     core.trim(SHARD, 2).await.unwrap();
-    let out = trace(&core_url, &mb_url, 2, false);
-    assert!(out.status.success(), "{out:?}");
-    let t = text(&out.stdout);
+    let (t, _) = trace_exit(&core_url, &mb_url, 2, 0);
     assert!(
         t.contains("record trimmed from the log (fully materialised)"),
         "{t}"
@@ -259,14 +234,12 @@ async fn trace_delivered_pending_trimmed_above_head() {
         .all(|r| r["state"] == "materialised"));
 
     // above the head: non-zero exit, a clear message, nothing on stdout
-    let out = trace(&core_url, &mb_url, 3, false);
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let err = text(&out.stderr);
+    let (t, err) = trace_exit(&core_url, &mb_url, 3, 1);
     assert!(err.contains("offset 3 is above the log head 2"), "{err}");
-    assert!(out.stdout.is_empty());
+    assert!(t.is_empty());
 
     // --config: the shard's instances come from the static tables
-    let dir = tempfile_dir();
+    let dir = support::temp_dir("trace-cli");
     let cfg = dir.join("deploy.toml");
     std::fs::write(
         &cfg,
@@ -319,9 +292,7 @@ async fn trace_delivered_pending_trimmed_above_head() {
             "3",
         ],
     );
-    let out = trace(&core_url, &mb_url, 3, false);
-    assert_eq!(out.status.code(), Some(5), "{out:?}");
-    let t = text(&out.stdout);
+    let (t, _) = trace_exit(&core_url, &mb_url, 3, 5);
     assert!(t.contains("MISSING") && t.contains("problem"), "{t}");
 
     // a corrupt watermark: exit 3, one `corrupt:` line (the wm inspect convention)
@@ -329,9 +300,7 @@ async fn trace_delivered_pending_trimmed_above_head() {
         &mb_url,
         &["HSET", &format!("wm:{{{SHARD}}}"), "wm_blob", "xx"],
     );
-    let out = trace(&core_url, &mb_url, 1, false);
-    assert_eq!(out.status.code(), Some(3), "{out:?}");
-    let err = text(&out.stderr);
+    let (_, err) = trace_exit(&core_url, &mb_url, 1, 3);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         err.starts_with("corrupt:") && err.contains("bad_length"),
@@ -340,39 +309,12 @@ async fn trace_delivered_pending_trimmed_above_head() {
     std::fs::remove_dir_all(dir).ok();
 }
 
-fn tempfile_dir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("tidemark-trace-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
-    let client = redis::Client::open(url).unwrap();
-    let mut c = client.get_connection().unwrap();
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut c).unwrap()
-}
-
 /// Issue 10, item 9: a record gone from the log while W is below it is `lost`, never
 /// `materialised`; a shard count that contradicts the deployment's identity is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trace_lost_record_and_wrong_shard_count() {
-    let core_p = RedisProcess::start().unwrap();
-    let mb_p = RedisProcess::start().unwrap();
+    let ((core_p, mb_p), mut core, _store) = instances().await;
     let (core_url, mb_url) = (core_p.url(), mb_p.url());
-    let mut core = LogStore::connect(&core_url).await.unwrap();
-    let mut store = MailboxStore::connect(&mb_url, Layout::PackedV2)
-        .await
-        .unwrap();
-    for s in 0..SHARDS {
-        store
-            .init_watermark(s, Layout::PackedV2, 1, 0, false)
-            .await
-            .unwrap();
-    }
     let (bob, _) = two_users();
     for i in 0..2 {
         core.commit(SHARD, "alice", &format!("l-{i}"), &[&bob], "x", SENT_AT, 60)
@@ -384,9 +326,7 @@ async fn trace_lost_record_and_wrong_shard_count() {
         &core_url,
         &["XTRIM", &format!("dlog:{{{SHARD}}}"), "MINID", "3-0"],
     );
-    let out = trace(&core_url, &mb_url, 1, false);
-    assert_eq!(out.status.code(), Some(5), "{out:?}");
-    let t = text(&out.stdout);
+    let (t, _) = trace_exit(&core_url, &mb_url, 1, 5);
     assert!(t.contains("status     lost"), "{t}");
     assert!(!t.contains("materialised for every recipient"), "{t}");
     let out = trace(&core_url, &mb_url, 2, true);
@@ -407,19 +347,7 @@ async fn trace_lost_record_and_wrong_shard_count() {
     tidemark_store::deployment::record_if_absent(&mut conn, &id)
         .await
         .unwrap();
-    let out = tidemark(&[
-        "trace",
-        "--core",
-        &core_url,
-        "--mailbox",
-        &mb_url,
-        "--shards",
-        "8",
-        "--shard",
-        "2",
-        "--offset",
-        "1",
-    ]);
+    let out = support::trace(&core_url, &mb_url, 8, 2, 1, false);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(

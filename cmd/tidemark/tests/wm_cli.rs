@@ -1,25 +1,9 @@
 //! `tidemark wm …` and `tidemark shard fence` as a user runs them, against a real redis-server.
 
-use std::process::{Command, Output};
+mod support;
 
+use support::{redis_cmd, tidemark};
 use tidemark_redis_proc::RedisProcess;
-
-fn tidemark(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_tidemark"))
-        .args(args)
-        .output()
-        .expect("run tidemark")
-}
-
-fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
-    let client = redis::Client::open(url).unwrap();
-    let mut c = client.get_connection().unwrap();
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut c).unwrap()
-}
 
 #[test]
 fn init_inspect_downgrade_verify_fence() {

@@ -92,6 +92,13 @@ async fn connect(url: &str, user: &str) -> Client {
         .unwrap_or_else(|e| panic!("connect {user}: {e}"))
 }
 
+/// Sends as `c` and waits (at most 10 s) for the offsets.
+async fn send(c: &Client, id: &str, to: &[String], body: &str) -> BTreeMap<u32, u64> {
+    c.send_and_wait(id, to, body, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("send {id}: {e}"))
+}
+
 fn collector(mut c: Client, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<Client> {
     tokio::spawn(async move {
         while let Some(ev) = c.next_event().await {
@@ -257,14 +264,8 @@ async fn resend_is_deduplicated_and_sync_resumes_exactly() {
     let alice = connect(&url, "alice").await;
     let mut bob = connect(&url, "bob").await;
     let to = vec!["bob".to_string(), "carol".to_string()];
-    let o1 = alice
-        .send_and_wait("dup-1", &to, "once", Duration::from_secs(10))
-        .await
-        .unwrap();
-    let o2 = alice
-        .send_and_wait("dup-1", &to, "once", Duration::from_secs(10))
-        .await
-        .unwrap();
+    let o1 = send(&alice, "dup-1", &to, "once").await;
+    let o2 = send(&alice, "dup-1", &to, "once").await;
     assert_eq!(o1, o2, "a resend returns the offsets first assigned");
     let first = next_deliver(&mut bob).await;
     assert_eq!(
@@ -273,15 +274,13 @@ async fn resend_is_deduplicated_and_sync_resumes_exactly() {
     );
     let mut seqs = vec![first.seq];
     for i in 0..5 {
-        alice
-            .send_and_wait(
-                &format!("n-{i}"),
-                &["bob".to_string()],
-                &format!("n{i}"),
-                Duration::from_secs(10),
-            )
-            .await
-            .unwrap();
+        send(
+            &alice,
+            &format!("n-{i}"),
+            &["bob".to_string()],
+            &format!("n{i}"),
+        )
+        .await;
         seqs.push(next_deliver(&mut bob).await.seq);
     }
     // nothing more: the resend added nothing
@@ -318,15 +317,7 @@ async fn up_twice_on_one_data_dir_loses_nothing() {
         let alice = connect(&up.running.ws_url(), "alice").await;
         for i in 0..50 {
             let to = vec![format!("r{}", i % 7), format!("r{}", (i + 3) % 7)];
-            let offs = alice
-                .send_and_wait(
-                    &format!("p-{i}"),
-                    &to,
-                    &format!("b{i}"),
-                    Duration::from_secs(10),
-                )
-                .await
-                .unwrap();
+            let offs = send(&alice, &format!("p-{i}"), &to, &format!("b{i}")).await;
             for r in to {
                 sent.push((r, offs.clone()));
             }

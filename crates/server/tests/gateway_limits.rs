@@ -8,8 +8,10 @@ mod gateway_support;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use gateway_support::{now_unix, start, start_with, token_for, Deployment, SECRET, WAIT};
-use serde_json::{json, Value};
+use gateway_support::{
+    assert_error, now_unix, poll, start, start_with, token_for, until, Deployment, SECRET, WAIT,
+};
+use serde_json::Value;
 use tidemark_protocol::token;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -73,29 +75,13 @@ async fn fill_mailbox(d: &Deployment, to: &str, n: usize, body_len: usize) -> Ve
     let mut seqs = Vec::new();
     for i in 0..n {
         let req = serde_json::json!({"id": format!("fill-{i}"), "to": [to], "body": body});
-        let (status, v) = d
-            .http_json(
-                "POST",
-                "/v1/messages?user=filler",
-                &[],
-                Some(req.to_string().as_bytes()),
-            )
-            .await;
+        let (status, v) = d.post_message("filler", req.to_string().as_bytes()).await;
         assert_eq!(status, 200, "{v}");
         let offsets = v["offsets"].as_object().unwrap();
         seqs.push(offsets.values().next().unwrap().as_u64().unwrap());
     }
-    let last = *seqs.last().unwrap();
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let path = format!("/v1/mailbox?user={to}&limit=1&after={}", last - 1);
-        let (_, page) = d.http_json("GET", &path, &[], None).await;
-        if !page["entries"].as_array().unwrap().is_empty() {
-            return seqs;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never materialized");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    d.wait_visible(to, *seqs.last().unwrap()).await;
+    seqs
 }
 
 /// A WebSocket handshake on `s` (dev auth as `user`); returns it after the 101 head.
@@ -140,9 +126,8 @@ fn status_and_body(resp: &[u8]) -> (u16, String) {
 
 /// Polls `/metrics` until `line` (a metric with its labels) is at least `n`.
 async fn metric_reaches(d: &Deployment, line: &str, n: f64) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (_, text) = d.http("GET", "/metrics", &[], None).await;
+    until(&format!("{line} to reach {n}"), || async {
+        let (_, text) = d.get_text("/metrics").await;
         let v = text
             .lines()
             .find_map(|l| {
@@ -150,15 +135,9 @@ async fn metric_reaches(d: &Deployment, line: &str, n: f64) {
                     .and_then(|r| r.trim().parse::<f64>().ok())
             })
             .unwrap_or(0.0);
-        if v >= n {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{line} stayed at {v}, wanted {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        v >= n
+    })
+    .await
 }
 
 #[tokio::test]
@@ -166,13 +145,12 @@ async fn a_websocket_is_closed_with_4001_when_its_token_expires() {
     let d = start().await;
     let exp = now_unix() + 2;
     let short = token::sign(SECRET, "alice", exp);
-    let mut ws = d.ws(&format!("token={short}"), &[]).await;
-    assert_eq!(ws.recv().await["type"], "ready");
+    let mut ws = d.ready_query(&format!("token={short}")).await;
     // Same user, a long-lived token and a dev-auth connection: both stay open.
-    let mut long = d.ws(&format!("token={}", token_for("alice")), &[]).await;
-    assert_eq!(long.recv().await["type"], "ready");
-    let mut dev = d.ws_user("alice").await;
-    assert_eq!(dev.recv().await["type"], "ready");
+    let mut long = d
+        .ready_query(&format!("token={}", token_for("alice")))
+        .await;
+    let mut dev = d.ready("alice").await;
 
     let opened = Instant::now();
     let e: Value = ws.recv_type("error").await;
@@ -190,15 +168,12 @@ async fn a_websocket_is_closed_with_4001_when_its_token_expires() {
     eprintln!("token with exp in ≤ 2 s: closed {after:?} after opening");
 
     // The expired token cannot reconnect; a new one can.
-    let (status, body) = d
-        .try_ws(&format!("token={short}"), &[])
-        .await
-        .err()
-        .expect("expired token refused");
+    let (status, body) = d.refused(&format!("token={short}"), &[]).await;
     assert_eq!(status, 401);
     assert!(body.contains("token_expired"), "{body}");
-    let mut again = d.ws(&format!("token={}", token_for("alice")), &[]).await;
-    assert_eq!(again.recv().await["type"], "ready");
+    let _again = d
+        .ready_query(&format!("token={}", token_for("alice")))
+        .await;
 
     // The others were not touched.
     long.barrier().await;
@@ -227,7 +202,7 @@ async fn half_sent_requests_are_closed_after_the_header_read_timeout() {
     let started = Instant::now();
     let opening = started - t0;
     // Meanwhile the gateway answers.
-    let (status, body) = d.http("GET", "/healthz", &[], None).await;
+    let (status, body) = d.get_text("/healthz").await;
     assert_eq!((status, body.as_str()), (200, "ok"));
 
     let (_, closed) = read_until_closed(&mut socks[0], WAIT).await;
@@ -274,34 +249,21 @@ async fn half_sent_requests_are_closed_after_the_header_read_timeout() {
 
 #[tokio::test]
 async fn connections_beyond_the_cap_get_503_and_healthz_still_answers() {
+    let cap = 4;
     let d = start_with(|o| {
-        o.max_connections = 4;
+        o.max_connections = cap;
         o.health_reserve = 2;
     })
     .await;
     // Four WebSockets fill the cap (they count for as long as they are open).
-    let mut held = Vec::new();
-    for i in 0..4 {
-        let mut ws = d.ws_user(&format!("u{i}")).await;
-        assert_eq!(ws.recv().await["type"], "ready");
-        held.push(ws);
-    }
+    let mut held = d.ready_all((0..cap).map(|i| format!("u{i}"))).await;
     // Above the cap: health and metrics answer, everything else is 503 `overloaded`.
-    let (status, body) = d.http("GET", "/healthz", &[], None).await;
+    let (status, body) = d.get_text("/healthz").await;
     assert_eq!((status, body.as_str()), (200, "ok"));
-    let (status, _) = d.http("GET", "/metrics", &[], None).await;
-    assert_eq!(status, 200);
-    let (status, v) = d.http_json("GET", "/v1/mailbox?user=u0", &[], None).await;
-    assert_eq!(
-        (status, v["error"]["code"].as_str()),
-        (503, Some("overloaded")),
-        "{v}"
-    );
-    let (status, body) = d
-        .try_ws("user=u9", &[])
-        .await
-        .err()
-        .expect("a WebSocket above the cap is refused");
+    assert_eq!(d.get_text("/metrics").await.0, 200);
+    assert_error(&d.get("/v1/mailbox?user=u0").await, 503, "overloaded");
+    // a WebSocket above the cap is refused
+    let (status, body) = d.refused("user=u9", &[]).await;
     assert_eq!(status, 503, "{body}");
 
     // Fill the reserve with silent sockets: the next connection gets a 503 written raw.
@@ -324,18 +286,10 @@ async fn connections_beyond_the_cap_get_503_and_healthz_still_answers() {
 
     // A closed WebSocket frees its slot.
     held.pop().unwrap().close().await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let (status, _) = d.http("GET", "/v1/mailbox?user=u0", &[], None).await;
-        if status == 200 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never freed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("the slot was never freed", || async {
+        d.get_text("/v1/mailbox?user=u0").await.0 == 200
+    })
+    .await;
     d.shutdown().await;
 }
 
@@ -350,8 +304,7 @@ async fn a_websocket_that_answers_no_ping_is_closed_with_4002() {
     let mut mute = raw_ws(d.addr, "mute").await;
     let started = Instant::now();
     // A client library answers pings by itself: it stays.
-    let mut polite = d.ws_user("polite").await;
-    assert_eq!(polite.recv().await["type"], "ready");
+    let mut polite = d.ready("polite").await;
 
     // Both at once: the polite client must be polled to answer its pings.
     let ((bytes, closed, after), polite_got) = tokio::join!(
@@ -414,11 +367,8 @@ async fn a_websocket_that_does_not_read_is_closed_with_4003_and_loses_nothing() 
     eprintln!("a never-reading client was closed (4003) {decided:?} after connecting; {delivered} of {} deliveries had reached its socket", seqs.len());
 
     // Nothing is lost: a reading client gets every entry, in order.
-    let mut again = d.ws_user("bob").await;
-    assert_eq!(again.recv().await["after"], 0);
-    for seq in &seqs {
-        assert_eq!(again.deliver().await["seq"].as_u64(), Some(*seq));
-    }
+    let mut again = d.resume("bob", 0).await;
+    again.expect_seqs(&seqs).await;
     d.shutdown().await;
 }
 
@@ -435,7 +385,7 @@ async fn mailbox_pages_are_capped_in_bytes_and_unread_responses_are_dropped() {
     let (mut after, mut got, mut pages) = (0u64, Vec::new(), 0);
     loop {
         let path = format!("/v1/mailbox?user=carol&limit=1000&after={after}");
-        let (status, page) = d.http_json("GET", &path, &[], None).await;
+        let (status, page) = d.get(&path).await;
         assert_eq!(status, 200, "{page}");
         let entries = page["entries"].as_array().unwrap();
         if entries.is_empty() {
@@ -481,35 +431,28 @@ async fn mailbox_pages_are_capped_in_bytes_and_unread_responses_are_dropped() {
 #[tokio::test]
 async fn a_user_may_open_only_so_many_websockets() {
     let d = start_with(|o| o.max_connections_per_user = 2).await;
-    let mut a1 = d.ws_user("alice").await;
-    assert_eq!(a1.recv().await["type"], "ready");
-    let mut a2 = d.ws(&format!("token={}", token_for("alice")), &[]).await;
-    assert_eq!(a2.recv().await["type"], "ready");
+    let a1 = d.ready("alice").await;
+    let mut a2 = d
+        .ready_query(&format!("token={}", token_for("alice")))
+        .await;
     // A third one of alice's, however authenticated, is refused before the upgrade.
-    let (status, body) = d.try_ws("user=alice", &[]).await.err().expect("refused");
+    let (status, body) = d.refused("user=alice", &[]).await;
     assert_eq!(status, 429, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["error"]["code"], "too_many_connections", "{v}");
     // Other users are not affected; alice's HTTP requests neither.
-    let mut b = d.ws_user("bob").await;
-    assert_eq!(b.recv().await["type"], "ready");
-    let (status, _) = d.http("GET", "/v1/mailbox?user=alice", &[], None).await;
-    assert_eq!(status, 200);
+    let _b = d.ready("bob").await;
+    assert_eq!(d.get_text("/v1/mailbox?user=alice").await.0, 200);
     // Once one closes, alice may connect again.
     a1.close().await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut a3 = loop {
+    let mut a3 = poll("the slot was never freed", || async {
         match d.try_ws("user=alice", &[]).await {
-            Ok(ws) => break ws,
-            Err((429, _)) => {}
+            Ok(ws) => Some(ws),
+            Err((429, _)) => None,
             Err(other) => panic!("{other:?}"),
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot was never freed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     assert_eq!(a3.recv().await["type"], "ready");
     a2.barrier().await;
     d.shutdown().await;
@@ -518,35 +461,21 @@ async fn a_user_may_open_only_so_many_websockets() {
 #[tokio::test]
 async fn one_user_flooding_commits_does_not_starve_the_others() {
     // 8 permits in all, 2 per user: before, one user's queued sends took all 8.
+    let share = 2;
     let d = start_with(|o| {
         o.max_inflight_commits = 8;
-        o.max_inflight_commits_per_user = 2;
+        o.max_inflight_commits_per_user = share;
     })
     .await;
-    let mut greedy = Vec::new();
-    for _ in 0..4 {
-        let mut ws = d.ws_user("greedy").await;
-        ws.recv().await;
-        greedy.push(ws);
-    }
-    let mut carol = d.ws_user("carol").await;
-    carol.recv().await;
+    let mut greedy = d.ready_all(["greedy"; 4]).await;
+    let mut carol = d.ready("carol").await;
 
     // Pause the core: every admitted commit holds its permits until it resumes.
-    let client = redis::Client::open(d.core_url.as_str()).unwrap();
-    let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let () = redis::cmd("CLIENT")
-        .arg("PAUSE")
-        .arg(2000)
-        .arg("ALL")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    d.pause_core(2000).await;
     let paused = Instant::now();
     for (i, ws) in greedy.iter_mut().enumerate() {
         for j in 0..4 {
-            ws.send_json(&json!({"type":"send","id":format!("g{i}-{j}"),"to":["bob"],"body":"x"}))
-                .await;
+            ws.send_only(&format!("g{i}-{j}"), &["bob"], "x").await;
         }
     }
     // Each connection answers its sends in order: admitted ones later, refused ones now.
@@ -558,7 +487,11 @@ async fn one_user_flooding_commits_does_not_starve_the_others() {
             overloaded += 1;
         }
     }
-    assert_eq!(overloaded, 16 - 2, "greedy holds exactly its share of 2");
+    assert_eq!(
+        overloaded,
+        16 - share,
+        "greedy holds exactly its share of 2"
+    );
     // carol still gets in: her send waits for the core, then is acked.
     let r = carol.send_msg("c-1", &["bob"], "hello").await;
     assert_eq!(r["type"], "send_ack", "{r}");
@@ -576,35 +509,20 @@ async fn sends_above_the_per_user_rate_get_rate_limited() {
         o.send_burst_per_user = 5;
     })
     .await;
-    let mut alice = d.ws_user("alice").await;
-    alice.recv().await;
+    let mut alice = d.ready("alice").await;
     for i in 0..5 {
         alice.send_ok(&format!("a{i}"), &["bob"], "x").await;
     }
-    let r = alice.send_msg("a5", &["bob"], "x").await;
-    assert_eq!(
-        (r["type"].as_str(), r["code"].as_str()),
-        (Some("error"), Some("rate_limited")),
-        "{r}"
-    );
-    assert_eq!(r["id"], "a5");
-    // HTTP sends draw from the same bucket: 429.
-    let (status, v) = d
-        .http_json(
-            "POST",
-            "/v1/messages?user=alice",
-            &[],
-            Some(br#"{"id":"a5","to":["bob"],"body":"x"}"#),
-        )
+    alice
+        .send_refused("a5", &["bob"], "x", "rate_limited")
         .await;
-    assert_eq!(
-        (status, v["error"]["code"].as_str()),
-        (429, Some("rate_limited")),
-        "{v}"
-    );
+    // HTTP sends draw from the same bucket: 429.
+    let r = d
+        .post_message("alice", br#"{"id":"a5","to":["bob"],"body":"x"}"#)
+        .await;
+    assert_error(&r, 429, "rate_limited");
     // Other users have their own bucket.
-    let mut carol = d.ws_user("carol").await;
-    carol.recv().await;
+    let mut carol = d.ready("carol").await;
     carol.send_ok("c0", &["bob"], "x").await;
     // The bucket refills at 10/s: the retry (same id) goes through.
     tokio::time::sleep(Duration::from_millis(150)).await;

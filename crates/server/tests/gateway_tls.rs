@@ -4,59 +4,37 @@
 //! `wss://`, `https://` requests, a plain-HTTP request to the TLS port, handshakes that stall,
 //! the connection cap, and `/metrics` + `/healthz` moved to `--admin-listen`.
 
+mod gateway_support;
+mod tls_support;
+
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt, StreamExt};
+use gateway_support::{http_at, request_on, serve_options, Service};
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
-use tidemark_redis_proc::RedisProcess;
 use tidemark_server::gateway::{GatewayOptions, TlsConfig};
 use tidemark_server::materializer::MaterializerOptions;
-use tidemark_server::run::{self, Running, ServeOptions};
-use tidemark_store::redis::watermark::Layout;
-use tidemark_store::topology::Topology;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tidemark_server::run;
+use tls_support::{client_config, self_signed, TlsFiles};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
-const SHARDS: u32 = 4;
 /// Bound of every single wait.
 const WAIT: Duration = Duration::from_secs(10);
 
-/// A self-signed certificate for `localhost` and 127.0.0.1, written as PEM files into `dir`;
-/// returns (cert path, key path, the certificate to trust).
-fn self_signed(
-    dir: &Path,
-) -> (
-    std::path::PathBuf,
-    std::path::PathBuf,
-    CertificateDer<'static>,
-) {
-    let ck = rcgen::generate_simple_self_signed(vec!["localhost".to_string(), "127.0.0.1".into()])
-        .expect("rcgen");
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    std::fs::write(&cert, ck.cert.pem()).unwrap();
-    std::fs::write(&key, ck.signing_key.serialize_pem()).unwrap();
-    (cert, key, ck.cert.der().clone())
-}
+/// The names of the test certificate.
+const NAMES: [&str; 2] = ["localhost", "127.0.0.1"];
 
 /// A TLS client that trusts only `ca`.
 fn connector(ca: &CertificateDer<'static>) -> TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    TlsConnector::from(Arc::new(config))
+    TlsConnector::from(client_config(ca))
 }
 
 /// A TLS connection to the gateway at `addr`, verified as `localhost`.
@@ -72,45 +50,7 @@ async fn tls_connect(
         .expect("TLS handshake")
 }
 
-/// One HTTP/1.1 request (`Connection: close`) on `io`; (status, body). Status 0: no HTTP
-/// response at all.
-async fn request_on<S: AsyncRead + AsyncWrite + Unpin>(
-    mut io: S,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> (u16, String) {
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
-    if let Some(b) = body {
-        req.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            b.len()
-        ));
-    }
-    req.push_str("\r\n");
-    req.push_str(body.unwrap_or(""));
-    let _ = io.write_all(req.as_bytes()).await;
-    let mut resp = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match tokio::time::timeout(WAIT, io.read(&mut buf)).await {
-            Err(_) => panic!("no end of response: {:?}", String::from_utf8_lossy(&resp)),
-            Ok(Ok(0)) | Ok(Err(_)) => break,
-            Ok(Ok(n)) => resp.extend_from_slice(&buf[..n]),
-        }
-    }
-    let text = String::from_utf8_lossy(&resp).into_owned();
-    if !text.starts_with("HTTP/1.1 ") {
-        return (0, text);
-    }
-    let status = text[9..12].parse().unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
+/// One HTTPS request (`Connection: close`): (status, body); status 0: no HTTP response.
 async fn https(
     addr: SocketAddr,
     tls: &TlsConnector,
@@ -118,79 +58,28 @@ async fn https(
     path: &str,
     body: Option<&str>,
 ) -> (u16, String) {
-    request_on(tls_connect(addr, tls).await, method, path, body).await
+    let io = tls_connect(addr, tls).await;
+    request_on(io, "localhost", method, path, &[], body.map(str::as_bytes)).await
 }
 
+/// One plain HTTP request (`Connection: close`): (status, body); status 0: no HTTP response.
 async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
-    request_on(tcp, method, path, None).await
+    http_at(addr, method, path, &[], None).await
 }
 
-/// A service on loopback with dev auth, two real redis-servers, and `tweak`ed options.
-struct Service {
-    running: Option<Running>,
-    cancel: CancellationToken,
-    _core: RedisProcess,
-    _mailbox: RedisProcess,
-}
-
-impl Service {
-    async fn start(tweak: impl FnOnce(&mut GatewayOptions)) -> Service {
-        let core = RedisProcess::start().expect("core redis-server");
-        let mailbox = RedisProcess::start().expect("mailbox redis-server");
-        let mut gateway = GatewayOptions {
-            dev_auth: true,
-            recheck_interval: Duration::from_millis(200),
-            ..Default::default()
-        };
-        tweak(&mut gateway);
-        let cancel = CancellationToken::new();
-        let running = run::serve(
-            ServeOptions {
-                topology: Topology::new(
-                    SHARDS,
-                    Layout::PackedV2,
-                    vec![core.url()],
-                    vec![mailbox.url()],
-                ),
-                listen: "127.0.0.1:0".parse().unwrap(),
-                gateway,
-                materializer: MaterializerOptions {
-                    block: Duration::from_millis(50),
-                    ..Default::default()
-                },
-                owned_shards: None,
-                node: None,
-            },
-            cancel.clone(),
-        )
-        .await
-        .expect("serve");
-        Service {
-            running: Some(running),
-            cancel,
-            _core: core,
-            _mailbox: mailbox,
-        }
-    }
-
-    fn running(&self) -> &Running {
-        self.running.as_ref().unwrap()
-    }
-
-    async fn stop(mut self) {
-        let running = self.running.take().unwrap();
-        tokio::time::timeout(WAIT, running.shutdown())
-            .await
-            .expect("service did not stop in time")
-            .expect("service stopped with an error");
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
+/// The service with `tweak`ed gateway options (dev auth on, a 200 ms re-check).
+async fn start(tweak: impl FnOnce(&mut GatewayOptions)) -> Service {
+    let materializer = MaterializerOptions {
+        block: Duration::from_millis(50),
+        ..Default::default()
+    };
+    let mut gateway = GatewayOptions {
+        dev_auth: true,
+        recheck_interval: Duration::from_millis(200),
+        ..Default::default()
+    };
+    tweak(&mut gateway);
+    Service::start(gateway, materializer).await
 }
 
 /// Reads text frames from `ws` until one of `kind` arrives.
@@ -253,9 +142,9 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wss_and_https_are_served_on_one_tls_listener() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key, ca) = self_signed(dir.path());
+    let (cert, key, ca) = self_signed(dir.path(), &NAMES);
     let tls_config = TlsConfig::from_pem_files(&cert, &key).expect("load cert and key");
-    let svc = Service::start(|o| o.tls = Some(tls_config)).await;
+    let svc = start(|o| o.tls = Some(tls_config)).await;
     let addr = svc.running().addr;
     assert_eq!(
         svc.running().ws_url(),
@@ -337,9 +226,9 @@ async fn wss_and_https_are_served_on_one_tls_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_handshakes_run_per_connection_with_a_timeout_and_count_against_the_cap() {
     let dir = tempfile::tempdir().unwrap();
-    let (cert, key, ca) = self_signed(dir.path());
+    let (cert, key, ca) = self_signed(dir.path(), &NAMES);
     let tls_config = TlsConfig::from_pem_files(&cert, &key).unwrap();
-    let svc = Service::start(|o| {
+    let svc = start(|o| {
         o.tls = Some(tls_config);
         o.header_read_timeout = Duration::from_secs(1);
         o.max_connections = 3;
@@ -393,7 +282,7 @@ async fn tls_handshakes_run_per_connection_with_a_timeout_and_count_against_the_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_takes_metrics_and_healthz_off_the_public_one() {
-    let svc = Service::start(|o| o.admin_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let svc = start(|o| o.admin_listen = Some("127.0.0.1:0".parse().unwrap())).await;
     let (addr, admin) = (svc.running().addr, svc.running().admin_addr.expect("admin"));
     assert_ne!(addr, admin);
     assert_eq!(svc.running().admin_url(), format!("http://{admin}"));
@@ -427,7 +316,7 @@ async fn the_admin_listener_takes_metrics_and_healthz_off_the_public_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_admin_listener_metrics_and_healthz_stay_on_the_gateway() {
-    let svc = Service::start(|_| {}).await;
+    let svc = start(|_| {}).await;
     let addr = svc.running().addr;
     assert_eq!(svc.running().admin_addr, None);
     assert_eq!(svc.running().admin_url(), format!("http://{addr}"));
@@ -441,14 +330,10 @@ async fn without_an_admin_listener_metrics_and_healthz_stay_on_the_gateway() {
 
 #[test]
 fn unusable_certificate_or_key_files_are_refused_naming_the_file() {
-    let dir = tempfile::tempdir().unwrap();
-    let (cert, key, _) = self_signed(dir.path());
-    let other = tempfile::tempdir().unwrap();
-    let (_, other_key, _) = self_signed(other.path());
-    let missing = dir.path().join("missing.pem");
-    let garbage = dir.path().join("garbage.pem");
-    std::fs::write(&garbage, "not a pem file\n").unwrap();
-    let broken = dir.path().join("broken.pem");
+    let files = TlsFiles::new(&NAMES, "not a pem file\n");
+    let (cert, key, other_key) = (&files.cert, &files.key, &files.other_key);
+    let (missing, garbage) = (&files.missing, &files.garbage);
+    let broken = files.dir.path().join("broken.pem");
     std::fs::write(
         &broken,
         "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
@@ -457,22 +342,22 @@ fn unusable_certificate_or_key_files_are_refused_naming_the_file() {
 
     let refused = |c: &Path, k: &Path| TlsConfig::from_pem_files(c, k).unwrap_err();
     let cases = [
-        (refused(&missing, &key), "tls_unreadable", &missing),
-        (refused(&cert, &missing), "tls_unreadable", &missing),
-        (refused(&garbage, &key), "tls_bad_pem", &garbage),
-        (refused(&broken, &key), "tls_bad_pem", &broken),
-        (refused(&cert, &garbage), "tls_bad_pem", &garbage),
+        (refused(missing, key), "tls_unreadable", missing),
+        (refused(cert, missing), "tls_unreadable", missing),
+        (refused(garbage, key), "tls_bad_pem", garbage),
+        (refused(&broken, key), "tls_bad_pem", &broken),
+        (refused(cert, garbage), "tls_bad_pem", garbage),
         // a key is not a certificate, and a certificate is not a key
-        (refused(&key, &key), "tls_bad_pem", &key),
-        (refused(&cert, &cert), "tls_bad_pem", &cert),
-        (refused(&cert, &other_key), "tls_key_mismatch", &other_key),
+        (refused(key, key), "tls_bad_pem", key),
+        (refused(cert, cert), "tls_bad_pem", cert),
+        (refused(cert, other_key), "tls_key_mismatch", other_key),
     ];
     for (e, code, file) in cases {
         let text = e.to_string();
         assert_eq!(e.code(), code, "{text}");
         assert!(text.contains(&file.display().to_string()), "{text}");
     }
-    assert!(TlsConfig::from_pem_files(&cert, &key).is_ok());
+    assert!(TlsConfig::from_pem_files(cert, key).is_ok());
 }
 
 #[tokio::test]
@@ -481,27 +366,18 @@ async fn an_admin_address_that_cannot_be_bound_stops_the_start() {
     let addr = taken.local_addr().unwrap();
     // no Redis behind these URLs: the listeners are bound before any Redis is asked
     let nowhere = "redis://127.0.0.1:1/".to_string();
-    let r = run::serve(
-        ServeOptions {
-            topology: Topology::new(
-                SHARDS,
-                Layout::PackedV2,
-                vec![nowhere.clone()],
-                vec![nowhere],
-            ),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            gateway: GatewayOptions {
-                dev_auth: true,
-                admin_listen: Some(addr),
-                ..Default::default()
-            },
-            materializer: MaterializerOptions::default(),
-            owned_shards: None,
-            node: None,
-        },
-        CancellationToken::new(),
-    )
-    .await;
+    let gateway = GatewayOptions {
+        dev_auth: true,
+        admin_listen: Some(addr),
+        ..Default::default()
+    };
+    let opts = serve_options(
+        nowhere.clone(),
+        nowhere,
+        gateway,
+        MaterializerOptions::default(),
+    );
+    let r = run::serve(opts, CancellationToken::new()).await;
     match r {
         Err(e @ run::Error::Listen { .. }) => {
             assert_eq!(e.code(), "listen");

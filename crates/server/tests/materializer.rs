@@ -17,9 +17,12 @@ use tidemark_server::materializer::{ChunkFault, MaterializerOptions, Worker};
 use tidemark_store::keys;
 use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::MailboxStore;
-use tidemark_store::redis::watermark::Layout;
+use tidemark_store::redis::watermark::{encode_blob, LaneWatermarks, Layout};
 use tidemark_store::topology::Topology;
 use tokio_util::sync::CancellationToken;
+
+mod gateway_support;
+use gateway_support::until_within;
 
 const SHARDS: u32 = 4;
 
@@ -65,14 +68,22 @@ fn fast_opts() -> MaterializerOptions {
     }
 }
 
-async fn start_worker(
-    e: &Env,
-    opts: MaterializerOptions,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<()>,
-    Arc<HealthBoard>,
-) {
+/// A running materializer worker.
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    health: Arc<HealthBoard>,
+}
+
+impl Running {
+    /// Cancels the worker and waits for it to return.
+    async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+async fn start_worker(e: &Env, opts: MaterializerOptions) -> Running {
     let health = Arc::new(HealthBoard::default());
     let shards: Vec<u32> = (0..SHARDS).collect();
     let map = Topology::new(
@@ -95,10 +106,14 @@ async fn start_worker(
     .unwrap();
     let cancel = CancellationToken::new();
     let c = cancel.clone();
-    let h = tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         w.run(c).await.unwrap();
     });
-    (cancel, h, health)
+    Running {
+        cancel,
+        task,
+        health,
+    }
 }
 
 /// Commits `to` from `from` per shard; returns offsets by shard.
@@ -135,19 +150,19 @@ async fn mailbox(e: &Env, user: &str) -> Vec<(u64, String)> {
         .collect()
 }
 
-async fn wait_until<F, Fut>(what: &str, mut f: F)
+async fn wait_until<F, Fut>(what: &str, f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let start = Instant::now();
-    while !f().await {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "timed out: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_within(what, Duration::from_secs(20), f).await
+}
+
+/// Writes `lanes` as shard `s`'s packed-v2 watermark blob.
+async fn put_lanes(e: &Env, s: u32, lanes: &LaneWatermarks) {
+    let blob = encode_blob(Layout::PackedV2, lanes);
+    let mut c = e.mb_store.connection();
+    let () = c.hset(keys::wm(s), "wm_blob", blob).await.unwrap();
 }
 
 async fn min_w(e: &Env, s: u32) -> u64 {
@@ -177,7 +192,7 @@ fn users(n: usize) -> Vec<String> {
 #[tokio::test]
 async fn single_and_multi_recipient_exactly_once_in_log_order() {
     let mut e = env().await;
-    let (cancel, h, _health) = start_worker(&e, fast_opts()).await;
+    let w = start_worker(&e, fast_opts()).await;
     let us = users(30);
     let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
     for i in 0..300usize {
@@ -217,8 +232,7 @@ async fn single_and_multi_recipient_exactly_once_in_log_order() {
         let b: Vec<u8> = c.hget(keys::wm(s), "wm_blob").await.unwrap();
         assert_eq!(b.len(), 19, "shard {s}");
     }
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }
 
 struct FailLaneOnce {
@@ -265,7 +279,7 @@ async fn failed_chunk_holds_only_its_lane_and_converges() {
         fault: Some(Arc::new(Switch(fault.clone(), on.clone()))),
         ..fast_opts()
     };
-    let (cancel, h, _health) = start_worker(&e, opts).await;
+    let w = start_worker(&e, opts).await;
     let offs = send(&mut e, "s", "x1", &[a.as_str(), b.as_str()], "both").await;
     let o = offs[&0];
     // b's lane moves, a's lane is held: the blob diverges
@@ -294,21 +308,20 @@ async fn failed_chunk_holds_only_its_lane_and_converges() {
     })
     .await;
     assert_eq!(mailbox(&e, a).await, vec![(o, "both".to_string())]);
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }
 
 #[tokio::test]
 async fn older_owner_is_fenced_and_writes_nothing() {
     let mut e = env().await;
-    let (c1, h1, health1) = start_worker(&e, fast_opts()).await;
+    let w1 = start_worker(&e, fast_opts()).await;
     send(&mut e, "s", "a1", &["zed"], "one").await;
     wait_until("first delivered", || async {
         mailbox(&e, "zed").await.len() == 1
     })
     .await;
     // stop the first owner's reading without letting it know, by starting a second owner
-    let (c2, h2, _health2) = start_worker(&e, fast_opts()).await;
+    let w2 = start_worker(&e, fast_opts()).await;
     // first owner is now a zombie with the old epoch; new messages reach it too
     send(&mut e, "s", "a2", &["zed"], "two").await;
     wait_until("second delivered once", || async {
@@ -318,7 +331,7 @@ async fn older_owner_is_fenced_and_writes_nothing() {
     let s = route("zed").shard;
     wait_until("zombie fenced", || async {
         matches!(
-            health1.snapshot().get(&s).map(|h| h.status.clone()),
+            w1.health.snapshot().get(&s).map(|h| h.status.clone()),
             Some(ShardStatus::Fenced { .. })
         )
     })
@@ -331,10 +344,8 @@ async fn older_owner_is_fenced_and_writes_nothing() {
             .collect::<Vec<_>>(),
         vec!["one", "two"]
     );
-    c1.cancel();
-    c2.cancel();
-    h1.await.unwrap();
-    h2.await.unwrap();
+    w1.stop().await;
+    w2.stop().await;
 }
 
 /// Issue 11, item 2: the fence alone stops a stale owner. The owner keeps running while its
@@ -345,7 +356,7 @@ async fn older_owner_is_fenced_and_writes_nothing() {
 #[tokio::test]
 async fn a_fenced_owner_writes_nothing_although_its_w_check_would_pass() {
     let mut e = env().await;
-    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    let w = start_worker(&e, fast_opts()).await;
     let hot = users_in_distinct_lanes(0, 1);
     let pair = users_in_distinct_lanes(1, 2);
     send(&mut e, "s", "warm-0", &[hot[0].as_str()], "before").await;
@@ -354,7 +365,7 @@ async fn a_fenced_owner_writes_nothing_although_its_w_check_would_pass() {
         min_w(&e, 0).await == 1 && min_w(&e, 1).await == 1
     })
     .await;
-    let epoch = health.snapshot()[&0].epoch;
+    let epoch = w.health.snapshot()[&0].epoch;
     let mut fencer = e.mb_store.clone();
     let new0 = fencer.claim(0).await.unwrap();
     let new1 = fencer.claim(1).await.unwrap();
@@ -369,7 +380,7 @@ async fn a_fenced_owner_writes_nothing_although_its_w_check_would_pass() {
     )
     .await;
     wait_until("both shards fenced", || async {
-        let snap = health.snapshot();
+        let snap = w.health.snapshot();
         snap[&0].status
             == ShardStatus::Fenced {
                 current_epoch: Some(new0),
@@ -400,18 +411,18 @@ async fn a_fenced_owner_writes_nothing_although_its_w_check_would_pass() {
     let mut c = e.mb_store.connection();
     let staged: u64 = c.zcard(keys::staging_index(1)).await.unwrap();
     assert_eq!(staged, 0, "no lane chunk staged after the fence");
-    assert!(health
+    assert!(w
+        .health
         .problems(Duration::from_secs(3600))
         .iter()
         .any(|p| p.starts_with("shard 0: Fenced")));
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }
 
 #[tokio::test]
 async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
     let mut e = env().await;
-    let (cancel, h, _) = start_worker(&e, fast_opts()).await;
+    let w = start_worker(&e, fast_opts()).await;
     let us = users(20);
     for i in 0..100 {
         let to = [us[i % 20].as_str(), us[(i + 5) % 20].as_str()];
@@ -430,8 +441,7 @@ async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
         ok
     })
     .await;
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
     // while stopped, more messages are committed; a new owner resumes from W
     for i in 100..150 {
         send(&mut e, "s", &format!("g{i}"), &[us[i % 20].as_str()], "y").await;
@@ -445,7 +455,7 @@ async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
         t
     };
     assert_eq!(lens, 50, "records above W are kept");
-    let (cancel, h, _) = start_worker(&e, fast_opts()).await;
+    let w = start_worker(&e, fast_opts()).await;
     wait_until("caught up after restart", || all_caught_up(&e)).await;
     let mut total = 0;
     for u in &us {
@@ -458,8 +468,7 @@ async fn gc_trims_only_at_or_below_lowest_w_and_restart_resumes() {
         total += m.len();
     }
     assert_eq!(total, 100 * 2 + 50);
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }
 
 /// Fails every chunk of one lane while `on`.
@@ -495,7 +504,7 @@ async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
         fault: Some(fault.clone()),
         ..fast_opts()
     };
-    let (cancel, h, _health) = start_worker(&e, opts).await;
+    let w = start_worker(&e, opts).await;
     send(&mut e, "s", "g1", &[held_user, other], "held").await;
     send(&mut e, "s", "g2", &[other], "later").await;
     // shard 1 gets a two-recipient record too: its staging is collected, so GC is running
@@ -543,9 +552,8 @@ async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
     );
     assert!(mailbox(&e, held_user).await.is_empty());
     // the owner goes away while the lane is held; a new one (no fault) delivers from the log
-    cancel.cancel();
-    h.await.unwrap();
-    let (cancel, h, _health) = start_worker(&e, fast_opts()).await;
+    w.stop().await;
+    let w = start_worker(&e, fast_opts()).await;
     wait_until("the held lane catches up", || async {
         min_w(&e, 0).await == 2
     })
@@ -566,8 +574,7 @@ async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
         staged == 0 && e.core_store.clone().log_len(0).await.unwrap() == 0
     })
     .await;
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }
 
 /// `n` user ids of shard `s`, each in a different lane.
@@ -592,7 +599,7 @@ fn users_in_distinct_lanes(s: u32, n: usize) -> Vec<String> {
 /// it), the shard reports it, and once the lane is initialised the owner resumes by itself.
 #[tokio::test]
 async fn a_record_for_an_empty_lane_is_held_never_dropped() {
-    use tidemark_store::redis::watermark::{encode_blob, LaneRecord, LaneWatermarks};
+    use tidemark_store::redis::watermark::LaneRecord;
     let mut e = env().await;
     let s = 0;
     let us = users_in_distinct_lanes(s, 2);
@@ -601,22 +608,14 @@ async fn a_record_for_an_empty_lane_is_held_never_dropped() {
     let other_lane = route(other).lane;
     let mut lanes = LaneWatermarks::uniform(LaneRecord::at(0, 0));
     lanes.0[empty_lane] = LaneRecord::EMPTY;
-    let mut c = e.mb_store.connection();
-    let _: () = c
-        .hset(
-            keys::wm(s),
-            "wm_blob",
-            encode_blob(Layout::PackedV2, &lanes),
-        )
-        .await
-        .unwrap();
-    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    put_lanes(&e, s, &lanes).await;
+    let w = start_worker(&e, fast_opts()).await;
     // 1: only the present lane; 2: both lanes; 3: only the present lane again
     send(&mut e, "a", "m1", &[other], "one").await;
     send(&mut e, "a", "m2", &[empty_user, other], "two").await;
     send(&mut e, "a", "m3", &[other], "three").await;
     wait_until("record 2 reported as held by the empty lane", || async {
-        health.snapshot()[&s].status
+        w.health.snapshot()[&s].status
             == ShardStatus::LaneEmpty {
                 lane: empty_lane,
                 offset: 2,
@@ -650,21 +649,15 @@ async fn a_record_for_an_empty_lane_is_held_never_dropped() {
         .filter(|&seq| seq <= wm.lanes.lane(other_lane).w)
         .collect();
     assert_eq!(visible, vec![1], "nothing visible after the held record");
-    assert!(health
+    assert!(w
+        .health
         .problems(Duration::from_secs(3600))
         .iter()
         .any(|p| p.contains("which is empty")));
     // the operator initialises the lane at the record's prev: the owner resumes by itself
     let mut lanes = e.mb_store.read_watermark(s).await.unwrap().lanes;
     lanes.0[empty_lane] = LaneRecord::at(1, 1);
-    let _: () = c
-        .hset(
-            keys::wm(s),
-            "wm_blob",
-            encode_blob(Layout::PackedV2, &lanes),
-        )
-        .await
-        .unwrap();
+    put_lanes(&e, s, &lanes).await;
     wait_until("records 2 and 3 materialised", || async {
         min_w(&e, s).await == 3
     })
@@ -672,11 +665,10 @@ async fn a_record_for_an_empty_lane_is_held_never_dropped() {
     assert_eq!(mailbox(&e, other).await.len(), 3);
     assert_eq!(mailbox(&e, empty_user).await, vec![(2, "two".to_string())]);
     wait_until("shard running again", || async {
-        health.snapshot()[&s].status == ShardStatus::Running
+        w.health.snapshot()[&s].status == ShardStatus::Running
     })
     .await;
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }
 
 /// Fails every chunk of record `offset` while `on`.
@@ -722,7 +714,7 @@ async fn a_hint_is_published_when_an_early_batch_of_a_backlog_moved() {
         batch: 1000,
         ..fast_opts()
     };
-    let (cancel, h, _health) = start_worker(&e, opts).await;
+    let worker = start_worker(&e, opts).await;
     let msg = tokio::time::timeout(Duration::from_secs(5), pubsub.on_message().next())
         .await
         .expect("a wake-up hint while record 257 is held")
@@ -735,8 +727,7 @@ async fn a_hint_is_published_when_an_early_batch_of_a_backlog_moved() {
     fault.on.store(false, Ordering::SeqCst);
     wait_until("backlog done", || async { min_w(&e, s).await == 260 }).await;
     assert_eq!(mailbox(&e, pair[0]).await.len(), 260);
-    cancel.cancel();
-    h.await.unwrap();
+    worker.stop().await;
 }
 
 /// Issue 8, defect 3: a shard whose log head reached 2^48−1 (commits refused with
@@ -744,20 +735,19 @@ async fn a_hint_is_published_when_an_early_batch_of_a_backlog_moved() {
 #[tokio::test]
 async fn an_exhausted_log_is_reported() {
     let e = env().await;
-    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    let w = start_worker(&e, fast_opts()).await;
     let mut core = e.core_store.connection();
     let _: () = core.set(keys::head(2), (1u64 << 48) - 1).await.unwrap();
     wait_until("log exhausted reported", || async {
-        health.snapshot()[&2].log_exhausted
-            && health
+        w.health.snapshot()[&2].log_exhausted
+            && w.health
                 .problems(Duration::from_secs(3600))
                 .iter()
                 .any(|p| p.starts_with("shard 2: log exhausted"))
     })
     .await;
-    assert!(!health.snapshot()[&1].log_exhausted);
-    cancel.cancel();
-    h.await.unwrap();
+    assert!(!w.health.snapshot()[&1].log_exhausted);
+    w.stop().await;
 }
 
 /// Issue 10, item 3: a log that does not continue from W (trimmed above W, or W moved back by
@@ -790,9 +780,9 @@ async fn a_log_discontinuity_holds_only_its_shard() {
         .query_async(&mut core)
         .await
         .unwrap();
-    let (cancel, h, health) = start_worker(&e, fast_opts()).await;
+    let w = start_worker(&e, fast_opts()).await;
     wait_until("both shards held", || async {
-        let snap = health.snapshot();
+        let snap = w.health.snapshot();
         snap[&0].status
             == ShardStatus::Discontinuity {
                 w: 0,
@@ -804,14 +794,14 @@ async fn a_log_discontinuity_holds_only_its_shard() {
     // the other shards run: a message to shard 1 is materialised
     send(&mut e, "a", "other", &[&u1], "fine").await;
     wait_until("shard 1 materialises", || async { min_w(&e, 1).await == 1 }).await;
-    let problems = health.problems(Duration::from_secs(3600));
+    let problems = w.health.problems(Duration::from_secs(3600));
     assert!(
         problems
             .iter()
             .any(|p| p.starts_with("shard 0: log discontinuity: W=0")),
         "{problems:?}"
     );
-    assert_eq!(health.snapshot()[&1].status, ShardStatus::Running);
+    assert_eq!(w.health.snapshot()[&1].status, ShardStatus::Running);
     assert_eq!(min_w(&e, 0).await, 0, "nothing materialised past the hole");
     // Issue 11, item 9: the re-check resyncs. The operator accepts the loss (`shard rebase`):
     // W moves to the record before the log's first; within a re-check (5 s) the held shards
@@ -821,7 +811,7 @@ async fn a_log_discontinuity_holds_only_its_shard() {
     st.rebase_lanes(2, 2).await.unwrap();
     let start = Instant::now();
     wait_until("the held shards resume", || async {
-        let snap = health.snapshot();
+        let snap = w.health.snapshot();
         min_w(&e, 0).await == 5
             && snap[&0].status == ShardStatus::Running
             && snap[&2].status == ShardStatus::Running
@@ -834,8 +824,7 @@ async fn a_log_discontinuity_holds_only_its_shard() {
     );
     let seqs: Vec<u64> = mailbox(&e, &u0).await.into_iter().map(|(s, _)| s).collect();
     assert_eq!(seqs, vec![3, 4, 5]);
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }
 
 /// Issue 11, item 9: a gap (a record whose prev is above W: W moved back under a running owner,
@@ -845,7 +834,7 @@ async fn a_log_discontinuity_holds_only_its_shard() {
 /// position is past records 2 and 3, and nothing else re-reads them.
 #[tokio::test]
 async fn a_gap_makes_the_owner_reread_from_w() {
-    use tidemark_store::redis::watermark::{encode_blob, LaneRecord, LaneWatermarks};
+    use tidemark_store::redis::watermark::LaneRecord;
     let mut e = env().await;
     // GC (and its trim of the log) runs once at the start, then not for an hour: the log
     // keeps records 1..3. A record of shard 3 committed first shows when that GC has run.
@@ -855,9 +844,9 @@ async fn a_gap_makes_the_owner_reread_from_w() {
         gc_interval: Duration::from_secs(3600),
         ..fast_opts()
     };
-    let (cancel, h, health) = start_worker(&e, opts).await;
+    let w = start_worker(&e, opts).await;
     wait_until("the first GC ran", || async {
-        health.snapshot().get(&3).is_some_and(|h| h.head == 1)
+        w.health.snapshot().get(&3).is_some_and(|h| h.head == 1)
     })
     .await;
     let hot = users_in_distinct_lanes(0, 1).pop().unwrap();
@@ -875,14 +864,7 @@ async fn a_gap_makes_the_owner_reread_from_w() {
     let mut c = e.mb_store.connection();
     for (s, users) in [(0u32, vec![hot.as_str()]), (1, pair.clone())] {
         let lanes = LaneWatermarks::uniform(LaneRecord::at(1, 0));
-        let _: () = c
-            .hset(
-                keys::wm(s),
-                "wm_blob",
-                encode_blob(Layout::PackedV2, &lanes),
-            )
-            .await
-            .unwrap();
+        put_lanes(&e, s, &lanes).await;
         for u in users {
             let _: () = c
                 .zrembyscore(keys::mailbox(s, u), "(1", "+inf")
@@ -907,8 +889,7 @@ async fn a_gap_makes_the_owner_reread_from_w() {
     for u in &pair {
         assert_eq!(mailbox(&e, u).await, want, "chunked path, {u}");
     }
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }
 
 /// Issue 11, item 9: the hot path hands a record it cannot take (`NotUniform`: here the
@@ -935,7 +916,7 @@ async fn the_hot_path_hands_a_not_uniform_batch_to_the_chunked_path() {
         )
         .await;
     }
-    let (cancel, h, _health) = start_worker(&e, fast_opts()).await;
+    let w = start_worker(&e, fast_opts()).await;
     wait_until("the batch is materialised", || async {
         min_w(&e, s).await == 3
     })
@@ -952,6 +933,5 @@ async fn the_hot_path_hands_a_not_uniform_batch_to_the_chunked_path() {
     send(&mut e, "s", "v3", &[us[0].as_str()], "n3").await;
     wait_until("the next record", || async { min_w(&e, s).await == 4 }).await;
     assert_eq!(mailbox(&e, &us[0]).await.len(), 2);
-    cancel.cancel();
-    h.await.unwrap();
+    w.stop().await;
 }

@@ -3,23 +3,18 @@
 //! again; delivery resumes without any further traffic. Real redis-servers, the real service
 //! (`run::serve`), real HTTP.
 
-use std::io::{Read, Write};
-use std::net::SocketAddr;
+mod gateway_support;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidemark_redis_proc::RedisProcess;
+use gateway_support::{route, Service};
 use tidemark_server::gateway::GatewayOptions;
 use tidemark_server::materializer::{ChunkFault, MaterializerOptions};
-use tidemark_server::run::{self, ServeOptions};
 use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::topology::Topology;
-use tokio_util::sync::CancellationToken;
-
-const SHARDS: u32 = 4;
 
 /// Panics the first `times` times record `offset` of `shard` is about to be materialised.
 struct PanicAt {
@@ -40,38 +35,8 @@ impl ChunkFault for PanicAt {
     }
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
-    let status = resp
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
-
-/// Routing in a `SHARDS`-shard deployment.
-fn route(user: &str) -> tidemark_store::topology::Route {
-    let t = tidemark_store::topology::Topology::single(SHARDS, Layout::PackedV2, "", "");
-    t.validate().unwrap().route(user)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
-    let core = RedisProcess::start().unwrap();
-    let mailbox = RedisProcess::start().unwrap();
     let bob = route("bob");
     let fault = Arc::new(PanicAt {
         shard: bob.shard,
@@ -79,35 +44,18 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
         times: 3,
         fired: AtomicU32::new(0),
     });
-    let cancel = CancellationToken::new();
-    let running = run::serve(
-        ServeOptions {
-            topology: Topology::new(
-                SHARDS,
-                Layout::PackedV2,
-                vec![core.url()],
-                vec![mailbox.url()],
-            ),
-            listen: "127.0.0.1:0".parse().unwrap(),
-            gateway: GatewayOptions {
-                dev_auth: true,
-                ..Default::default()
-            },
-            materializer: MaterializerOptions {
-                block: Duration::from_millis(50),
-                fault: Some(fault.clone()),
-                ..Default::default()
-            },
-            owned_shards: None,
-            node: None,
-        },
-        cancel.clone(),
-    )
-    .await
-    .unwrap();
-    let addr = running.addr;
-    let mut commits = LogStore::connect(&core.url()).await.unwrap();
-    let mb = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
+    let materializer = MaterializerOptions {
+        block: Duration::from_millis(50),
+        fault: Some(fault.clone()),
+        ..Default::default()
+    };
+    let gateway = GatewayOptions {
+        dev_auth: true,
+        ..Default::default()
+    };
+    let svc = Service::start(gateway, materializer).await;
+    let mut commits = LogStore::connect(&svc.core_url).await.unwrap();
+    let mb = MailboxStore::connect(&svc.mailbox_url, Layout::PackedV2)
         .await
         .unwrap();
     let w = |mut mb: MailboxStore| async move {
@@ -141,7 +89,7 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
             start.elapsed() < Duration::from_secs(20),
             "record 2 not materialised after the panics"
         );
-        let (status, body) = http_get(addr, "/healthz");
+        let (status, body) = svc.get_text("/healthz").await;
         if status == 503 && body.contains("panicked") {
             saw_503.get_or_insert(body);
         }
@@ -159,14 +107,14 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
     );
     // healthy again, and the panics are counted
     let start = Instant::now();
-    while http_get(addr, "/healthz").0 != 200 {
+    while svc.get_text("/healthz").await.0 != 200 {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "/healthz not 200"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (_, metrics) = http_get(addr, "/metrics");
+    let (_, metrics) = svc.get_text("/metrics").await;
     let line = metrics
         .lines()
         .find(|l| {
@@ -203,5 +151,5 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
     .await
     .unwrap();
     assert_eq!(entries.len(), 3, "each message once");
-    running.shutdown().await.unwrap();
+    svc.stop().await;
 }

@@ -6,7 +6,7 @@ mod gateway_support;
 
 use std::collections::BTreeSet;
 
-use gateway_support::{encode, now_unix, start_with, token_for, SECRET};
+use gateway_support::{assert_error, encode, now_unix, start_with, token_for, SECRET};
 use tidemark_protocol::token;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,17 +56,7 @@ async fn malformed_and_mis_signed_tokens_get_one_answer() {
 
     // a correctly signed, expired token is told apart (the client needs a new one)
     let expired = token::sign(SECRET, "alice", now_unix() - 1);
-    let (status, v) = d
-        .http_json(
-            "GET",
-            "/v1/mailbox",
-            &[("Authorization", &format!("Bearer {expired}"))],
-            None,
-        )
-        .await;
-    assert_eq!(
-        (status, v["error"]["code"].as_str()),
-        (401, Some("token_expired"))
-    );
+    let r = d.with_token("GET", "/v1/mailbox", &expired, None).await;
+    assert_error(&r, 401, "token_expired");
     d.shutdown().await;
 }

@@ -7,33 +7,63 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
-use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
 use tidemark_store::redis::dlog::{LogReader, LogStore};
 use tidemark_store::redis::watermark::U48_MAX;
 use tidemark_store::Error;
 
+mod support;
+
 const TTL: u64 = 60;
 
-struct Env {
-    _redis: RedisProcess,
-    url: String,
-    raw: ConnectionManager,
+/// The core store on the test's redis-server.
+struct Core {
     core: LogStore,
 }
 
+type Env = support::Env<Core>;
+
 async fn env() -> Env {
-    let redis = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
-    let url = redis.url();
-    let raw = ConnectionManager::new(redis::Client::open(url.as_str()).unwrap())
-        .await
-        .unwrap();
-    let core = LogStore::connect(&url).await.unwrap();
-    Env {
-        _redis: redis,
-        url,
-        raw,
-        core,
+    support::env(|url| async move {
+        let core = LogStore::connect(&url).await.unwrap();
+        Core { core }
+    })
+    .await
+}
+
+impl Env {
+    /// Commits `body` from `sender` (client id `id`, sent at `t`) to bob in shard `s`:
+    /// (offset, duplicate).
+    async fn commit(
+        &mut self,
+        s: u32,
+        (sender, id): (&str, &str),
+        body: &str,
+        t: u64,
+    ) -> (u64, bool) {
+        let c = self
+            .core
+            .commit(s, sender, id, &["bob"], body, t, TTL)
+            .await;
+        let c = c.unwrap_or_else(|e| panic!("commit {sender:?} {id:?}: {e:?}"));
+        (c.offset, c.duplicate)
+    }
+
+    /// [`Env::commit`], which must be refused.
+    async fn refused(&mut self, s: u32, (sender, id): (&str, &str), body: &str, t: u64) -> Error {
+        let c = self
+            .core
+            .commit(s, sender, id, &["bob"], body, t, TTL)
+            .await;
+        c.expect_err("a refused commit")
+    }
+
+    /// alice's `w-1` to bob ("hi", sent at `t`) with the request digest `digest`.
+    async fn request(&mut self, s: u32, t: u64, digest: &str) -> Result<(u64, bool), Error> {
+        let c = self
+            .core
+            .commit_request(s, "alice", "w-1", &["bob"], "hi", t, TTL, digest);
+        c.await.map(|c| (c.offset, c.duplicate))
     }
 }
 
@@ -50,23 +80,15 @@ async fn a_commit_at_the_last_u48_offset_is_refused_without_writing() {
     let s = 3;
     // the last offset is still assigned
     let _: () = e.raw.set(keys::head(s), U48_MAX - 1).await.unwrap();
-    let c = e
-        .core
-        .commit(s, "alice", "m-1", &["bob"], "last", 1, TTL)
-        .await
-        .unwrap();
-    assert_eq!((c.offset, c.duplicate), (U48_MAX, false));
+    let c = e.commit(s, ("alice", "m-1"), "last", 1).await;
+    assert_eq!(c, (U48_MAX, false));
     let recs = e.core.read_after(s, U48_MAX - 1, 10).await.unwrap();
     assert_eq!(recs.len(), 1);
     assert_eq!((recs[0].offset, recs[0].prev), (U48_MAX, U48_MAX - 1));
 
     // the next one is refused before INCR: head unchanged, no XADD, no dedupe record
     let keys_before = all_keys(&mut e.raw).await;
-    let err = e
-        .core
-        .commit(s, "alice", "m-2", &["bob"], "one too many", 2, TTL)
-        .await
-        .unwrap_err();
+    let err = e.refused(s, ("alice", "m-2"), "one too many", 2).await;
     assert!(
         matches!(err, Error::LogExhausted { shard } if shard == s),
         "{err:?}"
@@ -76,41 +98,22 @@ async fn a_commit_at_the_last_u48_offset_is_refused_without_writing() {
     assert_eq!(e.core.log_len(s).await.unwrap(), 1);
     assert_eq!(all_keys(&mut e.raw).await, keys_before);
     // and again: nothing ever goes past u48
-    assert!(matches!(
-        e.core
-            .commit(s, "carol", "m-3", &["bob"], "x", 3, TTL)
-            .await
-            .unwrap_err(),
-        Error::LogExhausted { .. }
-    ));
+    let err = e.refused(s, ("carol", "m-3"), "x", 3).await;
+    assert!(matches!(err, Error::LogExhausted { .. }), "{err:?}");
     assert_eq!(e.core.head(s).await.unwrap(), U48_MAX);
 
     // a retry of a send that did commit is still answered with its offset
-    let c = e
-        .core
-        .commit(s, "alice", "m-1", &["bob"], "last", 1, TTL)
-        .await
-        .unwrap();
-    assert_eq!((c.offset, c.duplicate), (U48_MAX, true));
+    let c = e.commit(s, ("alice", "m-1"), "last", 1).await;
+    assert_eq!(c, (U48_MAX, true));
 
     // a head set above u48 by hand is refused too, and left as it is
     let _: () = e.raw.set(keys::head(s), U48_MAX + 5).await.unwrap();
-    assert!(matches!(
-        e.core
-            .commit(s, "dave", "m-4", &["bob"], "x", 4, TTL)
-            .await
-            .unwrap_err(),
-        Error::LogExhausted { .. }
-    ));
+    let err = e.refused(s, ("dave", "m-4"), "x", 4).await;
+    assert!(matches!(err, Error::LogExhausted { .. }), "{err:?}");
     assert_eq!(e.core.head(s).await.unwrap(), U48_MAX + 5);
     assert_eq!(e.core.log_len(s).await.unwrap(), 1);
     // other shards are not affected
-    let c = e
-        .core
-        .commit(s + 1, "alice", "m-2", &["bob"], "x", 5, TTL)
-        .await
-        .unwrap();
-    assert_eq!(c.offset, 1);
+    assert_eq!(e.commit(s + 1, ("alice", "m-2"), "x", 5).await.0, 1);
 }
 
 #[tokio::test]
@@ -138,7 +141,7 @@ async fn a_log_record_above_u48_is_a_bad_record() {
         "{err:?}"
     );
     // the materializer's blocking reader refuses it the same way
-    let mut reader = LogReader::connect(&e.url).await.unwrap();
+    let mut reader = LogReader::connect(&e.redis.url()).await.unwrap();
     let err = reader
         .read(&[(s, 0)], 10, Duration::from_millis(100))
         .await
@@ -154,18 +157,10 @@ async fn senders_and_ids_with_nul_no_longer_share_a_dedupe_key() {
     let mut e = env().await;
     let s = 1;
     // with `dd:{s}:<sender>\0<client id>` both were `dd:{1}:a\0b\0c`
-    let first = e
-        .core
-        .commit(s, "a\0b", "c", &["bob"], "one", 1, TTL)
-        .await
-        .unwrap();
-    let second = e
-        .core
-        .commit(s, "a", "b\0c", &["bob"], "two", 2, TTL)
-        .await
-        .unwrap();
-    assert_eq!((first.offset, first.duplicate), (1, false));
-    assert_eq!((second.offset, second.duplicate), (2, false));
+    let first = e.commit(s, ("a\0b", "c"), "one", 1).await;
+    let second = e.commit(s, ("a", "b\0c"), "two", 2).await;
+    assert_eq!(first, (1, false));
+    assert_eq!(second, (2, false));
     let recs = e.core.read_after(s, 0, 10).await.unwrap();
     let got: Vec<(&str, &str, &str)> = recs
         .iter()
@@ -174,12 +169,8 @@ async fn senders_and_ids_with_nul_no_longer_share_a_dedupe_key() {
     assert_eq!(got, [("a\0b", "c", "one"), ("a", "b\0c", "two")]);
     // and each is still deduplicated against itself
     for (sender, id, off, body) in [("a\0b", "c", 1, "one"), ("a", "b\0c", 2, "two")] {
-        let c = e
-            .core
-            .commit(s, sender, id, &["bob"], body, 3, TTL)
-            .await
-            .unwrap();
-        assert_eq!((c.offset, c.duplicate), (off, true), "{sender:?} {id:?}");
+        let c = e.commit(s, (sender, id), body, 3).await;
+        assert_eq!(c, (off, true), "{sender:?} {id:?}");
     }
     assert_eq!(e.core.head(s).await.unwrap(), 2);
 }
@@ -191,23 +182,13 @@ async fn a_dedupe_record_in_the_legacy_key_format_is_still_a_duplicate() {
     // written by the previous code: dd:{s}:<sender>\0<client id>, within its 24 h
     let legacy = format!("dd:{{{s}}}:alice\0m-1");
     let _: () = e.raw.set_ex(&legacy, 41u64, 3600).await.unwrap();
-    let c = e
-        .core
-        .commit(s, "alice", "m-1", &["bob"], "retry", 1, TTL)
-        .await
-        .unwrap();
-    assert_eq!((c.offset, c.duplicate), (41, true));
+    assert_eq!(e.commit(s, ("alice", "m-1"), "retry", 1).await, (41, true));
     assert_eq!(e.core.head(s).await.unwrap(), 0, "nothing committed");
     assert_eq!(e.core.log_len(s).await.unwrap(), 0);
     assert_eq!(all_keys(&mut e.raw).await, [legacy.into_bytes()]);
 
     // a new send writes the length-prefixed key only
-    let c = e
-        .core
-        .commit(s, "alice", "m-2", &["bob"], "new", 2, TTL)
-        .await
-        .unwrap();
-    assert_eq!((c.offset, c.duplicate), (1, false));
+    assert_eq!(e.commit(s, ("alice", "m-2"), "new", 2).await, (1, false));
     let new_key = keys::dedupe(s, "alice", "m-2");
     assert_eq!(new_key, format!("dd:{{{s}}}:5:alicem-2"));
     let v: Option<String> = e.raw.get(&new_key).await.unwrap();
@@ -231,24 +212,10 @@ async fn the_same_id_with_another_request_is_refused_and_writes_nothing() {
     let mut e = env().await;
     let s = 3;
     let d1 = request_digest(&["bob", "carol"], "hi");
-    let c = e
-        .core
-        .commit_request(s, "alice", "w-1", &["bob"], "hi", 1, TTL, &d1)
-        .await
-        .unwrap();
-    assert_eq!((c.offset, c.duplicate), (1, false));
-    let again = e
-        .core
-        .commit_request(s, "alice", "w-1", &["bob"], "hi", 2, TTL, &d1)
-        .await
-        .unwrap();
-    assert_eq!((again.offset, again.duplicate), (1, true));
+    assert_eq!(e.request(s, 1, &d1).await.unwrap(), (1, false));
+    assert_eq!(e.request(s, 2, &d1).await.unwrap(), (1, true));
     let d2 = request_digest(&["bob"], "hi");
-    match e
-        .core
-        .commit_request(s, "alice", "w-1", &["bob"], "hi", 3, TTL, &d2)
-        .await
-    {
+    match e.request(s, 3, &d2).await {
         Err(tidemark_store::Error::IdReused { shard, offset }) => {
             assert_eq!((shard, offset), (s, 1))
         }

@@ -8,6 +8,24 @@ use tidemark_redis_proc::RedisProcess;
 use tidemark_store::redis::dlog::LogStore;
 use tidemark_store::redis::lease::Lease;
 
+/// What a node asks of a shard's lease.
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Acquire,
+    Renew,
+    Release,
+}
+
+/// `node` asks `op` of shard `shard`'s lease (ttl 400 ms); the answer.
+async fn lease(c: &mut LogStore, op: Op, shard: u32, node: &str) -> Lease {
+    let r = match op {
+        Op::Acquire => c.acquire_lease(shard, node, 400).await,
+        Op::Renew => c.renew_lease(shard, node, 400).await,
+        Op::Release => c.release_lease(shard, node).await,
+    };
+    r.unwrap_or_else(|e| panic!("{op:?} {shard} {node}: {e}"))
+}
+
 async fn core() -> (RedisProcess, LogStore) {
     let redis = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
     let store = LogStore::connect(&redis.url()).await.unwrap();
@@ -16,17 +34,13 @@ async fn core() -> (RedisProcess, LogStore) {
 
 #[tokio::test]
 async fn a_lease_has_one_holder_and_expires_in_redis_time() {
+    use Op::*;
     let (redis, mut c) = core().await;
-    assert_eq!(
-        c.acquire_lease(3, "a", 400).await.unwrap(),
-        Lease::Held { fresh: true }
-    );
+    let held = |fresh| Lease::Held { fresh };
+    assert_eq!(lease(&mut c, Acquire, 3, "a").await, held(true));
     // the holder may take it again (not fresh); another node may not
-    assert_eq!(
-        c.acquire_lease(3, "a", 400).await.unwrap(),
-        Lease::Held { fresh: false }
-    );
-    match c.acquire_lease(3, "b", 400).await.unwrap() {
+    assert_eq!(lease(&mut c, Acquire, 3, "a").await, held(false));
+    match lease(&mut c, Acquire, 3, "b").await {
         Lease::Other { owner, pttl_ms } => {
             assert_eq!(owner, "a");
             assert!(pttl_ms > 0 && pttl_ms <= 400, "{pttl_ms}");
@@ -34,33 +48,20 @@ async fn a_lease_has_one_holder_and_expires_in_redis_time() {
         other => panic!("b took a's lease: {other:?}"),
     }
     // renew and release only by the holder
-    assert!(matches!(
-        c.renew_lease(3, "b", 400).await.unwrap(),
-        Lease::Other { .. }
-    ));
-    assert!(matches!(
-        c.release_lease(3, "b").await.unwrap(),
-        Lease::Other { .. }
-    ));
-    assert_eq!(
-        c.renew_lease(3, "a", 400).await.unwrap(),
-        Lease::Held { fresh: false }
-    );
+    for op in [Renew, Release] {
+        let r = lease(&mut c, op, 3, "b").await;
+        assert!(matches!(r, Lease::Other { .. }), "{op:?}: {r:?}");
+    }
+    assert_eq!(lease(&mut c, Renew, 3, "a").await, held(false));
     // another shard is another lease
-    assert_eq!(
-        c.acquire_lease(4, "b", 400).await.unwrap(),
-        Lease::Held { fresh: true }
-    );
+    assert_eq!(lease(&mut c, Acquire, 4, "b").await, held(true));
     // not renewed: gone after its ttl, then free for another node
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(c.renew_lease(3, "a", 400).await.unwrap(), Lease::Absent);
+    assert_eq!(lease(&mut c, Renew, 3, "a").await, Lease::Absent);
     assert_eq!(c.lease_holder(3).await.unwrap(), None);
-    assert_eq!(
-        c.acquire_lease(3, "b", 400).await.unwrap(),
-        Lease::Held { fresh: true }
-    );
-    assert_eq!(c.release_lease(3, "b").await.unwrap(), Lease::Released);
-    assert_eq!(c.release_lease(3, "b").await.unwrap(), Lease::Absent);
+    assert_eq!(lease(&mut c, Acquire, 3, "b").await, held(true));
+    assert_eq!(lease(&mut c, Release, 3, "b").await, Lease::Released);
+    assert_eq!(lease(&mut c, Release, 3, "b").await, Lease::Absent);
 
     // a flushed script cache is reloaded on the next call
     let client = redis::Client::open(redis.url()).unwrap();
@@ -70,10 +71,7 @@ async fn a_lease_has_one_holder_and_expires_in_redis_time() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    assert_eq!(
-        c.acquire_lease(5, "a", 400).await.unwrap(),
-        Lease::Held { fresh: true }
-    );
+    assert_eq!(lease(&mut c, Acquire, 5, "a").await, held(true));
 }
 
 #[tokio::test]

@@ -4,7 +4,6 @@
 
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
-use tidemark_redis_proc::RedisProcess;
 use tidemark_store::keys;
 use tidemark_store::redis::store::{
     Advance, AdvanceRecord, ChunkWritten, Gc, MailboxStore, Materialized, SingleItem,
@@ -14,31 +13,36 @@ use tidemark_store::redis::watermark::{
     LaneWatermarks, Layout, FULL_BLOB_BYTES, LANES, LANE_BYTES,
 };
 
+mod support;
+
 type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
-struct Env {
-    _redis: RedisProcess,
-    raw: ConnectionManager,
+/// The packed-v2 store (new code) and the packed-v1 store (old code) on the test's
+/// redis-server.
+struct Stores {
     v2: MailboxStore,
     v1: MailboxStore,
 }
 
+type Env = support::Env<Stores>;
+
 async fn env() -> Env {
-    let redis = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
-    let client = redis::Client::open(redis.url()).unwrap();
-    let raw = ConnectionManager::new(client).await.unwrap();
-    let v2 = MailboxStore::connect(&redis.url(), Layout::PackedV2)
+    support::env(|url| async move {
+        let v2 = MailboxStore::connect(&url, Layout::PackedV2).await.unwrap();
+        let v1 = MailboxStore::connect(&url, Layout::PackedV1).await.unwrap();
+        Stores { v2, v1 }
+    })
+    .await
+}
+
+/// [`env`] with shard 0's watermark initialised (by the packed-v2 store) in `layout`, at
+/// `epoch`, every lane at `w`.
+async fn env_with(layout: Layout, epoch: u64, w: u64) -> Env {
+    let mut e = env().await;
+    e.v2.init_watermark(0, layout, epoch, w, false)
         .await
         .unwrap();
-    let v1 = MailboxStore::connect(&redis.url(), Layout::PackedV1)
-        .await
-        .unwrap();
-    Env {
-        _redis: redis,
-        raw,
-        v2,
-        v1,
-    }
+    e
 }
 
 fn f(layout: &str, epoch: &str, blob: Vec<u8>) -> Fields {
@@ -303,6 +307,25 @@ fn vectors() -> Vec<(&'static str, Fields)> {
     v
 }
 
+/// Every wm_blob-reading script of `store` (new code, or `old`) gives `expect` on the vector
+/// `fields` called `name`; the hot path only where it looks at lanes.
+async fn assert_scripts(
+    store: &mut MailboxStore,
+    (fields, name): (&Fields, &str),
+    expect: &V,
+    old: bool,
+) {
+    let what = if old { "v1" } else { "v2" };
+    for (script, got) in lua_verdicts(store, epoch_of(fields)).await {
+        let want = if script == "materialize_fresh_single_recipient" {
+            hot_verdict(expect.clone(), fields, old)
+        } else {
+            expect.clone()
+        };
+        assert_eq!(got, want, "{what} {script} on {name}");
+    }
+}
+
 #[tokio::test]
 async fn rust_and_lua_give_identical_verdicts() {
     let mut e = env().await;
@@ -311,23 +334,8 @@ async fn rust_and_lua_give_identical_verdicts() {
         let expect_old = old_code_verdict(&fields);
         put(&mut e.raw, 0, &fields).await;
         let before = snapshot(&mut e.raw, 0).await;
-        let ep = epoch_of(&fields);
-        for (script, got) in lua_verdicts(&mut e.v2, ep).await {
-            let want = if script == "materialize_fresh_single_recipient" {
-                hot_verdict(expect.clone(), &fields, false)
-            } else {
-                expect.clone()
-            };
-            assert_eq!(got, want, "v2 {script} on {name}");
-        }
-        for (script, got) in lua_verdicts(&mut e.v1, ep).await {
-            let want = if script == "materialize_fresh_single_recipient" {
-                hot_verdict(expect_old.clone(), &fields, true)
-            } else {
-                expect_old.clone()
-            };
-            assert_eq!(got, want, "v1 {script} on {name}");
-        }
+        assert_scripts(&mut e.v2, (&fields, name), &expect, false).await;
+        assert_scripts(&mut e.v1, (&fields, name), &expect_old, true).await;
         // store.rs reads through read_log_watermarks.lua + decode_lane_watermarks
         let read = e.v2.read_watermark(0).await;
         assert_eq!(
@@ -384,6 +392,15 @@ async fn every_blob_length_both_layouts() {
     }
 }
 
+/// Record `offset` (prev: the one before) with no recipient in any lane.
+fn no_recipients(offset: u64) -> AdvanceRecord {
+    AdvanceRecord {
+        offset,
+        prev: offset - 1,
+        needed: [false; LANES],
+    }
+}
+
 fn item(offset: u64, to: &str) -> SingleItem {
     SingleItem {
         offset,
@@ -395,10 +412,7 @@ fn item(offset: u64, to: &str) -> SingleItem {
 
 #[tokio::test]
 async fn hot_path_writes_19_bytes_and_replays_write_nothing() {
-    let mut e = env().await;
-    e.v2.init_watermark(0, Layout::PackedV2, 4, 0, false)
-        .await
-        .unwrap();
+    let mut e = env_with(Layout::PackedV2, 4, 0).await;
     assert_eq!(blob(&mut e.raw, 0).await.len(), 19);
     let out =
         e.v2.materialize_batch(0, 4, &[item(1, "bob"), item(2, "ann"), item(3, "bob")])
@@ -419,45 +433,28 @@ async fn hot_path_writes_19_bytes_and_replays_write_nothing() {
         .await
         .unwrap();
     assert_eq!(mb, vec![(b"1:bob".to_vec(), 1.0), (b"3:bob".to_vec(), 3.0)]);
-    // replay: nothing written
+    // a replay, a gap (expected_previous above W), a stale epoch (fenced): nothing written
     let before = snapshot(&mut e.raw, 0).await;
-    let r =
-        e.v2.materialize_single(0, 4, &item(2, "ann"))
-            .await
-            .unwrap();
-    assert_eq!(r, Materialized::Replay { w: 3 });
-    assert_eq!(snapshot(&mut e.raw, 0).await, before);
-    // gap: expected_previous above W
-    let r =
-        e.v2.materialize_single(0, 4, &item(6, "ann"))
-            .await
-            .unwrap();
-    assert_eq!(r, Materialized::Gap { w: 3 });
-    assert_eq!(snapshot(&mut e.raw, 0).await, before);
-    let n: usize = e.raw.zcard(keys::mailbox(0, "ann")).await.unwrap();
-    assert_eq!(n, 1, "a gap writes no entry");
-    // stale epoch: fenced, nothing written
-    let r =
-        e.v2.materialize_single(0, 3, &item(4, "ann"))
-            .await
-            .unwrap();
-    assert_eq!(
-        r,
-        Materialized::Fenced {
-            current_epoch: Some(4)
-        }
-    );
-    assert_eq!(snapshot(&mut e.raw, 0).await, before);
-    let n: usize = e.raw.zcard(keys::mailbox(0, "ann")).await.unwrap();
-    assert_eq!(n, 1, "a fenced call writes no entry");
+    let fenced = Materialized::Fenced {
+        current_epoch: Some(4),
+    };
+    for (what, epoch, offset, want) in [
+        ("a replay", 4, 2, Materialized::Replay { w: 3 }),
+        ("a gap", 4, 6, Materialized::Gap { w: 3 }),
+        ("a fenced call", 3, 4, fenced),
+    ] {
+        let ann = item(offset, "ann");
+        let r = e.v2.materialize_single(0, epoch, &ann).await.unwrap();
+        assert_eq!(r, want, "{what}");
+        assert_eq!(snapshot(&mut e.raw, 0).await, before, "{what}");
+        let n: usize = e.raw.zcard(keys::mailbox(0, "ann")).await.unwrap();
+        assert_eq!(n, 1, "{what} writes no entry");
+    }
 }
 
 #[tokio::test]
 async fn held_lane_diverges_to_1216_and_converges_to_19() {
-    let mut e = env().await;
-    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
-        .await
-        .unwrap();
+    let mut e = env_with(Layout::PackedV2, 1, 0).await;
     let mut needed = [false; LANES];
     needed[3] = true;
     needed[9] = true;
@@ -492,11 +489,7 @@ async fn held_lane_diverges_to_1216_and_converges_to_19() {
         Materialized::NotUniform
     );
     // record 2 (no recipients in lane 9) advances the other lanes; lane 9 is a gap for it
-    let rec2 = AdvanceRecord {
-        offset: 2,
-        prev: 1,
-        needed: [false; LANES],
-    };
+    let rec2 = no_recipients(2);
     match e.v2.advance(0, 1, &rec2).await.unwrap() {
         Advance::Moved(c) => assert_eq!((c.advanced, c.gaps), (63, 1)),
         other => panic!("{other:?}"),
@@ -543,16 +536,9 @@ async fn held_lane_diverges_to_1216_and_converges_to_19() {
 
 #[tokio::test]
 async fn cas_gap_does_not_advance_and_stale_epoch_is_refused() {
-    let mut e = env().await;
-    e.v2.init_watermark(0, Layout::PackedV2, 2, 10, false)
-        .await
-        .unwrap();
+    let mut e = env_with(Layout::PackedV2, 2, 10).await;
     let before = snapshot(&mut e.raw, 0).await;
-    let rec = AdvanceRecord {
-        offset: 13,
-        prev: 12,
-        needed: [false; LANES],
-    };
+    let rec = no_recipients(13);
     assert!(matches!(e.v2.advance(0, 2, &rec).await.unwrap(), Advance::Gap(c) if c.gaps == 64));
     assert!(matches!(
         e.v2.advance_many(0, 2, std::slice::from_ref(&rec))
@@ -594,21 +580,14 @@ async fn cas_gap_does_not_advance_and_stale_epoch_is_refused() {
 
 #[tokio::test]
 async fn v1_data_is_read_and_rewritten_as_v2() {
-    let mut e = env().await;
-    e.v2.init_watermark(0, Layout::PackedV1, 1, 0, false)
-        .await
-        .unwrap();
+    let mut e = env_with(Layout::PackedV1, 1, 0).await;
     assert_eq!(blob(&mut e.raw, 0).await.len(), 1216);
     // the hot path hands v1 data to the chunked path
     assert_eq!(
         e.v2.materialize_single(0, 1, &item(1, "x")).await.unwrap(),
         Materialized::NotUniform
     );
-    let rec = AdvanceRecord {
-        offset: 1,
-        prev: 0,
-        needed: [false; LANES],
-    };
+    let rec = no_recipients(1);
     assert!(matches!(
         e.v2.advance(0, 1, &rec).await.unwrap(),
         Advance::Moved(_)
@@ -623,39 +602,33 @@ async fn v1_data_is_read_and_rewritten_as_v2() {
     );
 }
 
-#[tokio::test]
-async fn old_code_refuses_v2_by_layout_and_by_length_without_writing() {
-    let mut e = env().await;
-    // path 1: the layout check
-    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
-        .await
-        .unwrap();
+/// Old code (the packed-v1 store) refuses shard 0's watermark as `code` (`name`) in its hot
+/// path and in every script, and writes nothing.
+async fn v1_refuses(e: &mut Env, code: CorruptCode, name: &str) {
     let before = snapshot(&mut e.raw, 0).await;
     let r = e.v1.materialize_single(0, 1, &item(1, "x")).await.unwrap();
     assert!(
-        matches!(r, Materialized::Corrupt(ref v) if v.code == CorruptCode::UnknownLayout),
+        matches!(r, Materialized::Corrupt(ref v) if v.code == code),
         "{r:?}"
     );
     for (s, v) in lua_verdicts(&mut e.v1, 1).await {
-        assert_eq!(v.unwrap().0, "unknown_layout", "{s}");
+        assert_eq!(v.unwrap().0, name, "{s}");
     }
     assert_eq!(snapshot(&mut e.raw, 0).await, before);
+}
+
+#[tokio::test]
+async fn old_code_refuses_v2_by_layout_and_by_length_without_writing() {
+    // path 1: the layout check
+    let mut e = env_with(Layout::PackedV2, 1, 0).await;
+    v1_refuses(&mut e, CorruptCode::UnknownLayout, "unknown_layout").await;
     // path 2: the length check, even with the layout string of v1
     let _: () = e
         .raw
         .hset(keys::wm(0), "wm_layout", "packed-v1")
         .await
         .unwrap();
-    let before = snapshot(&mut e.raw, 0).await;
-    let r = e.v1.materialize_single(0, 1, &item(1, "x")).await.unwrap();
-    assert!(
-        matches!(r, Materialized::Corrupt(ref v) if v.code == CorruptCode::BadLength),
-        "{r:?}"
-    );
-    for (s, v) in lua_verdicts(&mut e.v1, 1).await {
-        assert_eq!(v.unwrap().0, "bad_length", "{s}");
-    }
-    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    v1_refuses(&mut e, CorruptCode::BadLength, "bad_length").await;
     let n: usize = e.raw.zcard(keys::mailbox(0, "x")).await.unwrap();
     assert_eq!(n, 0);
 }
@@ -664,11 +637,8 @@ async fn old_code_refuses_v2_by_layout_and_by_length_without_writing() {
 /// claim anything but packed-v1 with 1216 bytes, before raising the epoch (ADR-0022).
 #[tokio::test]
 async fn old_code_refuses_to_claim_newer_data_without_raising_the_epoch() {
-    let mut e = env().await;
     // packed-v2 with a 19-byte and with a 1216-byte blob: unknown_layout
-    e.v2.init_watermark(0, Layout::PackedV2, 7, 0, false)
-        .await
-        .unwrap();
+    let mut e = env_with(Layout::PackedV2, 7, 0).await;
     put(
         &mut e.raw,
         1,
@@ -716,26 +686,35 @@ async fn old_code_refuses_to_claim_newer_data_without_raising_the_epoch() {
     );
 }
 
+/// Records 1 (to `a`) and 2 (to `to`) through `store`'s hot path in one batch, epoch 1: the
+/// second is applied.
+async fn two_in_a_batch(store: &mut MailboxStore, to: &str) {
+    let items = [item(1, "a"), item(2, to)];
+    let r = store.materialize_batch(0, 1, &items).await.unwrap();
+    assert_eq!(r[1], Materialized::Applied { offset: 2 });
+}
+
+async fn script_flush(raw: &mut ConnectionManager) {
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(raw)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn v1_scripts_work_on_v1_data() {
     let mut e = env().await;
     e.v1.init_watermark(0, Layout::PackedV1, 1, 0, false)
         .await
         .unwrap();
-    let r =
-        e.v1.materialize_batch(0, 1, &[item(1, "a"), item(2, "b")])
-            .await
-            .unwrap();
-    assert_eq!(r[1], Materialized::Applied { offset: 2 });
+    two_in_a_batch(&mut e.v1, "b").await;
     assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v1(&uni(2, 0)));
 }
 
 #[tokio::test]
 async fn hlen_not_3_refused_by_every_script() {
-    let mut e = env().await;
-    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
-        .await
-        .unwrap();
+    let mut e = env_with(Layout::PackedV2, 1, 0).await;
     let _: () = e.raw.hset(keys::wm(0), "extra", "1").await.unwrap();
     let before = snapshot(&mut e.raw, 0).await;
     for (s, v) in lua_verdicts(&mut e.v2, 1).await {
@@ -746,34 +725,16 @@ async fn hlen_not_3_refused_by_every_script() {
 
 #[tokio::test]
 async fn noscript_recovery_after_script_flush() {
-    let mut e = env().await;
-    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut e.raw)
-        .await
-        .unwrap();
-    let r =
-        e.v2.materialize_batch(0, 1, &[item(1, "a"), item(2, "a")])
-            .await
-            .unwrap();
-    assert_eq!(r[1], Materialized::Applied { offset: 2 });
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut e.raw)
-        .await
-        .unwrap();
+    let mut e = env_with(Layout::PackedV2, 1, 0).await;
+    script_flush(&mut e.raw).await;
+    two_in_a_batch(&mut e.v2, "a").await;
+    script_flush(&mut e.raw).await;
     assert_eq!(e.v2.read_watermark(0).await.unwrap().lanes, uni(2, 0));
 }
 
 #[tokio::test]
 async fn init_refuses_overwrite_and_downgrade_expands() {
-    let mut e = env().await;
-    e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
-        .await
-        .unwrap();
+    let mut e = env_with(Layout::PackedV2, 1, 0).await;
     let err =
         e.v2.init_watermark(0, Layout::PackedV2, 1, 0, false)
             .await
@@ -815,11 +776,7 @@ async fn a_stale_epoch_is_refused_where_the_w_check_alone_would_pass() {
     }
     let fenced = Some(2);
     let lane = 7;
-    let rec = AdvanceRecord {
-        offset: 6,
-        prev: 5,
-        needed: [false; LANES],
-    };
+    let rec = no_recipients(6);
     // everything a call may write on shard `s`
     async fn state(raw: &mut ConnectionManager, s: u32) -> (Fields, Vec<Vec<u8>>, bool, usize) {
         let mb: Vec<Vec<u8>> = raw.zrange(keys::mailbox(s, "zed"), 0, -1).await.unwrap();

@@ -17,17 +17,18 @@ use tidemark_redis_proc::RedisProcess;
 use tidemark_server::gateway::{serve, GatewayError, GatewayOptions};
 use tidemark_server::health::HealthBoard;
 use tidemark_server::materializer::{MaterializerOptions, Worker};
+use tidemark_server::run::{self, Running, ServeOptions};
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::{Route, Topology};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::{HeaderName, HeaderValue};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// Shards of the test deployment.
 pub const SHARDS: u32 = 4;
@@ -44,6 +45,8 @@ pub const WAIT: Duration = Duration::from_secs(5);
 
 /// A running deployment.
 pub struct Deployment {
+    /// Cancels everything when the deployment is dropped.
+    _stop: DropGuard,
     pub addr: SocketAddr,
     pub cancel: CancellationToken,
     pub health: Arc<HealthBoard>,
@@ -72,8 +75,7 @@ pub async fn start_full(
     tweak: impl FnOnce(&mut GatewayOptions),
     materializer: MaterializerOptions,
 ) -> Deployment {
-    let core = RedisProcess::start().expect("core redis-server");
-    let mailbox = RedisProcess::start().expect("mailbox redis-server");
+    let (core, mailbox) = redis_pair();
     let (core_url, mailbox_url) = (core.url(), mailbox.url());
     let topology = Topology::new(
         SHARDS,
@@ -124,6 +126,7 @@ pub async fn start_full(
     let addr = listener.local_addr().expect("addr");
     let serve = tokio::spawn(serve(listener, map, opts, health.clone(), cancel.clone()));
     Deployment {
+        _stop: cancel.clone().drop_guard(),
         addr,
         cancel,
         health,
@@ -133,6 +136,101 @@ pub async fn start_full(
         worker: Some(worker),
         _core: core,
         _mailbox: mailbox,
+    }
+}
+
+/// A deployment (dev auth) and `user`'s socket, past its `ready`.
+pub async fn start_as(user: &str) -> (Deployment, Ws) {
+    let d = start().await;
+    let ws = d.ready(user).await;
+    (d, ws)
+}
+
+/// A deployment in which `from` sent `n` messages to `to` (`msg(i)`: the id and body of the
+/// i-th), each acked and delivered to `to` in order: the deployment, `from`'s and `to`'s
+/// sockets (connected in that order) and `to`'s seqs.
+pub async fn start_exchange(
+    from: &str,
+    to: &str,
+    n: usize,
+    msg: impl Fn(usize) -> (String, String),
+) -> (Deployment, Ws, Ws, Vec<u64>) {
+    let d = start().await;
+    let (mut a, mut b) = d.pair(from, to).await;
+    let seqs = a.send_many(to, n, msg).await;
+    b.expect_seqs(&seqs).await;
+    (d, a, b, seqs)
+}
+
+/// A core and a mailbox `redis-server`.
+fn redis_pair() -> (RedisProcess, RedisProcess) {
+    let core = RedisProcess::start().expect("core redis-server");
+    (core, RedisProcess::start().expect("mailbox redis-server"))
+}
+
+/// Options of `run::serve` for one core and one mailbox instance (`SHARDS` shards in
+/// packed-v2) on a loopback port.
+pub fn serve_options(
+    core_url: String,
+    mailbox_url: String,
+    gateway: GatewayOptions,
+    materializer: MaterializerOptions,
+) -> ServeOptions {
+    ServeOptions {
+        topology: Topology::new(SHARDS, Layout::PackedV2, vec![core_url], vec![mailbox_url]),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        gateway,
+        materializer,
+        owned_shards: None,
+        node: None,
+    }
+}
+
+/// The real service (`run::serve`) on loopback with dev auth and two real redis-servers.
+pub struct Service {
+    /// Cancels the service when it is dropped.
+    _stop: DropGuard,
+    running: Option<Running>,
+    pub core_url: String,
+    pub mailbox_url: String,
+    _core: RedisProcess,
+    _mailbox: RedisProcess,
+}
+
+impl Service {
+    /// Starts the service with these options.
+    pub async fn start(gateway: GatewayOptions, materializer: MaterializerOptions) -> Service {
+        let (core, mailbox) = redis_pair();
+        let (core_url, mailbox_url) = (core.url(), mailbox.url());
+        let opts = serve_options(core_url.clone(), mailbox_url.clone(), gateway, materializer);
+        let cancel = CancellationToken::new();
+        let running = run::serve(opts, cancel.clone()).await.expect("serve");
+        Service {
+            _stop: cancel.drop_guard(),
+            running: Some(running),
+            core_url,
+            mailbox_url,
+            _core: core,
+            _mailbox: mailbox,
+        }
+    }
+
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().unwrap()
+    }
+
+    /// `GET path` on the gateway over plain HTTP: status and body.
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        http_at(self.running().addr, "GET", path, &[], None).await
+    }
+
+    /// Shuts the service down and checks it stopped cleanly, in time.
+    pub async fn stop(mut self) {
+        let running = self.running.take().unwrap();
+        tokio::time::timeout(2 * WAIT, running.shutdown())
+            .await
+            .expect("service did not stop in time")
+            .expect("service stopped with an error");
     }
 }
 
@@ -170,6 +268,91 @@ pub fn shard_of(user: &str) -> u32 {
     route(user).shard
 }
 
+/// `user`'s offset in the offsets (by shard) of a `send_ack`.
+pub fn offset_of(offsets: &serde_json::Map<String, Value>, user: &str) -> u64 {
+    offsets[&shard_of(user).to_string()].as_u64().unwrap()
+}
+
+/// `user`'s offset in the `offsets` of a reply (`send_ack` frame or HTTP send).
+pub fn seq_in(reply: &Value, user: &str) -> u64 {
+    reply["offsets"][shard_of(user).to_string()]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no offset for {user}: {reply}"))
+}
+
+/// The bodies of a mailbox page's entries, in order.
+pub fn bodies(page: &Value) -> Vec<&str> {
+    let entries = page["entries"].as_array().unwrap();
+    entries
+        .iter()
+        .map(|e| e["body"].as_str().unwrap())
+        .collect()
+}
+
+/// Asserts an HTTP reply is the JSON error `code` with `status`.
+pub fn assert_error(reply: &(u16, Value), status: u16, code: &str) {
+    let (got, v) = reply;
+    assert_eq!(
+        (*got, v["error"]["code"].as_str()),
+        (status, Some(code)),
+        "{v}"
+    );
+}
+
+/// Polls `f` (every 20 ms, at most `WAIT`) until it gives a value.
+pub async fn poll<T, F, Fut>(what: &str, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    poll_within(what, WAIT, f).await
+}
+
+/// Polls `f` (every 20 ms, at most `limit`) until it gives a value.
+pub async fn poll_within<T, F, Fut>(what: &str, limit: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls `f` (every 20 ms, at most `WAIT`) until it holds.
+pub async fn until<F, Fut>(what: &str, f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    until_within(what, WAIT, f).await
+}
+
+/// Polls `f` (every 20 ms, at most `limit`) until it holds.
+pub async fn until_within<F, Fut>(what: &str, limit: Duration, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    poll_within(what, limit, || {
+        let held = f();
+        async move { held.await.then_some(()) }
+    })
+    .await
+}
+
+/// A connection to the Redis at `url`.
+pub async fn redis_at(url: &str) -> redis::aio::MultiplexedConnection {
+    let client = redis::Client::open(url).expect("redis URL");
+    let conn = client.get_multiplexed_async_connection().await;
+    conn.expect("redis connection")
+}
+
 impl Deployment {
     /// `ws://…/v1/ws?<query>`.
     pub fn ws_url(&self, query: &str) -> String {
@@ -187,6 +370,51 @@ impl Deployment {
             Ok(ws) => ws,
             Err((status, body)) => panic!("upgrade refused: {status} {body}"),
         }
+    }
+
+    /// Connects with dev auth as `user` and reads its `ready` frame.
+    pub async fn ready(&self, user: &str) -> Ws {
+        let mut ws = self.ws_user(user).await;
+        let ready = ws.recv().await;
+        assert_eq!(ready["type"], "ready", "{ready}");
+        ws
+    }
+
+    /// Connects with `query` (e.g. `token=…`) and reads its `ready` frame.
+    pub async fn ready_query(&self, query: &str) -> Ws {
+        let mut ws = self.ws(query, &[]).await;
+        let ready = ws.recv().await;
+        assert_eq!(ready["type"], "ready", "{ready}");
+        ws
+    }
+
+    /// [`Deployment::ready`] for each of `users`, in order.
+    pub async fn ready_all<U: AsRef<str>>(&self, users: impl IntoIterator<Item = U>) -> Vec<Ws> {
+        let mut all = Vec::new();
+        for u in users {
+            all.push(self.ready(u.as_ref()).await);
+        }
+        all
+    }
+
+    /// Connects with dev auth as `user`, expecting the stream to resume after `after`.
+    pub async fn resume(&self, user: &str, after: u64) -> Ws {
+        let mut ws = self.ws_user(user).await;
+        ws.expect_ready(user, after).await;
+        ws
+    }
+
+    /// [`Deployment::ready`] for `first`, then for `second`.
+    pub async fn pair(&self, first: &str, second: &str) -> (Ws, Ws) {
+        let a = self.ready(first).await;
+        (a, self.ready(second).await)
+    }
+
+    /// Connects, expecting the upgrade to be refused: its status and body.
+    pub async fn refused(&self, query: &str, headers: &[(&str, &str)]) -> (u16, String) {
+        let r = self.try_ws(query, headers).await;
+        r.err()
+            .unwrap_or_else(|| panic!("upgrade accepted: {query:?}"))
     }
 
     /// Connects; a refused upgrade gives its status and body.
@@ -226,23 +454,91 @@ impl Deployment {
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
     ) -> (u16, String) {
-        tokio::time::timeout(WAIT, http_request(self.addr, method, path, headers, body))
-            .await
-            .expect("http request timed out")
+        let (status, text) =
+            tokio::time::timeout(WAIT, http_at(self.addr, method, path, headers, body))
+                .await
+                .expect("http request timed out");
+        assert_ne!(status, 0, "bad response: {text:?}");
+        (status, text)
     }
 
-    /// HTTP with a JSON reply parsed.
-    pub async fn http_json(
+    /// `GET path` (no headers), the JSON reply parsed.
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        json_reply(self.get_text(path).await)
+    }
+
+    /// `GET path` (no headers): status and body text.
+    pub async fn get_text(&self, path: &str) -> (u16, String) {
+        self.http("GET", path, &[], None).await
+    }
+
+    /// `POST /v1/messages` as `user` (dev auth) with the JSON `body`.
+    pub async fn post_message(&self, user: &str, body: &[u8]) -> (u16, Value) {
+        self.post(&format!("/v1/messages?user={user}"), body).await
+    }
+
+    /// `POST /v1/mailbox/ack` as `user` (dev auth) with `{"seq":seq}`.
+    pub async fn ack(&self, user: &str, seq: u64) -> (u16, Value) {
+        let body = format!(r#"{{"seq":{seq}}}"#);
+        self.post(&format!("/v1/mailbox/ack?user={user}"), body.as_bytes())
+            .await
+    }
+
+    /// `method path` with `Authorization: Bearer token`, the JSON reply parsed.
+    pub async fn with_token(
         &self,
         method: &str,
         path: &str,
-        headers: &[(&str, &str)],
+        token: &str,
         body: Option<&[u8]>,
     ) -> (u16, Value) {
-        let (status, text) = self.http(method, path, headers, body).await;
-        let v = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {status} {text:?}"));
-        (status, v)
+        let auth = format!("Bearer {token}");
+        json_reply(
+            self.http(method, path, &[("Authorization", &auth)], body)
+                .await,
+        )
+    }
+
+    /// `POST path` with a JSON `body` (no headers), the JSON reply parsed.
+    pub async fn post(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        json_reply(self.http("POST", path, &[], Some(body)).await)
+    }
+
+    /// A command on the core Redis (a connection of its own).
+    pub async fn core_cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = self.core().await;
+        let r = redis::cmd(args[0])
+            .arg(&args[1..])
+            .query_async(&mut c)
+            .await;
+        r.unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    /// A connection to the core Redis.
+    pub async fn core(&self) -> redis::aio::MultiplexedConnection {
+        redis_at(&self.core_url).await
+    }
+
+    /// Pauses every client of the core Redis for `ms` milliseconds (CLIENT PAUSE … ALL).
+    pub async fn pause_core(&self, ms: u64) {
+        let mut c = self.core().await;
+        let paused: redis::RedisResult<()> = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(ms)
+            .arg("ALL")
+            .query_async(&mut c)
+            .await;
+        paused.expect("CLIENT PAUSE");
+    }
+
+    /// Waits until the entry `seq` is visible in `user`'s mailbox (materialised).
+    pub async fn wait_visible(&self, user: &str, seq: u64) {
+        let path = format!("/v1/mailbox?user={user}&limit=1&after={}", seq - 1);
+        until("never materialized", || async {
+            let (_, page) = self.get(&path).await;
+            !page["entries"].as_array().unwrap().is_empty()
+        })
+        .await
     }
 
     /// Stops everything and checks the gateway returned (joined its tasks) in time.
@@ -262,12 +558,6 @@ impl Deployment {
     }
 }
 
-impl Drop for Deployment {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
-}
-
 /// Percent-encodes everything but unreserved characters.
 pub fn encode(s: &str) -> String {
     let mut out = String::new();
@@ -281,15 +571,17 @@ pub fn encode(s: &str) -> String {
     out
 }
 
-async fn http_request(
-    addr: SocketAddr,
+/// One HTTP/1.1 request (`Connection: close`) on `io`, to `host`: the status (0: no HTTP
+/// response at all) and the body (de-chunked).
+pub async fn request_on<S: AsyncRead + AsyncWrite + Unpin>(
+    mut io: S,
+    host: &str,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -301,20 +593,22 @@ async fn http_request(
     }
     req.push_str("\r\n");
     let mut bytes = req.into_bytes();
-    if let Some(b) = body {
-        bytes.extend_from_slice(b);
-    }
-    s.write_all(&bytes).await.expect("write request");
+    bytes.extend_from_slice(body.unwrap_or_default());
+    // The server may answer (and close) before reading a body it refuses, or not speak HTTP.
+    let _ = io.write_all(&bytes).await;
     let mut resp = Vec::new();
-    // The server may answer (and close) before reading a body it refuses.
-    let _ = s.read_to_end(&mut resp).await;
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout(WAIT, io.read(&mut buf)).await {
+            Err(_) => panic!("no end of response: {:?}", String::from_utf8_lossy(&resp)),
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => resp.extend_from_slice(&buf[..n]),
+        }
+    }
     let text = String::from_utf8_lossy(&resp).into_owned();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad response: {text:?}"));
+    let Some((status, head, rest)) = split_response(&text) else {
+        return (0, text);
+    };
     let chunked = head.lines().any(|l| {
         l.to_ascii_lowercase()
             .starts_with("transfer-encoding: chunked")
@@ -325,6 +619,35 @@ async fn http_request(
         rest.to_string()
     };
     (status, body)
+}
+
+/// One HTTP/1.1 request to `addr` over plain TCP, as [`request_on`].
+pub async fn http_at(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (u16, String) {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    request_on(tcp, &addr.to_string(), method, path, headers, body).await
+}
+
+/// A raw HTTP/1.1 response's status, head and body; None when it is not one.
+pub fn split_response(text: &str) -> Option<(u16, &str, &str)> {
+    if !text.starts_with("HTTP/1.1 ") {
+        return None;
+    }
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((text, ""));
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, head, rest))
+}
+
+/// A JSON reply parsed (panics if it is not JSON).
+pub fn json_reply((status, text): (u16, String)) -> (u16, Value) {
+    let v =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {status} {text:?}"));
+    (status, v)
 }
 
 fn dechunk(mut s: &str) -> String {
@@ -418,10 +741,26 @@ impl Ws {
         self.recv_where(|v| v["type"] == ty).await
     }
 
-    /// Sends a message and returns its `send_ack` or `error` (other frames stay pending).
-    pub async fn send_msg(&mut self, id: &str, to: &[&str], body: &str) -> Value {
+    /// Sends an `ack` frame.
+    pub async fn ack(&mut self, seq: u64) {
+        self.send_json(&json!({"type":"ack","seq":seq})).await;
+    }
+
+    /// Sends a `sync` frame for `after` and expects exactly `seqs` delivered next, in order.
+    pub async fn sync_expect(&mut self, after: u64, seqs: &[u64]) {
+        self.send_json(&json!({"type":"sync","after":after})).await;
+        self.expect_seqs(seqs).await;
+    }
+
+    /// Sends a `send` frame without waiting for its answer.
+    pub async fn send_only(&mut self, id: &str, to: &[&str], body: &str) {
         self.send_json(&json!({"type":"send","id":id,"to":to,"body":body}))
             .await;
+    }
+
+    /// Sends a message and returns its `send_ack` or `error` (other frames stay pending).
+    pub async fn send_msg(&mut self, id: &str, to: &[&str], body: &str) -> Value {
+        self.send_only(id, to, body).await;
         self.recv_where(|v| (v["type"] == "send_ack" || v["type"] == "error") && v["id"] == id)
             .await
     }
@@ -436,6 +775,58 @@ impl Ws {
         let r = self.send_msg(id, to, body).await;
         assert_eq!(r["type"], "send_ack", "{r}");
         r["offsets"].as_object().unwrap().clone()
+    }
+
+    /// Sends and expects the error `code` for it (echoing `id`); returns the error frame.
+    pub async fn send_refused(&mut self, id: &str, to: &[&str], body: &str, code: &str) -> Value {
+        let r = self.send_msg(id, to, body).await;
+        assert_eq!(
+            (r["type"].as_str(), r["code"].as_str()),
+            (Some("error"), Some(code)),
+            "{r}"
+        );
+        assert_eq!(r["id"], id, "{r}");
+        r
+    }
+
+    /// Sends `n` messages to `to`, one after the other (`msg(i)`: the id and body of the
+    /// i-th), each acked; returns `to`'s seqs.
+    pub async fn send_many(
+        &mut self,
+        to: &str,
+        n: usize,
+        msg: impl Fn(usize) -> (String, String),
+    ) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        for i in 0..n {
+            let (id, body) = msg(i);
+            seqs.push(offset_of(&self.send_ok(&id, &[to], &body).await, to));
+        }
+        seqs
+    }
+
+    /// Expects the next deliveries to be exactly `seqs`, in order.
+    pub async fn expect_seqs(&mut self, seqs: &[u64]) {
+        for s in seqs {
+            assert_eq!(self.deliver().await["seq"].as_u64(), Some(*s));
+        }
+    }
+
+    /// Expects the next frame to be `ready` for `user`, resuming after `after`.
+    pub async fn expect_ready(&mut self, user: &str, after: u64) {
+        let ready = self.recv().await;
+        assert_eq!(ready, json!({"type":"ready","user":user,"after":after}));
+    }
+
+    /// Expects the next delivery to be `body` at `seq`; returns it.
+    pub async fn expect_message(&mut self, seq: u64, body: &str) -> Value {
+        let m = self.deliver().await;
+        assert_eq!(
+            (m["seq"].as_u64(), m["body"].as_str()),
+            (Some(seq), Some(body)),
+            "{m}"
+        );
+        m
     }
 
     /// The next `deliver` frame.

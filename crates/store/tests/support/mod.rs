@@ -1,0 +1,43 @@
+//! Shared by the store tests that run against a real redis-server.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::ops::{Deref, DerefMut};
+
+use redis::aio::ConnectionManager;
+use tidemark_redis_proc::RedisProcess;
+
+/// A fresh redis-server, a raw connection to it, and the stores a test connected to it
+/// (reached through the deref: `e.core`, `e.v2`, …).
+pub struct Env<S> {
+    pub redis: RedisProcess,
+    pub raw: ConnectionManager,
+    stores: S,
+}
+
+/// Starts a redis-server (see scripts/install-redis.sh) and connects `stores(url)` to it.
+pub async fn env<S, Fut>(stores: impl FnOnce(String) -> Fut) -> Env<S>
+where
+    Fut: Future<Output = S>,
+{
+    let redis = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
+    let client = redis::Client::open(redis.url()).unwrap();
+    let raw = ConnectionManager::new(client).await.unwrap();
+    let stores = stores(redis.url()).await;
+    Env { redis, raw, stores }
+}
+
+impl<S> Deref for Env<S> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
+        &self.stores
+    }
+}
+
+impl<S> DerefMut for Env<S> {
+    fn deref_mut(&mut self) -> &mut S {
+        &mut self.stores
+    }
+}

@@ -122,6 +122,9 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_shard_lag", Kind::Gauge, "Head minus lowest W of each owned shard (kept live for stopped shards)."),
     ("tidemark_shard_epoch", Kind::Gauge, "Epoch this process holds for each owned shard."),
     ("tidemark_shard_running", Kind::Gauge, "1 while the shard is materialised by this process, else 0."),
+    ("tidemark_node_shards_owned", Kind::Gauge, "Shards this node holds a lease of (leases mode)."),
+    ("tidemark_lease_renewals_total", Kind::Counter, "Shard leases renewed by this node (leases mode)."),
+    ("tidemark_lease_losses_total", Kind::Counter, "Shard leases this node lost: taken by another node or not renewed in time."),
 ];
 
 /// Label sets of labelled counters created at 0.

@@ -163,6 +163,58 @@ fn sender(
     })
 }
 
+/// Every acknowledged message is in every recipient's mailbox exactly once, in log order
+/// (read through the gateway on `port`), within 30 s.
+async fn assert_delivered(map: &ShardMap, port: u16, acked: &[Acked]) {
+    let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for m in acked {
+        for u in &m.to {
+            let s = map.route(u).shard;
+            want.entry(u.clone()).or_default().push(m.offsets[&s]);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (u, seqs) in &want {
+        let mut want_set: Vec<u64> = seqs.clone();
+        want_set.sort_unstable();
+        loop {
+            let (status, body) =
+                http_get(port, &format!("/v1/mailbox?user={u}&after=0&limit=1000"));
+            assert_eq!(status, 200, "{body}");
+            let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let got: Vec<u64> = page["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["seq"].as_u64().unwrap())
+                .collect();
+            assert!(
+                got.windows(2).all(|w| w[0] < w[1]),
+                "{u}: not in order or repeated: {got:?}"
+            );
+            if got == want_set {
+                break;
+            }
+            let missing: Vec<&u64> = want_set.iter().filter(|s| !got.contains(s)).collect();
+            let extra: Vec<&u64> = got.iter().filter(|s| !want_set.contains(s)).collect();
+            assert!(
+                extra.is_empty(),
+                "{u}: entries never acknowledged: {extra:?}"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{u}: acknowledged but not delivered: {missing:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    println!(
+        "{} acknowledged messages, {} mailbox entries checked",
+        acked.len(),
+        want.values().map(Vec::len).sum::<usize>()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_fail_over_and_hand_over_without_losing_a_message() {
     let core = RedisProcess::start().expect("redis-server");
@@ -220,56 +272,7 @@ async fn nodes_fail_over_and_hand_over_without_losing_a_message() {
         acked.len()
     );
 
-    // every acknowledged message, exactly once, in log order, in every recipient's mailbox
-    let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for m in &acked {
-        for u in &m.to {
-            let s = map.route(u).shard;
-            want.entry(u.clone()).or_default().push(m.offsets[&s]);
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (u, seqs) in &want {
-        let mut want_set: Vec<u64> = seqs.clone();
-        want_set.sort_unstable();
-        loop {
-            let (status, body) = http_get(
-                ports[0],
-                &format!("/v1/mailbox?user={u}&after=0&limit=1000"),
-            );
-            assert_eq!(status, 200, "{body}");
-            let page: serde_json::Value = serde_json::from_str(&body).unwrap();
-            let got: Vec<u64> = page["entries"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|e| e["seq"].as_u64().unwrap())
-                .collect();
-            assert!(
-                got.windows(2).all(|w| w[0] < w[1]),
-                "{u}: not in order or repeated: {got:?}"
-            );
-            if got == want_set {
-                break;
-            }
-            let missing: Vec<&u64> = want_set.iter().filter(|s| !got.contains(s)).collect();
-            let extra: Vec<&u64> = got.iter().filter(|s| !want_set.contains(s)).collect();
-            assert!(
-                extra.is_empty(),
-                "{u}: entries never acknowledged: {extra:?}"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "{u}: acknowledged but not delivered: {missing:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    println!(
-        "{} acknowledged messages, {} mailbox entries checked",
-        acked.len(),
-        want.values().map(Vec::len).sum::<usize>()
-    );
+    assert_delivered(&map, ports[0], &acked).await;
 
     // SIGTERM of n0: its leases are released at once, n2 takes everything well within a TTL
     signal(&nodes[0], libc::SIGTERM);
@@ -283,6 +286,190 @@ async fn nodes_fail_over_and_hand_over_without_losing_a_message() {
     let (status, mut rest) = exited.await.unwrap();
     assert!(status.unwrap().success(), "n0 exits cleanly on SIGTERM");
     for n in &mut rest {
+        let _ = n.kill();
+        let _ = n.wait();
+    }
+}
+
+/// SIGTERM and wait: a clean stop (leases released, record removed).
+fn stop(mut node: Child) {
+    signal(&node, libc::SIGTERM);
+    assert!(
+        node.wait().unwrap().success(),
+        "a node exits cleanly on SIGTERM"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_1_3_2_and_a_rolling_restart_under_load() {
+    let core = RedisProcess::start().expect("redis-server");
+    let mailbox = RedisProcess::start().expect("redis-server");
+    let (cu, mu) = (core.url(), mailbox.url());
+    let map = Topology::single(SHARDS, Layout::PackedV2, &cu, &mu)
+        .validate()
+        .unwrap();
+    let ids = ["n0", "n1", "n2"];
+    let ports: Vec<u16> = ids.iter().map(|_| free_port()).collect();
+    let mut nodes: Vec<Option<Child>> =
+        vec![Some(start_node(&cu, &mu, "n0", ports[0])), None, None];
+    wait_healthy(ports[0]).await;
+    until_balanced(&map, &["n0"], "one node").await;
+
+    let live_ports = Arc::new(Mutex::new(vec![ports[0]]));
+    let stop_tx = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let tx = sender(live_ports.clone(), stop_tx.clone(), acked.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // 1 -> 3: the newcomers take their shares from n0 (hand-over under load)
+    for i in 1..3 {
+        nodes[i] = Some(start_node(&cu, &mu, ids[i], ports[i]));
+        wait_healthy(ports[i]).await;
+        live_ports.lock().unwrap().push(ports[i]);
+    }
+    let t = until_balanced(&map, &ids, "1 -> 3").await;
+    println!("1 -> 3: balanced in {t:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // 3 -> 2: n1 leaves cleanly
+    live_ports.lock().unwrap().retain(|&p| p != ports[1]);
+    stop(nodes[1].take().unwrap());
+    let t = until_balanced(&map, &["n0", "n2"], "3 -> 2").await;
+    println!("3 -> 2: balanced in {t:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // a rolling restart: n1 back, then each node stopped and started again with its id
+    nodes[1] = Some(start_node(&cu, &mu, "n1", ports[1]));
+    wait_healthy(ports[1]).await;
+    live_ports.lock().unwrap().push(ports[1]);
+    until_balanced(&map, &ids, "n1 back").await;
+    for i in 0..3 {
+        live_ports.lock().unwrap().retain(|&p| p != ports[i]);
+        stop(nodes[i].take().unwrap());
+        nodes[i] = Some(start_node(&cu, &mu, ids[i], ports[i]));
+        wait_healthy(ports[i]).await;
+        live_ports.lock().unwrap().push(ports[i]);
+        let t = until_balanced(&map, &ids, "rolling restart").await;
+        println!("rolling restart of {}: balanced again in {t:?}", ids[i]);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    stop_tx.store(true, Ordering::SeqCst);
+    tx.join().unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    assert!(
+        acked.len() > 50,
+        "only {} messages acknowledged",
+        acked.len()
+    );
+    assert_delivered(&map, ports[0], &acked).await;
+    for n in nodes.into_iter().flatten() {
+        stop(n);
+    }
+}
+
+/// Static ownership from the config's owner table (ADR-0015's model): each node owns exactly
+/// its shards; a node replaced by another with the same id (the old one paused, a zombie) is
+/// fenced by the new one's epoch and writes nothing after it wakes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_owner_table_and_a_replacement_with_the_same_id() {
+    let core = RedisProcess::start().expect("redis-server");
+    let mailbox = RedisProcess::start().expect("redis-server");
+    let (cu, mu) = (core.url(), mailbox.url());
+    let ids = ["n0", "n1", "n2"];
+    let owners: Vec<&str> = (0..SHARDS as usize).map(|s| ids[s % 3]).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("tidemark.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "shards = {SHARDS}\ncore = [{cu:?}]\nmailbox = [{mu:?}]\nowner_of_shard = {owners:?}\n"
+        ),
+    )
+    .unwrap();
+    let map = Topology::from_file(&config).unwrap().validate().unwrap();
+    let start = |id: &str, port: u16| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        cmd.args(["serve", "--config"])
+            .arg(&config)
+            .args(["--node-id", id, "--dev-auth", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        spawn_killed_with_us(&mut cmd)
+    };
+    let ports: Vec<u16> = ids.iter().map(|_| free_port()).collect();
+    let mut nodes: Vec<Child> = ids
+        .iter()
+        .zip(&ports)
+        .map(|(id, &p)| start(id, p))
+        .collect();
+    for &p in &ports {
+        wait_healthy(p).await;
+    }
+    // a node id that the table does not know is refused before anything is claimed
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .args(["--node-id", "stranger", "--dev-auth", "--listen"])
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no shard"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let live_ports = Arc::new(Mutex::new(vec![ports[0], ports[2]]));
+    let stop_tx = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let tx = sender(live_ports.clone(), stop_tx.clone(), acked.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // n1 pauses (a zombie); its replacement, same id, claims n1's shards and fences it
+    signal(&nodes[1], libc::SIGSTOP);
+    let port_b = free_port();
+    let replacement = start("n1", port_b);
+    wait_healthy(port_b).await;
+    live_ports.lock().unwrap().push(port_b);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    signal(&nodes[1], libc::SIGCONT);
+    // the zombie finds itself fenced on the shards it tries to write (a shard without traffic
+    // since the replacement is found at its next write); it never reports another node's shard
+    let n1_shards = map.shards_of_node("n1");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = http_get(ports[1], "/healthz");
+        let fenced = |s: &u32| body.contains(&format!("shard {s}: Fenced"));
+        let foreign = map
+            .all_shards()
+            .filter(|s| !n1_shards.contains(s))
+            .any(|s| body.contains(&format!("shard {s}:")));
+        assert!(!foreign, "the old n1 reports another node's shard: {body}");
+        if status == 503 && n1_shards.iter().any(fenced) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old n1 is not fenced: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop_tx.store(true, Ordering::SeqCst);
+    tx.join().unwrap();
+    let acked = std::mem::take(&mut *acked.lock().unwrap());
+    assert!(
+        acked.len() > 20,
+        "only {} messages acknowledged",
+        acked.len()
+    );
+    assert_delivered(&map, ports[0], &acked).await;
+    nodes.push(replacement);
+    for n in &mut nodes {
         let _ = n.kill();
         let _ = n.wait();
     }

@@ -73,6 +73,12 @@ pub struct Topology {
     /// Explicit shard → mailbox instance table.
     #[serde(default)]
     pub mailbox_of_shard: Option<Vec<usize>>,
+    /// Static ownership (ADR-0015): shard → the node id that owns it. With it, `serve
+    /// --node-id ID` owns exactly ID's shards and a replacement starts with the same id (it
+    /// fences the old one by epoch); without it, nodes share the shards with leases
+    /// (ADR-0030). Not part of the deployment's identity: owners may change between starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_of_shard: Option<Vec<String>>,
 }
 
 fn default_layout() -> Layout {
@@ -95,6 +101,7 @@ impl Topology {
             mailbox,
             core_of_shard: None,
             mailbox_of_shard: None,
+            owner_of_shard: None,
         }
     }
 
@@ -149,6 +156,24 @@ impl Topology {
                         "{name} names instance {bad}, but only {n} are configured"
                     )));
                 }
+            }
+        }
+        if let Some(owners) = &self.owner_of_shard {
+            if owners.len() != self.shards as usize {
+                return Err(TopologyError::Invalid(format!(
+                    "owner_of_shard has {} entries, expected one per shard ({})",
+                    owners.len(),
+                    self.shards
+                )));
+            }
+            if let Some(bad) = owners
+                .iter()
+                .find(|id| crate::redis::lease::check_node_id(id).is_err())
+            {
+                return Err(TopologyError::Invalid(format!(
+                    "owner_of_shard names {bad:?}: node ids are 1..=128 characters of \
+                     A-Z a-z 0-9 - _ ."
+                )));
             }
         }
         let core_of = self
@@ -278,6 +303,23 @@ impl ShardMap {
         }
     }
 
+    /// The static owner table, if the topology has one (see [`Topology::owner_of_shard`]).
+    pub fn owner_table(&self) -> Option<&[String]> {
+        self.0.topology.owner_of_shard.as_deref()
+    }
+
+    /// The shards the owner table gives to `node` (empty without a table or for an unknown
+    /// node).
+    pub fn shards_of_node(&self, node: &str) -> Vec<u32> {
+        match self.owner_table() {
+            Some(t) => self
+                .all_shards()
+                .filter(|&s| t[s as usize] == node)
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// The topology this map was validated from (to write it back as TOML).
     pub fn topology(&self) -> &Topology {
         &self.0.topology
@@ -304,6 +346,7 @@ mod tests {
             "mailbox",
             "core_of_shard",
             "mailbox_of_shard",
+            "owner_of_shard",
         ] {
             assert!(
                 text.lines().any(|l| l.starts_with(&format!("{key} ="))),

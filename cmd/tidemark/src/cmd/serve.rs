@@ -339,6 +339,12 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         Ok(s) => s,
         Err(why) => return Ok(refuse(why)),
     };
+    if topology.owner_of_shard.is_some() && a.ownership == "leases" {
+        return Ok(refuse(
+            "--ownership leases with a config that has an owner table (owner_of_shard): \
+             remove the table, or run static",
+        ));
+    }
     let node_id = match a.node_id.clone() {
         Some(id) => id,
         None => tidemark_server::ownership::random_node_id()?,

@@ -8,7 +8,7 @@ use tidemark_protocol::secret::TokenSecret;
 use tidemark_store::redis::dlog::LogStore;
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
-use tidemark_store::topology::{ShardMap, Topology};
+use tidemark_store::topology::{ShardMap, Topology, TopologyError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -241,14 +241,33 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     let map = opts.topology.validate()?;
     let leases = opts.node.as_ref().is_some_and(|n| n.leases);
     let materializes = opts.node.as_ref().is_none_or(|n| n.role.materializes());
-    let owned: Vec<u32> = match &opts.owned_shards {
+    let owned: Vec<u32> = match (&opts.owned_shards, map.owner_table(), &opts.node) {
         // leases mode takes its shards later, one lease at a time; a gateway takes none
         _ if leases || !materializes => Vec::new(),
-        Some(owned) => owned
+        (Some(owned), _, _) => owned
             .iter()
             .map(|&s| map.check_shard(s))
             .collect::<Result<_, _>>()?,
-        None => map.all_shards().collect(),
+        // the static owner table: exactly this node's shards
+        (None, Some(_), Some(node)) => {
+            let mine = map.shards_of_node(&node.id);
+            if mine.is_empty() {
+                return Err(TopologyError::Invalid(format!(
+                    "owner_of_shard gives node {:?} no shard: start it with the --node-id of \
+                     an owner in the table",
+                    node.id
+                ))
+                .into());
+            }
+            mine
+        }
+        (None, Some(_), None) => {
+            return Err(TopologyError::Invalid(
+                "the topology has an owner table (owner_of_shard): a node id is required".into(),
+            )
+            .into())
+        }
+        (None, None, _) => map.all_shards().collect(),
     };
     let listener = tokio::net::TcpListener::bind(opts.listen)
         .await

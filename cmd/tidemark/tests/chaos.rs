@@ -46,12 +46,13 @@ fn env_u64(name: &str, default: u64) -> u64 {
 }
 
 /// `tidemark serve` on 127.0.0.1:`port` with a share (20 %) of lane chunk writes failing, its
-/// log (ERROR and above) in a file of its own.
+/// log (ERROR and above) in a file of its own. Static ownership (ADR-0015): the zombie step
+/// needs a second process that claims every shard at once (leases are `nodes.rs`'s subject).
 fn serve_faulty(core: &str, mailbox: &str, port: u16) -> Serve {
     static STARTS: AtomicU64 = AtomicU64::new(0);
     let n = STARTS.fetch_add(1, Ordering::SeqCst);
     let log = tempfile_path(&format!("serve-{n}-{port}.log"));
-    let faults = ["--fault-chunk-fail-pct", "20"];
+    let faults = ["--fault-chunk-fail-pct", "20", "--ownership", "static"];
     Serve::start((core, mailbox, SHARDS), port, &faults, "error", log)
 }
 

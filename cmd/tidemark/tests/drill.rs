@@ -38,10 +38,11 @@ use tidemark_store::redis::dlog::LogStore;
 const SHARDS: u32 = 4;
 const SENDER: &str = "drill-sender";
 
-/// `tidemark serve --layout LAYOUT` on a free port, logging into `log`.
+/// `tidemark serve --layout LAYOUT` on a free port, logging into `log`: static ownership, the
+/// ADR-0015 drill's model (each start claims every shard and fences the one before).
 fn serve(core: &str, mailbox: &str, layout: &str, log: PathBuf) -> Serve {
     let port = tidemark_redis_proc::free_port().unwrap();
-    let layout = ["--layout", layout];
+    let layout = ["--layout", layout, "--ownership", "static"];
     Serve::start(
         (core, mailbox, SHARDS),
         port,

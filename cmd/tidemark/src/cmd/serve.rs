@@ -68,8 +68,8 @@ pub struct ServeArgs {
     /// File holding the token secret (else env TIDEMARK_TOKEN_SECRET).
     #[arg(long)]
     secret_file: Option<std::path::PathBuf>,
-    /// Own only these shards (comma-separated); default all. Static ownership only.
-    #[arg(long, value_delimiter = ',', conflicts_with = "ownership")]
+    /// Own only these shards (comma-separated): static ownership of exactly these.
+    #[arg(long, value_delimiter = ',')]
     own_shards: Option<Vec<u32>>,
     /// This node's id in the deployment's registry (default: a random id, printed at start);
     /// 1..=128 characters of A-Z a-z 0-9 - _ .
@@ -81,10 +81,12 @@ pub struct ServeArgs {
     /// What this node runs: `all` (gateway and materializers) or `gateway` (owns no shard).
     #[arg(long, default_value = "all", value_parser = ["all", "gateway"])]
     role: String,
-    /// How shards are owned: `static` (every shard, or --own-shards; ADR-0015) or `leases`
-    /// (balanced over the live nodes with automatic failover; ADR-0030).
-    #[arg(long, default_value = "static", value_parser = ["static", "leases"])]
-    ownership: String,
+    /// How shards are owned: `leases` (balanced over the live nodes with automatic
+    /// failover; ADR-0030) or `static` (every shard, --own-shards, or the config's
+    /// owner_of_shard; ADR-0015). Default: static with --own-shards or an owner table, else
+    /// leases.
+    #[arg(long, value_parser = ["static", "leases"])]
+    ownership: Option<String>,
     /// Lease TTL in leases mode, also the registry record's lifetime (renewed every third).
     #[arg(long, default_value = "3s", value_parser = tidemark_client::parse_ttl)]
     lease_ttl: std::time::Duration,
@@ -339,12 +341,18 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         Ok(s) => s,
         Err(why) => return Ok(refuse(why)),
     };
-    if topology.owner_of_shard.is_some() && a.ownership == "leases" {
-        return Ok(refuse(
-            "--ownership leases with a config that has an owner table (owner_of_shard): \
-             remove the table, or run static",
-        ));
-    }
+    let static_given = a.own_shards.is_some() || topology.owner_of_shard.is_some();
+    let ownership = match a.ownership.as_deref() {
+        Some("leases") if static_given => {
+            return Ok(refuse(
+                "--ownership leases with --own-shards or an owner table (owner_of_shard): \
+                 leases assign the shards themselves",
+            ))
+        }
+        Some(o) => o,
+        None if static_given => "static",
+        None => "leases",
+    };
     let node_id = match a.node_id.clone() {
         Some(id) => id,
         None => tidemark_server::ownership::random_node_id()?,
@@ -368,7 +376,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             Role::All
         },
         lease_ttl: a.lease_ttl,
-        leases: a.ownership == "leases",
+        leases: ownership == "leases",
     };
     let cancel = shutdown_token();
     let running = run::serve(
@@ -391,7 +399,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     )
     .await?;
     println!("gateway  {}", running.ws_url());
-    println!("node     {node_id} ({} ownership)", a.ownership);
+    println!("node     {node_id} ({ownership} ownership)");
     if running.admin_addr.is_some() {
         println!(
             "admin    {} (GET /metrics, GET /healthz)",

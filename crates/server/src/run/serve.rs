@@ -313,7 +313,15 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
                 })?,
         );
     }
-    for &s in &owned {
+    // In leases mode any shard may become this node's, and the gateway serves every shard at
+    // once: every shard is checked (a core head below W is raised) before anything is served,
+    // and old code on newer data refuses to start, like a static owner.
+    let checked: Vec<u32> = if leases && materializes {
+        map.all_shards().collect()
+    } else {
+        owned.clone()
+    };
+    for &s in &checked {
         let (mb, core) = (map.mailbox_of(s), map.core_of(s));
         check_ownable(map.layout(), &mut mailboxes[mb], &mut cores[core], s).await?;
     }

@@ -273,7 +273,7 @@ async fn refuses_unrunnable_options() {
     );
     let o = LoadOptions {
         target: Target::Remote {
-            ws_url: "ws://127.0.0.1:1/v1/ws".into(),
+            ws_urls: vec!["ws://127.0.0.1:1/v1/ws".into()],
             token_secret: None,
             mailbox_urls: vec![],
             core_urls: vec![],
@@ -420,7 +420,7 @@ async fn remote_target_with_tokens() {
         rate: 50.0,
         duration: Duration::from_secs(1),
         target: Target::Remote {
-            ws_url: deployment.running.ws_url(),
+            ws_urls: vec![deployment.running.ws_url()],
             token_secret: Some(secret),
             mailbox_urls: deployment.mailbox.iter().map(|p| p.url()).collect(),
             core_urls: deployment.core.iter().map(|p| p.url()).collect(),

@@ -63,9 +63,10 @@ pub struct LoadArgs {
     /// Local deployment: appendfsync.
     #[arg(long, default_value = "everysec")]
     appendfsync: String,
-    /// A running deployment's gateway instead (ws://…/v1/ws).
-    #[arg(long)]
-    target: Option<String>,
+    /// A running deployment's gateways instead (ws://…/v1/ws, comma-separated: clients are
+    /// spread over them round-robin).
+    #[arg(long, value_delimiter = ',')]
+    target: Option<Vec<String>>,
     /// With --target: token secret file (else dev auth).
     #[arg(long)]
     secret_file: Option<std::path::PathBuf>,
@@ -101,8 +102,8 @@ pub struct LadderArgs {
 /// The load generator's options from the flags (a secret file is read here).
 fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
     let target = match &a.target {
-        Some(ws_url) => Target::Remote {
-            ws_url: ws_url.clone(),
+        Some(ws_urls) => Target::Remote {
+            ws_urls: ws_urls.clone(),
             token_secret: match &a.secret_file {
                 Some(p) => Some(
                     tidemark_protocol::secret::load(

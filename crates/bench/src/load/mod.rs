@@ -119,8 +119,8 @@ pub enum Target {
     },
     /// A running deployment.
     Remote {
-        /// Gateway WebSocket URL.
-        ws_url: String,
+        /// Gateway WebSocket URLs: clients are spread over them round-robin (several nodes).
+        ws_urls: Vec<String>,
         /// HMAC secret to mint bearer tokens; `None`: dev auth (`?user=`).
         token_secret: Option<Vec<u8>>,
         /// Mailbox Redis URLs (for `INFO`; may be empty).

@@ -59,7 +59,7 @@ pub(super) async fn connect_all(
         let mut stream = futures::stream::iter(users.iter().enumerate())
             .map(|(i, user)| {
                 let auth = auth_of(user);
-                let url = setup.ws_url.clone();
+                let url = setup.ws_urls[i % setup.ws_urls.len()].clone();
                 async move { (i, connect_one(&url, &auth, user).await) }
             })
             .buffer_unordered(CONNECT_CONCURRENCY);

@@ -50,7 +50,8 @@ pub(crate) struct Local {
 
 /// Where a run connects, once the deployment is up.
 struct Setup {
-    ws_url: String,
+    /// Gateways; client i connects to `ws_urls[i % len]`.
+    ws_urls: Vec<String>,
     token_secret: Option<Vec<u8>>,
     mailbox_urls: Vec<String>,
     core_urls: Vec<String>,
@@ -87,7 +88,7 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
         ..
     } = up(up_opts, cancel.clone()).await?;
     let setup = Setup {
-        ws_url: running.ws_url(),
+        ws_urls: vec![running.ws_url()],
         token_secret: None,
         mailbox_urls: mailbox.iter().map(|p| p.url()).collect(),
         core_urls: core.iter().map(|p| p.url()).collect(),
@@ -110,7 +111,7 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
 /// Runs against the remote deployment of `opts.target`.
 pub(crate) async fn run_remote(opts: &LoadOptions, layout: Layout) -> Result<RunReport, Error> {
     let Target::Remote {
-        ws_url,
+        ws_urls,
         token_secret,
         mailbox_urls,
         core_urls,
@@ -120,7 +121,7 @@ pub(crate) async fn run_remote(opts: &LoadOptions, layout: Layout) -> Result<Run
     };
     raise_fd_limit();
     let setup = Setup {
-        ws_url: ws_url.clone(),
+        ws_urls: ws_urls.clone(),
         token_secret: token_secret.clone(),
         mailbox_urls: mailbox_urls.clone(),
         core_urls: core_urls.clone(),

@@ -80,12 +80,17 @@ async fn owners(map: &ShardMap) -> BTreeMap<u32, String> {
 /// Waits until every shard is held by one of `live`, each of them holding ⌊S/n⌋ or ⌈S/n⌉;
 /// returns how long it took.
 async fn until_balanced(map: &ShardMap, live: &[&str], what: &str) -> Duration {
+    until_balanced_n(map, live, SHARDS, what).await
+}
+
+/// [`until_balanced`] for a deployment of `shards` shards.
+async fn until_balanced_n(map: &ShardMap, live: &[&str], shards: u32, what: &str) -> Duration {
     let start = Instant::now();
     let n = live.len() as u32;
     loop {
         let o = owners(map).await;
         let mut count: BTreeMap<&str, u32> = live.iter().map(|&id| (id, 0)).collect();
-        let mut ok = o.len() == SHARDS as usize;
+        let mut ok = o.len() == shards as usize;
         for id in o.values() {
             match count.get_mut(id.as_str()) {
                 Some(c) => *c += 1,
@@ -95,7 +100,7 @@ async fn until_balanced(map: &ShardMap, live: &[&str], what: &str) -> Duration {
         if ok
             && count
                 .values()
-                .all(|&c| c == SHARDS / n || c == SHARDS.div_ceil(n))
+                .all(|&c| c == shards / n || c == shards.div_ceil(n))
         {
             return start.elapsed();
         }
@@ -473,4 +478,50 @@ async fn static_owner_table_and_a_replacement_with_the_same_id() {
         let _ = n.kill();
         let _ = n.wait();
     }
+}
+
+/// `tidemark up --nodes 2`: two nodes in leases mode over one set of redis-servers, the second
+/// a child process; kill -9 of the child moves its shard to the first, and Ctrl-C stops all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_with_two_nodes_fails_over_when_one_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let port = free_port();
+    // the second node listens on the next port
+    let up = support::UpProc::start_in(
+        std::path::Path::new("."),
+        &format!("127.0.0.1:{port}"),
+        &data,
+        &["--nodes", "2", "--dev-auth"],
+    );
+    let child_line = up.containing("node     up-1").to_string();
+    let pid: i32 = child_line
+        .rsplit("pid ")
+        .next()
+        .and_then(|p| p.trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {child_line:?}"));
+    let config = data.join("tidemark.toml");
+    let map = Topology::from_file(&config).unwrap().validate().unwrap();
+    // up --shards 2: one shard each
+    let t = until_balanced_n(&map, &["up-0", "up-1"], 2, "up --nodes 2").await;
+    println!("up --nodes 2: balanced in {t:?}");
+    wait_healthy(port + 1).await;
+    // SAFETY: a signal to a process `up` started for us
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+    let t = until_balanced_n(&map, &["up-0"], 2, "after kill -9 of up-1").await;
+    println!("up --nodes 2: kill -9 of up-1, its shard taken in {t:?}");
+    let (status, _) = http_get(port, "/healthz");
+    assert_eq!(status, 200);
+    // nothing printed or logged carries the Redis password
+    let password = std::fs::read_to_string(data.join("redis.pass")).unwrap();
+    let password = password.trim();
+    let stderr = up.stderr();
+    let stdout = up.lines.join("\n");
+    assert!(
+        !stderr.contains(password) && !stdout.contains(password),
+        "password printed"
+    );
+    up.stop();
 }

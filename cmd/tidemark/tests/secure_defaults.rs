@@ -335,11 +335,13 @@ fn up_redis_servers_require_a_password() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     // a relative --data-dir, as scripts/run.sh runs it (./data)
-    let up = UpProc::start_in(
+    // logging at info: the lines that name instances (claimed shards, …) must redact too
+    let up = UpProc::start_logged(
         dir.path(),
         "127.0.0.1:0",
         Path::new("data"),
         &["--dev-auth"],
+        "info",
     );
     let pass = std::fs::read_to_string(data.join("redis.pass")).unwrap();
     assert_eq!(pass.len(), 64, "{pass:?}");
@@ -349,6 +351,11 @@ fn up_redis_servers_require_a_password() {
         !printed.contains(&pass),
         "up printed the password:\n{printed}"
     );
+    // the workers have claimed (their log line names the core instance) by the time up has
+    // printed its endpoints
+    let logged = up.stderr();
+    assert!(logged.contains("claimed shards"), "{logged}");
+    assert!(!logged.contains(&pass), "up logged the password:\n{logged}");
     let (core, mailbox) = (up.port("core     0"), up.port("mailbox  0"));
     let gw = up.port("gateway");
 

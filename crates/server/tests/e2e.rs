@@ -57,6 +57,7 @@ async fn up(dir: &std::path::Path) -> (Up, CancellationToken) {
                 ..Default::default()
             },
             appendfsync: "always".into(),
+            node: None,
         },
         cancel.clone(),
     )
@@ -360,6 +361,7 @@ async fn up_twice_on_one_data_dir_loses_nothing() {
             gateway: GatewayOptions::default(),
             materializer: MaterializerOptions::default(),
             appendfsync: "always".into(),
+            node: None,
         },
         CancellationToken::new(),
     )

@@ -42,6 +42,11 @@ pub struct UpArgs {
     /// appendfsync of every instance: always (default: nothing acknowledged is lost), everysec.
     #[arg(long, default_value = "always")]
     appendfsync: String,
+    /// Nodes: 1 (default) runs one static owner; N > 1 runs N nodes in leases mode, the first
+    /// in this process on --listen, the others as child processes on the next ports (kill
+    /// one to watch its shards fail over; `tidemark status --config DIR/tidemark.toml`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    nodes: u16,
     #[command(flatten)]
     listeners: ListenerArgs,
     #[command(flatten)]
@@ -286,6 +291,19 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         Err(run::Error::Secret(e)) => return Ok(refuse(e)),
         Err(e) => return Err(e.into()),
     };
+    if a.nodes > 1 && (a.listeners.tls_cert.is_some() || a.listeners.admin_listen.is_some()) {
+        return Ok(refuse(
+            "--nodes N > 1 runs without --tls-cert and --admin-listen (the other nodes are \
+             plain `serve` children); start the nodes with `tidemark serve` to combine them",
+        ));
+    }
+    let node = (a.nodes > 1).then(|| NodeOptions {
+        id: "up-0".into(),
+        advertise: format!("ws://{}/v1/ws", a.listen),
+        role: Role::All,
+        lease_ttl: tidemark_server::ownership::DEFAULT_LEASE_TTL,
+        leases: true,
+    });
     let cancel = shutdown_token();
     let up = run::up(
         run::UpOptions {
@@ -304,6 +322,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             ),
             materializer: Default::default(),
             appendfsync: a.appendfsync,
+            node,
         },
         cancel,
     )
@@ -316,6 +335,42 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         a.data_dir.join("token.secret").display(),
         a.data_dir.join("token.secret").display()
     );
+    let mut children = Vec::new();
+    for i in 1..a.nodes {
+        let listen = std::net::SocketAddr::new(a.listen.ip(), a.listen.port() + i);
+        let mut cmd = std::process::Command::new(std::env::current_exe()?);
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(a.data_dir.join(run::UP_TOPOLOGY_FILE))
+            .args([
+                "--node-id",
+                &format!("up-{i}"),
+                "--listen",
+                &listen.to_string(),
+            ])
+            .arg("--secret-file")
+            .arg(a.data_dir.join(run::TOKEN_SECRET_FILE));
+        // its endpoint lines would repeat ours (and outlive a reader of our stdout); its logs
+        // go to our stderr
+        cmd.stdout(std::process::Stdio::null());
+        if a.dev_auth {
+            cmd.arg("--dev-auth");
+        }
+        if a.dev_auth_public {
+            cmd.arg("--dev-auth-public");
+        }
+        let child = spawn_killed_with_us(&mut cmd)?;
+        println!("node     up-{i} ws://{listen}/v1/ws (pid {})", child.id());
+        children.push(child);
+    }
+    if a.nodes > 1 {
+        println!(
+            "node     up-0 ws://{}/v1/ws (this process); leases: kill a node to watch its shards \
+             move (tidemark status --config {})",
+            a.listen,
+            a.data_dir.join(run::UP_TOPOLOGY_FILE).display()
+        );
+    }
     println!("Ctrl-C stops Tidemark and its redis-servers.");
     let run::Up {
         core,
@@ -324,6 +379,14 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         ..
     } = up;
     let res = running.wait().await;
+    // the other nodes stop first (SIGTERM: they release their leases), then the Redis servers
+    for child in &mut children {
+        // SAFETY: a signal to our own child process
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    }
+    for mut child in children {
+        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    }
     drop(core);
     drop(mailbox);
     res?;
@@ -414,4 +477,18 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     running.wait().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Spawns `cmd` so that it is SIGKILLed when this process dies (PR_SET_PDEATHSIG): the nodes
+/// of `up --nodes N` never outlive the redis-servers they use.
+fn spawn_killed_with_us(cmd: &mut std::process::Command) -> std::io::Result<std::process::Child> {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe; the closure touches nothing else.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd.spawn()
 }

@@ -418,8 +418,19 @@ impl UpProc {
     /// [`UpProc::start`] in the working directory `cwd` (`data` may be relative to it) with
     /// another `--listen`.
     pub fn start_in(cwd: &Path, listen: &str, data: &Path, args: &[&str]) -> UpProc {
+        Self::start_logged(cwd, listen, data, args, "warn")
+    }
+
+    /// [`UpProc::start_in`] logging at `rust_log` (its stderr is [`UpProc::stderr`]).
+    pub fn start_logged(
+        cwd: &Path,
+        listen: &str,
+        data: &Path,
+        args: &[&str],
+        rust_log: &str,
+    ) -> UpProc {
         let mut cmd = cli();
-        cmd.current_dir(cwd);
+        cmd.current_dir(cwd).env("RUST_LOG", rust_log);
         cmd.args(["up", "--shards", "2", "--listen", listen, "--data-dir"])
             .arg(data)
             .args(args)

@@ -133,7 +133,7 @@ impl Worker {
             .map(|sh| sh.shard)
             .collect();
         tracing::info!(
-            core = %w.core_url,
+            core = %w.core_shown,
             shards = %tidemark_store::deployment::format_ranges(&claimed),
             corrupt = %tidemark_store::deployment::format_ranges(&corrupt),
             "claimed shards"

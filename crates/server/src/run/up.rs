@@ -38,6 +38,9 @@ pub struct UpOptions {
     pub materializer: MaterializerOptions,
     /// `appendfsync` of every instance (`always`: nothing acknowledged is lost on a crash).
     pub appendfsync: String,
+    /// The in-process service as a node (`up --nodes N` runs the first node here, in leases
+    /// mode, and the others as child processes); `None`: one static owner, unregistered.
+    pub node: Option<crate::ownership::NodeOptions>,
 }
 
 /// A local deployment: its redis-server processes (killed with it) and the running service.
@@ -210,7 +213,7 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
         &opts.data_dir.join(UP_TOPOLOGY_FILE),
         format!(
             "# written by `tidemark up` at every start (ports change): for read-only tools\n\
-             # such as `tidemark trace --config`. Do not `serve --config` it while `up` runs.\n{text}"
+             # such as `tidemark trace --config`, and for the other nodes of `up --nodes N`.\n{text}"
         )
         .as_bytes(),
     )?;
@@ -221,7 +224,7 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
             gateway: opts.gateway.clone(),
             materializer: opts.materializer.clone(),
             owned_shards: None,
-            node: None,
+            node: opts.node.clone(),
         },
         cancel,
     )

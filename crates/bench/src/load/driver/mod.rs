@@ -80,6 +80,7 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
         },
         materializer: MaterializerOptions::default(),
         appendfsync: local.appendfsync.clone(),
+        node: None,
     };
     let Up {
         core,

@@ -220,64 +220,124 @@ async fn assert_delivered(map: &ShardMap, port: u16, acked: &[Acked]) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nodes_fail_over_and_hand_over_without_losing_a_message() {
+/// A core and a mailbox redis-server and the map of a `SHARDS`-shard deployment over them.
+struct Instances {
+    _core: RedisProcess,
+    _mailbox: RedisProcess,
+    cu: String,
+    mu: String,
+    map: ShardMap,
+    /// A free port for each of [`IDS`].
+    ports: Vec<u16>,
+}
+
+/// The three nodes of most tests.
+const IDS: [&str; 3] = ["n0", "n1", "n2"];
+
+fn instances() -> Instances {
     let core = RedisProcess::start().expect("redis-server");
     let mailbox = RedisProcess::start().expect("redis-server");
     let (cu, mu) = (core.url(), mailbox.url());
     let map = Topology::single(SHARDS, Layout::PackedV2, &cu, &mu)
         .validate()
         .unwrap();
-    let ids = ["n0", "n1", "n2"];
-    let ports: Vec<u16> = ids.iter().map(|_| free_port()).collect();
+    Instances {
+        _core: core,
+        _mailbox: mailbox,
+        cu,
+        mu,
+        map,
+        ports: IDS.iter().map(|_| free_port()).collect(),
+    }
+}
+
+/// The [`sender`] running over the gateways in `live`, until [`Traffic::finish`].
+struct Traffic {
+    live: Arc<Mutex<Vec<u16>>>,
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Vec<Acked>>>,
+    tx: std::thread::JoinHandle<()>,
+}
+
+impl Traffic {
+    fn start(ports: Vec<u16>) -> Traffic {
+        let live = Arc::new(Mutex::new(ports));
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(Mutex::new(Vec::new()));
+        let tx = sender(live.clone(), stop.clone(), acked.clone());
+        Traffic {
+            live,
+            stop,
+            acked,
+            tx,
+        }
+    }
+
+    /// Sends no more through `port` (its node is about to go).
+    fn drop_port(&self, port: u16) {
+        self.live.lock().unwrap().retain(|&p| p != port);
+    }
+
+    /// Sends through `port` too.
+    fn add_port(&self, port: u16) {
+        self.live.lock().unwrap().push(port);
+    }
+
+    /// Stops sending; then more than `at_least` messages were acknowledged and every one is
+    /// delivered (read through the gateway on `port`).
+    async fn finish(self, map: &ShardMap, port: u16, at_least: usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.tx.join().unwrap();
+        let acked = std::mem::take(&mut *self.acked.lock().unwrap());
+        assert!(
+            acked.len() > at_least,
+            "only {} messages acknowledged",
+            acked.len()
+        );
+        assert_delivered(map, port, &acked).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_fail_over_and_hand_over_without_losing_a_message() {
+    let r = instances();
+    let (cu, mu, map, ports, ids) = (&r.cu, &r.mu, &r.map, r.ports.clone(), IDS);
     let mut nodes: Vec<Child> = ids
         .iter()
         .zip(&ports)
-        .map(|(id, &p)| start_node(&cu, &mu, id, p))
+        .map(|(id, &p)| start_node(cu, mu, id, p))
         .collect();
     for &p in &ports {
         wait_healthy(p).await;
     }
-    let t = until_balanced(&map, &ids, "three nodes").await;
+    let t = until_balanced(map, &ids, "three nodes").await;
     println!("three nodes balanced in {t:?}");
 
-    let live_ports = Arc::new(Mutex::new(ports.clone()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let tx = sender(live_ports.clone(), stop.clone(), acked.clone());
+    let traffic = Traffic::start(ports.clone());
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     // kill -9 of n1: the others take its shards
-    live_ports.lock().unwrap().retain(|&p| p != ports[1]);
+    traffic.drop_port(ports[1]);
     nodes[1].kill().unwrap();
     let _ = nodes[1].wait();
-    let t = until_balanced(&map, &["n0", "n2"], "after kill -9 of n1").await;
+    let t = until_balanced(map, &["n0", "n2"], "after kill -9 of n1").await;
     println!("kill -9: shards taken over in {t:?} (lease TTL {TTL:?})");
     assert!(t <= TTL * 4 + Duration::from_secs(1), "takeover took {t:?}");
 
     // SIGSTOP of n2 for 3x the TTL: n0 takes everything; n2 wakes up fenced, then the two
     // rebalance again
-    live_ports.lock().unwrap().retain(|&p| p != ports[2]);
+    traffic.drop_port(ports[2]);
     signal(&nodes[2], libc::SIGSTOP);
-    let t = until_balanced(&map, &["n0"], "while n2 is stopped").await;
+    let t = until_balanced(map, &["n0"], "while n2 is stopped").await;
     println!("SIGSTOP: shards taken over in {t:?}");
     tokio::time::sleep((TTL * 3).saturating_sub(t)).await;
     signal(&nodes[2], libc::SIGCONT);
-    let t = until_balanced(&map, &["n0", "n2"], "after SIGCONT of n2").await;
+    let t = until_balanced(map, &["n0", "n2"], "after SIGCONT of n2").await;
     println!("SIGCONT: rebalanced in {t:?}");
-    live_ports.lock().unwrap().push(ports[2]);
+    traffic.add_port(ports[2]);
     tokio::time::sleep(Duration::from_millis(700)).await;
 
-    stop.store(true, Ordering::SeqCst);
-    tx.join().unwrap();
-    let acked = std::mem::take(&mut *acked.lock().unwrap());
-    assert!(
-        acked.len() > 50,
-        "only {} messages acknowledged",
-        acked.len()
-    );
-
-    assert_delivered(&map, ports[0], &acked).await;
+    traffic.finish(map, ports[0], 50).await;
 
     // SIGTERM of n0: its leases are released at once, n2 takes everything well within a TTL
     signal(&nodes[0], libc::SIGTERM);
@@ -286,7 +346,7 @@ async fn nodes_fail_over_and_hand_over_without_losing_a_message() {
         let status = n0.wait();
         (status, nodes)
     });
-    let t = until_balanced(&map, &["n2"], "after SIGTERM of n0").await;
+    let t = until_balanced(map, &["n2"], "after SIGTERM of n0").await;
     println!("SIGTERM: shards taken over in {t:?}");
     let (status, mut rest) = exited.await.unwrap();
     assert!(status.unwrap().success(), "n0 exits cleanly on SIGTERM");
@@ -307,67 +367,49 @@ fn stop(mut node: Child) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_1_3_2_and_a_rolling_restart_under_load() {
-    let core = RedisProcess::start().expect("redis-server");
-    let mailbox = RedisProcess::start().expect("redis-server");
-    let (cu, mu) = (core.url(), mailbox.url());
-    let map = Topology::single(SHARDS, Layout::PackedV2, &cu, &mu)
-        .validate()
-        .unwrap();
-    let ids = ["n0", "n1", "n2"];
-    let ports: Vec<u16> = ids.iter().map(|_| free_port()).collect();
-    let mut nodes: Vec<Option<Child>> =
-        vec![Some(start_node(&cu, &mu, "n0", ports[0])), None, None];
+    let r = instances();
+    let (cu, mu, map, ports, ids) = (&r.cu, &r.mu, &r.map, r.ports.clone(), IDS);
+    let mut nodes: Vec<Option<Child>> = vec![Some(start_node(cu, mu, "n0", ports[0])), None, None];
     wait_healthy(ports[0]).await;
-    until_balanced(&map, &["n0"], "one node").await;
+    until_balanced(map, &["n0"], "one node").await;
 
-    let live_ports = Arc::new(Mutex::new(vec![ports[0]]));
-    let stop_tx = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let tx = sender(live_ports.clone(), stop_tx.clone(), acked.clone());
+    let traffic = Traffic::start(vec![ports[0]]);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // 1 -> 3: the newcomers take their shares from n0 (hand-over under load)
     for i in 1..3 {
-        nodes[i] = Some(start_node(&cu, &mu, ids[i], ports[i]));
+        nodes[i] = Some(start_node(cu, mu, ids[i], ports[i]));
         wait_healthy(ports[i]).await;
-        live_ports.lock().unwrap().push(ports[i]);
+        traffic.add_port(ports[i]);
     }
-    let t = until_balanced(&map, &ids, "1 -> 3").await;
+    let t = until_balanced(map, &ids, "1 -> 3").await;
     println!("1 -> 3: balanced in {t:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // 3 -> 2: n1 leaves cleanly
-    live_ports.lock().unwrap().retain(|&p| p != ports[1]);
+    traffic.drop_port(ports[1]);
     stop(nodes[1].take().unwrap());
-    let t = until_balanced(&map, &["n0", "n2"], "3 -> 2").await;
+    let t = until_balanced(map, &["n0", "n2"], "3 -> 2").await;
     println!("3 -> 2: balanced in {t:?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // a rolling restart: n1 back, then each node stopped and started again with its id
-    nodes[1] = Some(start_node(&cu, &mu, "n1", ports[1]));
+    nodes[1] = Some(start_node(cu, mu, "n1", ports[1]));
     wait_healthy(ports[1]).await;
-    live_ports.lock().unwrap().push(ports[1]);
-    until_balanced(&map, &ids, "n1 back").await;
+    traffic.add_port(ports[1]);
+    until_balanced(map, &ids, "n1 back").await;
     for i in 0..3 {
-        live_ports.lock().unwrap().retain(|&p| p != ports[i]);
+        traffic.drop_port(ports[i]);
         stop(nodes[i].take().unwrap());
-        nodes[i] = Some(start_node(&cu, &mu, ids[i], ports[i]));
+        nodes[i] = Some(start_node(cu, mu, ids[i], ports[i]));
         wait_healthy(ports[i]).await;
-        live_ports.lock().unwrap().push(ports[i]);
-        let t = until_balanced(&map, &ids, "rolling restart").await;
+        traffic.add_port(ports[i]);
+        let t = until_balanced(map, &ids, "rolling restart").await;
         println!("rolling restart of {}: balanced again in {t:?}", ids[i]);
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    stop_tx.store(true, Ordering::SeqCst);
-    tx.join().unwrap();
-    let acked = std::mem::take(&mut *acked.lock().unwrap());
-    assert!(
-        acked.len() > 50,
-        "only {} messages acknowledged",
-        acked.len()
-    );
-    assert_delivered(&map, ports[0], &acked).await;
+    traffic.finish(map, ports[0], 50).await;
     for n in nodes.into_iter().flatten() {
         stop(n);
     }
@@ -378,9 +420,8 @@ async fn scale_1_3_2_and_a_rolling_restart_under_load() {
 /// fenced by the new one's epoch and writes nothing after it wakes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_owner_table_and_a_replacement_with_the_same_id() {
-    let core = RedisProcess::start().expect("redis-server");
-    let mailbox = RedisProcess::start().expect("redis-server");
-    let (cu, mu) = (core.url(), mailbox.url());
+    let r = instances();
+    let (cu, mu) = (&r.cu, &r.mu);
     let ids = ["n0", "n1", "n2"];
     let owners: Vec<&str> = (0..SHARDS as usize).map(|s| ids[s % 3]).collect();
     let dir = tempfile::tempdir().unwrap();
@@ -428,10 +469,7 @@ async fn static_owner_table_and_a_replacement_with_the_same_id() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    let live_ports = Arc::new(Mutex::new(vec![ports[0], ports[2]]));
-    let stop_tx = Arc::new(AtomicBool::new(false));
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let tx = sender(live_ports.clone(), stop_tx.clone(), acked.clone());
+    let traffic = Traffic::start(vec![ports[0], ports[2]]);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // n1 pauses (a zombie); its replacement, same id, claims n1's shards and fences it
@@ -439,7 +477,7 @@ async fn static_owner_table_and_a_replacement_with_the_same_id() {
     let port_b = free_port();
     let replacement = start("n1", port_b);
     wait_healthy(port_b).await;
-    live_ports.lock().unwrap().push(port_b);
+    traffic.add_port(port_b);
     tokio::time::sleep(Duration::from_millis(500)).await;
     signal(&nodes[1], libc::SIGCONT);
     // the zombie finds itself fenced on the shards it tries to write (a shard without traffic
@@ -464,15 +502,7 @@ async fn static_owner_table_and_a_replacement_with_the_same_id() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop_tx.store(true, Ordering::SeqCst);
-    tx.join().unwrap();
-    let acked = std::mem::take(&mut *acked.lock().unwrap());
-    assert!(
-        acked.len() > 20,
-        "only {} messages acknowledged",
-        acked.len()
-    );
-    assert_delivered(&map, ports[0], &acked).await;
+    traffic.finish(&map, ports[0], 20).await;
     nodes.push(replacement);
     for n in &mut nodes {
         let _ = n.kill();

@@ -37,7 +37,13 @@ fn free_port() -> u16 {
 
 /// One node: `serve --ownership leases --lease-ttl 1s --node-id <id>` on `port`.
 fn start_node(core: &str, mailbox: &str, id: &str, port: u16) -> Child {
+    start_node_with(core, mailbox, id, port, &[])
+}
+
+/// [`start_node`] with `extra` arguments.
+fn start_node_with(core: &str, mailbox: &str, id: &str, port: u16, extra: &[&str]) -> Child {
     let mut args = serve_args(core, mailbox, SHARDS, &format!("127.0.0.1:{port}"));
+    args.extend(extra.iter().map(|s| s.to_string()));
     args.extend(
         [
             "--ownership",
@@ -554,4 +560,30 @@ async fn up_with_two_nodes_fails_over_when_one_is_killed() {
         "password printed"
     );
     up.stop();
+}
+
+/// `--role gateway` serves clients and owns no shard; `--role materializer` owns the shards
+/// and answers only `/metrics` and `/healthz`. Together they deliver everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_node_and_a_materializer_node() {
+    let r = instances();
+    let (cu, mu, map) = (&r.cu, &r.mu, &r.map);
+    let (pg, pm) = (r.ports[0], r.ports[1]);
+    let mut g = start_node_with(cu, mu, "g", pg, &["--role", "gateway"]);
+    let mut m = start_node_with(cu, mu, "m", pm, &["--role", "materializer"]);
+    wait_healthy(pg).await;
+    wait_healthy(pm).await;
+    let t = until_balanced(map, &["m"], "gateway + materializer").await;
+    println!("the materializer node owns every shard after {t:?}");
+    // the materializer node's listener: health and metrics only
+    assert_eq!(http_get(pm, "/v1/mailbox?user=u1").0, 404);
+    assert_eq!(http_post(pm, "/v1/messages?user=u1", "{}").0, 404);
+    assert_eq!(http_get(pm, "/metrics").0, 200);
+    let traffic = Traffic::start(vec![pg]);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    traffic.finish(map, pg, 20).await;
+    for n in [&mut g, &mut m] {
+        let _ = n.kill();
+        let _ = n.wait();
+    }
 }

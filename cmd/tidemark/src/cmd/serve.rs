@@ -83,8 +83,10 @@ pub struct ServeArgs {
     /// The client URL `tidemark status` shows for this node (default: ws://<--listen>/v1/ws).
     #[arg(long)]
     advertise: Option<String>,
-    /// What this node runs: `all` (gateway and materializers) or `gateway` (owns no shard).
-    #[arg(long, default_value = "all", value_parser = ["all", "gateway"])]
+    /// What this node runs: `all` (gateway and materializers), `gateway` (the client protocol;
+    /// owns no shard) or `materializer` (owns shards; its listener answers only `/metrics` and
+    /// `/healthz`).
+    #[arg(long, default_value = "all", value_parser = ["all", "gateway", "materializer"])]
     role: String,
     /// How shards are owned: `leases` (balanced over the live nodes with automatic
     /// failover; ADR-0030) or `static` (every shard, --own-shards, or the config's
@@ -433,10 +435,10 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             .advertise
             .clone()
             .unwrap_or_else(|| format!("{scheme}://{}/v1/ws", a.listen)),
-        role: if a.role == "gateway" {
-            Role::Gateway
-        } else {
-            Role::All
+        role: match a.role.as_str() {
+            "gateway" => Role::Gateway,
+            "materializer" => Role::Materializer,
+            _ => Role::All,
         },
         lease_ttl: a.lease_ttl,
         leases: ownership == "leases",
@@ -446,7 +448,10 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         run::ServeOptions {
             topology: topology.clone(),
             listen: a.listen,
-            gateway: gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls),
+            gateway: GatewayOptions {
+                clients: a.role != "materializer",
+                ..gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls)
+            },
             materializer: MaterializerOptions {
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {
                     Arc::new(RandomChunkFault {

@@ -121,6 +121,9 @@ pub struct GatewayOptions {
     /// Serve `/metrics` and `/healthz` on this address only (plain HTTP, no auth), and answer
     /// them 404 on the client listener. Bound by `run::serve` before anything starts.
     pub admin_listen: Option<SocketAddr>,
+    /// Serve the client protocol (WebSocket, messages, mailbox). False: a materializer node
+    /// (`serve --role materializer`) whose listeners answer `/metrics` and `/healthz` only.
+    pub clients: bool,
     /// `/healthz` reports a shard whose W has stayed below its log head, without moving, for
     /// this long (`stuck at W=…`).
     pub stuck_after: Duration,
@@ -129,6 +132,7 @@ pub struct GatewayOptions {
 impl Default for GatewayOptions {
     fn default() -> Self {
         GatewayOptions {
+            clients: true,
             limits: Limits::default(),
             token_secret: None,
             dev_auth: false,
@@ -223,7 +227,13 @@ pub async fn serve_listeners(
     let tracker = TaskTracker::new();
     let shared = state::Shared::connect(map, opts, health, stop.clone(), tracker.clone()).await?;
 
-    for url in shared.map.mailbox_urls().to_vec() {
+    // wake hints only matter to connected clients
+    let wake_urls = if shared.opts.clients {
+        shared.map.mailbox_urls().to_vec()
+    } else {
+        Vec::new()
+    };
+    for url in wake_urls {
         // supervised: a panic restarts the subscriber (connections re-check meanwhile)
         let (hub, stop2) = (shared.hub.clone(), stop.clone());
         tracker.spawn(crate::supervise::supervise(
@@ -254,6 +264,7 @@ pub async fn serve_listeners(
         tls: opts.tls.clone(),
     };
     let (routes, admin_serve) = match admin {
+        None if !opts.clients => (http::Routes::Admin, None),
         None => (http::Routes::All, None),
         Some(admin) => {
             let admin_addr = admin
@@ -269,7 +280,12 @@ pub async fn serve_listeners(
             };
             let app = http::router(shared.clone(), http::Routes::Admin);
             let serve = listener::serve(admin, app, cfg, stop.clone(), tracker.clone());
-            (http::Routes::Public, Some(serve))
+            let routes = if opts.clients {
+                http::Routes::Public
+            } else {
+                http::Routes::Admin
+            };
+            (routes, Some(serve))
         }
     };
     tracing::info!(%addr, tls = opts.tls.is_some(), "gateway listening");

@@ -575,6 +575,56 @@ async fn a_gateway_node_and_a_materializer_node() {
     wait_healthy(pm).await;
     let t = until_balanced(map, &["m"], "gateway + materializer").await;
     println!("the materializer node owns every shard after {t:?}");
+    // `tidemark status --json`: the shape, both nodes with their roles
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        .args(["status", "--core", cu, "--mailbox", mu, "--shards"])
+        .arg(SHARDS.to_string())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let roles: Vec<(String, String)> = v["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            for k in ["id", "url", "role", "age_ms"] {
+                assert!(n.get(k).is_some(), "node without {k}: {n}");
+            }
+            (
+                n["id"].as_str().unwrap().into(),
+                n["role"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("g".into(), "gateway".into()),
+            ("m".into(), "materializer".into())
+        ]
+    );
+    let shards = v["shards"].as_array().unwrap();
+    assert_eq!(shards.len(), SHARDS as usize);
+    for sh in shards {
+        for k in [
+            "shard",
+            "owner",
+            "epoch",
+            "w_min",
+            "w_max",
+            "head",
+            "lag",
+            "layout",
+            "blob_bytes",
+        ] {
+            assert!(sh.get(k).is_some(), "shard without {k}: {sh}");
+        }
+        assert_eq!(sh["owner"], "m");
+        assert_eq!(sh["layout"], "packed-v2");
+        assert_eq!(sh["blob_bytes"], 19);
+    }
     // the materializer node's listener: health and metrics only
     assert_eq!(http_get(pm, "/v1/mailbox?user=u1").0, 404);
     assert_eq!(http_post(pm, "/v1/messages?user=u1", "{}").0, 404);

@@ -24,8 +24,23 @@ use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::{ShardMap, Topology};
 
 const SHARDS: u32 = 8;
+
+/// The tests of this file run one at a time: each picks free ports before its nodes bind them,
+/// and two tests picking the same port would send one test's traffic into the other's
+/// deployment.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const TTL: Duration = Duration::from_secs(1);
 const USERS: usize = 12;
+
+/// `n` distinct free ports (all bound at once, then released).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -253,7 +268,7 @@ fn instances() -> Instances {
         cu,
         mu,
         map,
-        ports: IDS.iter().map(|_| free_port()).collect(),
+        ports: free_ports(IDS.len()),
     }
 }
 
@@ -306,6 +321,7 @@ impl Traffic {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_fail_over_and_hand_over_without_losing_a_message() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let r = instances();
     let (cu, mu, map, ports, ids) = (&r.cu, &r.mu, &r.map, r.ports.clone(), IDS);
     let mut nodes: Vec<Child> = ids
@@ -373,6 +389,7 @@ fn stop(mut node: Child) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_1_3_2_and_a_rolling_restart_under_load() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let r = instances();
     let (cu, mu, map, ports, ids) = (&r.cu, &r.mu, &r.map, r.ports.clone(), IDS);
     let mut nodes: Vec<Option<Child>> = vec![Some(start_node(cu, mu, "n0", ports[0])), None, None];
@@ -426,6 +443,7 @@ async fn scale_1_3_2_and_a_rolling_restart_under_load() {
 /// fenced by the new one's epoch and writes nothing after it wakes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_owner_table_and_a_replacement_with_the_same_id() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let r = instances();
     let (cu, mu) = (&r.cu, &r.mu);
     let ids = ["n0", "n1", "n2"];
@@ -451,7 +469,7 @@ async fn static_owner_table_and_a_replacement_with_the_same_id() {
             .stderr(std::process::Stdio::null());
         spawn_killed_with_us(&mut cmd)
     };
-    let ports: Vec<u16> = ids.iter().map(|_| free_port()).collect();
+    let ports = free_ports(ids.len());
     let mut nodes: Vec<Child> = ids
         .iter()
         .zip(&ports)
@@ -520,6 +538,7 @@ async fn static_owner_table_and_a_replacement_with_the_same_id() {
 /// a child process; kill -9 of the child moves its shard to the first, and Ctrl-C stops all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_with_two_nodes_fails_over_when_one_is_killed() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let port = free_port();
@@ -566,6 +585,7 @@ async fn up_with_two_nodes_fails_over_when_one_is_killed() {
 /// and answers only `/metrics` and `/healthz`. Together they deliver everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_node_and_a_materializer_node() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let r = instances();
     let (cu, mu, map) = (&r.cu, &r.mu, &r.map);
     let (pg, pm) = (r.ports[0], r.ports[1]);

@@ -170,16 +170,25 @@ fn token_ttl_overflow_and_zero_are_refused() {
     }
     // the largest number of days that does not overflow u64 seconds still overflows the expiry
     assert_refused(&mint("213503982334601d"), "max days", "largest expiry");
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    };
+    // the token's clock runs between these two readings (a second may turn while it mints)
+    let before = unix_now();
     let o = mint("7d");
+    let now = unix_now();
     assert!(o.status.success(), "{}", stderr(&o));
     let token = String::from_utf8(o.stdout).unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
     let claims =
         tidemark_protocol::token::verify(GOOD_SECRET.as_bytes(), token.trim(), now).unwrap();
-    assert!((now + 7 * 86400..=now + 7 * 86400 + 2).contains(&claims.expires_at_unix));
+    let exp = claims.expires_at_unix;
+    assert!(
+        (before + 7 * 86400..=now + 7 * 86400).contains(&exp),
+        "expiry {exp} not 7 days after minting ({before}..={now})"
+    );
 }
 
 #[test]

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::{http_get, http_post, serve_args, spawn_killed_with_us, wait_healthy};
-use tidemark_redis_proc::RedisProcess;
+use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::{ShardMap, Topology};
 
@@ -76,6 +76,12 @@ fn start_node_with(core: &str, mailbox: &str, id: &str, port: u16, extra: &[&str
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
+    // debugging aid: NODES_LOG_DIR=/some/dir keeps every node's log (info, lease ticks)
+    if let Ok(dir) = std::env::var("NODES_LOG_DIR") {
+        let f = std::fs::File::create(format!("{dir}/{id}-{port}.log")).unwrap();
+        cmd.env("RUST_LOG", "info,tidemark_server::ownership=debug")
+            .stderr(f);
+    }
     spawn_killed_with_us(&mut cmd)
 }
 
@@ -206,6 +212,11 @@ async fn assert_delivered(map: &ShardMap, port: u16, acked: &[Acked]) {
         loop {
             let (status, body) =
                 http_get(port, &format!("/v1/mailbox?user={u}&after=0&limit=1000"));
+            // a 5xx says "retry" (e.g. the first read on a connection to a restarted Redis)
+            if status >= 500 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
             assert_eq!(status, 200, "{body}");
             let page: serde_json::Value = serde_json::from_str(&body).unwrap();
             let got: Vec<u64> = page["entries"]
@@ -243,8 +254,8 @@ async fn assert_delivered(map: &ShardMap, port: u16, acked: &[Acked]) {
 
 /// A core and a mailbox redis-server and the map of a `SHARDS`-shard deployment over them.
 struct Instances {
-    _core: RedisProcess,
-    _mailbox: RedisProcess,
+    core: RedisProcess,
+    mailbox: RedisProcess,
     cu: String,
     mu: String,
     map: ShardMap,
@@ -256,15 +267,20 @@ struct Instances {
 const IDS: [&str; 3] = ["n0", "n1", "n2"];
 
 fn instances() -> Instances {
-    let core = RedisProcess::start().expect("redis-server");
-    let mailbox = RedisProcess::start().expect("redis-server");
+    instances_with(RedisOptions::default())
+}
+
+/// [`instances`] started with `opts` (AOF for restarts).
+fn instances_with(opts: RedisOptions) -> Instances {
+    let core = RedisProcess::start_with(opts.clone()).expect("redis-server");
+    let mailbox = RedisProcess::start_with(opts).expect("redis-server");
     let (cu, mu) = (core.url(), mailbox.url());
     let map = Topology::single(SHARDS, Layout::PackedV2, &cu, &mu)
         .validate()
         .unwrap();
     Instances {
-        _core: core,
-        _mailbox: mailbox,
+        core,
+        mailbox,
         cu,
         mu,
         map,
@@ -653,6 +669,44 @@ async fn a_gateway_node_and_a_materializer_node() {
     tokio::time::sleep(Duration::from_millis(700)).await;
     traffic.finish(map, pg, 20).await;
     for n in [&mut g, &mut m] {
+        let _ = n.kill();
+        let _ = n.wait();
+    }
+}
+
+/// Two nodes with leases while core Redis, then mailbox Redis, is killed and restarted from
+/// its AOF under traffic: leases expire and are taken again, nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_ride_out_redis_restarts() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    let mut r = instances_with(RedisOptions {
+        appendonly: true,
+        appendfsync: "always".into(),
+        ..Default::default()
+    });
+    let (cu, mu, map) = (r.cu.clone(), r.mu.clone(), r.map.clone());
+    let ports = r.ports.clone();
+    let mut nodes: Vec<Child> = ["n0", "n1"]
+        .iter()
+        .zip(&ports)
+        .map(|(id, &p)| start_node(&cu, &mu, id, p))
+        .collect();
+    for &p in &ports[..2] {
+        wait_healthy(p).await;
+    }
+    until_balanced(&map, &["n0", "n1"], "two nodes").await;
+    let traffic = Traffic::start(ports[..2].to_vec());
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    r.core.restart().unwrap();
+    let t = until_balanced(&map, &["n0", "n1"], "after a core restart").await;
+    println!("core Redis restarted: leases held again in {t:?}");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    r.mailbox.restart().unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t = until_balanced(&map, &["n0", "n1"], "after a mailbox restart").await;
+    println!("mailbox Redis restarted: balanced in {t:?}");
+    traffic.finish(&map, ports[0], 50).await;
+    for n in &mut nodes {
         let _ = n.kill();
         let _ = n.wait();
     }

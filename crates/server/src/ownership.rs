@@ -301,6 +301,7 @@ impl LeaseLoop {
                     Err(e) => tracing::debug!(shard = s, error = %e, "lease not acquired"),
                 }
             }
+            tracing::debug!(?held, ?target, ?give, live = live.is_some(), "lease tick");
             // 7. workers follow `held` (each core's worker restarted when its set changed)
             self.apply(&held, &mut workers, &cancel).await;
             for s in give {

@@ -61,6 +61,9 @@ pub const RETRY_MAX: Duration = Duration::from_secs(1);
 const READ_GRACE: Duration = Duration::from_secs(10);
 /// How often a shard held by a log discontinuity re-checks the log.
 const DISCONTINUITY_RECHECK: Duration = Duration::from_secs(5);
+/// How often a worker looks again at shards whose lease gate is closed (leases mode: the gate
+/// opens again at the node's next successful renewal, or the shard is handed over).
+const GATE_RECHECK: Duration = Duration::from_millis(100);
 /// A hold or retry that lasts is logged again this often (else once per state change).
 const LOG_REMINDER: Duration = Duration::from_secs(60);
 

@@ -13,7 +13,7 @@ use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
 
 use super::shard::OwnedShard;
-use super::{Error, MaterializerOptions, READ_GRACE, RETRY_MAX, RETRY_MIN};
+use super::{Error, MaterializerOptions, GATE_RECHECK, READ_GRACE, RETRY_MAX, RETRY_MIN};
 use crate::health::{HealthBoard, ShardStatus};
 
 /// One materializer worker: the owned shards of one core instance.
@@ -249,7 +249,16 @@ impl Worker {
                 .filter(|sh| gate.as_ref().is_none_or(|g| g.may_write(sh.shard)))
                 .map(|sh| (sh.shard, sh.read_pos))
                 .collect();
-            let next_retry = self.next_retry();
+            let mut next_retry = self.next_retry();
+            // a closed lease gate opens again by itself (the next renewal): look again soon
+            let gated = self
+                .owned
+                .values()
+                .any(|sh| !sh.stopped && gate.as_ref().is_some_and(|g| !g.may_write(sh.shard)));
+            if gated {
+                let soon = Instant::now() + GATE_RECHECK;
+                next_retry = Some(next_retry.map_or(soon, |d| d.min(soon)));
+            }
             if positions.is_empty() {
                 match next_retry {
                     // every shard stopped (fenced/corrupt): stay alive for /healthz

@@ -38,6 +38,9 @@ use tokio_util::task::TaskTracker;
 use crate::health::HealthBoard;
 use crate::materializer::MaterializerOptions;
 
+/// How long a stopping node tries to release its leases and remove its record.
+const RELEASE_WITHIN: Duration = Duration::from_secs(2);
+
 /// A shard refused by [`crate::run::check_ownable`] is tried again after this long.
 const REFUSED_RECHECK: Duration = Duration::from_secs(30);
 
@@ -320,15 +323,24 @@ impl LeaseLoop {
         }
         let none = BTreeSet::new();
         self.apply(&none, &mut workers, &cancel).await;
-        for &s in &held {
-            if let Some(c) = cores[self.map.core_of(s)].as_mut() {
-                let _ = c.release_lease(s, &self.node.id).await;
+        // bounded: core Redis may be gone already (Ctrl-C on `up` reaches its redis-servers
+        // too), and each call to a dead server retries; leases not released expire by TTL
+        let (map, id) = (&self.map, &self.node.id);
+        let release = async {
+            for &s in &held {
+                if let Some(c) = cores[map.core_of(s)].as_mut() {
+                    let _ = c.release_lease(s, id).await;
+                }
             }
+            if let Some(c0) = cores[0].as_mut() {
+                let _ = c0.deregister(id).await;
+            }
+        };
+        if tokio::time::timeout(RELEASE_WITHIN, release).await.is_err() {
+            tracing::warn!(node = %id, "leases not released in time; they expire after the TTL");
+            return;
         }
-        if let Some(c0) = cores[0].as_mut() {
-            let _ = c0.deregister(&self.node.id).await;
-        }
-        tracing::info!(node = %self.node.id, released = held.len(), "node stopped; leases released");
+        tracing::info!(node = %id, released = held.len(), "node stopped; leases released");
     }
 
     /// Makes each core instance's worker own exactly `held`'s shards of that instance:
@@ -404,6 +416,7 @@ pub(crate) async fn heartbeat_loop(node: NodeOptions, map: ShardMap, cancel: Can
         }
     }
     if let Some(c) = core0.as_mut() {
-        let _ = c.deregister(&node.id).await;
+        // bounded, like the lease loop's release (core Redis may be gone already)
+        let _ = tokio::time::timeout(RELEASE_WITHIN, c.deregister(&node.id)).await;
     }
 }

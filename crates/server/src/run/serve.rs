@@ -375,24 +375,17 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
                 gate,
                 tracker: tracker.clone(),
             };
-            // not restarted in place (its workers and leases are its state): if it ends, the
-            // whole service stops and the process exits non-zero
-            let (c, tx) = (cancel.clone(), err_tx.clone());
-            tracker.spawn(async move {
-                let outcome = crate::supervise::catch_panic(lease_loop.run(c.clone())).await;
-                if c.is_cancelled() {
-                    return;
-                }
-                let ended = match outcome {
-                    Ok(()) => crate::supervise::Ended::Exited("returned".into()),
-                    Err(msg) => crate::supervise::Ended::Panicked(msg),
-                };
-                tracing::error!(%ended, "lease loop ended; stopping the service");
-                let _ = tx.send(Error::TaskEnded {
-                    task: "lease loop",
-                    ended,
-                });
-            });
+            // not restarted in place (its workers and leases are its state)
+            let c = cancel.clone();
+            tracker.spawn(stop_service_if_it_ends(
+                "lease loop",
+                async move {
+                    lease_loop.run(c).await;
+                    Ok(())
+                },
+                cancel.clone(),
+                err_tx.clone(),
+            ));
         } else {
             tracker.spawn(crate::ownership::heartbeat_loop(
                 node.clone(),
@@ -404,44 +397,22 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     let addr = listener.local_addr()?;
     let admin_addr = admin.as_ref().map(|a| a.local_addr()).transpose()?;
     let tls = opts.gateway.tls.is_some();
-    let (c, tx, h, topo, gw) = (
+    let (c, h, topo, gw) = (
         cancel.clone(),
-        err_tx.clone(),
         health.clone(),
         map.clone(),
         opts.gateway.clone(),
     );
-    tracker.spawn(async move {
-        let outcome = tokio::spawn(gateway::serve_listeners(
-            listener,
-            admin,
-            topo,
-            gw,
-            h,
-            c.clone(),
-        ))
-        .await;
-        if c.is_cancelled() {
-            return;
-        }
-        // the gateway ended on its own: stop the whole service (the process exits non-zero)
-        let ended = match outcome {
-            Ok(Err(e)) => {
-                let _ = tx.send(e.into());
-                return;
-            }
-            Ok(Ok(())) => crate::supervise::Ended::Exited("returned".into()),
-            Err(je) if je.is_panic() => crate::supervise::Ended::Panicked(
-                crate::supervise::panic_message(je.into_panic().as_ref()),
-            ),
-            Err(je) => crate::supervise::Ended::Exited(je.to_string()),
-        };
-        tracing::error!(%ended, "gateway ended; stopping the service");
-        let _ = tx.send(Error::TaskEnded {
-            task: "gateway",
-            ended,
-        });
-    });
+    tracker.spawn(stop_service_if_it_ends(
+        "gateway",
+        async move {
+            gateway::serve_listeners(listener, admin, topo, gw, h, c)
+                .await
+                .map_err(Error::from)
+        },
+        cancel.clone(),
+        err_tx.clone(),
+    ));
     Ok(Running {
         addr,
         admin_addr,
@@ -451,6 +422,32 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
         cancel,
         errors,
     })
+}
+
+/// Runs `task`, which cannot be restarted in place (the gateway, the lease loop). If it ends
+/// before `cancel` — an error, a return or a panic — the whole service stops: the error (or
+/// [`Error::TaskEnded`]) goes to `errors`, [`Running::wait`] returns it and the process exits
+/// non-zero, so its own supervisor restarts it; never a live process with a dead task.
+async fn stop_service_if_it_ends(
+    task: &'static str,
+    run: impl std::future::Future<Output = Result<(), Error>>,
+    cancel: CancellationToken,
+    errors: tokio::sync::mpsc::UnboundedSender<Error>,
+) {
+    let outcome = crate::supervise::catch_panic(run).await;
+    if cancel.is_cancelled() {
+        return;
+    }
+    let ended = match outcome {
+        Ok(Err(e)) => {
+            let _ = errors.send(e);
+            return;
+        }
+        Ok(Ok(())) => crate::supervise::Ended::Exited("returned".into()),
+        Err(msg) => crate::supervise::Ended::Panicked(msg),
+    };
+    tracing::error!(task, %ended, "task ended; stopping the service");
+    let _ = errors.send(Error::TaskEnded { task, ended });
 }
 
 /// What a materializer worker is started from (again, after a panic).

@@ -387,10 +387,20 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
                 err_tx.clone(),
             ));
         } else {
-            tracker.spawn(crate::ownership::heartbeat_loop(
-                node.clone(),
-                map.clone(),
+            // supervised: a panic restarts it (a node that stopped beating would vanish
+            // from `tidemark status` while it runs)
+            let (node, map, c) = (node.clone(), map.clone(), cancel.clone());
+            tracker.spawn(crate::supervise::supervise(
+                "node_heartbeat",
                 cancel.clone(),
+                move || {
+                    let (node, map, c) = (node.clone(), map.clone(), c.clone());
+                    async move {
+                        crate::ownership::heartbeat_loop(node, map, c).await;
+                        Ok::<(), std::convert::Infallible>(())
+                    }
+                },
+                |_| {},
             ));
         }
     }

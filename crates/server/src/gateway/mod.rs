@@ -236,13 +236,15 @@ pub async fn serve_listeners(
     for url in wake_urls {
         // supervised: a panic restarts the subscriber (connections re-check meanwhile)
         let (hub, stop2) = (shared.hub.clone(), stop.clone());
+        let shards = shared.map.all_shards();
         tracker.spawn(crate::supervise::supervise(
             "wake_subscriber",
             stop.clone(),
             move || {
                 let (hub, url, stop) = (hub.clone(), url.clone(), stop2.clone());
+                let shards = shards.clone();
                 async move {
-                    wake::run_subscriber(hub, url, stop).await;
+                    wake::run_subscriber(hub, url, shards, stop).await;
                     Ok::<(), std::convert::Infallible>(())
                 }
             },

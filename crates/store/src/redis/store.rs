@@ -41,10 +41,9 @@ mod watermark_ops;
 #[cfg(test)]
 mod tests;
 
-use redis::aio::ConnectionManager;
-
 use super::scripts::{self, ScriptSet};
 use super::watermark::{decode_lane_watermarks, Layout, ShardWatermark, U48_MAX};
+use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 
 pub use mailbox::parse_withscores;
@@ -57,19 +56,15 @@ pub use reply::{
 /// Connection to one mailbox Redis with the script set of one layout.
 #[derive(Clone)]
 pub struct MailboxStore {
-    conn: ConnectionManager,
+    conn: Conn,
     set: &'static ScriptSet,
 }
 
 impl MailboxStore {
-    /// Connects to `url`, loads the script set of `layout`.
+    /// Connects to `url` (an instance or a cluster endpoint, [`crate::endpoint`]), loads the
+    /// script set of `layout`.
     pub async fn connect(url: &str, layout: Layout) -> Result<MailboxStore> {
-        let client = redis::Client::open(url)?;
-        let cfg = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(std::time::Duration::from_secs(30)))
-            .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
-            .set_number_of_retries(3);
-        let conn = ConnectionManager::new_with_config(client, cfg).await?;
+        let conn = endpoint::connect(url, endpoint::ConnectOptions::default()).await?;
         let mut s = MailboxStore {
             conn,
             set: scripts::for_layout(layout),
@@ -89,7 +84,7 @@ impl MailboxStore {
     }
 
     /// A clone of the underlying connection, for plain commands.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Conn {
         self.conn.clone()
     }
 }

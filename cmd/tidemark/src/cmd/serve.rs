@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::args::{InstancesArgs, LocalSizeArgs};
 use super::exit::refuse;
 use super::logs::notice;
+use tidemark_store::redis::dlog::WaitPolicy;
 
 #[derive(Args)]
 pub struct UpArgs {
@@ -101,9 +102,28 @@ pub struct ServeArgs {
     #[arg(long, hide = true, default_value_t = 0)]
     fault_chunk_fail_pct: u8,
     #[command(flatten)]
+    replication: ReplicationArgs,
+    #[command(flatten)]
     listeners: ListenerArgs,
     #[command(flatten)]
     limits: GatewayLimitArgs,
+}
+
+/// What must be on replicas before it counts (ADR-0032; docs/cluster.md).
+#[derive(Args)]
+struct ReplicationArgs {
+    /// Replicas a commit must reach (`WAIT`) before `send_ack`; 0: acknowledged once on the
+    /// primary. Default: 1 on a Redis Cluster with replicas, else 0.
+    #[arg(long)]
+    core_wait_replicas: Option<u32>,
+    /// Replicas the mailbox side's W must reach before the core log below it is trimmed.
+    /// Default: 1 on a Redis Cluster with replicas, else 0.
+    #[arg(long)]
+    mailbox_wait_replicas: Option<u32>,
+    /// How long one `WAIT` may block; a commit not confirmed in time is refused (retry with
+    /// the same id), a trim is deferred.
+    #[arg(long, default_value = "1s", value_parser = tidemark_client::parse_ttl)]
+    wait_timeout: std::time::Duration,
 }
 
 /// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
@@ -450,9 +470,17 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             listen: a.listen,
             gateway: GatewayOptions {
                 clients: a.role != "materializer",
+                core_wait: WaitPolicy {
+                    replicas: a.replication.core_wait_replicas,
+                    timeout: a.replication.wait_timeout,
+                },
                 ..gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls)
             },
             materializer: MaterializerOptions {
+                mailbox_wait: WaitPolicy {
+                    replicas: a.replication.mailbox_wait_replicas,
+                    timeout: a.replication.wait_timeout,
+                },
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {
                     Arc::new(RandomChunkFault {
                         percent: a.fault_chunk_fail_pct,

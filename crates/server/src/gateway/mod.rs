@@ -127,11 +127,14 @@ pub struct GatewayOptions {
     /// `/healthz` reports a shard whose W has stayed below its log head, without moving, for
     /// this long (`stuck at W=…`).
     pub stuck_after: Duration,
+    /// Replicas a commit must reach before `send_ack` (`WAIT` after the commit; ADR-0032).
+    pub core_wait: tidemark_store::redis::dlog::WaitPolicy,
 }
 
 impl Default for GatewayOptions {
     fn default() -> Self {
         GatewayOptions {
+            core_wait: Default::default(),
             clients: true,
             limits: Limits::default(),
             token_secret: None,

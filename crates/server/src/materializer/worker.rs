@@ -54,6 +54,10 @@ impl Worker {
         let core_shown = tidemark_store::redact_url(core_url);
         let core_url = core_url.to_string();
         let core = LogStore::connect(&core_url).await?;
+        let mut mailboxes = mailboxes;
+        for mb in &mut mailboxes {
+            mb.set_replica_wait(&opts.mailbox_wait).await?;
+        }
         let mut w = Worker {
             map,
             core,

@@ -58,6 +58,8 @@ pub use reply::{
 pub struct MailboxStore {
     conn: Conn,
     set: &'static ScriptSet,
+    /// Replicas [`MailboxStore::confirm_replicated`] waits for (`None`: none asked).
+    wait: Option<crate::redis::dlog::ReplicaWait>,
 }
 
 impl MailboxStore {
@@ -68,6 +70,7 @@ impl MailboxStore {
         let mut s = MailboxStore {
             conn,
             set: scripts::for_layout(layout),
+            wait: None,
         };
         s.load_scripts().await?;
         Ok(s)
@@ -86,6 +89,33 @@ impl MailboxStore {
     /// A clone of the underlying connection, for plain commands.
     pub fn connection(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// Resolves `policy` on this instance (or cluster) and keeps the result for
+    /// [`MailboxStore::confirm_replicated`].
+    pub async fn set_replica_wait(
+        &mut self,
+        policy: &crate::redis::dlog::WaitPolicy,
+    ) -> Result<Option<crate::redis::dlog::ReplicaWait>> {
+        self.wait = policy.resolve(&mut self.conn).await?;
+        Ok(self.wait)
+    }
+
+    /// Whether everything written so far to shard `shard`'s primary has reached the replicas
+    /// asked for (`WAIT` after a read of `wm:{s}`, on that primary's connection). Always true
+    /// when no wait is asked. Call before trimming the core log below W: a promoted replica
+    /// then holds at least that W.
+    pub async fn confirm_replicated(&mut self, shard: u32) -> Result<bool> {
+        let Some(wait) = self.wait else {
+            return Ok(true);
+        };
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(crate::keys::wm(shard));
+        match crate::redis::dlog::with_wait(&mut self.conn, shard, &cmd, wait).await {
+            Ok(_) => Ok(true),
+            Err(crate::redis::dlog::WaitError::Short(..)) => Ok(false),
+            Err(crate::redis::dlog::WaitError::Redis(e)) => Err(e.into()),
+        }
     }
 }
 

@@ -342,7 +342,35 @@ impl Worker {
         let (mb, epoch) = (sh.mb, sh.epoch);
         match self.mailboxes[mb].read_watermark(s).await {
             Ok(wm) => {
-                if wm.epoch != epoch {
+                if wm.epoch < epoch {
+                    // W and the epoch went backwards: the mailbox side lost writes it had
+                    // acknowledged to us (a promoted replica, a restore). No other owner can
+                    // have written an epoch below ours: raise it past ours again and resume
+                    // from the W it has; the log above it is still there (trimmed only below
+                    // a W confirmed on the replicas) and replays are no-ops (ADR-0032).
+                    let raised = self.mailboxes[mb]
+                        .fence_epoch(s, wm.epoch, epoch + 1)
+                        .await?;
+                    let tidemark_store::redis::store::Fence::Raised { epoch: new } = raised else {
+                        return Err(Error::Store(tidemark_store::Error::InvalidArgument(
+                            format!(
+                                "shard {s}: epoch changed while re-fencing a regressed watermark"
+                            ),
+                        )));
+                    };
+                    tracing::error!(
+                        shard = s,
+                        stored_epoch = wm.epoch,
+                        our_epoch = epoch,
+                        new_epoch = new,
+                        w = wm.lanes.min_present_w().unwrap_or(0),
+                        "watermark went backwards (mailbox primary lost writes?); re-fenced, \
+                         re-materialising from the log"
+                    );
+                    metrics::counter!("tidemark_watermark_regressions_total").increment(1);
+                    self.shard_mut(s).epoch = new;
+                    self.health.update(s, |h| h.epoch = new);
+                } else if wm.epoch != epoch {
                     self.stop(
                         s,
                         ShardStatus::Fenced {

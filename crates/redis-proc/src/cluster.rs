@@ -21,8 +21,10 @@
 //!   ([`reshard`](RedisCluster::reshard) through `redis-cli`, [`move_slot`](RedisCluster::move_slot)
 //!   step by step, so a test can move the slot of one shard key while traffic flows).
 //!
-//! Ports: client ports are picked in [`CLUSTER_PORT_RANGE`] (20000..30000) so that the cluster
-//! bus port (`port + 10000`, 30000..40000) can never be another node's client port; both are
+//! Ports: client ports are picked in [`CLUSTER_PORT_RANGE`] (12000..22000), so the cluster bus
+//! port (`port + 10000`, 22000..32000) can never be another node's client port, and neither
+//! lies in Linux' ephemeral range (32768..60999 by default), where outgoing connections and
+//! every [`free_port`](crate::free_port) of other tests land; both are
 //! checked free before a node starts (see [`free_cluster_ports`]), and a node that loses the
 //! race for its port is started again on another one.
 //!
@@ -64,8 +66,9 @@ pub const CLUSTER_LAYOUT_FILE: &str = "cluster.layout";
 /// Each node's cluster configuration file, in its own directory (written by redis-server).
 pub const NODES_CONF: &str = "nodes.conf";
 
-/// Where [`free_cluster_ports`] picks client ports; the bus ports are 10000 higher.
-pub const CLUSTER_PORT_RANGE: Range<u16> = 20000..30000;
+/// Where [`free_cluster_ports`] picks client ports; the bus ports are 10000 higher
+/// (22000..32000). Both stay below Linux' default ephemeral range (32768..60999).
+pub const CLUSTER_PORT_RANGE: Range<u16> = 12000..22000;
 
 /// The offset of the cluster bus port from the client port (Redis' default).
 const BUS_OFFSET: u16 = 10000;

@@ -381,7 +381,19 @@ impl Worker {
                 }
                 let sh = self.shard_mut(s);
                 sh.pending.clear();
+                let was = sh.min_w;
                 sh.min_w = wm.lanes.min_present_w().unwrap_or(0);
+                if sh.min_w < was {
+                    // W never moves back by itself: the mailbox side lost writes (a promoted
+                    // replica, a restore); resuming from the stored W re-materialises them
+                    tracing::error!(
+                        shard = s,
+                        w = sh.min_w,
+                        was,
+                        "watermark went backwards; re-materialising from the log"
+                    );
+                    metrics::counter!("tidemark_watermark_regressions_total").increment(1);
+                }
                 sh.read_pos = sh.min_w;
                 sh.uniform = wm.lanes.is_uniform();
                 let min_w = sh.min_w;

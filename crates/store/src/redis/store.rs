@@ -106,9 +106,12 @@ impl MailboxStore {
     /// when no wait is asked. Call before trimming the core log below W: a promoted replica
     /// then holds at least that W.
     pub async fn confirm_replicated(&mut self, shard: u32) -> Result<bool> {
-        let Some(wait) = self.wait else {
+        let Some(mut wait) = self.wait else {
             return Ok(true);
         };
+        // a short wait: this runs in the materializer's loop, and a trim not confirmed now is
+        // simply tried again at the next GC (W is normally on the replicas long before)
+        wait.timeout = wait.timeout.min(std::time::Duration::from_millis(50));
         let mut cmd = redis::cmd("EXISTS");
         cmd.arg(crate::keys::wm(shard));
         match crate::redis::dlog::with_wait(&mut self.conn, shard, &cmd, wait).await {

@@ -560,3 +560,54 @@ async fn mailbox_primary_loss_rematerializes_from_the_log() {
         acked.len()
     );
 }
+
+/// `tidemark up --cluster`: a local 3+3 cluster under the data dir, both pools on it; a
+/// message survives a stop and a start on the same data dir (same ports, same data).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_cluster_starts_and_restarts_on_its_data_dir() {
+    if !tidemark_redis_proc::redis_server_available() || !tidemark_redis_proc::redis_cli_available()
+    {
+        eprintln!("SKIPPED: redis-server/redis-cli not installed (scripts/install-redis.sh)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let port = support::free_port();
+    let up = |port: u16| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+        cmd.args(["up", "--cluster", "--dev-auth", "--shards", "8", "--listen"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(&data)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null());
+        spawn_killed_with_us(&mut cmd)
+    };
+    let mut first = up(port);
+    let lines = support::stdout_lines(&mut first);
+    wait_healthy(port).await;
+    let printed: Vec<String> = lines.try_iter().collect();
+    assert!(
+        printed.iter().filter(|l| l.starts_with("cluster ")).count() == 6,
+        "six cluster nodes listed: {printed:?}"
+    );
+    let (s, r) = http_post(
+        port,
+        "/v1/messages?user=alice",
+        &serde_json::json!({"id": "up-1", "to": ["bob"], "body": "kept"}).to_string(),
+    );
+    assert_eq!(s, 200, "{r}");
+    // a clean stop (SIGINT, as Ctrl-C): the service and its six redis-servers end
+    // SAFETY: signalling our own child
+    unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
+    let status = first.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+
+    let port2 = support::free_port();
+    let _second = up(port2);
+    wait_healthy(port2).await;
+    let (s, page) = http_get(port2, "/v1/mailbox?user=bob&after=0&limit=10");
+    assert_eq!(s, 200, "{page}");
+    assert!(page.contains("\"body\":\"kept\""), "{page}");
+}

@@ -57,6 +57,7 @@ async fn up(dir: &std::path::Path) -> (Up, CancellationToken) {
                 ..Default::default()
             },
             appendfsync: "always".into(),
+            cluster: false,
             node: None,
         },
         cancel.clone(),
@@ -361,6 +362,7 @@ async fn up_twice_on_one_data_dir_loses_nothing() {
             gateway: GatewayOptions::default(),
             materializer: MaterializerOptions::default(),
             appendfsync: "always".into(),
+            cluster: false,
             node: None,
         },
         CancellationToken::new(),

@@ -48,6 +48,13 @@ pub struct UpArgs {
     /// one to watch its shards fail over; `tidemark status --config DIR/tidemark.toml`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     nodes: u16,
+    /// Run both pools on a local Redis Cluster (3 primaries, 3 replicas, under
+    /// DATA_DIR/cluster; `redis-cli --cluster create` on the first start) instead of
+    /// --core/--mailbox instances. Commits then wait for one replica (ADR-0032).
+    #[arg(long, conflicts_with_all = ["core", "mailbox"])]
+    cluster: bool,
+    #[command(flatten)]
+    replication: ReplicationArgs,
     #[command(flatten)]
     listeners: ListenerArgs,
     #[command(flatten)]
@@ -124,6 +131,22 @@ struct ReplicationArgs {
     /// the same id), a trim is deferred.
     #[arg(long, default_value = "1s", value_parser = tidemark_client::parse_ttl)]
     wait_timeout: std::time::Duration,
+}
+
+impl ReplicationArgs {
+    fn core_policy(&self) -> WaitPolicy {
+        WaitPolicy {
+            replicas: self.core_wait_replicas,
+            timeout: self.wait_timeout,
+        }
+    }
+
+    fn mailbox_policy(&self) -> WaitPolicy {
+        WaitPolicy {
+            replicas: self.mailbox_wait_replicas,
+            timeout: self.wait_timeout,
+        }
+    }
 }
 
 /// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
@@ -290,6 +313,10 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
         return Ok(ExitCode::FAILURE);
     }
+    if a.cluster && !tidemark_redis_proc::redis_cli_available() {
+        eprintln!("error: {}", tidemark_redis_proc::Error::CliNotInstalled);
+        return Ok(ExitCode::FAILURE);
+    }
     // the data dir holds the secrets: private (0700 / 0600), tightened when it was not
     let tightened = match run::prepare_data_dir(&a.data_dir) {
         Ok(t) => t,
@@ -335,14 +362,21 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             layout: a.layout,
             listen: a.listen,
             data_dir: a.data_dir.clone(),
-            gateway: gateway_options(
-                &a.listeners,
-                &a.limits,
-                a.dev_auth,
-                Some(secret.into_bytes()),
-                tls,
-            ),
-            materializer: Default::default(),
+            gateway: GatewayOptions {
+                core_wait: a.replication.core_policy(),
+                ..gateway_options(
+                    &a.listeners,
+                    &a.limits,
+                    a.dev_auth,
+                    Some(secret.into_bytes()),
+                    tls,
+                )
+            },
+            materializer: MaterializerOptions {
+                mailbox_wait: a.replication.mailbox_policy(),
+                ..Default::default()
+            },
+            cluster: a.cluster,
             appendfsync: a.appendfsync,
             node,
         },
@@ -470,17 +504,11 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             listen: a.listen,
             gateway: GatewayOptions {
                 clients: a.role != "materializer",
-                core_wait: WaitPolicy {
-                    replicas: a.replication.core_wait_replicas,
-                    timeout: a.replication.wait_timeout,
-                },
+                core_wait: a.replication.core_policy(),
                 ..gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls)
             },
             materializer: MaterializerOptions {
-                mailbox_wait: WaitPolicy {
-                    replicas: a.replication.mailbox_wait_replicas,
-                    timeout: a.replication.wait_timeout,
-                },
+                mailbox_wait: a.replication.mailbox_policy(),
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {
                     Arc::new(RandomChunkFault {
                         percent: a.fault_chunk_fail_pct,

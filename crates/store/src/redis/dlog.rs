@@ -29,6 +29,8 @@ use super::watermark::U48_MAX;
 use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys;
+use crate::redis::replicas::ReplicaConfirm;
+pub use crate::redis::replicas::{has_replicas, ReplicaWait, WaitPolicy};
 
 /// How long a dedupe record (sender, client id) → offset lives.
 pub const DEFAULT_DEDUPE_TTL_S: u64 = 24 * 3600;
@@ -123,107 +125,8 @@ pub struct LogStore {
     url: String,
     /// Replicas every commit must reach before it is acknowledged (`WAIT`); 0: none.
     wait: Option<ReplicaWait>,
-}
-
-/// How a write is confirmed on replicas: `WAIT replicas timeout` after it, on the connection
-/// to the primary that took it (ADR-0032).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplicaWait {
-    /// Replicas that must have the write.
-    pub replicas: u32,
-    /// How long `WAIT` may block.
-    pub timeout: Duration,
-}
-
-/// What an operator asks for (`--core-wait-replicas`, `--mailbox-wait-replicas`): a replica
-/// count, or `None` for the default — 1 on a Redis Cluster that has replicas, 0 otherwise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct WaitPolicy {
-    /// Replicas to wait for; `None`: the default.
-    pub replicas: Option<u32>,
-    /// How long one `WAIT` may block.
-    pub timeout: Duration,
-}
-
-impl Default for WaitPolicy {
-    fn default() -> Self {
-        WaitPolicy {
-            replicas: None,
-            timeout: Duration::from_secs(1),
-        }
-    }
-}
-
-impl WaitPolicy {
-    /// The wait in force on `conn`'s deployment (`None`: no wait).
-    pub async fn resolve(&self, conn: &mut Conn) -> Result<Option<ReplicaWait>> {
-        let replicas = match self.replicas {
-            Some(n) => n,
-            None if conn.is_cluster() && has_replicas(conn).await? => 1,
-            None => 0,
-        };
-        Ok((replicas > 0).then_some(ReplicaWait {
-            replicas,
-            timeout: self.timeout,
-        }))
-    }
-}
-
-/// Whether the deployment behind `conn` has replicas: on a cluster, any node of `CLUSTER
-/// NODES` flagged `slave`; on one instance, `connected_slaves` above 0.
-pub async fn has_replicas(conn: &mut Conn) -> Result<bool> {
-    if conn.is_cluster() {
-        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await?;
-        return Ok(nodes.lines().any(|l| {
-            l.split(' ')
-                .nth(2)
-                .is_some_and(|f| f.split(',').any(|x| x == "slave"))
-        }));
-    }
-    let info: String = redis::cmd("INFO")
-        .arg("replication")
-        .query_async(conn)
-        .await?;
-    Ok(info
-        .lines()
-        .find_map(|l| l.strip_prefix("connected_slaves:"))
-        .and_then(|n| n.trim().parse::<u32>().ok())
-        .is_some_and(|n| n > 0))
-}
-
-/// Runs `cmd` (a keyed command) followed by `WAIT` on the same connection — one pipeline, so
-/// on a cluster both go to the primary of `cmd`'s slot — and checks the replica count.
-pub(crate) async fn with_wait(
-    conn: &mut Conn,
-    shard: u32,
-    cmd: &redis::Cmd,
-    wait: ReplicaWait,
-) -> std::result::Result<Value, WaitError> {
-    let mut pipe = redis::pipe();
-    pipe.add_command(cmd.clone())
-        .cmd("WAIT")
-        .arg(wait.replicas)
-        .arg(wait.timeout.as_millis() as u64);
-    let (v, n): (Value, i64) = pipe.query_async(conn).await.map_err(WaitError::Redis)?;
-    let n = u32::try_from(n).unwrap_or(0);
-    if n < wait.replicas {
-        return Err(WaitError::Short(
-            v,
-            Error::NotReplicated {
-                shard,
-                replicas: n,
-                wanted: wait.replicas,
-            },
-        ));
-    }
-    Ok(v)
-}
-
-/// A failed [`with_wait`]: the command or the pipeline failed, or the write was applied
-/// (its reply kept) but too few replicas confirmed it.
-pub(crate) enum WaitError {
-    Redis(redis::RedisError),
-    Short(Value, Error),
+    /// The grouped `WAIT`s of the commits (shared by the clones).
+    confirm: ReplicaConfirm,
 }
 
 fn offset_of_id(id: &str) -> Option<u64> {
@@ -309,6 +212,7 @@ impl LogStore {
             conn,
             url: url.to_string(),
             wait: None,
+            confirm: ReplicaConfirm::default(),
         })
     }
 
@@ -430,37 +334,27 @@ impl LogStore {
         }
     }
 
-    /// Runs the commit command (with the replica wait, if any), reloading the script once on
-    /// NOSCRIPT.
+    /// Runs the commit command, reloading the script once on NOSCRIPT, then (when a replica
+    /// wait is asked and something is to be acknowledged) waits for the grouped `WAIT`.
     async fn run_commit(&mut self, shard: u32, cmd: &redis::Cmd) -> Result<Value> {
-        for attempt in 0..2 {
-            let res = match self.wait {
-                None => cmd
+        let v: Value = match cmd.query_async(&mut self.conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(&COMMIT_DISPATCH.source)
                     .query_async(&mut self.conn)
-                    .await
-                    .map_err(WaitError::Redis),
-                Some(w) => with_wait(&mut self.conn, shard, cmd, w).await,
-            };
-            match res {
-                Ok(v) => return Ok(v),
-                Err(WaitError::Redis(e)) if e.code() == Some("NOSCRIPT") && attempt == 0 => {
-                    let _: String = redis::cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(&COMMIT_DISPATCH.source)
-                        .query_async(&mut self.conn)
-                        .await?;
-                }
-                Err(WaitError::Redis(e)) => return Err(e.into()),
-                Err(WaitError::Short(v, e)) => {
-                    // a refusal needs no replica: it wrote nothing
-                    return match &v {
-                        Value::Array(a) if matches!(a.first(), Some(Value::Int(2 | 3))) => Ok(v),
-                        _ => Err(e),
-                    };
-                }
+                    .await?;
+                cmd.query_async(&mut self.conn).await?
             }
+            other => other?,
+        };
+        // a refusal (exhausted log, id reused) wrote nothing: no replica needed
+        let refused = matches!(&v, Value::Array(a) if matches!(a.first(), Some(Value::Int(2 | 3))));
+        if let (Some(w), false) = (self.wait, refused) {
+            // a duplicate too: the first commit may not have reached the replicas yet
+            self.confirm.confirm(&self.conn, shard, w).await?;
         }
-        unreachable!("the second attempt returns")
+        Ok(v)
     }
 
     /// Binds (sender, client id) to the message digest on the sender's shard `home` (one

@@ -114,10 +114,10 @@ impl MailboxStore {
         wait.timeout = wait.timeout.min(std::time::Duration::from_millis(50));
         let mut cmd = redis::cmd("EXISTS");
         cmd.arg(crate::keys::wm(shard));
-        match crate::redis::dlog::with_wait(&mut self.conn, shard, &cmd, wait).await {
+        match crate::redis::replicas::with_wait(&mut self.conn, &cmd, wait).await {
             Ok(_) => Ok(true),
-            Err(crate::redis::dlog::WaitError::Short(..)) => Ok(false),
-            Err(crate::redis::dlog::WaitError::Redis(e)) => Err(e.into()),
+            Err(crate::redis::replicas::WaitError::Short) => Ok(false),
+            Err(crate::redis::replicas::WaitError::Redis(e)) => Err(e.into()),
         }
     }
 }

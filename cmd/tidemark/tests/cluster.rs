@@ -605,9 +605,12 @@ async fn up_cluster_starts_and_restarts_on_its_data_dir() {
     assert!(status.success(), "{status:?}");
 
     let port2 = support::free_port();
-    let _second = up(port2);
+    let mut second = up(port2);
     wait_healthy(port2).await;
     let (s, page) = http_get(port2, "/v1/mailbox?user=bob&after=0&limit=10");
     assert_eq!(s, 200, "{page}");
     assert!(page.contains("\"body\":\"kept\""), "{page}");
+    // SAFETY: signalling our own child
+    unsafe { libc::kill(second.id() as i32, libc::SIGINT) };
+    assert!(second.wait().unwrap().success());
 }

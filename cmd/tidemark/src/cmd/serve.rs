@@ -45,7 +45,9 @@ pub struct UpArgs {
     appendfsync: String,
     /// Nodes: 1 (default) runs one static owner; N > 1 runs N nodes in leases mode, the first
     /// in this process on --listen, the others as child processes on the next ports (kill
-    /// one to watch its shards fail over; `tidemark status --config DIR/tidemark.toml`).
+    /// one to watch its shards fail over; `tidemark status --config DIR/tidemark.toml`). Every
+    /// node serves TLS with --tls-cert/--tls-key; with --admin-listen, node i's admin listener
+    /// is on that port + i.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     nodes: u16,
     /// Run both pools on a local Redis Cluster (3 primaries, 3 replicas, under
@@ -309,6 +311,9 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         Ok(t) => t,
         Err(code) => return Ok(code),
     };
+    if let Err(why) = check_node_ports(a.nodes, a.listen, a.listeners.admin_listen) {
+        return Ok(refuse(why));
+    }
     if !tidemark_redis_proc::redis_server_available() {
         eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
         return Ok(ExitCode::FAILURE);
@@ -340,15 +345,10 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         Err(run::Error::Secret(e)) => return Ok(refuse(e)),
         Err(e) => return Err(e.into()),
     };
-    if a.nodes > 1 && (a.listeners.tls_cert.is_some() || a.listeners.admin_listen.is_some()) {
-        return Ok(refuse(
-            "--nodes N > 1 runs without --tls-cert and --admin-listen (the other nodes are \
-             plain `serve` children); start the nodes with `tidemark serve` to combine them",
-        ));
-    }
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
     let node = (a.nodes > 1).then(|| NodeOptions {
         id: "up-0".into(),
-        advertise: format!("ws://{}/v1/ws", a.listen),
+        advertise: format!("{scheme}://{}/v1/ws", a.listen),
         role: Role::All,
         lease_ttl: tidemark_server::ownership::DEFAULT_LEASE_TTL,
         leases: true,
@@ -392,8 +392,13 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         a.data_dir.join("token.secret").display()
     );
     let mut children = Vec::new();
+    // the other nodes serve what this one serves: the same certificate, an admin listener each
+    let tls_files = match (&a.listeners.tls_cert, &a.listeners.tls_key) {
+        (Some(cert), Some(key)) => Some((std::path::absolute(cert)?, std::path::absolute(key)?)),
+        _ => None,
+    };
     for i in 1..a.nodes {
-        let listen = std::net::SocketAddr::new(a.listen.ip(), a.listen.port() + i);
+        let listen = node_addr(a.listen, i);
         let mut cmd = std::process::Command::new(std::env::current_exe()?);
         cmd.arg("serve")
             .arg("--config")
@@ -415,14 +420,27 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         if a.dev_auth_public {
             cmd.arg("--dev-auth-public");
         }
+        if let Some((cert, key)) = &tls_files {
+            cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
+        let admin = a.listeners.admin_listen.map(|addr| node_addr(addr, i));
+        if let Some(admin) = admin {
+            cmd.arg("--admin-listen").arg(admin.to_string());
+        }
         let child = spawn_killed_with_us(&mut cmd)?;
-        println!("node     up-{i} ws://{listen}/v1/ws (pid {})", child.id());
+        println!(
+            "node     up-{i} {scheme}://{listen}/v1/ws (pid {})",
+            child.id()
+        );
+        if let Some(admin) = admin {
+            println!("admin    up-{i} http://{admin} (GET /metrics, GET /healthz)");
+        }
         children.push(child);
     }
     if a.nodes > 1 {
         println!(
-            "node     up-0 ws://{}/v1/ws (this process); leases: kill a node to watch its shards \
-             move (tidemark status --config {})",
+            "node     up-0 {scheme}://{}/v1/ws (this process); leases: kill a node to watch its \
+             shards move (tidemark status --config {})",
             a.listen,
             a.data_dir.join(run::UP_TOPOLOGY_FILE).display()
         );
@@ -447,6 +465,57 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
     drop(mailbox);
     res?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Node `i` of `up --nodes N`: the port `i` after `first`'s (checked by [`check_node_ports`]).
+fn node_addr(first: SocketAddr, i: u16) -> SocketAddr {
+    SocketAddr::new(first.ip(), first.port() + i)
+}
+
+/// `up --nodes N` puts its nodes on `N` consecutive ports from `--listen`'s, and their admin
+/// listeners on `N` consecutive ports from `--admin-listen`'s: both must name a port (not 0),
+/// the ranges must fit below 65536 and must not overlap on one address.
+fn check_node_ports(
+    nodes: u16,
+    listen: SocketAddr,
+    admin: Option<SocketAddr>,
+) -> Result<(), String> {
+    if nodes <= 1 {
+        return Ok(());
+    }
+    let range = |flag: &str, a: SocketAddr| {
+        if a.port() == 0 {
+            return Err(format!(
+                "--nodes {nodes} puts the nodes on consecutive ports from {flag}'s: give a \
+                 port, not 0"
+            ));
+        }
+        let last = u32::from(a.port()) + u32::from(nodes) - 1;
+        if last > u32::from(u16::MAX) {
+            return Err(format!(
+                "--nodes {nodes} from {flag} {a} needs ports up to {last}"
+            ));
+        }
+        Ok(u32::from(a.port())..=last)
+    };
+    let gateways = range("--listen", listen)?;
+    if let Some(admin) = admin {
+        let admins = range("--admin-listen", admin)?;
+        let same_address = admin.ip() == listen.ip()
+            || admin.ip().is_unspecified()
+            || listen.ip().is_unspecified();
+        if same_address && gateways.start() <= admins.end() && admins.start() <= gateways.end() {
+            return Err(format!(
+                "--nodes {nodes}: the gateways take ports {}-{} and the admin listeners {}-{}: \
+                 they overlap; pick an --admin-listen port outside the gateways' range",
+                gateways.start(),
+                gateways.end(),
+                admins.start(),
+                admins.end()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Runs `tidemark serve`.
@@ -552,4 +621,32 @@ fn spawn_killed_with_us(cmd: &mut std::process::Command) -> std::io::Result<std:
         });
     }
     cmd.spawn()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_node_ports;
+
+    #[test]
+    fn node_port_ranges() {
+        let a = |s: &str| s.parse().unwrap();
+        // one node: anything goes (port 0 included)
+        assert!(check_node_ports(1, a("127.0.0.1:0"), Some(a("127.0.0.1:0"))).is_ok());
+        assert!(check_node_ports(3, a("127.0.0.1:7400"), None).is_ok());
+        assert!(check_node_ports(3, a("127.0.0.1:7400"), Some(a("127.0.0.1:9400"))).is_ok());
+        // adjacent ranges do not overlap
+        assert!(check_node_ports(3, a("127.0.0.1:7400"), Some(a("127.0.0.1:7403"))).is_ok());
+        // the same ports on another address
+        assert!(check_node_ports(3, a("10.0.0.1:7400"), Some(a("127.0.0.1:7400"))).is_ok());
+        for (listen, admin, says) in [
+            ("127.0.0.1:0", None, "not 0"),
+            ("127.0.0.1:7400", Some("127.0.0.1:0"), "not 0"),
+            ("127.0.0.1:65534", None, "65536"),
+            ("127.0.0.1:7400", Some("127.0.0.1:7402"), "overlap"),
+            ("0.0.0.0:7400", Some("127.0.0.1:7399"), "overlap"),
+        ] {
+            let e = check_node_ports(3, a(listen), admin.map(a)).unwrap_err();
+            assert!(e.contains(says), "{listen} {admin:?}: {e}");
+        }
+    }
 }

@@ -798,7 +798,7 @@ fn lease_node(core: &str, mailbox: &str, id: &str, port: u16) -> Serve {
     Serve::start((core, mailbox, SHARDS), port, &args, "error", log)
 }
 
-/// Max and median of `v` (seconds, one decimal), e.g. `1.0 s/1.2 s (3)`.
+/// Median and max of `v` in seconds, and how many, e.g. `1.00 s/1.20 s (3)`.
 fn summary(v: &[Duration]) -> String {
     if v.is_empty() {
         return "-".into();

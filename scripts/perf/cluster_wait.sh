@@ -2,12 +2,12 @@
 # SEND_ACK latency with and without the replica wait on a local Redis Cluster (issue 14,
 # ADR-0032): `tidemark up --cluster` in its own process, `tidemark bench load --target` in
 # another, alternating --core-wait-replicas 0 and 1, ROUNDS times each, on a fresh data dir
-# each run. JSON reports go to OUT (default docs/perf/cluster-wait).
+# each run. JSON reports go to OUT (default docs/cluster/wait).
 # Usage: scripts/perf/cluster_wait.sh [ROUNDS] [RATE] [DURATION] [CLIENTS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-2}; RATE=${2:-1000}; DURATION=${3:-15}; CLIENTS=${4:-200}
-OUT=${OUT:-docs/perf/cluster-wait}
+OUT=${OUT:-docs/cluster/wait}
 BIN=target/release/tidemark
 cargo build --release --locked -p tidemark >/dev/null
 mkdir -p "$OUT"

@@ -167,6 +167,18 @@ impl HealthBoard {
         }
     }
 
+    /// Those of `shards` whose worker stopped them fenced (another owner raised the epoch).
+    pub(crate) fn fenced_among(&self, shards: impl IntoIterator<Item = u32>) -> Vec<u32> {
+        let m = self.shards.lock().expect("health lock");
+        shards
+            .into_iter()
+            .filter(|s| {
+                m.get(s)
+                    .is_some_and(|e| matches!(e.health.status, ShardStatus::Fenced { .. }))
+            })
+            .collect()
+    }
+
     /// True when `shard` is owned here and stopped because its watermark is corrupt.
     pub fn is_corrupt(&self, shard: u32) -> bool {
         if self.corrupt.load(std::sync::atomic::Ordering::Relaxed) == 0 {

@@ -241,20 +241,22 @@ impl Worker {
             self.refresh_marks().await;
             self.retry_due().await;
             let gate = self.opts.lease_gate.clone();
-            let positions: Vec<(u32, u64)> = self
-                .owned
-                .values()
-                .filter(|sh| !sh.stopped && sh.retry.is_none())
-                // in leases mode, only shards whose lease is still ours (see ownership.rs)
-                .filter(|sh| gate.as_ref().is_none_or(|g| g.may_write(sh.shard)))
-                .map(|sh| (sh.shard, sh.read_pos))
-                .collect();
+            // One look at each running shard's lease gate (leases mode, see ownership.rs): the
+            // shards whose lease is still ours are read (unless waiting for a retry), the
+            // others looked at again soon. Two looks could disagree — a gate closed at the
+            // first that the lease loop re-opened before the second — and leave the worker
+            // waiting for a stop that never comes while the shard stays leased here.
+            let mut positions: Vec<(u32, u64)> = Vec::new();
+            let mut gated = false;
+            for sh in self.owned.values().filter(|sh| !sh.stopped) {
+                if gate.as_ref().is_some_and(|g| !g.may_write(sh.shard)) {
+                    gated = true;
+                } else if sh.retry.is_none() {
+                    positions.push((sh.shard, sh.read_pos));
+                }
+            }
             let mut next_retry = self.next_retry();
             // a closed lease gate opens again by itself (the next renewal): look again soon
-            let gated = self
-                .owned
-                .values()
-                .any(|sh| !sh.stopped && gate.as_ref().is_some_and(|g| !g.may_write(sh.shard)));
             if gated {
                 let soon = Instant::now() + GATE_RECHECK;
                 next_retry = Some(next_retry.map_or(soon, |d| d.min(soon)));

@@ -20,7 +20,7 @@
 //!
 //! A worker runs each shard under one winning of its lease: a lease lost and won back, even
 //! within one tick, restarts the worker, which claims the shard again (another node may have
-//! claimed it in between).
+//! claimed it in between). `/healthz` names a leased shard that no worker materialises.
 //!
 //! A node knows its own deadline for each lease: the time it *sent* the last successful
 //! renewal plus the TTL, minus a margin of a third of the TTL. The [`LeaseGate`] closes at that
@@ -381,8 +381,11 @@ impl LeaseLoop {
                 self.health.forget(s);
                 tracing::info!(shard = s, "shard handed over");
             }
+            // /healthz reports a shard leased here that no worker runs
+            self.health.set_leased(held.keys().copied());
             metrics::gauge!("tidemark_node_shards_owned").set(held.len() as f64);
         }
+        self.health.set_leased([]);
         // stop: workers first (in-flight writes finish), then leases and the registry record
         for s in held.keys() {
             self.gate.close(*s);

@@ -13,6 +13,8 @@
 //!    (fenced, stopped for ever while the node renews the lease).
 //! 2. A claim that arrives while the node still holds the lease (a paused former owner whose
 //!    worker claimed late): the node's worker is fenced; the lease holder must claim again.
+//! 3. The quiet path: a node that holds leases but does not materialise (here core Redis
+//!    pauses writes: renewals and GC block) says so in `/healthz` within seconds.
 
 mod gateway_support;
 
@@ -222,5 +224,48 @@ async fn a_late_claim_while_the_lease_is_held_is_claimed_back() {
         wm.epoch
     );
     node.until_healthy().await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_shard_not_materialized_is_reported_within_seconds() {
+    let mut node = Node::start().await;
+    let bob = route("bob");
+    let o = node.send(&bob, "bob").await;
+    node.until_materialized(&bob, o, "before").await;
+
+    // Core Redis refuses writes for a while (reads go on): the lease loop cannot beat or
+    // renew, the gates close, nothing is materialised, and no shard reports an error of its
+    // own. /healthz must say so long before the pause ends.
+    let pause = Duration::from_secs(12);
+    let mut core = redis_at(&node.core_url).await;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(pause.as_millis() as u64)
+        .arg("WRITE")
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let paused = Instant::now();
+    let body = loop {
+        let (status, body) = node.healthz().await;
+        if status == 503 && body.contains("not materialized") {
+            break body;
+        }
+        assert!(
+            paused.elapsed() < pause - Duration::from_secs(1),
+            "/healthz did not report the leased shards not materialised: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("reported after {:?}: {body}", paused.elapsed());
+    assert!(
+        body.contains(&format!("shard {}:", bob.shard)),
+        "names the shard: {body}"
+    );
+    // and once core Redis takes writes again, the node recovers by itself
+    node.until_healthy().await;
+    let o = node.send(&bob, "bob").await;
+    node.until_materialized(&bob, o, "after the pause").await;
     node.stop().await;
 }

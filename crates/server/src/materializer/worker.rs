@@ -34,7 +34,12 @@ pub struct Worker {
     pub(super) read_backoff: Option<Duration>,
     /// When the owner marks (`owner:{s}`) were last refreshed.
     pub(super) marks_at: Option<Instant>,
+    /// When the health board was last told which shards the loop goes through.
+    pub(super) served_at: Option<Instant>,
 }
+
+/// How often a worker tells the health board which shards its loop goes through.
+const SERVED_EVERY: Duration = Duration::from_millis(250);
 
 impl Worker {
     /// Connects to core instance `core` of `map` and to the mailbox instances (`mailboxes`,
@@ -66,6 +71,7 @@ impl Worker {
             health,
             read_backoff: None,
             marks_at: None,
+            served_at: None,
         };
         let mut corrupt = Vec::new();
         for &s in shards {
@@ -123,6 +129,7 @@ impl Worker {
                 h.epoch = epoch;
                 h.min_w = min_w;
                 h.last_progress = Instant::now();
+                h.served_at = Instant::now();
                 h.retrying = None;
             });
         }
@@ -224,6 +231,17 @@ impl Worker {
         }
     }
 
+    /// Tells the health board that the loop went through `shards` (read, or waiting for their
+    /// retry) just now: a running shard it does not go through for long is reported (see
+    /// [`crate::health::NOT_SERVED_AFTER`]). At most every [`SERVED_EVERY`].
+    fn mark_served(&mut self, shards: &[u32]) {
+        if self.served_at.is_some_and(|t| t.elapsed() < SERVED_EVERY) {
+            return;
+        }
+        self.served_at = Some(Instant::now());
+        self.health.mark_served(shards);
+    }
+
     /// Removes this owner's marks (only where they still hold its epoch).
     pub(super) async fn clear_marks(&mut self) {
         for sh in self.owned.values().filter(|sh| !sh.stopped) {
@@ -247,14 +265,19 @@ impl Worker {
             // first that the lease loop re-opened before the second — and leave the worker
             // waiting for a stop that never comes while the shard stays leased here.
             let mut positions: Vec<(u32, u64)> = Vec::new();
+            let mut served: Vec<u32> = Vec::new();
             let mut gated = false;
             for sh in self.owned.values().filter(|sh| !sh.stopped) {
                 if gate.as_ref().is_some_and(|g| !g.may_write(sh.shard)) {
                     gated = true;
-                } else if sh.retry.is_none() {
+                    continue;
+                }
+                served.push(sh.shard);
+                if sh.retry.is_none() {
                     positions.push((sh.shard, sh.read_pos));
                 }
             }
+            self.mark_served(&served);
             let mut next_retry = self.next_retry();
             // a closed lease gate opens again by itself (the next renewal): look again soon
             if gated {

@@ -9,6 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// A running shard that its worker's loop has not gone through for this long (not read, not
+/// waiting for a retry: a closed lease gate, a worker stuck in a call or parked), or a shard
+/// leased by this node that no worker runs, is reported by `/healthz`: a stall is never silent.
+/// Well above a worker loop's longest normal turn (an `XREAD BLOCK` of
+/// [`crate::materializer::MaterializerOptions::block`] and a step).
+pub const NOT_SERVED_AFTER: Duration = Duration::from_secs(5);
+
 /// State of one shard as the owner sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ShardStatus {
@@ -45,6 +52,9 @@ pub struct ShardHealth {
     pub head: u64,
     /// When W last moved (or the shard was last seen idle with nothing to do).
     pub last_progress: Instant,
+    /// When the worker's loop last went through the shard (read its log, or waited for its
+    /// retry); see [`NOT_SERVED_AFTER`].
+    pub served_at: Instant,
     /// The failure the shard is retrying after, and since when (None: not retrying).
     pub retrying: Option<(String, Instant)>,
     /// The log head is at 2^48−1: commits to this shard are refused (`log_exhausted`).
@@ -59,6 +69,9 @@ pub struct HealthBoard {
     /// Shards whose status is `Corrupt` now: read on every send ([`HealthBoard::is_corrupt`]),
     /// so the common case (none) costs one atomic load instead of the board's lock.
     corrupt: std::sync::atomic::AtomicUsize,
+    /// Leases mode: the shards whose lease this node holds, and since when (set by the lease
+    /// loop every tick).
+    leased: Mutex<BTreeMap<u32, Instant>>,
 }
 
 /// One shard's health and the handles of its gauges (registered once, set on change).
@@ -115,6 +128,7 @@ impl HealthBoard {
                 min_w: 0,
                 head: 0,
                 last_progress: Instant::now(),
+                served_at: Instant::now(),
                 retrying: None,
                 log_exhausted: false,
             },
@@ -143,6 +157,30 @@ impl HealthBoard {
         });
     }
 
+    /// Records that the worker's loop went through `shards` just now (one lock; the gauges do
+    /// not change).
+    pub(crate) fn mark_served(&self, shards: &[u32]) {
+        let now = Instant::now();
+        let mut m = self.shards.lock().expect("health lock");
+        for s in shards {
+            if let Some(e) = m.get_mut(s) {
+                e.health.served_at = now;
+            }
+        }
+    }
+
+    /// Leases mode: the shards whose lease this node holds now (kept since when they were
+    /// first given).
+    pub(crate) fn set_leased(&self, shards: impl IntoIterator<Item = u32>) {
+        let now = Instant::now();
+        let mut m = self.leased.lock().expect("health lock");
+        let old = std::mem::take(&mut *m);
+        *m = shards
+            .into_iter()
+            .map(|s| (s, old.get(&s).copied().unwrap_or(now)))
+            .collect();
+    }
+
     /// Marks `shards` as having no running owner (a worker restarting after a panic or an
     /// error): `/healthz` reports them until the worker has re-claimed them.
     pub fn mark_down(&self, shards: &[u32], why: &str) {
@@ -167,6 +205,18 @@ impl HealthBoard {
         }
     }
 
+    /// Those of `shards` whose worker stopped them fenced (another owner raised the epoch).
+    pub(crate) fn fenced_among(&self, shards: impl IntoIterator<Item = u32>) -> Vec<u32> {
+        let m = self.shards.lock().expect("health lock");
+        shards
+            .into_iter()
+            .filter(|s| {
+                m.get(s)
+                    .is_some_and(|e| matches!(e.health.status, ShardStatus::Fenced { .. }))
+            })
+            .collect()
+    }
+
     /// True when `shard` is owned here and stopped because its watermark is corrupt.
     pub fn is_corrupt(&self, shard: u32) -> bool {
         if self.corrupt.load(std::sync::atomic::Ordering::Relaxed) == 0 {
@@ -185,11 +235,23 @@ impl HealthBoard {
         m.iter().map(|(&s, e)| (s, e.health.clone())).collect()
     }
 
-    /// Problems that make the service unhealthy: a shard not running, or one with a lag that
-    /// has not moved for `stuck_after`.
+    /// Problems that make the service unhealthy: a shard not running, one with a lag that
+    /// has not moved for `stuck_after`, one its worker has not gone through for
+    /// [`NOT_SERVED_AFTER`], and one leased here that no worker runs.
     pub fn problems(&self, stuck_after: Duration) -> Vec<String> {
         let mut out = Vec::new();
-        for (s, h) in self.snapshot() {
+        let snapshot = self.snapshot();
+        let leased = self.leased.lock().expect("health lock").clone();
+        for (s, since) in leased {
+            if !snapshot.contains_key(&s) && since.elapsed() > NOT_SERVED_AFTER {
+                out.push(format!(
+                    "shard {s}: not materialized: leased by this node for {:?}, but no worker \
+                     runs it",
+                    since.elapsed()
+                ));
+            }
+        }
+        for (s, h) in snapshot {
             if h.log_exhausted {
                 out.push(format!(
                     "shard {s}: log exhausted (head {} = 2^48-1): sends are refused with \
@@ -203,6 +265,14 @@ impl HealthBoard {
                         out.push(format!(
                             "shard {s}: retrying for {:?} (W={}, head {}): {err}",
                             since.elapsed(),
+                            h.min_w,
+                            h.head
+                        ));
+                    } else if h.served_at.elapsed() > NOT_SERVED_AFTER {
+                        out.push(format!(
+                            "shard {s}: not materialized for {:?}: its worker has not read its \
+                             log (W={}, head {} when last seen)",
+                            h.served_at.elapsed(),
                             h.min_w,
                             h.head
                         ));
@@ -230,5 +300,67 @@ impl HealthBoard {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn long_ago() -> Instant {
+        Instant::now()
+            .checked_sub(NOT_SERVED_AFTER + Duration::from_secs(1))
+            .expect("a monotonic clock older than a few seconds")
+    }
+
+    const STUCK: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn a_running_shard_its_worker_does_not_go_through_is_reported() {
+        let b = HealthBoard::default();
+        for s in 0..3 {
+            b.update(s, |h| h.status = ShardStatus::Running);
+        }
+        assert!(b.problems(STUCK).is_empty());
+        b.update(1, |h| h.served_at = long_ago());
+        let p = b.problems(STUCK);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].starts_with("shard 1: not materialized for "), "{p:?}");
+        // the worker's loop goes through it again
+        b.mark_served(&[1]);
+        assert!(b.problems(STUCK).is_empty());
+        // a shard in retry says why instead (it is not stalled: it retries)
+        b.update(2, |h| {
+            h.served_at = long_ago();
+            h.retrying = Some(("boom".into(), Instant::now()));
+        });
+        let p = b.problems(STUCK);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(p[0].starts_with("shard 2: retrying for "), "{p:?}");
+    }
+
+    #[test]
+    fn a_leased_shard_no_worker_runs_is_reported() {
+        let b = HealthBoard::default();
+        b.set_leased([0, 1]);
+        b.update(0, |h| h.status = ShardStatus::Running);
+        // just leased: its worker is about to start
+        assert!(b.problems(STUCK).is_empty());
+        b.leased.lock().unwrap().insert(1, long_ago());
+        // still leased: it keeps the time it was first leased
+        b.set_leased([0, 1]);
+        let p = b.problems(STUCK);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("shard 1: not materialized: leased by this node"),
+            "{p:?}"
+        );
+        // its worker runs it
+        b.update(1, |h| h.status = ShardStatus::Running);
+        assert!(b.problems(STUCK).is_empty());
+        // no longer leased, no longer run
+        b.forget(1);
+        b.set_leased([0]);
+        assert!(b.problems(STUCK).is_empty());
     }
 }

@@ -15,12 +15,16 @@
 //!   renew held leases      (lost or past the deadline ──▶ stop writing at once: gate closed)
 //!   held but not target    ──▶ restart that core's worker without it, then release
 //!   target but not held    ──▶ acquire; won ──▶ gate opened, worker restarted with it (claims)
+//!   held, but fenced       ──▶ worker restarted (claims it again: the lease is ours)
 //! ```
 //!
 //! The assignment is over the live nodes that write the newest watermark layout among them
 //! (ADR-0033): during a rolling upgrade (packed-v1 → packed-v2) a node of the old layout hands
 //! all its shards over as soon as an upgraded node is live, so converted data is never
 //! assigned to code that cannot own it.
+//! A worker runs each shard under one winning of its lease: a lease lost and won back, even
+//! within one tick, restarts the worker, which claims the shard again (another node may have
+//! claimed it in between). `/healthz` names a leased shard that no worker materialises.
 //!
 //! A node knows its own deadline for each lease: the time it *sent* the last successful
 //! renewal plus the TTL, minus a margin of a third of the TTL. The [`LeaseGate`] closes at that
@@ -153,12 +157,22 @@ pub(crate) struct LeaseLoop {
     pub tracker: TaskTracker,
 }
 
-/// One core instance's running worker: its shards and how to stop it.
+/// One core instance's running worker: its shards, each with the lease it was started under
+/// (see [`Won`]), and how to stop it.
 struct RunningWorker {
-    shards: Vec<u32>,
+    shards: Vec<(u32, Won)>,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<()>,
 }
+
+/// Which winning of a shard's lease a worker runs the shard under: a number that grows with
+/// every lease this node wins. A lease lost and won back — even within one tick — is a new
+/// `Won`, so the worker that ran the shard before is restarted and claims it again: while the
+/// lease was not ours another node may have claimed the shard (raising the epoch), and the
+/// old worker would run on with its old epoch, fenced (nodes.rs once stalled on exactly
+/// that: a node resumed from SIGSTOP found its leases released by the node that had taken
+/// them, won them back in the same tick, and kept its worker).
+type Won = u64;
 
 impl LeaseLoop {
     /// Runs until `cancel`: heartbeats, converges on the balanced assignment, renews. On
@@ -169,13 +183,17 @@ impl LeaseLoop {
         let ttl_ms = ttl.as_millis() as u64;
         let tick = ttl / 3;
         let mut cores: Vec<Option<LogStore>> = vec![None; self.map.core_urls().len()];
-        let mut held: BTreeSet<u32> = BTreeSet::new();
+        // the leases this node holds, each with the winning its worker runs it under
+        let mut held: BTreeMap<u32, Won> = BTreeMap::new();
+        let mut wins: Won = 0;
         let mut workers: BTreeMap<usize, RunningWorker> = BTreeMap::new();
         let mut first = true;
         // shards this code may not own (old code on newer data): not retried for a while
         let mut refused: HashMap<u32, Instant> = HashMap::new();
         // a node of a newer layout is live: this one owns nothing (logged when it changes)
         let mut yielding = false;
+        // shards whose worker was last restarted because it was fenced (see 6b)
+        let mut reclaimed: HashMap<u32, Instant> = HashMap::new();
         loop {
             if !first {
                 tokio::select! {
@@ -220,7 +238,7 @@ impl LeaseLoop {
             };
             // 3. renew what is held; a lease lost or past its deadline closes its gate now
             let mut lost = Vec::new();
-            for &s in &held {
+            for &s in held.keys() {
                 let ci = self.map.core_of(s);
                 let sent = Instant::now();
                 let renewed = match cores[ci].as_mut() {
@@ -250,7 +268,7 @@ impl LeaseLoop {
                     }
                 }
             }
-            for s in lost {
+            for &s in &lost {
                 held.remove(&s);
             }
             metrics::counter!("tidemark_lease_renewals_total").increment(held.len() as u64);
@@ -291,16 +309,25 @@ impl LeaseLoop {
                     }
                 }
                 // registry unreachable: keep what is held, take nothing new
-                None => held.clone(),
+                None => held.keys().copied().collect(),
             };
             // 5. hand over what is held but assigned elsewhere: stop writing first
-            let give: Vec<u32> = held.difference(&target).copied().collect();
+            let give: Vec<u32> = held
+                .keys()
+                .filter(|s| !target.contains(s))
+                .copied()
+                .collect();
             for &s in &give {
                 self.gate.close(s);
                 held.remove(&s);
             }
             // 6. take what is assigned here and free
-            for &s in target.difference(&held.clone()) {
+            let free: Vec<u32> = target
+                .iter()
+                .filter(|s| !held.contains_key(s))
+                .copied()
+                .collect();
+            for s in free {
                 let ci = self.map.core_of(s);
                 let Some(c) = cores[ci].as_mut() else {
                     continue;
@@ -325,15 +352,53 @@ impl LeaseLoop {
                         }
                         refused.remove(&s);
                         self.gate.open_until(s, sent + ttl - ttl / 3);
-                        held.insert(s);
+                        wins += 1;
+                        held.insert(s, wins);
                     }
                     Ok(_) => {} // still held by its previous owner: next tick
                     Err(e) => tracing::debug!(shard = s, error = %e, "lease not acquired"),
                 }
             }
+            let lost_for_good: Vec<u32> =
+                lost.into_iter().filter(|s| !held.contains_key(s)).collect();
+            // 6b. a shard held here whose worker was fenced: someone claimed it although the
+            //     lease is ours (a former owner's claim that arrived late, after a pause). Its
+            //     worker is restarted, which claims it again — else it would stay stopped, and
+            //     the lease renewed, for ever. The claimer no longer holds the lease and does
+            //     not claim again; at most once per TTL per shard all the same.
+            //     Only a shard its running worker runs under the same winning: one just won
+            //     again gets a new worker anyway.
+            let running: Vec<u32> = held
+                .iter()
+                .filter(|&(&s, &won)| {
+                    workers
+                        .get(&self.map.core_of(s))
+                        .is_some_and(|w| w.shards.contains(&(s, won)))
+                })
+                .map(|(&s, _)| s)
+                .collect();
+            for s in self.health.fenced_among(running) {
+                if !self.gate.may_write(s) || reclaimed.get(&s).is_some_and(|t| t.elapsed() < ttl) {
+                    continue;
+                }
+                tracing::warn!(
+                    shard = s,
+                    "shard fenced although its lease is ours; claiming it again"
+                );
+                metrics::counter!("tidemark_lease_reclaims_total").increment(1);
+                reclaimed.insert(s, Instant::now());
+                wins += 1;
+                held.insert(s, wins);
+            }
+            reclaimed.retain(|s, _| held.contains_key(s));
             tracing::debug!(?held, ?target, ?give, live = live.is_some(), "lease tick");
-            // 7. workers follow `held` (each core's worker restarted when its set changed)
+            // 7. workers follow `held` (each core's worker restarted when its set changed, or
+            //    when one of its shards was lost and won again)
             self.apply(&held, &mut workers, &cancel).await;
+            for s in lost_for_good {
+                // its worker no longer runs it: /healthz no longer reports it
+                self.health.forget(s);
+            }
             for s in give {
                 let ci = self.map.core_of(s);
                 if let Some(c) = cores[ci].as_mut() {
@@ -342,19 +407,21 @@ impl LeaseLoop {
                 self.health.forget(s);
                 tracing::info!(shard = s, "shard handed over");
             }
+            // /healthz reports a shard leased here that no worker runs
+            self.health.set_leased(held.keys().copied());
             metrics::gauge!("tidemark_node_shards_owned").set(held.len() as f64);
         }
+        self.health.set_leased([]);
         // stop: workers first (in-flight writes finish), then leases and the registry record
-        for s in &held {
+        for s in held.keys() {
             self.gate.close(*s);
         }
-        let none = BTreeSet::new();
-        self.apply(&none, &mut workers, &cancel).await;
+        self.apply(&BTreeMap::new(), &mut workers, &cancel).await;
         // bounded: core Redis may be gone already (Ctrl-C on `up` reaches its redis-servers
         // too), and each call to a dead server retries; leases not released expire by TTL
         let (map, id) = (&self.map, &self.node.id);
         let release = async {
-            for &s in &held {
+            for &s in held.keys() {
                 if let Some(c) = cores[map.core_of(s)].as_mut() {
                     let _ = c.release_lease(s, id).await;
                 }
@@ -370,19 +437,21 @@ impl LeaseLoop {
         tracing::info!(node = %id, released = held.len(), "node stopped; leases released");
     }
 
-    /// Makes each core instance's worker own exactly `held`'s shards of that instance:
-    /// a worker whose set changed is stopped (and joined) and a new one started.
+    /// Makes each core instance's worker own exactly `held`'s shards of that instance, each
+    /// under the winning of its lease given in `held`: a worker whose set changed, or one of
+    /// whose shards was won again since it started, is stopped (and joined) and a new one
+    /// started (it claims its shards).
     async fn apply(
         &self,
-        held: &BTreeSet<u32>,
+        held: &BTreeMap<u32, Won>,
         workers: &mut BTreeMap<usize, RunningWorker>,
         cancel: &CancellationToken,
     ) {
         for core in 0..self.map.core_urls().len() {
-            let want: Vec<u32> = held
+            let want: Vec<(u32, Won)> = held
                 .iter()
-                .copied()
-                .filter(|&s| self.map.core_of(s) == core)
+                .map(|(&s, &won)| (s, won))
+                .filter(|&(s, _)| self.map.core_of(s) == core)
                 .collect();
             if workers.get(&core).map(|w| &w.shards) == Some(&want)
                 || (want.is_empty() && !workers.contains_key(&core))
@@ -396,6 +465,12 @@ impl LeaseLoop {
             if want.is_empty() || cancel.is_cancelled() {
                 continue;
             }
+            // what the old worker reported (fenced, …) is not the new one's: starting until it
+            // has claimed (and 6b does not take an old worker's fence for the new one's)
+            for &(s, _) in &want {
+                self.health
+                    .update(s, |h| h.status = crate::health::ShardStatus::Starting);
+            }
             let stop = cancel.child_token();
             let done = self.tracker.spawn(crate::run::supervise_worker(
                 None,
@@ -403,7 +478,7 @@ impl LeaseLoop {
                     map: self.map.clone(),
                     core,
                     mailboxes: self.mailboxes.clone(),
-                    shards: want.clone(),
+                    shards: want.iter().map(|&(s, _)| s).collect(),
                     opts: self.materializer.clone(),
                 },
                 self.health.clone(),

@@ -127,6 +127,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_node_shards_owned", Kind::Gauge, "Shards this node holds a lease of (leases mode)."),
     ("tidemark_lease_renewals_total", Kind::Counter, "Shard leases renewed by this node (leases mode)."),
     ("tidemark_lease_losses_total", Kind::Counter, "Shard leases this node lost: taken by another node or not renewed in time."),
+    ("tidemark_lease_reclaims_total", Kind::Counter, "Shards this node claimed again because its worker was fenced although the lease was its own (a former owner's late claim)."),
 ];
 
 /// Label sets of labelled counters created at 0.

@@ -34,7 +34,12 @@ pub struct Worker {
     pub(super) read_backoff: Option<Duration>,
     /// When the owner marks (`owner:{s}`) were last refreshed.
     pub(super) marks_at: Option<Instant>,
+    /// When the health board was last told which shards the loop goes through.
+    pub(super) served_at: Option<Instant>,
 }
+
+/// How often a worker tells the health board which shards its loop goes through.
+const SERVED_EVERY: Duration = Duration::from_millis(250);
 
 impl Worker {
     /// Connects to core instance `core` of `map` and to the mailbox instances (`mailboxes`,
@@ -70,6 +75,7 @@ impl Worker {
             health,
             read_backoff: None,
             marks_at: None,
+            served_at: None,
         };
         let mut corrupt = Vec::new();
         for &s in shards {
@@ -127,6 +133,7 @@ impl Worker {
                 h.epoch = epoch;
                 h.min_w = min_w;
                 h.last_progress = Instant::now();
+                h.served_at = Instant::now();
                 h.retrying = None;
             });
         }
@@ -228,6 +235,17 @@ impl Worker {
         }
     }
 
+    /// Tells the health board that the loop went through `shards` (read, or waiting for their
+    /// retry) just now: a running shard it does not go through for long is reported (see
+    /// [`crate::health::NOT_SERVED_AFTER`]). At most every [`SERVED_EVERY`].
+    fn mark_served(&mut self, shards: &[u32]) {
+        if self.served_at.is_some_and(|t| t.elapsed() < SERVED_EVERY) {
+            return;
+        }
+        self.served_at = Some(Instant::now());
+        self.health.mark_served(shards);
+    }
+
     /// Removes this owner's marks (only where they still hold its epoch).
     pub(super) async fn clear_marks(&mut self) {
         for sh in self.owned.values().filter(|sh| !sh.stopped) {
@@ -245,20 +263,27 @@ impl Worker {
             self.refresh_marks().await;
             self.retry_due().await;
             let gate = self.opts.lease_gate.clone();
-            let positions: Vec<(u32, u64)> = self
-                .owned
-                .values()
-                .filter(|sh| !sh.stopped && sh.retry.is_none())
-                // in leases mode, only shards whose lease is still ours (see ownership.rs)
-                .filter(|sh| gate.as_ref().is_none_or(|g| g.may_write(sh.shard)))
-                .map(|sh| (sh.shard, sh.read_pos))
-                .collect();
+            // One look at each running shard's lease gate (leases mode, see ownership.rs): the
+            // shards whose lease is still ours are read (unless waiting for a retry), the
+            // others looked at again soon. Two looks could disagree — a gate closed at the
+            // first that the lease loop re-opened before the second — and leave the worker
+            // waiting for a stop that never comes while the shard stays leased here.
+            let mut positions: Vec<(u32, u64)> = Vec::new();
+            let mut served: Vec<u32> = Vec::new();
+            let mut gated = false;
+            for sh in self.owned.values().filter(|sh| !sh.stopped) {
+                if gate.as_ref().is_some_and(|g| !g.may_write(sh.shard)) {
+                    gated = true;
+                    continue;
+                }
+                served.push(sh.shard);
+                if sh.retry.is_none() {
+                    positions.push((sh.shard, sh.read_pos));
+                }
+            }
+            self.mark_served(&served);
             let mut next_retry = self.next_retry();
             // a closed lease gate opens again by itself (the next renewal): look again soon
-            let gated = self
-                .owned
-                .values()
-                .any(|sh| !sh.stopped && gate.as_ref().is_some_and(|g| !g.may_write(sh.shard)));
             if gated {
                 let soon = Instant::now() + GATE_RECHECK;
                 next_retry = Some(next_retry.map_or(soon, |d| d.min(soon)));

@@ -1,0 +1,271 @@
+//! A leases-mode node (ADR-0030) whose shard is claimed by someone else behind its back: the
+//! node must end up materialising the shard it holds the lease for, never leave it stalled.
+//! Real redis-servers, the real service (`run::serve` with `--ownership leases`), real HTTP;
+//! the other node's actions are done by the test directly on Redis (claim, lease release), so
+//! the interleaving is exact.
+//!
+//! 1. The lease lost and won back in one tick of the lease loop (the interleaving of the
+//!    SIGSTOP/SIGCONT phase of `nodes.rs`): the node was paused, its lease expired, another
+//!    node won it, claimed the shard (raising the epoch past the node's) and handed it back
+//!    before the node's next renewal. The renewal finds the lease gone, the acquire wins it
+//!    back at once, and the node's worker — whose shard set looks unchanged — must still be
+//!    restarted, so it claims the shard again instead of running on with its old epoch
+//!    (fenced, stopped for ever while the node renews the lease).
+//! 2. A claim that arrives while the node still holds the lease (a paused former owner whose
+//!    worker claimed late): the node's worker is fenced; the lease holder must claim again.
+//! 3. The quiet path: a node that holds leases but does not materialise (here core Redis
+//!    pauses writes: renewals and GC block) says so in `/healthz` within seconds.
+
+mod gateway_support;
+
+use std::time::{Duration, Instant};
+
+use gateway_support::{redis_at, route, serve_options, SHARDS};
+use tidemark_redis_proc::RedisProcess;
+use tidemark_server::gateway::GatewayOptions;
+use tidemark_server::materializer::MaterializerOptions;
+use tidemark_server::ownership::{NodeOptions, Role};
+use tidemark_server::run::{self, Running};
+use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::store::MailboxStore;
+use tidemark_store::redis::watermark::Layout;
+use tidemark_store::topology::Route;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+const NODE: &str = "a";
+const TTL: Duration = Duration::from_secs(1);
+/// Bound of every wait for the node to recover (many lease ticks of `TTL / 3`).
+const RECOVER: Duration = Duration::from_secs(15);
+
+/// One leases-mode node over a core and a mailbox redis-server.
+struct Node {
+    _stop: DropGuard,
+    running: Option<Running>,
+    core_url: String,
+    commits: LogStore,
+    mailbox: MailboxStore,
+    n: u32,
+    _core: RedisProcess,
+    _mailbox: RedisProcess,
+}
+
+impl Node {
+    async fn start() -> Node {
+        let core = RedisProcess::start().expect("core redis-server");
+        let mailbox = RedisProcess::start().expect("mailbox redis-server");
+        let (core_url, mailbox_url) = (core.url(), mailbox.url());
+        let mut opts = serve_options(
+            core_url.clone(),
+            mailbox_url.clone(),
+            GatewayOptions {
+                dev_auth: true,
+                ..Default::default()
+            },
+            MaterializerOptions {
+                block: Duration::from_millis(50),
+                ..Default::default()
+            },
+        );
+        opts.node = Some(NodeOptions {
+            id: NODE.into(),
+            advertise: "ws://127.0.0.1:1/v1/ws".into(),
+            role: Role::All,
+            lease_ttl: TTL,
+            leases: true,
+        });
+        let cancel = CancellationToken::new();
+        let running = run::serve(opts, cancel.clone()).await.expect("serve");
+        let commits = LogStore::connect(&core_url).await.unwrap();
+        let store = MailboxStore::connect(&mailbox_url, Layout::PackedV2)
+            .await
+            .unwrap();
+        let mut node = Node {
+            _stop: cancel.drop_guard(),
+            running: Some(running),
+            core_url,
+            commits,
+            mailbox: store,
+            n: 0,
+            _core: core,
+            _mailbox: mailbox,
+        };
+        // the only node: it takes every lease, and its worker materialises
+        let start = Instant::now();
+        for s in 0..SHARDS {
+            while node.commits.lease_holder(s).await.unwrap().map(|h| h.0) != Some(NODE.into()) {
+                assert!(start.elapsed() < RECOVER, "shard {s}: lease not taken");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        node.until_healthy().await;
+        node
+    }
+
+    /// Commits a message from alice to `to`; its offset.
+    async fn send(&mut self, to: &Route, who: &str) -> u64 {
+        self.n += 1;
+        let c = self
+            .commits
+            .commit(
+                to.shard,
+                "alice",
+                &format!("m{}", self.n),
+                &[who],
+                &format!("body {}", self.n),
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap();
+        c.offset
+    }
+
+    /// Waits until `to`'s lane has materialised `offset`; panics after `RECOVER`, saying
+    /// what `/healthz` says.
+    async fn until_materialized(&mut self, to: &Route, offset: u64, what: &str) {
+        let start = Instant::now();
+        loop {
+            let wm = self.mailbox.read_watermark(to.shard).await.unwrap();
+            if wm.lanes.lane(to.lane).w >= offset {
+                return;
+            }
+            if start.elapsed() > RECOVER {
+                let (status, body) = self.healthz().await;
+                panic!(
+                    "{what}: offset {offset} of shard {} not materialised after {RECOVER:?} \
+                     (W {}, epoch {}); /healthz {status}: {body}",
+                    to.shard,
+                    wm.lanes.lane(to.lane).w,
+                    wm.epoch
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn healthz(&self) -> (u16, String) {
+        let addr = self.running.as_ref().unwrap().addr;
+        gateway_support::http_at(addr, "GET", "/healthz", &[], None).await
+    }
+
+    async fn until_healthy(&self) {
+        let start = Instant::now();
+        loop {
+            let (status, body) = self.healthz().await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                start.elapsed() < RECOVER,
+                "/healthz not 200 after {RECOVER:?}: {status} {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        let running = self.running.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), running.shutdown())
+            .await
+            .expect("node did not stop in time")
+            .expect("node stopped with an error");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_and_won_back_in_one_tick_restarts_the_worker() {
+    let mut node = Node::start().await;
+    let bob = route("bob");
+    let o = node.send(&bob, "bob").await;
+    node.until_materialized(&bob, o, "before").await;
+
+    // The node was paused: its lease expired, another node won it and claimed the shard (the
+    // epoch is now above the node's), then handed it back (released the lease) — all before
+    // the node's next renewal, which finds the lease free and wins it back in the same tick.
+    let theirs = node.mailbox.clone().claim(bob.shard).await.unwrap();
+    let mut core = redis_at(&node.core_url).await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(tidemark_store::keys::lease(bob.shard))
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the node held the lease");
+
+    let o = node.send(&bob, "bob").await;
+    node.until_materialized(&bob, o, "after the lease came back")
+        .await;
+    let wm = node.mailbox.read_watermark(bob.shard).await.unwrap();
+    assert!(
+        wm.epoch > theirs,
+        "the node claimed the shard again (epoch {} > {theirs})",
+        wm.epoch
+    );
+    node.until_healthy().await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_claim_while_the_lease_is_held_is_claimed_back() {
+    let mut node = Node::start().await;
+    let bob = route("bob");
+    let o = node.send(&bob, "bob").await;
+    node.until_materialized(&bob, o, "before").await;
+
+    // A former owner, paused while its worker was claiming, resumes: its claim raises the
+    // epoch although the node holds the lease. The node's worker is fenced at its next write.
+    let theirs = node.mailbox.clone().claim(bob.shard).await.unwrap();
+    let o = node.send(&bob, "bob").await;
+    node.until_materialized(&bob, o, "after the late claim")
+        .await;
+    let wm = node.mailbox.read_watermark(bob.shard).await.unwrap();
+    assert!(
+        wm.epoch > theirs,
+        "the lease holder claimed the shard back (epoch {} > {theirs})",
+        wm.epoch
+    );
+    node.until_healthy().await;
+    node.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leased_shard_not_materialized_is_reported_within_seconds() {
+    let mut node = Node::start().await;
+    let bob = route("bob");
+    let o = node.send(&bob, "bob").await;
+    node.until_materialized(&bob, o, "before").await;
+
+    // Core Redis refuses writes for a while (reads go on): the lease loop cannot beat or
+    // renew, the gates close, nothing is materialised, and no shard reports an error of its
+    // own. /healthz must say so long before the pause ends.
+    let pause = Duration::from_secs(12);
+    let mut core = redis_at(&node.core_url).await;
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(pause.as_millis() as u64)
+        .arg("WRITE")
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let paused = Instant::now();
+    let body = loop {
+        let (status, body) = node.healthz().await;
+        if status == 503 && body.contains("not materialized") {
+            break body;
+        }
+        assert!(
+            paused.elapsed() < pause - Duration::from_secs(1),
+            "/healthz did not report the leased shards not materialised: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    println!("reported after {:?}: {body}", paused.elapsed());
+    assert!(
+        body.contains(&format!("shard {}:", bob.shard)),
+        "names the shard: {body}"
+    );
+    // and once core Redis takes writes again, the node recovers by itself
+    node.until_healthy().await;
+    let o = node.send(&bob, "bob").await;
+    node.until_materialized(&bob, o, "after the pause").await;
+    node.stop().await;
+}

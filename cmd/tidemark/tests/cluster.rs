@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use support::nodes::{assert_delivered, Acked};
 use support::{http_get, http_post, spawn_killed_with_us, wait_healthy};
 use tidemark_redis_proc::{ClusterOptions, RedisCluster};
 use tidemark_store::redis::watermark::Layout;
@@ -88,12 +89,6 @@ async fn serve_with(pools: &[&str], port: u16, id: &str) -> Child {
     let child = spawn_killed_with_us(&mut cmd);
     wait_healthy(port).await;
     child
-}
-
-/// An acknowledged message: its recipients and its offset per shard.
-struct Acked {
-    to: Vec<String>,
-    offsets: BTreeMap<u32, u64>,
 }
 
 /// Sends over HTTP until `stop`; a message that is not acknowledged (a failover in progress,
@@ -198,66 +193,6 @@ impl Traffic {
         let refused = self.refused.lock().unwrap().clone();
         (acked, refused)
     }
-}
-
-/// Every acknowledged message is in every recipient's mailbox exactly once, in log order,
-/// within 60 s (read through the gateway on `port`); returns the number of entries.
-async fn assert_delivered(map: &ShardMap, port: u16, acked: &[Acked]) -> usize {
-    let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for m in acked {
-        for u in &m.to {
-            let s = map.route(u).shard;
-            want.entry(u.clone()).or_default().push(m.offsets[&s]);
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut entries = 0;
-    for (u, seqs) in &want {
-        let mut want_set: Vec<u64> = seqs.clone();
-        want_set.sort_unstable();
-        want_set.dedup();
-        assert_eq!(
-            want_set.len(),
-            seqs.len(),
-            "{u}: one seq acknowledged twice"
-        );
-        loop {
-            let (status, body) =
-                http_get(port, &format!("/v1/mailbox?user={u}&after=0&limit=1000"));
-            if status >= 500 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            assert_eq!(status, 200, "{body}");
-            let page: serde_json::Value = serde_json::from_str(&body).unwrap();
-            let got: Vec<u64> = page["entries"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|e| e["seq"].as_u64().unwrap())
-                .collect();
-            assert!(
-                got.windows(2).all(|w| w[0] < w[1]),
-                "{u}: not in order or repeated: {got:?}"
-            );
-            if got == want_set {
-                entries += got.len();
-                break;
-            }
-            let missing: Vec<&u64> = want_set.iter().filter(|s| !got.contains(s)).collect();
-            let extra: Vec<&u64> = got.iter().filter(|s| !want_set.contains(s)).collect();
-            assert!(
-                extra.is_empty(),
-                "{u}: entries never acknowledged: {extra:?}"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "{u}: acknowledged but not delivered: {missing:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    entries
 }
 
 /// The cluster node that serves shard `s`'s keys now.

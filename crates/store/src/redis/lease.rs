@@ -144,6 +144,39 @@ impl LogStore {
         Ok(owner.map(|o| (o, pttl)))
     }
 
+    /// For each of `shards` (all on this instance): its head (`head:{s}`, 0 when none) and
+    /// the holder of its lease, if any — in one pipeline (for `tidemark status` and the
+    /// gateway's `GET /v1/admin/status`).
+    pub async fn heads_and_holders(
+        &mut self,
+        shards: &[u32],
+    ) -> Result<Vec<(u64, Option<String>)>> {
+        if shards.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for &s in shards {
+            pipe.cmd("GET").arg(keys::head(s));
+            pipe.cmd("GET").arg(keys::lease(s));
+        }
+        let v: Vec<Value> = pipe.query_async(&mut self.conn).await?;
+        if v.len() != 2 * shards.len() {
+            return Err(Error::UnexpectedReply {
+                script: "status",
+                detail: format!("{} replies to {} commands", v.len(), 2 * shards.len()),
+            });
+        }
+        v.chunks(2)
+            .map(|pair| {
+                let head: Option<u64> =
+                    redis::from_redis_value_ref(&pair[0]).map_err(redis::RedisError::from)?;
+                let holder: Option<String> =
+                    redis::from_redis_value_ref(&pair[1]).map_err(redis::RedisError::from)?;
+                Ok((head.unwrap_or(0), holder))
+            })
+            .collect()
+    }
+
     /// Records that node `id` is alive for `ttl_ms` (call on core instance 0).
     pub async fn heartbeat(&mut self, id: &str, ttl_ms: u64, url: &str, role: &str) -> Result<u64> {
         check_node_id(id)?;

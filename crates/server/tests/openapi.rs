@@ -925,6 +925,7 @@ async fn real_answers_match_the_documents() {
         ("/ops", "/ops"),
         ("/console/console.js", "/console/{file}"),
         ("/console/ops.js", "/console/{file}"),
+        ("/console/ops-view.js", "/console/{file}"),
         ("/console/style.css", "/console/{file}"),
         ("/v1/client.js", "/v1/client.js"),
         ("/metrics", "/metrics"),
@@ -986,4 +987,86 @@ async fn real_answers_match_the_documents() {
         .filter(|t| !not_triggered.contains(*t))
         .collect();
     assert!(missing.is_empty(), "documented, never seen: {missing:?}");
+}
+
+/// Fails the chunk writes of one lane while `on`.
+struct HoldLane {
+    shard: u32,
+    lane: usize,
+    on: std::sync::atomic::AtomicBool,
+}
+
+impl tidemark_server::materializer::ChunkFault for HoldLane {
+    fn fail(&self, shard: u32, _offset: u64, lane: usize, _attempt: u32) -> bool {
+        shard == self.shard
+            && lane == self.lane
+            && self.on.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// `GET /v1/admin/status` of a shard one of whose lanes is held behind: `diverged`, the
+/// 1216-byte blob, the lanes' W apart, the lag; then, the lane released, back to 19 bytes.
+/// Every answer valid against the document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_status_shows_diverged_lanes() {
+    use std::sync::atomic::Ordering;
+    let bob = gateway_support::route("bob");
+    let n = (0..)
+        .map(|i| format!("n{i}"))
+        .find(|u| {
+            let r = gateway_support::route(u);
+            r.shard == bob.shard && r.lane != bob.lane
+        })
+        .unwrap();
+    let nl = gateway_support::route(&n).lane;
+    let fault = std::sync::Arc::new(HoldLane {
+        shard: bob.shard,
+        lane: bob.lane,
+        on: true.into(),
+    });
+    let opts = tidemark_server::materializer::MaterializerOptions {
+        fault: Some(fault.clone()),
+        ..Default::default()
+    };
+    let d = gateway_support::start_full(|_| {}, opts).await;
+    let api = openapi();
+    let schema = resolve(&api.doc, "#/components/schemas/AdminStatus").clone();
+    let body = json!({"id": "d-1", "to": ["bob", n], "body": "two lanes"}).to_string();
+    let (status, reply) = d.post_message("alice", body.as_bytes()).await;
+    assert_eq!(status, 200, "{reply}");
+    let shard = |v: &Value| v["shards"][bob.shard as usize].clone();
+    let status_now = || async {
+        let (status, v) = d.get("/v1/admin/status").await;
+        assert_eq!(status, 200, "{v}");
+        assert_valid(&api.doc, &schema, &v, "admin status");
+        v
+    };
+    let held = poll("the neighbour's lane ahead of bob's", || async {
+        let s = shard(&status_now().await);
+        (s["lanes"][nl] == 1).then_some(s)
+    })
+    .await;
+    assert_eq!(held["lanes"][bob.lane], 0, "{held}");
+    assert_eq!(
+        (
+            &held["diverged"],
+            &held["blob_bytes"],
+            &held["w_min"],
+            &held["w_max"],
+            &held["lag"]
+        ),
+        (&json!(true), &json!(1216), &json!(0), &json!(1), &json!(1)),
+        "{held}"
+    );
+    fault.on.store(false, Ordering::SeqCst);
+    let met = poll("the lanes meeting again", || async {
+        let s = shard(&status_now().await);
+        (s["diverged"] == false && s["w_min"] == 1).then_some(s)
+    })
+    .await;
+    assert_eq!(
+        (&met["blob_bytes"], &met["lag"]),
+        (&json!(19), &json!(0)),
+        "{met}"
+    );
 }

@@ -5,7 +5,8 @@
 //! ```text
 //!   GET /                          the console (crates/server/web/index.html)
 //!   GET /ops                       the operations view (web/ops.html; reads /v1/admin/status/stream)
-//!   GET /console/{file}            their script and style files
+//!   GET /console/{file}            their script and style files (console.js, ops.js,
+//!                                  ops-view.js, style.css)
 //!   GET /v1/client.js              the browser client, an ES module (web/tidemark.js)
 //!   GET /v1/openapi.yaml           the HTTP API, OpenAPI 3.1 (docs/openapi.yaml)
 //!   GET /v1/ws-frames.schema.json  the WebSocket frames as JSON Schema (docs/ws-frames.schema.json)
@@ -43,6 +44,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         "ops.js",
         "text/javascript; charset=utf-8",
         include_str!("../../web/ops.js"),
+    ),
+    (
+        "ops-view.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../web/ops-view.js"),
     ),
     (
         "style.css",

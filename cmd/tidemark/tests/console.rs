@@ -54,9 +54,29 @@ import('/console/ops-view.js').then((v) => {
   done(out);
 }, (e) => done({ error: String(e) }));"#;
 
-/// Controls without an accessible name, horizontal overflow, a missing `lang`.
+/// Controls without an accessible name, horizontal overflow, a missing `lang`, visible text
+/// whose contrast with its background is below 4.5:1 (WCAG AA).
 const A11Y: &str = r#"
 const bad = [];
+const rgb = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+const lum = ([r, g, b]) => {
+  const f = (v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; };
+  return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+};
+const background = (el) => {
+  for (let e = el; e; e = e.parentElement) {
+    const c = rgb(getComputedStyle(e).backgroundColor);
+    if (c.length === 3 || (c.length === 4 && c[3] > 0)) return c.slice(0, 3);
+  }
+  return [255, 255, 255];
+};
+for (const el of document.querySelectorAll('body *')) {
+  const own = Array.from(el.childNodes).some((n) => n.nodeType === 3 && n.textContent.trim());
+  if (!own || !el.getClientRects().length || getComputedStyle(el).visibility === 'hidden') continue;
+  const [a, b] = [lum(rgb(getComputedStyle(el).color).slice(0, 3)), lum(background(el))];
+  const ratio = (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+  if (ratio < 4.5) bad.push(`contrast ${ratio.toFixed(2)} of <${el.tagName.toLowerCase()}> ${el.textContent.trim().slice(0, 40)}`);
+}
 for (const el of document.querySelectorAll('input, textarea, select')) {
   if (el.type === 'radio' ? !el.closest('label') : !(el.labels && el.labels.length) && !el.getAttribute('aria-label')) bad.push('unlabelled ' + el.outerHTML);
 }
@@ -391,6 +411,11 @@ fn console_ops_and_client_in_chromium() {
         s.set_window(390, 844);
         s.goto(&format!("{origin}{path}"));
         wait_connected(s, path);
+        let width = s.exec("return window.innerWidth", json!([]));
+        assert!(
+            width.as_u64().is_some_and(|w| w <= 400),
+            "phone width: {width}"
+        );
         let bad = s.until(&format!("{path} laid out"), 10, A11Y, |v| {
             v.as_array().unwrap().is_empty()
         });

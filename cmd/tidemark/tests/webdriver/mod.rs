@@ -133,11 +133,19 @@ pub struct Browser {
 }
 
 impl Browser {
-    /// Chromium and chromedriver, when both are installed.
+    /// Chromium and chromedriver, when both are installed (`TIDEMARK_CHROMIUM` and
+    /// `TIDEMARK_CHROMEDRIVER` name other binaries; a path that is no file counts as not
+    /// installed).
     pub fn find_installed() -> Option<Installed> {
-        Some(Installed {
-            chromium: which("chromium").or_else(|| which("chromium-browser"))?,
-            chromedriver: which("chromedriver")?,
+        let given = |var: &str| std::env::var_os(var).map(PathBuf::from);
+        let chromium = match given("TIDEMARK_CHROMIUM") {
+            Some(p) => p,
+            None => which("chromium").or_else(|| which("chromium-browser"))?,
+        };
+        let chromedriver = given("TIDEMARK_CHROMEDRIVER").or_else(|| which("chromedriver"))?;
+        (chromium.is_file() && chromedriver.is_file()).then_some(Installed {
+            chromium,
+            chromedriver,
         })
     }
 

@@ -6,11 +6,13 @@
 //! in the page; two sessions sign in, alice with a token (`tidemark token`, typed and
 //! submitted by mouse) and bob with his name (dev auth, by keyboard); alice sends to bob and
 //! carol; bob sees the delivery with its seq and sender, acks it, reloads, and is not given
-//! it again (a later message arrives, the acked one does not); `/ops` shows both shards and
-//! follows new commits live (heads rise, W meets them, rates appear); with a user token it
-//! is refused (403) and asks for an admin token (`tidemark token --admin`), which works;
-//! both pages fit a phone-width window and label every control. Screenshots go to
-//! `docs/console/`.
+//! it again (a later message arrives, the acked one does not); the gateway is stopped and
+//! started again: both pages show `reconnecting`, a message alice sends meanwhile arrives
+//! once after the reconnect, bob's counters show the reconnect and the resync; `/ops` shows
+//! both shards and follows new commits live (heads rise, W meets them, rates appear); with a
+//! user token it is refused (403) and asks for an admin token (`tidemark token --admin`),
+//! which works; a diverged shard is marked; both pages fit a phone-width window, label every
+//! control and keep text contrast at 4.5:1 or more. Screenshots go to `docs/console/`.
 //!
 //! Without Chromium or chromedriver (`scripts/install-chromium.sh` could not install them)
 //! the test prints a SKIPPED notice and passes — unless `TIDEMARK_REQUIRE_BROWSER` is set.
@@ -218,8 +220,11 @@ fn console_ops_and_client_in_chromium() {
     };
     let tmp = temp_dir("console");
     let _ = std::fs::remove_dir_all(tmp.join("data"));
-    let up = UpProc::start(&tmp.join("data"), &["--dev-auth"]);
-    let port = up.port("gateway");
+    let port = support::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let data = tmp.join("data");
+    let mut up = UpProc::start_in(std::path::Path::new("."), &listen, &data, &["--dev-auth"]);
+    assert_eq!(up.port("gateway"), port);
     let origin = format!("http://127.0.0.1:{port}");
     assert!(up.line("console").contains(&format!("{origin}/")));
 
@@ -309,6 +314,36 @@ fn console_ops_and_client_in_chromium() {
         list[0]["seq"].as_u64() > list[1]["seq"].as_u64(),
         "newest first"
     );
+
+    // the gateway goes away and comes back: both pages say so, a message sent meanwhile is
+    // sent after the reconnect and delivered once, bob's page resyncs after what it has seen
+    up.stop();
+    for (s, who) in [(&alice, "alice"), (&bob, "bob")] {
+        s.until(&format!("{who} reconnecting"), 30, CONN_STATE, |v| {
+            v == "reconnecting"
+        });
+    }
+    let offline = "sent while the gateway was down";
+    send(&alice, "bob", offline);
+    up = UpProc::start_in(std::path::Path::new("."), &listen, &data, &["--dev-auth"]);
+    wait_connected(&alice, "alice after the restart");
+    wait_connected(&bob, "bob after the restart");
+    let list = wait_delivery(&bob, offline);
+    assert_eq!(
+        list.len(),
+        3,
+        "the offline message once, nothing else again: {list:?}"
+    );
+    let detail = "return document.getElementById('conn-detail').textContent";
+    let d = bob.until("bob's counters", 30, detail, |v| {
+        v.as_str()
+            .unwrap()
+            .starts_with("reconnects: 1 · resyncs: 1")
+    });
+    assert!(d.as_str().unwrap().contains("duplicates dropped"), "{d}");
+    alice.until("alice's counters", 30, detail, |v| {
+        v.as_str().unwrap().starts_with("reconnects: 1")
+    });
     save_png("console.png", &bob.screenshot());
 
     // /ops: both shards, W at the head everywhere
@@ -421,8 +456,9 @@ fn console_ops_and_client_in_chromium() {
         });
         assert_eq!(bad, json!([]), "{path}");
     }
-    let list = wait_delivery(&bob, third);
-    assert_eq!(list.len(), 2, "{list:?}");
+    // after this reload too: everything above the acked cursor, once
+    let list = wait_delivery(&bob, offline);
+    assert_eq!(list.len(), 3, "{list:?}");
     save_png("console-phone.png", &bob.screenshot());
 
     drop(browser);

@@ -34,7 +34,7 @@ enum Cmd {
     /// Run Tidemark locally: starts its own redis-server processes, gateway and materializers.
     Up(serve::UpArgs),
     /// Run the gateway and materializers against Redis instances started elsewhere.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Mint a bearer token (HMAC-SHA256, user + expiry; --admin for the operator endpoints).
     Token(client::TokenArgs),
     /// Send one message and print its offsets.
@@ -56,7 +56,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Shard(c) => wm::run_shard(c).await,
         Cmd::Bench(c) => bench::run(c).await,
         Cmd::Up(a) => serve::up(a).await,
-        Cmd::Serve(a) => serve::serve(a).await,
+        Cmd::Serve(a) => serve::serve(*a).await,
         Cmd::Token(a) => client::token(a),
         Cmd::Send(a) => client::send(a).await,
         Cmd::Tail(a) => client::tail(a).await,

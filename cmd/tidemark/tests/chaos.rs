@@ -16,6 +16,12 @@
 //! `shard stopped … Fenced`, its `/healthz` names each shard `Fenced`, and its
 //! `tidemark_shard_fenced_total` counts them.
 //!
+//! `three_lease_nodes_under_random_faults` does the same with three `serve` nodes in leases mode
+//! (issue 13, ADR-0030) under traffic through all three gateways, with faults drawn at random
+//! from a printed seed (`TIDEMARK_CHAOS_SEED` replays it): kill -9, SIGSTOP and SIGTERM of a
+//! node, core and mailbox Redis restarts, `CLIENT KILL`; each node's `/healthz` must be 200 at
+//! the end, after a drain with no further traffic.
+//!
 //! Size: `TIDEMARK_CHAOS_SECS` (default 25) seconds of faults, `TIDEMARK_CHAOS_USERS`
 //! (default 24) users. Larger: `TIDEMARK_CHAOS_SECS=300 TIDEMARK_CHAOS_USERS=200 cargo test
 //! --release -p tidemark --test chaos -- --nocapture`.
@@ -28,6 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
+use support::nodes::{node_ports, until_balanced};
 use support::{aof_always, route, Serve};
 use tidemark_client::{Auth, Client, Event};
 use tidemark_redis_proc::RedisProcess;
@@ -76,12 +83,38 @@ async fn connect_retry(url: &str, user: &str, stop: &AtomicBool) -> Option<Clien
     None
 }
 
-/// Keeps one connection for `user` alive; on reconnect, syncs after the last seq seen.
-async fn receive(url: String, user: String, rx: Arc<Mutex<Receiver>>, stop: Arc<AtomicBool>) {
+/// Connects `user` to one of `urls`, starting at `urls[*at]` and moving on to the next gateway
+/// after each failure (`*at` is left at the one that answered); None once `stop` is set.
+async fn connect_any(
+    urls: &[String],
+    at: &mut usize,
+    user: &str,
+    stop: &AtomicBool,
+) -> Option<Client> {
+    while !stop.load(Ordering::SeqCst) {
+        let url = &urls[*at % urls.len()];
+        match Client::connect_with_timeout(url, &Auth::DevUser(user.into()), Duration::from_secs(3))
+            .await
+        {
+            Ok(c) => return Some(c),
+            Err(_) => {
+                *at += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+        }
+    }
+    None
+}
+
+/// Keeps one connection for `user` alive, through the gateways of `urls` (from `urls[0]`, the
+/// next one whenever its gateway goes away); on reconnect, syncs after the last seq seen.
+async fn receive(urls: Vec<String>, user: String, rx: Arc<Mutex<Receiver>>, stop: Arc<AtomicBool>) {
     let mut last: Option<u64> = None;
-    while let Some(mut c) = connect_retry(&url, &user, &stop).await {
+    let mut at = 0usize;
+    while let Some(mut c) = connect_any(&urls, &mut at, &user, &stop).await {
         if let Some(l) = last {
             if c.sync(l).await.is_err() {
+                at += 1;
                 continue;
             }
         }
@@ -107,6 +140,8 @@ async fn receive(url: String, user: String, rx: Arc<Mutex<Receiver>>, stop: Arc<
                 _ => {}
             }
         }
+        // its gateway went away (or closed the connection): try the next one first
+        at += 1;
     }
 }
 
@@ -330,6 +365,272 @@ async fn assert_fenced(old: &Serve, probe: &Client, round: u32) {
     }
 }
 
+/// The clients of a fault run and what they saw: one receiver per user, a few senders (each
+/// message retried with the same id until acknowledged) and the sampler.
+struct Load {
+    users: Vec<String>,
+    receivers: Vec<Arc<Mutex<Receiver>>>,
+    rx_tasks: Vec<tokio::task::JoinHandle<()>>,
+    tx_tasks: Vec<tokio::task::JoinHandle<()>>,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    resends: Arc<AtomicU64>,
+    stop_rx: Arc<AtomicBool>,
+    stop_tx: Arc<AtomicBool>,
+    samples: Arc<Mutex<Samples>>,
+    stop_sampler: Arc<AtomicBool>,
+    sampler_task: tokio::task::JoinHandle<()>,
+}
+
+/// `urls` turned so that it starts at `urls[first % len]`.
+fn from(urls: &[String], first: usize) -> Vec<String> {
+    let mut v = urls.to_vec();
+    v.rotate_left(first % urls.len());
+    v
+}
+
+/// What a fault run found once the load stopped and everything was drained.
+struct Outcome {
+    messages: usize,
+    deliveries: usize,
+    resends: u64,
+    lost: usize,
+    duplicated: usize,
+    reordered: u64,
+}
+
+impl Load {
+    /// `n_users` receivers (user `i` on gateway `i`, then the next ones) and `senders`
+    /// senders (sender `k` on gateway `k + 1`, then the next ones: with several gateways a
+    /// sender and most of its recipients are on different ones), and the sampler of the
+    /// mailbox Redis at `mb_url`.
+    fn start(urls: &[String], n_users: usize, senders: usize, mb_url: &str) -> Load {
+        let users: Vec<String> = (0..n_users).map(|i| format!("u{i:03}")).collect();
+        let stop_rx = Arc::new(AtomicBool::new(false));
+        let stop_tx = Arc::new(AtomicBool::new(false));
+        let mut receivers = Vec::new();
+        let mut rx_tasks = Vec::new();
+        for (i, u) in users.iter().enumerate() {
+            let r = Arc::new(Mutex::new(Receiver::default()));
+            receivers.push(r.clone());
+            rx_tasks.push(tokio::spawn(receive(
+                from(urls, i),
+                u.clone(),
+                r,
+                stop_rx.clone(),
+            )));
+        }
+        let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
+        let next = Arc::new(AtomicU64::new(0));
+        let resends = Arc::new(AtomicU64::new(0));
+        let mut tx_tasks = Vec::new();
+        for k in 0..senders {
+            let (urls, users, sent, next, stop, resends) = (
+                from(urls, k + 1),
+                users.clone(),
+                sent.clone(),
+                next.clone(),
+                stop_tx.clone(),
+                resends.clone(),
+            );
+            tx_tasks.push(tokio::spawn(async move {
+                let me = format!("sender-{k}");
+                let mut client: Option<Client> = None;
+                let mut at = 0usize;
+                while !stop.load(Ordering::SeqCst) {
+                    let i = next.fetch_add(1, Ordering::SeqCst) as usize;
+                    let n = 1 + i % 4;
+                    let mut to: Vec<String> = (0..n)
+                        .map(|j| users[(i * 7 + j * 5) % users.len()].clone())
+                        .collect();
+                    to.sort();
+                    to.dedup();
+                    let id = format!("chaos-{i}");
+                    loop {
+                        if client.is_none() {
+                            let never = AtomicBool::new(false);
+                            client = connect_any(&urls, &mut at, &me, &never).await;
+                        }
+                        let c = client.as_ref().expect("connected");
+                        match c
+                            .send_and_wait(&id, &to, &format!("m{i}"), Duration::from_secs(5))
+                            .await
+                        {
+                            Ok(offsets) => {
+                                sent.lock().await.push(Sent { to, offsets });
+                                break;
+                            }
+                            Err(_) => {
+                                // same id again, through the next gateway
+                                resends.fetch_add(1, Ordering::SeqCst);
+                                client = None;
+                                at += 1;
+                                tokio::time::sleep(Duration::from_millis(50)).await;
+                            }
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }));
+        }
+        // the sampler, from the first fault to the end of the drain
+        let samples: Arc<Mutex<Samples>> = Arc::default();
+        let stop_sampler = Arc::new(AtomicBool::new(false));
+        let sampler_task = tokio::spawn(sampler(
+            mb_url.to_string(),
+            users.clone(),
+            sent.clone(),
+            samples.clone(),
+            stop_sampler.clone(),
+        ));
+        Load {
+            users,
+            receivers,
+            rx_tasks,
+            tx_tasks,
+            sent,
+            resends,
+            stop_rx,
+            stop_tx,
+            samples,
+            stop_sampler,
+            sampler_task,
+        }
+    }
+
+    /// Stops the senders; then, with no further traffic, every receiver must see every
+    /// acknowledged message addressed to it (within 120 s), and from the mailbox Redis at
+    /// `mb_url`: every mailbox holds exactly its acknowledged messages once, in log order, its
+    /// lane W at or above the last, and every watermark passes `tidemark wm verify`. `before_rx_stop`
+    /// runs once everything is delivered, while the receivers are still connected.
+    async fn finish<F: std::future::Future<Output = ()>>(
+        self,
+        mb_url: &str,
+        before_rx_stop: F,
+    ) -> Outcome {
+        let Load {
+            users,
+            receivers,
+            rx_tasks,
+            tx_tasks,
+            sent,
+            resends,
+            stop_rx,
+            stop_tx,
+            samples,
+            stop_sampler,
+            sampler_task,
+        } = self;
+        stop_tx.store(true, Ordering::SeqCst);
+        for t in tx_tasks {
+            t.await.unwrap();
+        }
+        // what the sampler saw while the faults happened (it goes on through the drain)
+        assert_no_violations(&*samples.lock().await, "while the faults happened");
+        let sent_all: Vec<(Vec<String>, BTreeMap<u32, u64>)> = sent
+            .lock()
+            .await
+            .iter()
+            .map(|m| (m.to.clone(), m.offsets.clone()))
+            .collect();
+
+        // expected: per recipient, the offsets of its shard, in log order
+        let mut expected: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+        for (to, offsets) in &sent_all {
+            for r in to {
+                expected
+                    .entry(r.as_str())
+                    .or_default()
+                    .push(offsets[&route(r, SHARDS).shard]);
+            }
+        }
+        for v in expected.values_mut() {
+            v.sort_unstable();
+        }
+        // drain: every receiver sees everything
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let mut missing = 0usize;
+            for (i, u) in users.iter().enumerate() {
+                let seen: BTreeSet<u64> = receivers[i].lock().await.seen.iter().copied().collect();
+                missing += expected
+                    .get(u.as_str())
+                    .map_or(0, |w| w.iter().filter(|s| !seen.contains(s)).count());
+            }
+            if missing == 0 {
+                break;
+            }
+            if Instant::now() >= deadline {
+                assert_no_violations(&*samples.lock().await, "during the drain");
+                panic!("{missing} deliveries missing after drain");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        before_rx_stop.await;
+        stop_rx.store(true, Ordering::SeqCst);
+        for t in rx_tasks {
+            t.await.unwrap();
+        }
+        stop_sampler.store(true, Ordering::SeqCst);
+        sampler_task.await.unwrap();
+
+        // from Redis directly
+        let client = redis::Client::open(mb_url).unwrap();
+        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+        let mut store = MailboxStore::connect(mb_url, Layout::PackedV2)
+            .await
+            .unwrap();
+        let (mut lost, mut duplicated, mut reordered, mut total) = (0usize, 0usize, 0u64, 0usize);
+        for (i, u) in users.iter().enumerate() {
+            let r = route(u, SHARDS);
+            let want = expected.get(u.as_str()).cloned().unwrap_or_default();
+            total += want.len();
+            let members: Vec<Vec<u8>> =
+                conn.zrange(keys::mailbox(r.shard, u), 0, -1).await.unwrap();
+            let entries: Vec<_> = members
+                .iter()
+                .map(|m| tidemark_protocol::entry::decode_entry(m).unwrap())
+                .collect();
+            let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
+            let bodies: BTreeSet<&str> = entries.iter().map(|e| e.body.as_str()).collect();
+            duplicated += entries.len() - bodies.len(); // one message committed twice
+            lost += want.iter().filter(|s| !seqs.contains(s)).count();
+            // (order and seq == score were checked by the sampler all along)
+            let rx = receivers[i].lock().await;
+            reordered += rx.reordered;
+            assert_eq!(
+                seqs, want,
+                "mailbox of {u}: exactly the acknowledged messages"
+            );
+            let wm = store.read_watermark(r.shard).await.unwrap();
+            let w = wm.lanes.lane(r.lane).w;
+            assert!(
+                want.last().is_none_or(|&last| w >= last),
+                "{u}: W={w} below its last record after the drain"
+            );
+        }
+        let verify = support::tidemark(&["wm", "verify", "--redis", mb_url]);
+        assert!(verify.status.success(), "{verify:?}");
+        let samples = samples.lock().await;
+        println!(
+            "chaos sampler: {} rounds, {} (user, record at or below W) checks, {} violations",
+            samples.rounds, samples.below_w_checked, samples.violations
+        );
+        assert_no_violations(&samples, "during the drain");
+        assert!(
+            samples.rounds >= 20 && samples.below_w_checked > 0,
+            "the sampler ran during the faults"
+        );
+        Outcome {
+            messages: sent_all.len(),
+            deliveries: total,
+            resends: resends.load(Ordering::SeqCst),
+            lost,
+            duplicated,
+            reordered,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
     let secs = env_u64("TIDEMARK_CHAOS_SECS", 25);
@@ -337,88 +638,14 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
     let mut core = RedisProcess::start_with(aof_always()).unwrap();
     let mut mailbox = RedisProcess::start_with(aof_always()).unwrap();
     let (core_url, mb_url) = (core.url(), mailbox.url());
-    let port = tidemark_redis_proc::free_port().unwrap();
-    let port_b = tidemark_redis_proc::free_port().unwrap();
+    // restarted on the same port: out of the ephemeral range (see `node_ports`)
+    let [port, port_b] = node_ports(2)[..] else {
+        unreachable!()
+    };
     let mut serve = serve_faulty(&core_url, &mb_url, port);
     serve.wait_listening().await;
     let url = serve.ws_url();
-
-    let users: Vec<String> = (0..n_users).map(|i| format!("u{i:03}")).collect();
-    let stop_rx = Arc::new(AtomicBool::new(false));
-    let stop_tx = Arc::new(AtomicBool::new(false));
-    let mut receivers = Vec::new();
-    let mut rx_tasks = Vec::new();
-    for u in &users {
-        let r = Arc::new(Mutex::new(Receiver::default()));
-        receivers.push(r.clone());
-        rx_tasks.push(tokio::spawn(receive(
-            url.clone(),
-            u.clone(),
-            r,
-            stop_rx.clone(),
-        )));
-    }
-    // senders: a few concurrent loops, each message retried with the same id until acked
-    let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
-    let next = Arc::new(AtomicU64::new(0));
-    let resends = Arc::new(AtomicU64::new(0));
-    let mut tx_tasks = Vec::new();
-    for k in 0..4usize {
-        let (url, users, sent, next, stop, resends) = (
-            url.clone(),
-            users.clone(),
-            sent.clone(),
-            next.clone(),
-            stop_tx.clone(),
-            resends.clone(),
-        );
-        tx_tasks.push(tokio::spawn(async move {
-            let me = format!("sender-{k}");
-            let mut client: Option<Client> = None;
-            while !stop.load(Ordering::SeqCst) {
-                let i = next.fetch_add(1, Ordering::SeqCst) as usize;
-                let n = 1 + i % 4;
-                let mut to: Vec<String> = (0..n)
-                    .map(|j| users[(i * 7 + j * 5) % users.len()].clone())
-                    .collect();
-                to.sort();
-                to.dedup();
-                let id = format!("chaos-{i}");
-                loop {
-                    if client.is_none() {
-                        client = connect_retry(&url, &me, &AtomicBool::new(false)).await;
-                    }
-                    let c = client.as_ref().expect("connected");
-                    match c
-                        .send_and_wait(&id, &to, &format!("m{i}"), Duration::from_secs(5))
-                        .await
-                    {
-                        Ok(offsets) => {
-                            sent.lock().await.push(Sent { to, offsets });
-                            break;
-                        }
-                        Err(_) => {
-                            resends.fetch_add(1, Ordering::SeqCst);
-                            client = None;
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        }));
-    }
-
-    // the sampler, from the first fault to the end of the drain
-    let samples: Arc<Mutex<Samples>> = Arc::default();
-    let stop_sampler = Arc::new(AtomicBool::new(false));
-    let sampler_task = tokio::spawn(sampler(
-        mb_url.clone(),
-        users.clone(),
-        sent.clone(),
-        samples.clone(),
-        stop_sampler.clone(),
-    ));
+    let load = Load::start(&[url], n_users, 4, &mb_url);
 
     // faults, from this (main) thread: RedisProcess restarts keep their parent-death signal
     let mut faults: BTreeMap<&str, u32> = BTreeMap::new();
@@ -442,14 +669,7 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
             }
             "restart_core" => core.restart().unwrap(),
             "restart_mailbox" => mailbox.restart().unwrap(),
-            "client_kill" => {
-                for u in [&core_url, &mb_url] {
-                    let c = redis::Client::open(u.as_str()).unwrap();
-                    if let Ok(mut conn) = c.get_multiplexed_async_connection().await {
-                        client_kill(&mut conn).await;
-                    }
-                }
-            }
+            "client_kill" => client_kill_both(&core_url, &mb_url).await,
             _ => {
                 // a second owner claims every shard: the first is now a zombie with the old
                 // epoch and must fail closed; then the first is restarted and fences it back
@@ -469,120 +689,284 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
         }
         *faults.entry(kind).or_default() += 1;
     }
-    stop_tx.store(true, Ordering::SeqCst);
-    for t in tx_tasks {
-        t.await.unwrap();
-    }
-    // what the sampler saw while the faults happened (it goes on through the drain)
-    assert_no_violations(&*samples.lock().await, "while the faults happened");
-    let sent_all: Vec<(Vec<String>, BTreeMap<u32, u64>)> = sent
-        .lock()
-        .await
-        .iter()
-        .map(|m| (m.to.clone(), m.offsets.clone()))
-        .collect();
-
-    // expected: per recipient, the offsets of its shard, in log order
-    let mut expected: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
-    for (to, offsets) in &sent_all {
-        for r in to {
-            expected
-                .entry(r.as_str())
-                .or_default()
-                .push(offsets[&route(r, SHARDS).shard]);
-        }
-    }
-    for v in expected.values_mut() {
-        v.sort_unstable();
-    }
-    // drain: every receiver sees everything
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let mut missing = 0usize;
-        for (i, u) in users.iter().enumerate() {
-            let seen: BTreeSet<u64> = receivers[i].lock().await.seen.iter().copied().collect();
-            missing += expected
-                .get(u.as_str())
-                .map_or(0, |w| w.iter().filter(|s| !seen.contains(s)).count());
-        }
-        if missing == 0 {
-            break;
-        }
-        if Instant::now() >= deadline {
-            assert_no_violations(&*samples.lock().await, "during the drain");
-            panic!("{missing} deliveries missing after drain");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    stop_rx.store(true, Ordering::SeqCst);
-    for t in rx_tasks {
-        t.await.unwrap();
-    }
-    stop_sampler.store(true, Ordering::SeqCst);
-    sampler_task.await.unwrap();
-
-    // from Redis directly
-    let client = redis::Client::open(mb_url.as_str()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let mut store = MailboxStore::connect(&mb_url, Layout::PackedV2)
-        .await
-        .unwrap();
-    let (mut lost, mut duplicated, mut reordered, mut total) = (0usize, 0usize, 0u64, 0usize);
-    for (i, u) in users.iter().enumerate() {
-        let r = route(u, SHARDS);
-        let want = expected.get(u.as_str()).cloned().unwrap_or_default();
-        total += want.len();
-        let members: Vec<Vec<u8>> = conn.zrange(keys::mailbox(r.shard, u), 0, -1).await.unwrap();
-        let entries: Vec<_> = members
-            .iter()
-            .map(|m| tidemark_protocol::entry::decode_entry(m).unwrap())
-            .collect();
-        let seqs: Vec<u64> = entries.iter().map(|e| e.seq).collect();
-        let bodies: BTreeSet<&str> = entries.iter().map(|e| e.body.as_str()).collect();
-        duplicated += entries.len() - bodies.len(); // one message committed twice
-        lost += want.iter().filter(|s| !seqs.contains(s)).count();
-        // (order and seq == score were checked by the sampler all along)
-        let rx = receivers[i].lock().await;
-        reordered += rx.reordered;
-        assert_eq!(
-            seqs, want,
-            "mailbox of {u}: exactly the acknowledged messages"
-        );
-        let wm = store.read_watermark(r.shard).await.unwrap();
-        let w = wm.lanes.lane(r.lane).w;
-        assert!(
-            want.last().is_none_or(|&last| w >= last),
-            "{u}: W={w} below its last record after the drain"
-        );
-    }
-    let verify = support::tidemark(&["wm", "verify", "--redis", &mb_url]);
-    assert!(verify.status.success(), "{verify:?}");
+    let o = load.finish(&mb_url, async {}).await;
     let fault_list: Vec<String> = faults.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let samples = samples.lock().await;
-    println!(
-        "chaos sampler: {} rounds, {} (user, record at or below W) checks, {} violations",
-        samples.rounds, samples.below_w_checked, samples.violations
-    );
-    assert_no_violations(&samples, "during the drain");
-    assert!(
-        samples.rounds >= 20 && samples.below_w_checked > 0,
-        "the sampler ran during the faults"
-    );
     println!(
         "chaos: {} messages ({} deliveries, {} resends), faults: {} + chunk_fail 20%; \
-         lost {lost}, duplicated {duplicated}, reordered {reordered}",
-        sent_all.len(),
-        total,
-        resends.load(Ordering::SeqCst),
-        fault_list.join(" ")
+         lost {}, duplicated {}, reordered {}",
+        o.messages,
+        o.deliveries,
+        o.resends,
+        fault_list.join(" "),
+        o.lost,
+        o.duplicated,
+        o.reordered
     );
-    assert_eq!((lost, duplicated, reordered), (0, 0, 0));
-    assert!(
-        sent_all.len() > 50,
-        "the load ran ({} messages)",
-        sent_all.len()
-    );
+    assert_eq!((o.lost, o.duplicated, o.reordered), (0, 0, 0));
+    assert!(o.messages > 50, "the load ran ({} messages)", o.messages);
     drop(serve);
+}
+
+/// `CLIENT KILL` of every normal and pub/sub connection on the core and the mailbox Redis.
+async fn client_kill_both(core_url: &str, mb_url: &str) {
+    for u in [core_url, mb_url] {
+        let c = redis::Client::open(u).unwrap();
+        if let Ok(mut conn) = c.get_multiplexed_async_connection().await {
+            client_kill(&mut conn).await;
+        }
+    }
+}
+
+// ---- several nodes: three leases nodes, random faults ---------------------------------------
+
+/// splitmix64: a small seeded generator, so that a run's faults replay from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The faults of the several-nodes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum NodeFault {
+    /// kill -9 of a node, then the node started again (same id, same port).
+    Kill9Node,
+    /// SIGSTOP of a node for 3x the lease TTL, then SIGCONT.
+    SigstopNode,
+    /// SIGTERM of a node (it hands its shards over), then started again.
+    SigtermNode,
+    /// Core Redis kill -9, restarted from its AOF.
+    RestartCore,
+    /// Mailbox Redis kill -9, restarted from its AOF.
+    RestartMailbox,
+    /// `CLIENT KILL` of every connection on both Redis instances.
+    ClientKill,
+}
+
+impl NodeFault {
+    const ALL: [NodeFault; 6] = [
+        NodeFault::Kill9Node,
+        NodeFault::SigstopNode,
+        NodeFault::SigtermNode,
+        NodeFault::RestartCore,
+        NodeFault::RestartMailbox,
+        NodeFault::ClientKill,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            NodeFault::Kill9Node => "kill9_node",
+            NodeFault::SigstopNode => "sigstop_node",
+            NodeFault::SigtermNode => "sigterm_node",
+            NodeFault::RestartCore => "restart_core",
+            NodeFault::RestartMailbox => "restart_mailbox",
+            NodeFault::ClientKill => "client_kill",
+        }
+    }
+}
+
+const NODE_IDS: [&str; 3] = ["n0", "n1", "n2"];
+const LEASE_TTL: Duration = Duration::from_secs(1);
+
+/// One node: `serve --ownership leases --lease-ttl 1s --node-id ID` on `port`, a share (10 %)
+/// of its lane chunk writes failing, its errors in a log file of its own.
+fn lease_node(core: &str, mailbox: &str, id: &str, port: u16) -> Serve {
+    static STARTS: AtomicU64 = AtomicU64::new(0);
+    let n = STARTS.fetch_add(1, Ordering::SeqCst);
+    let log = tempfile_path(&format!("node-{id}-{n}-{port}.log"));
+    let args = [
+        "--ownership",
+        "leases",
+        "--lease-ttl",
+        "1s",
+        "--node-id",
+        id,
+        "--fault-chunk-fail-pct",
+        "10",
+    ];
+    Serve::start((core, mailbox, SHARDS), port, &args, "error", log)
+}
+
+/// Median and max of `v` in seconds, and how many, e.g. `1.00 s/1.20 s (3)`.
+fn summary(v: &[Duration]) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    let mut v = v.to_vec();
+    v.sort();
+    format!(
+        "{:.2} s/{:.2} s ({})",
+        v[v.len() / 2].as_secs_f64(),
+        v[v.len() - 1].as_secs_f64(),
+        v.len()
+    )
+}
+
+/// Three leases nodes (TTL 1 s) under traffic through all three gateways — each receiver on
+/// its own gateway, each sender on another — while faults drawn at random from a seeded
+/// generator happen one after the other: kill -9 of a node and its restart, SIGSTOP of a node
+/// for 3x the TTL, SIGTERM of a node and its restart, core and mailbox Redis kill -9 and
+/// restart from the AOF, `CLIENT KILL`. After each fault the run waits until every shard is
+/// held again and balanced (the takeover and rebalance times are the figures printed). Then
+/// the traffic stops and, with no further traffic, every acknowledged message must reach
+/// every recipient exactly once and in order (mailboxes read from Redis, clients never saw a
+/// seq go backwards), the sampler must have seen no broken invariant, and every node's
+/// `/healthz` must be 200.
+///
+/// The seed is printed; `TIDEMARK_CHAOS_SEED=N` replays a run's fault sequence (the timing of
+/// the traffic around it differs). Faults for `TIDEMARK_CHAOS_SECS` (default 25) seconds, and
+/// at least one of each kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_lease_nodes_under_random_faults() {
+    let secs = env_u64("TIDEMARK_CHAOS_SECS", 25);
+    let n_users = env_u64("TIDEMARK_CHAOS_USERS", 24) as usize;
+    let seed = std::env::var("TIDEMARK_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap();
+            t.as_nanos() as u64 ^ u64::from(std::process::id())
+        });
+    println!("chaos nodes: seed {seed} (TIDEMARK_CHAOS_SEED={seed} replays its faults)");
+    let mut rng = Rng(seed);
+    let mut core = RedisProcess::start_with(aof_always()).unwrap();
+    let mut mailbox = RedisProcess::start_with(aof_always()).unwrap();
+    let (core_url, mb_url) = (core.url(), mailbox.url());
+    let map =
+        tidemark_store::topology::Topology::single(SHARDS, Layout::PackedV2, &core_url, &mb_url)
+            .validate()
+            .unwrap();
+    let ports = node_ports(NODE_IDS.len());
+    let mut nodes: Vec<Serve> = NODE_IDS
+        .iter()
+        .zip(&ports)
+        .map(|(id, &p)| lease_node(&core_url, &mb_url, id, p))
+        .collect();
+    for &p in &ports {
+        support::wait_healthy(p).await;
+    }
+    let t = until_balanced(&map, &NODE_IDS, "three nodes").await;
+    println!("chaos nodes: three nodes balanced in {t:?}");
+    let urls: Vec<String> = nodes.iter().map(Serve::ws_url).collect();
+    let load = Load::start(&urls, n_users, 3, &mb_url);
+
+    // faults, from this (main) thread: processes started here keep their parent-death signal
+    let mut faults: BTreeMap<NodeFault, u32> = BTreeMap::new();
+    let mut takeover: BTreeMap<NodeFault, Vec<Duration>> = BTreeMap::new();
+    let mut rebalance: Vec<Duration> = Vec::new();
+    let mut bag: Vec<NodeFault> = Vec::new();
+    let start = Instant::now();
+    let mut drawn = 0usize;
+    // at least one of each kind, then until the time is up
+    while drawn < NodeFault::ALL.len() || start.elapsed() < Duration::from_secs(secs) {
+        if bag.is_empty() {
+            bag = NodeFault::ALL.to_vec();
+        }
+        let fault = bag.swap_remove(rng.below(bag.len() as u64) as usize);
+        let i = rng.below(NODE_IDS.len() as u64) as usize;
+        let pause = Duration::from_millis(300 + rng.below(900));
+        drawn += 1;
+        tokio::time::sleep(pause).await;
+        let others: Vec<&str> = NODE_IDS
+            .iter()
+            .copied()
+            .filter(|&id| id != NODE_IDS[i])
+            .collect();
+        let what = format!("{} of {} (seed {seed})", fault.name(), NODE_IDS[i]);
+        match fault {
+            NodeFault::Kill9Node | NodeFault::SigtermNode => {
+                let t0 = Instant::now();
+                if fault == NodeFault::Kill9Node {
+                    nodes[i].kill9();
+                } else {
+                    // SAFETY: a signal to our own child
+                    unsafe { libc::kill(nodes[i].child.id() as i32, libc::SIGTERM) };
+                    let status = nodes[i].wait_exit(20).await;
+                    assert!(status.success(), "{what}: exit {status}");
+                }
+                until_balanced(&map, &others, &what).await;
+                takeover.entry(fault).or_default().push(t0.elapsed());
+                nodes[i] = lease_node(&core_url, &mb_url, NODE_IDS[i], ports[i]);
+                support::wait_healthy(ports[i]).await;
+                rebalance.push(until_balanced(&map, &NODE_IDS, &what).await);
+            }
+            NodeFault::SigstopNode => {
+                let t0 = Instant::now();
+                // SAFETY: a signal to our own child
+                unsafe { libc::kill(nodes[i].child.id() as i32, libc::SIGSTOP) };
+                until_balanced(&map, &others, &what).await;
+                takeover.entry(fault).or_default().push(t0.elapsed());
+                tokio::time::sleep((LEASE_TTL * 3).saturating_sub(t0.elapsed())).await;
+                // SAFETY: a signal to our own child
+                unsafe { libc::kill(nodes[i].child.id() as i32, libc::SIGCONT) };
+                rebalance.push(until_balanced(&map, &NODE_IDS, &what).await);
+            }
+            NodeFault::RestartCore | NodeFault::RestartMailbox => {
+                let t0 = Instant::now();
+                if fault == NodeFault::RestartCore {
+                    core.restart().unwrap();
+                } else {
+                    mailbox.restart().unwrap();
+                }
+                until_balanced(&map, &NODE_IDS, &what).await;
+                takeover.entry(fault).or_default().push(t0.elapsed());
+            }
+            NodeFault::ClientKill => client_kill_both(&core_url, &mb_url).await,
+        }
+        *faults.entry(fault).or_default() += 1;
+    }
+    let fault_secs = start.elapsed();
+    // the quiet path: no more traffic; everything delivered, and every node healthy again
+    let o = load
+        .finish(&mb_url, async {
+            for &p in &ports {
+                support::wait_healthy(p).await;
+            }
+        })
+        .await;
+    let fault_list: Vec<String> = faults
+        .iter()
+        .map(|(k, v)| format!("{}={v}", k.name()))
+        .collect();
+    let t = |f: NodeFault| summary(takeover.get(&f).map_or(&[][..], Vec::as_slice));
+    println!(
+        "chaos nodes: {} messages ({} deliveries, {} resends) through 3 gateways, {:.0?} of \
+         faults: {} + chunk_fail 10%; shards held again (median/max) after kill -9 {}, SIGSTOP {}, \
+         SIGTERM {}, core restart {}, mailbox restart {}; rebalanced after a node's return {}; \
+         lost {}, duplicated {}, reordered {}; seed {seed}",
+        o.messages,
+        o.deliveries,
+        o.resends,
+        fault_secs,
+        fault_list.join(" "),
+        t(NodeFault::Kill9Node),
+        t(NodeFault::SigstopNode),
+        t(NodeFault::SigtermNode),
+        t(NodeFault::RestartCore),
+        t(NodeFault::RestartMailbox),
+        summary(&rebalance),
+        o.lost,
+        o.duplicated,
+        o.reordered
+    );
+    assert_eq!((o.lost, o.duplicated, o.reordered), (0, 0, 0));
+    assert!(o.messages > 50, "the load ran ({} messages)", o.messages);
+    for n in &mut nodes {
+        n.kill9();
+    }
 }
 
 // ---- the quiet path: one fault, one message, then no traffic at all -------------------------
@@ -669,7 +1053,7 @@ async fn quiet_outage(fault: Quiet) {
     let stop = Arc::new(AtomicBool::new(false));
     let bob = Arc::new(Mutex::new(Receiver::default()));
     let rx = tokio::spawn(receive(
-        url.clone(),
+        vec![url.clone()],
         "bob".into(),
         bob.clone(),
         stop.clone(),

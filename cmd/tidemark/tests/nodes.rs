@@ -9,6 +9,12 @@
 //!
 //! Then every acknowledged message must be in every recipient's mailbox exactly once, in log
 //! order (seq ascending), read through any live gateway.
+//!
+//! Also: scaling 1 -> 3 -> 2 and a rolling restart, a static owner table, `up --nodes 2`,
+//! gateway- and materializer-only nodes, Redis restarts, and ADR-0015's layout upgrade as a
+//! rolling restart of leases nodes (ADR-0033). Nodes listen on ports from
+//! `support::nodes::node_ports`, outside the ephemeral range, so that a node restarted on its
+//! port finds it free.
 
 mod support;
 
@@ -18,36 +24,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{http_get, http_post, serve_args, spawn_killed_with_us, wait_healthy};
+use support::nodes::{consecutive_node_ports, node_ports, signal, until_balanced_within, Traffic};
+use support::{http_get, http_post, serve_args, spawn_killed_with_us, wait_healthy, Serve};
 use tidemark_redis_proc::{RedisOptions, RedisProcess};
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::{ShardMap, Topology};
 
 const SHARDS: u32 = 8;
 
-/// The tests of this file run one at a time: each picks free ports before its nodes bind them,
-/// and two tests picking the same port would send one test's traffic into the other's
-/// deployment.
+/// The tests of this file run one at a time: three nodes and their traffic on a 2-core box are
+/// load enough, and takeover times measured side by side with another test's would say little.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 const TTL: Duration = Duration::from_secs(1);
-const USERS: usize = 12;
-
-/// `n` distinct free ports (all bound at once, then released).
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    node_ports(1)[0]
+}
+
+/// Waits until every shard is held by one of `live`, each of them holding ⌊S/n⌋ or ⌈S/n⌉;
+/// returns how long it took.
+async fn until_balanced(map: &ShardMap, live: &[&str], what: &str) -> Duration {
+    until_balanced_within(map, live, what, 30).await
 }
 
 /// One node: `serve --ownership leases --lease-ttl 1s --node-id <id>` on `port`.
@@ -85,173 +82,6 @@ fn start_node_with(core: &str, mailbox: &str, id: &str, port: u16, extra: &[&str
     spawn_killed_with_us(&mut cmd)
 }
 
-fn signal(child: &Child, sig: i32) {
-    // SAFETY: sending a signal to our own child process
-    unsafe {
-        libc::kill(child.id() as i32, sig);
-    }
-}
-
-/// Shard → lease holder, for the shards that have one.
-async fn owners(map: &ShardMap) -> BTreeMap<u32, String> {
-    match tidemark_ops::status::status(map).await {
-        Ok(s) => s
-            .shards
-            .into_iter()
-            .filter_map(|l| l.owner.map(|o| (l.shard, o)))
-            .collect(),
-        Err(_) => BTreeMap::new(),
-    }
-}
-
-/// Waits until every shard is held by one of `live`, each of them holding ⌊S/n⌋ or ⌈S/n⌉;
-/// returns how long it took.
-async fn until_balanced(map: &ShardMap, live: &[&str], what: &str) -> Duration {
-    until_balanced_n(map, live, SHARDS, what).await
-}
-
-/// [`until_balanced`] for a deployment of `shards` shards.
-async fn until_balanced_n(map: &ShardMap, live: &[&str], shards: u32, what: &str) -> Duration {
-    let start = Instant::now();
-    let n = live.len() as u32;
-    loop {
-        let o = owners(map).await;
-        let mut count: BTreeMap<&str, u32> = live.iter().map(|&id| (id, 0)).collect();
-        let mut ok = o.len() == shards as usize;
-        for id in o.values() {
-            match count.get_mut(id.as_str()) {
-                Some(c) => *c += 1,
-                None => ok = false,
-            }
-        }
-        if ok
-            && count
-                .values()
-                .all(|&c| c == shards / n || c == shards.div_ceil(n))
-        {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{what}: not balanced over {live:?} after 30 s: {o:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// An acknowledged message: its recipients and its offset per shard.
-struct Acked {
-    to: Vec<String>,
-    offsets: BTreeMap<u32, u64>,
-}
-
-/// Sends until `stop`, round-robin over the gateways of `ports` that answer; a message whose
-/// gateway fails is resent with the same id through the next one (idempotent).
-fn sender(
-    ports: Arc<Mutex<Vec<u16>>>,
-    stop: Arc<AtomicBool>,
-    acked: Arc<Mutex<Vec<Acked>>>,
-) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut i = 0usize;
-        while !stop.load(Ordering::SeqCst) {
-            let to: Vec<String> = (0..1 + i % 3)
-                .map(|k| format!("u{}", (i * 7 + k * 5) % USERS))
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect();
-            let body =
-                serde_json::json!({"id": format!("m{i}"), "to": to, "body": format!("b{i}")});
-            let sender = format!("s{}", i % 4);
-            let mut tries = 0;
-            loop {
-                let live = ports.lock().unwrap().clone();
-                let port = live[(i + tries) % live.len()];
-                let (status, resp) = http_post(
-                    port,
-                    &format!("/v1/messages?user={sender}"),
-                    &body.to_string(),
-                );
-                if status == 200 {
-                    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
-                    let offsets = v["offsets"]
-                        .as_object()
-                        .unwrap()
-                        .iter()
-                        .map(|(s, o)| (s.parse().unwrap(), o.as_u64().unwrap()))
-                        .collect();
-                    acked.lock().unwrap().push(Acked { to, offsets });
-                    break;
-                }
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(20));
-                if tries > 500 {
-                    panic!("message m{i} not acknowledged: {status} {resp}");
-                }
-            }
-            i += 1;
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    })
-}
-
-/// Every acknowledged message is in every recipient's mailbox exactly once, in log order
-/// (read through the gateway on `port`), within 30 s.
-async fn assert_delivered(map: &ShardMap, port: u16, acked: &[Acked]) {
-    let mut want: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for m in acked {
-        for u in &m.to {
-            let s = map.route(u).shard;
-            want.entry(u.clone()).or_default().push(m.offsets[&s]);
-        }
-    }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (u, seqs) in &want {
-        let mut want_set: Vec<u64> = seqs.clone();
-        want_set.sort_unstable();
-        loop {
-            let (status, body) =
-                http_get(port, &format!("/v1/mailbox?user={u}&after=0&limit=1000"));
-            // a 5xx says "retry" (e.g. the first read on a connection to a restarted Redis)
-            if status >= 500 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-            assert_eq!(status, 200, "{body}");
-            let page: serde_json::Value = serde_json::from_str(&body).unwrap();
-            let got: Vec<u64> = page["entries"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|e| e["seq"].as_u64().unwrap())
-                .collect();
-            assert!(
-                got.windows(2).all(|w| w[0] < w[1]),
-                "{u}: not in order or repeated: {got:?}"
-            );
-            if got == want_set {
-                break;
-            }
-            let missing: Vec<&u64> = want_set.iter().filter(|s| !got.contains(s)).collect();
-            let extra: Vec<&u64> = got.iter().filter(|s| !want_set.contains(s)).collect();
-            assert!(
-                extra.is_empty(),
-                "{u}: entries never acknowledged: {extra:?}"
-            );
-            assert!(
-                Instant::now() < deadline,
-                "{u}: acknowledged but not delivered: {missing:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    println!(
-        "{} acknowledged messages, {} mailbox entries checked",
-        acked.len(),
-        want.values().map(Vec::len).sum::<usize>()
-    );
-}
-
 /// A core and a mailbox redis-server and the map of a `SHARDS`-shard deployment over them.
 struct Instances {
     core: RedisProcess,
@@ -284,54 +114,7 @@ fn instances_with(opts: RedisOptions) -> Instances {
         cu,
         mu,
         map,
-        ports: free_ports(IDS.len()),
-    }
-}
-
-/// The [`sender`] running over the gateways in `live`, until [`Traffic::finish`].
-struct Traffic {
-    live: Arc<Mutex<Vec<u16>>>,
-    stop: Arc<AtomicBool>,
-    acked: Arc<Mutex<Vec<Acked>>>,
-    tx: std::thread::JoinHandle<()>,
-}
-
-impl Traffic {
-    fn start(ports: Vec<u16>) -> Traffic {
-        let live = Arc::new(Mutex::new(ports));
-        let stop = Arc::new(AtomicBool::new(false));
-        let acked = Arc::new(Mutex::new(Vec::new()));
-        let tx = sender(live.clone(), stop.clone(), acked.clone());
-        Traffic {
-            live,
-            stop,
-            acked,
-            tx,
-        }
-    }
-
-    /// Sends no more through `port` (its node is about to go).
-    fn drop_port(&self, port: u16) {
-        self.live.lock().unwrap().retain(|&p| p != port);
-    }
-
-    /// Sends through `port` too.
-    fn add_port(&self, port: u16) {
-        self.live.lock().unwrap().push(port);
-    }
-
-    /// Stops sending; then more than `at_least` messages were acknowledged and every one is
-    /// delivered (read through the gateway on `port`).
-    async fn finish(self, map: &ShardMap, port: u16, at_least: usize) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.tx.join().unwrap();
-        let acked = std::mem::take(&mut *self.acked.lock().unwrap());
-        assert!(
-            acked.len() > at_least,
-            "only {} messages acknowledged",
-            acked.len()
-        );
-        assert_delivered(map, port, &acked).await;
+        ports: node_ports(IDS.len()),
     }
 }
 
@@ -485,7 +268,7 @@ async fn static_owner_table_and_a_replacement_with_the_same_id() {
             .stderr(std::process::Stdio::null());
         spawn_killed_with_us(&mut cmd)
     };
-    let ports = free_ports(ids.len());
+    let ports = node_ports(ids.len());
     let mut nodes: Vec<Child> = ids
         .iter()
         .zip(&ports)
@@ -557,8 +340,8 @@ async fn up_with_two_nodes_fails_over_when_one_is_killed() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let port = free_port();
     // the second node listens on the next port
+    let port = consecutive_node_ports(2)[0];
     let up = support::UpProc::start_in(
         std::path::Path::new("."),
         &format!("127.0.0.1:{port}"),
@@ -574,14 +357,14 @@ async fn up_with_two_nodes_fails_over_when_one_is_killed() {
     let config = data.join("tidemark.toml");
     let map = Topology::from_file(&config).unwrap().validate().unwrap();
     // up --shards 2: one shard each
-    let t = until_balanced_n(&map, &["up-0", "up-1"], 2, "up --nodes 2").await;
+    let t = until_balanced(&map, &["up-0", "up-1"], "up --nodes 2").await;
     println!("up --nodes 2: balanced in {t:?}");
     wait_healthy(port + 1).await;
     // SAFETY: a signal to a process `up` started for us
     unsafe {
         libc::kill(pid, libc::SIGKILL);
     }
-    let t = until_balanced_n(&map, &["up-0"], 2, "after kill -9 of up-1").await;
+    let t = until_balanced(&map, &["up-0"], "after kill -9 of up-1").await;
     println!("up --nodes 2: kill -9 of up-1, its shard taken in {t:?}");
     // the survivor is healthy again once its worker has claimed the shard it took
     wait_healthy(port).await;
@@ -625,7 +408,7 @@ async fn a_gateway_node_and_a_materializer_node() {
         .unwrap()
         .iter()
         .map(|n| {
-            for k in ["id", "url", "role", "age_ms"] {
+            for k in ["id", "url", "role", "layout", "age_ms"] {
                 assert!(n.get(k).is_some(), "node without {k}: {n}");
             }
             (
@@ -710,4 +493,272 @@ async fn two_nodes_ride_out_redis_restarts() {
         let _ = n.kill();
         let _ = n.wait();
     }
+}
+
+/// `serve --layout LAYOUT --ownership leases --lease-ttl 1s --node-id ID` on `port`, its log
+/// (warnings and errors) in `dir`.
+fn layout_node(r: &Instances, id: &str, port: u16, layout: &str, dir: &std::path::Path) -> Serve {
+    let args = [
+        "--layout",
+        layout,
+        "--ownership",
+        "leases",
+        "--lease-ttl",
+        "1s",
+        "--node-id",
+        id,
+    ];
+    let log = dir.join(format!("{id}-{layout}.log"));
+    Serve::start((&r.cu, &r.mu, SHARDS), port, &args, "warn", log)
+}
+
+/// What the upgrade's monitor saw: status samples and broken rules.
+#[derive(Default)]
+struct UpgradeWatch {
+    samples: u64,
+    violations: Vec<String>,
+}
+
+/// Samples `tidemark status` every 50 ms until `stop`: a shard's layout never goes back from
+/// packed-v2 to packed-v1, its epoch never goes down, and no node running packed-v1 code
+/// (`v1`, kept up to date by the test) holds the lease of a packed-v2 shard. The watermark is
+/// read before the lease, so a packed-v2 watermark with a packed-v1 holder means that holder
+/// won the lease after the shard was converted.
+async fn watch_upgrade(
+    map: ShardMap,
+    v1: Arc<Mutex<BTreeSet<String>>>,
+    out: Arc<Mutex<UpgradeWatch>>,
+    stop: Arc<AtomicBool>,
+) {
+    let mut last: BTreeMap<u32, (String, u64)> = BTreeMap::new();
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok(st) = tidemark_ops::status::status(&map).await {
+            let v1 = v1.lock().unwrap().clone();
+            let mut out = out.lock().unwrap();
+            out.samples += 1;
+            for sh in st.shards {
+                let (Some(layout), Some(epoch)) = (sh.layout, sh.epoch) else {
+                    continue;
+                };
+                if let Some((l0, e0)) = last.get(&sh.shard) {
+                    if l0 == "packed-v2" && layout == "packed-v1" {
+                        out.violations
+                            .push(format!("shard {}: back to packed-v1", sh.shard));
+                    }
+                    if epoch < *e0 {
+                        out.violations
+                            .push(format!("shard {}: epoch {e0} -> {epoch}", sh.shard));
+                    }
+                }
+                if let Some(o) = sh.owner.as_ref().filter(|o| v1.contains(*o)) {
+                    if layout == "packed-v2" {
+                        out.violations.push(format!(
+                            "shard {}: packed-v2 (epoch {epoch}) and its lease held by {o}, \
+                             a packed-v1 node",
+                            sh.shard
+                        ));
+                    }
+                }
+                last.insert(sh.shard, (layout, epoch));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Every shard's watermark: (layout, blob length).
+async fn layouts(mu: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for s in 0..SHARDS {
+        let wm = support::watermark(mu, s).await;
+        out.push((wm.layout.as_str().to_string(), wm.blob_len));
+    }
+    out
+}
+
+/// ADR-0015's upgrade (packed-v1 -> packed-v2) as a rolling restart of three leases nodes
+/// under traffic through every gateway, as `docs/operations.md` describes it ("The ADR-0015
+/// upgrade as a rolling restart of nodes"): each node in turn is stopped (SIGTERM) and started
+/// again with the same id and `--layout packed-v2`. From the first packed-v2 node on, the
+/// shards go to the packed-v2 nodes only (they run the newest layout in the registry); each
+/// shard moves once from old code to new (hand-over: the old owner stops, releases; the new one
+/// claims, epoch + 1) and is converted on its next write. Throughout, no packed-v1 node holds
+/// the lease of a converted shard, no epoch goes down, no node is fenced or refuses a shard,
+/// and nothing acknowledged is lost, duplicated or reordered. At the end old code started on
+/// the converted data refuses to start and changes no epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_upgrade_from_packed_v1_to_packed_v2_under_traffic() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    let r = instances();
+    let (map, ports, ids) = (r.map.clone(), r.ports.clone(), IDS);
+    let logs = support::temp_dir("nodes-upgrade");
+    let mut nodes: Vec<Serve> = ids
+        .iter()
+        .zip(&ports)
+        .map(|(id, &p)| layout_node(&r, id, p, "packed-v1", &logs))
+        .collect();
+    for &p in &ports {
+        wait_healthy(p).await;
+    }
+    until_balanced(&map, &ids, "three packed-v1 nodes").await;
+    let v1: Arc<Mutex<BTreeSet<String>>> =
+        Arc::new(Mutex::new(ids.iter().map(|s| s.to_string()).collect()));
+    let traffic = Traffic::start(ports.clone());
+    let watch: Arc<Mutex<UpgradeWatch>> = Arc::default();
+    let stop_watch = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn(watch_upgrade(
+        map.clone(),
+        v1.clone(),
+        watch.clone(),
+        stop_watch.clone(),
+    ));
+    support::until("traffic under packed-v1", 30, || async {
+        traffic.acked() > 30
+    })
+    .await;
+    assert!(
+        layouts(&r.mu)
+            .await
+            .iter()
+            .all(|(l, len)| l == "packed-v1" && *len == 1216),
+        "the old deployment writes packed-v1"
+    );
+
+    // the rolling restart, one node at a time
+    let t_all = Instant::now();
+    let mut v2: Vec<&str> = Vec::new();
+    let mut timings = Vec::new();
+    for i in 0..3 {
+        traffic.drop_port(ports[i]);
+        let t = Instant::now();
+        signal(&nodes[i].child, libc::SIGTERM);
+        let status = nodes[i].wait_exit(20).await;
+        assert!(status.success(), "{} stops cleanly: {status}", ids[i]);
+        let stopped = t.elapsed();
+        v1.lock().unwrap().remove(ids[i]);
+        v2.push(ids[i]);
+        let t = Instant::now();
+        nodes[i] = layout_node(&r, ids[i], ports[i], "packed-v2", &logs);
+        wait_healthy(ports[i]).await;
+        let healthy = t.elapsed();
+        traffic.add_port(ports[i]);
+        // every shard on the packed-v2 nodes, balanced over them
+        let what = format!("after {} runs packed-v2", ids[i]);
+        until_balanced(&map, &v2, &what).await;
+        let moved = t.elapsed();
+        println!(
+            "upgrade of {}: stopped in {stopped:?}, healthy {healthy:?} after its start, every \
+             shard on {v2:?} {moved:?} after its start",
+            ids[i]
+        );
+        timings.push((stopped, healthy, moved));
+        // a little traffic through the mixed deployment before the next node
+        let n = traffic.acked();
+        support::until("traffic in the mix", 30, || async {
+            traffic.acked() > n + 100
+        })
+        .await;
+    }
+    let total = t_all.elapsed();
+    println!("rolling upgrade of 3 nodes: {total:?} from the first SIGTERM to the last balance");
+
+    let (messages, entries) = traffic.finish(&map, ports[0], 100).await;
+    stop_watch.store(true, Ordering::SeqCst);
+    watcher.await.unwrap();
+    let watch = std::mem::take(&mut *watch.lock().unwrap());
+    assert!(
+        watch.violations.is_empty(),
+        "{} violations in {} samples:\n{}",
+        watch.violations.len(),
+        watch.samples,
+        watch.violations.join("\n")
+    );
+    assert!(
+        watch.samples > 20,
+        "the monitor ran ({} samples)",
+        watch.samples
+    );
+    // one message to every shard (the traffic's users do not cover them all): each is
+    // written by its packed-v2 owner, so each is packed-v2 now, 19 bytes once uniform
+    let mut probes: BTreeMap<u32, String> = BTreeMap::new();
+    for i in 0.. {
+        let u = format!("probe-{i}");
+        probes.entry(map.route(&u).shard).or_insert(u);
+        if probes.len() == SHARDS as usize {
+            break;
+        }
+    }
+    let to: Vec<&String> = probes.values().collect();
+    let body = serde_json::json!({"id": "probe", "to": to, "body": "probe"}).to_string();
+    let (status, resp) = http_post(ports[0], "/v1/messages?user=prober", &body);
+    assert_eq!(status, 200, "{resp}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = layouts(&r.mu).await;
+        if now.iter().all(|(l, len)| l == "packed-v2" && *len == 19) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every shard packed-v2, 19 bytes: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let verify = support::tidemark(&["wm", "verify", "--redis", &r.mu]);
+    assert!(verify.status.success(), "{verify:?}");
+    // no node was fenced and no old node met converted data (it would have refused the shard)
+    for n in &nodes {
+        let (_, metrics) = http_get(n.port, "/metrics");
+        assert!(
+            !metrics
+                .lines()
+                .any(|l| l.starts_with("tidemark_shard_fenced_total") && !l.ends_with(" 0")),
+            "a packed-v2 node was fenced:\n{metrics}"
+        );
+    }
+    for entry in std::fs::read_dir(&logs).unwrap() {
+        let path = entry.unwrap().path();
+        let log = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !log.contains("Fenced") && !log.contains("shard not taken"),
+            "{}:\n{log}",
+            path.display()
+        );
+    }
+
+    // old code started now (a mistake): refuses to start, changes no epoch
+    let epochs: Vec<u64> = {
+        let mut v = Vec::new();
+        for s in 0..SHARDS {
+            v.push(support::watermark(&r.mu, s).await.epoch);
+        }
+        v
+    };
+    let mut late = layout_node(&r, "late-v1", free_port(), "packed-v1", &logs);
+    let status = late.wait_exit(20).await;
+    let log = late.log_text();
+    assert!(!status.success(), "old code must not start: {log}");
+    assert!(log.contains("unknown_layout"), "{log}");
+    for (s, &e) in epochs.iter().enumerate() {
+        assert_eq!(
+            support::watermark(&r.mu, s as u32).await.epoch,
+            e,
+            "shard {s}"
+        );
+    }
+    println!(
+        "rolling upgrade v1 -> v2: {messages} messages, {entries} mailbox entries, {} status \
+         samples, 0 violations; per node (stop, healthy, all shards on the new nodes): {}; total \
+         {total:.1?}",
+        watch.samples,
+        timings
+            .iter()
+            .map(|(a, b, c)| format!("({a:.1?}, {b:.1?}, {c:.1?})"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for n in &mut nodes {
+        n.stop();
+    }
+    std::fs::remove_dir_all(&logs).ok();
 }

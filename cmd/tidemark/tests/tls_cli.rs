@@ -75,15 +75,46 @@ fn https_get(
     ca: &rustls::pki_types::CertificateDer<'static>,
     path: &str,
 ) -> (u16, String) {
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(client_config(ca), name).unwrap();
-    let tcp = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let tls = rustls::StreamOwned::new(conn, tcp);
-    exchange(
-        tls,
+    https_request(
+        port,
+        ca,
         &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
     )
+}
+
+/// `POST path` with a JSON `body` over TLS to 127.0.0.1:`port`: (status, body).
+fn https_post(
+    port: u16,
+    ca: &rustls::pki_types::CertificateDer<'static>,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    https_request(
+        port,
+        ca,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// Writes `request` over TLS to 127.0.0.1:`port` (verified as `localhost` against `ca`) and
+/// reads the answer: (status, body); status 0 when nothing answered.
+fn https_request(
+    port: u16,
+    ca: &rustls::pki_types::CertificateDer<'static>,
+    request: &str,
+) -> (u16, String) {
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(client_config(ca), name).unwrap();
+    let Ok(tcp) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return (0, String::new());
+    };
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let tls = rustls::StreamOwned::new(conn, tcp);
+    exchange(tls, request)
 }
 
 /// `tidemark up` with dev auth, serving TLS with `files`; `extra` arguments after.
@@ -145,5 +176,112 @@ fn up_serves_metrics_and_healthz_on_the_admin_listener_only() {
     }
     let (status, body) = https_get(port, &files.ca, "/v1/mailbox?user=bob");
     assert_eq!(status, 200, "{body}");
+    up.stop();
+}
+
+/// `up --nodes 3 --tls-cert … --tls-key … --admin-listen …`: every node serves `wss://` and
+/// `https://` with the same certificate on consecutive ports, and `/healthz`/`/metrics` on its
+/// own admin listener (consecutive ports too, each printed); a message sent over https through
+/// one node is read over https through another. Port 0 or overlapping ranges are refused
+/// before anything starts.
+#[test]
+fn up_with_three_nodes_serves_tls_and_an_admin_listener_each() {
+    let files = TlsFiles::new(&["localhost"], "");
+    let (cert, key) = (files.cert.to_str().unwrap(), files.key.to_str().unwrap());
+    let data = files.dir.path().join("data");
+    // refused before anything starts: port 0 with several nodes, overlapping ranges
+    let gateways = support::nodes::consecutive_node_ports(3);
+    let admins = support::nodes::consecutive_node_ports(3);
+    let listen = format!("127.0.0.1:{}", gateways[0]);
+    let admin_listen = format!("127.0.0.1:{}", admins[0]);
+    let overlapping = format!("127.0.0.1:{}", gateways[2]);
+    for (listen, admin, says) in [
+        ("127.0.0.1:0", admin_listen.as_str(), "not 0"),
+        (listen.as_str(), "127.0.0.1:0", "not 0"),
+        (listen.as_str(), overlapping.as_str(), "overlap"),
+    ] {
+        let o = run(support::cli()
+            .args(["up", "--nodes", "3", "--dev-auth", "--listen", listen])
+            .args([
+                "--admin-listen",
+                admin,
+                "--tls-cert",
+                cert,
+                "--tls-key",
+                key,
+            ])
+            .arg("--data-dir")
+            .arg(&data));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{listen} {admin}: {err}");
+        assert!(err.contains(says), "{listen} {admin}: {err}");
+        assert!(!data.exists(), "up created its data dir");
+    }
+
+    let up = UpProc::start_in(
+        std::path::Path::new("."),
+        &listen,
+        &data,
+        &[
+            "--nodes",
+            "3",
+            "--dev-auth",
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+            "--admin-listen",
+            &admin_listen,
+        ],
+    );
+    // every node and its admin listener printed
+    assert!(up.line("gateway").contains(&format!("wss://{listen}/")));
+    for i in 1..3 {
+        let node = up.containing(&format!("node     up-{i} "));
+        assert!(
+            node.contains(&format!("wss://127.0.0.1:{}/v1/ws", gateways[i])),
+            "{node}"
+        );
+        let admin = up.containing(&format!("admin    up-{i} "));
+        assert!(
+            admin.contains(&format!("http://127.0.0.1:{}", admins[i])),
+            "{admin}"
+        );
+    }
+    assert_eq!(up.port("admin"), admins[0]);
+    for i in 0..3 {
+        // /healthz on the admin listener (plain HTTP), once the node owns its shards
+        wait_200(|| http_get(admins[i], "/healthz").0);
+        assert_eq!(http_get(admins[i], "/metrics").0, 200);
+        // the gateway: TLS only, the client endpoints only
+        assert_eq!(http_get(gateways[i], "/v1/mailbox?user=bob").0, 0);
+        assert_eq!(
+            https_get(gateways[i], &files.ca, "/healthz?user=bob").0,
+            404
+        );
+        let (status, body) = https_get(gateways[i], &files.ca, "/v1/mailbox?user=bob");
+        assert_eq!(status, 200, "node {i}: {body}");
+    }
+    // sent through up-1, read through up-2
+    let (status, body) = https_post(
+        gateways[1],
+        &files.ca,
+        "/v1/messages?user=alice",
+        r#"{"id":"tls-nodes-1","to":["bob"],"body":"over tls"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let start = Instant::now();
+    loop {
+        let (status, body) = https_get(gateways[2], &files.ca, "/v1/mailbox?user=bob");
+        assert_eq!(status, 200, "{body}");
+        if body.contains("over tls") {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "not delivered: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     up.stop();
 }

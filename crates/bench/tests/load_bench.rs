@@ -410,6 +410,7 @@ async fn remote_target_with_tokens() {
             },
             materializer: MaterializerOptions::default(),
             appendfsync: "everysec".into(),
+            cluster: false,
             node: None,
         },
         tokio_util::sync::CancellationToken::new(),

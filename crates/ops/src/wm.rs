@@ -37,7 +37,9 @@ pub async fn init(
 pub async fn explain_missing(url: &str, shard: u32) -> String {
     let id = async {
         let mut conn = deployment::connect(url).await.ok()?;
-        deployment::read(&mut conn).await.ok()
+        deployment::read_at(&mut conn, &deployment::key(url, deployment::Role::Mailbox))
+            .await
+            .ok()
     }
     .await;
     match id {
@@ -179,6 +181,13 @@ pub async fn downgrade(url: &str, shards: &[u32], force_offline: bool) -> Result
 
 /// Shards that have a `wm:{s}` key on this instance (SCAN), sorted.
 pub async fn discover_shards(url: &str) -> Result<Vec<u32>> {
+    if tidemark_store::endpoint::is_cluster(url) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: finding shards by SCAN is not supported on a Redis Cluster yet; name the \
+             shards (--shards)",
+            redact_url(url)
+        )));
+    }
     let mut conn = deployment::connect(url).await?;
     deployment::watermark_shards(&mut conn).await
 }
@@ -204,7 +213,11 @@ pub async fn verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
     for url in urls {
         let shards = discover_shards(url).await?;
         let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
-        let identity = deployment::read(&mut store.connection()).await?;
+        let identity = deployment::read_at(
+            &mut store.connection(),
+            &deployment::key(url, deployment::Role::Mailbox),
+        )
+        .await?;
         if identity.is_none() && shards.is_empty() {
             findings.push(VerifyFinding {
                 url: redact_url(url),

@@ -14,8 +14,19 @@
 //! Files are private: a data directory this crate creates is mode 0700, and the server runs
 //! with umask 077, so its AOF directory, AOF files and log are readable by their owner only.
 //!
+//! [`cluster`] builds a local Redis Cluster out of such processes ([`RedisCluster`]); [`resp`]
+//! is the tiny blocking client the harness talks to its nodes with.
+//!
 //! There is deliberately no mock of Redis anywhere in Tidemark: what the tests prove is what
 //! runs in production.
+
+pub mod cluster;
+pub mod resp;
+
+pub use cluster::{
+    free_cluster_port, free_cluster_ports, key_slot, redis_cli_available, ClusterOptions, NodeInfo,
+    RedisCluster, Role,
+};
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -41,6 +52,31 @@ pub enum Error {
     /// `-`, `.`, `_` and `~` (so that it needs no quoting in a config line or a URL).
     #[error("a redis password must be 1..=512 characters of A-Z a-z 0-9 - . _ ~")]
     BadPassword,
+    /// `redis-cli` is not on `PATH` (the cluster harness needs it).
+    #[error("redis-cli not found on PATH; install it with: sudo apt-get update && sudo apt-get install -y redis-tools (or run scripts/install-redis.sh)")]
+    CliNotInstalled,
+    /// [`ClusterOptions`] that cannot make a cluster, or that do not match the cluster found
+    /// in the base directory.
+    #[error("bad cluster options: {0}")]
+    BadClusterOptions(String),
+    /// A [`RedisCluster`] method called in a way that cannot work (no such node, not a
+    /// primary, a failover of a node that had no replica …).
+    #[error("cluster harness misuse: {0}")]
+    ClusterUsage(String),
+    /// `redis-cli --cluster <step>` failed (exit status and the end of its output).
+    #[error("redis-cli --cluster {step} failed: {output}")]
+    ClusterCli { step: &'static str, output: String },
+    /// A cluster condition was not reached in time; `what` names the condition and the first
+    /// node that did not meet it.
+    #[error("redis cluster not ready after {waited:?}: {what}")]
+    ClusterNotReady { what: String, waited: Duration },
+    /// A node answered a harness command with an error.
+    #[error("{addr} answered {command:?} with {reply}")]
+    ClusterCommand {
+        addr: SocketAddr,
+        command: String,
+        reply: String,
+    },
     /// Any I/O failure while preparing or starting the process.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
@@ -53,6 +89,12 @@ impl Error {
             Error::NotInstalled => "redis_not_installed",
             Error::NotReady { .. } => "redis_not_ready",
             Error::BadPassword => "bad_password",
+            Error::CliNotInstalled => "redis_cli_not_installed",
+            Error::BadClusterOptions(_) => "bad_cluster_options",
+            Error::ClusterUsage(_) => "cluster_usage",
+            Error::ClusterCli { .. } => "cluster_cli_failed",
+            Error::ClusterNotReady { .. } => "cluster_not_ready",
+            Error::ClusterCommand { .. } => "cluster_command_failed",
             Error::Io(_) => "io",
         }
     }
@@ -76,7 +118,9 @@ pub struct RedisOptions {
     pub appendfsync: String,
     /// Extra `--name value` arguments, passed as given.
     pub extra: Vec<(String, String)>,
-    /// Require this password from every client (`requirepass`); see [`valid_password`].
+    /// Require this password from every client (`requirepass`); see [`valid_password`]. It
+    /// is also the server's `masterauth`: a replica authenticates to its primary with it
+    /// (in a [`RedisCluster`], all nodes share one password).
     pub requirepass: Option<String>,
 }
 
@@ -263,7 +307,7 @@ impl RedisProcess {
         let mut child = cmd.spawn()?;
         if let (Some(pass), Some(mut stdin)) = (&opts.requirepass, child.stdin.take()) {
             // A server that died before reading this is reported by the readiness check.
-            let _ = stdin.write_all(format!("requirepass {pass}\n").as_bytes());
+            let _ = stdin.write_all(format!("requirepass {pass}\nmasterauth {pass}\n").as_bytes());
         }
         Ok(child)
     }

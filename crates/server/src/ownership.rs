@@ -17,6 +17,11 @@
 //!   target but not held    ──▶ acquire; won ──▶ gate opened, worker restarted with it (claims)
 //! ```
 //!
+//! The assignment is over the live nodes that write the newest watermark layout among them
+//! (ADR-0033): during a rolling upgrade (packed-v1 → packed-v2) a node of the old layout hands
+//! all its shards over as soon as an upgraded node is live, so converted data is never
+//! assigned to code that cannot own it.
+//!
 //! A node knows its own deadline for each lease: the time it *sent* the last successful
 //! renewal plus the TTL, minus a margin of a third of the TTL. The [`LeaseGate`] closes at that
 //! deadline and the worker writes nothing for a shard whose gate is closed, so a node that
@@ -169,6 +174,8 @@ impl LeaseLoop {
         let mut first = true;
         // shards this code may not own (old code on newer data): not retried for a while
         let mut refused: HashMap<u32, Instant> = HashMap::new();
+        // a node of a newer layout is live: this one owns nothing (logged when it changes)
+        let mut yielding = false;
         loop {
             if !first {
                 tokio::select! {
@@ -197,6 +204,7 @@ impl LeaseLoop {
                             ttl_ms,
                             &self.node.advertise,
                             self.node.role.as_str(),
+                            self.map.layout(),
                         )
                         .await;
                     match beat {
@@ -247,21 +255,40 @@ impl LeaseLoop {
             }
             metrics::counter!("tidemark_lease_renewals_total").increment(held.len() as u64);
             // 4. the target: balanced over the live materializing nodes (this one included)
+            //    that write the newest layout among them (ADR-0033: during a rolling upgrade
+            //    the shards go to the upgraded nodes; old code is never handed converted data)
             let target: BTreeSet<u32> = match &live {
                 Some(nodes) => {
-                    let mut ids: Vec<String> = nodes
+                    let mut all: Vec<(String, Option<String>)> = nodes
                         .iter()
-                        .filter(|n| n.role != Role::Gateway.as_str())
-                        .map(|n| n.id.clone())
+                        .filter(|n| n.role != Role::Gateway.as_str() && n.id != self.node.id)
+                        .map(|n| (n.id.clone(), n.layout.clone()))
                         .collect();
-                    if !ids.contains(&self.node.id) {
-                        ids.push(self.node.id.clone());
+                    let mine = self.map.layout().as_str().to_string();
+                    all.push((self.node.id.clone(), Some(mine)));
+                    let ids = tidemark_store::assign::eligible(&all);
+                    let yields = !ids.contains(&self.node.id.as_str());
+                    if yields != yielding {
+                        yielding = yields;
+                        if yields {
+                            tracing::warn!(
+                                layout = self.map.layout().as_str(),
+                                "a node writing a newer watermark layout is live: this node \
+                                 hands its shards over to the upgraded nodes (rolling upgrade, \
+                                 ADR-0033)"
+                            );
+                        }
                     }
-                    let owner = tidemark_store::assign::balanced(self.map.shards(), &ids);
-                    self.map
-                        .all_shards()
-                        .filter(|&s| ids[owner[s as usize]] == self.node.id)
-                        .collect()
+                    if yields {
+                        BTreeSet::new()
+                    } else {
+                        let ids: Vec<String> = ids.into_iter().map(str::to_string).collect();
+                        let owner = tidemark_store::assign::balanced(self.map.shards(), &ids);
+                        self.map
+                            .all_shards()
+                            .filter(|&s| ids[owner[s as usize]] == self.node.id)
+                            .collect()
+                    }
                 }
                 // registry unreachable: keep what is held, take nothing new
                 None => held.clone(),
@@ -405,7 +432,8 @@ pub(crate) async fn heartbeat_loop(node: NodeOptions, map: ShardMap, cancel: Can
         }
         if let Some(c) = core0.as_mut() {
             let role = node.role.as_str();
-            if let Err(e) = c.heartbeat(&node.id, ttl_ms, &node.advertise, role).await {
+            let beat = c.heartbeat(&node.id, ttl_ms, &node.advertise, role, map.layout());
+            if let Err(e) = beat.await {
                 tracing::debug!(error = %e, "heartbeat failed");
                 core0 = None;
             }

@@ -36,7 +36,9 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-async fn up(dir: &std::path::Path) -> (Up, CancellationToken) {
+/// `tidemark up` on `dir`: one core and one mailbox instance, or (`cluster`) both pools on a
+/// local 3+3 Redis Cluster (ADR-0032).
+async fn up(dir: &std::path::Path, cluster: bool) -> (Up, CancellationToken) {
     let cancel = CancellationToken::new();
     let up = run::up(
         UpOptions {
@@ -57,6 +59,7 @@ async fn up(dir: &std::path::Path) -> (Up, CancellationToken) {
                 ..Default::default()
             },
             appendfsync: "always".into(),
+            cluster,
             node: None,
         },
         cancel.clone(),
@@ -121,10 +124,30 @@ fn collector(mut c: Client, seen: Arc<Mutex<Seen>>) -> tokio::task::JoinHandle<C
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn users_exchange_messages_exactly_once_in_log_order() {
+    exchange(false, env_usize("TIDEMARK_E2E_MESSAGES", 10_000)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_exchange_messages_exactly_once_in_log_order_on_a_cluster() {
+    if skip_cluster() {
+        return;
+    }
+    exchange(true, env_usize("TIDEMARK_E2E_CLUSTER_MESSAGES", 3_000)).await;
+}
+
+/// True (with a notice) when a local cluster cannot be started here.
+fn skip_cluster() -> bool {
+    let missing = !tidemark_redis_proc::redis_cli_available();
+    if missing {
+        eprintln!("SKIPPED: redis-cli not installed (scripts/install-redis.sh)");
+    }
+    missing
+}
+
+async fn exchange(cluster: bool, n_msgs: usize) {
     let n_users = env_usize("TIDEMARK_E2E_USERS", 200);
-    let n_msgs = env_usize("TIDEMARK_E2E_MESSAGES", 10_000);
     let dir = tempfile::tempdir().unwrap();
-    let (up, cancel) = up(dir.path()).await;
+    let (up, cancel) = up(dir.path(), cluster).await;
     let url = up.running.ws_url();
     let users: Vec<String> = (0..n_users).map(|i| format!("user-{i:03}")).collect();
     let mut seen = Vec::new();
@@ -227,8 +250,13 @@ async fn users_exchange_messages_exactly_once_in_log_order() {
         );
     }
     // and from Redis directly: each mailbox holds exactly the expected entries
-    let client = redis::Client::open(up.mailbox[0].url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let map = up.topology.validate().unwrap();
+    let mut conn = tidemark_store::endpoint::connect(
+        &map.mailbox_urls()[0],
+        tidemark_store::endpoint::ConnectOptions::default(),
+    )
+    .await
+    .unwrap();
     for u in &users {
         let s = route(u).shard;
         let m: Vec<Vec<u8>> = conn.zrange(keys::mailbox(s, u), 0, -1).await.unwrap();
@@ -259,8 +287,20 @@ async fn next_deliver(c: &mut Client) -> tidemark_protocol::Entry {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resend_is_deduplicated_and_sync_resumes_exactly() {
+    resend_and_sync(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resend_is_deduplicated_and_sync_resumes_exactly_on_a_cluster() {
+    if skip_cluster() {
+        return;
+    }
+    resend_and_sync(true).await;
+}
+
+async fn resend_and_sync(cluster: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let (up, cancel) = up(dir.path()).await;
+    let (up, cancel) = up(dir.path(), cluster).await;
     let url = up.running.ws_url();
     let alice = connect(&url, "alice").await;
     let mut bob = connect(&url, "bob").await;
@@ -311,10 +351,22 @@ async fn resend_is_deduplicated_and_sync_resumes_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_twice_on_one_data_dir_loses_nothing() {
+    up_twice(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_twice_on_one_data_dir_loses_nothing_on_a_cluster() {
+    if skip_cluster() {
+        return;
+    }
+    up_twice(true).await;
+}
+
+async fn up_twice(cluster: bool) {
     let dir = tempfile::tempdir().unwrap();
     let mut sent: Vec<(String, BTreeMap<u32, u64>)> = Vec::new();
     {
-        let (up, cancel) = up(dir.path()).await;
+        let (up, cancel) = up(dir.path(), cluster).await;
         let alice = connect(&up.running.ws_url(), "alice").await;
         for i in 0..50 {
             let to = vec![format!("r{}", i % 7), format!("r{}", (i + 3) % 7)];
@@ -328,8 +380,9 @@ async fn up_twice_on_one_data_dir_loses_nothing() {
         up.running.wait().await.unwrap();
         drop(up.core);
         drop(up.mailbox);
+        drop(up.cluster);
     }
-    let (up, cancel) = up(dir.path()).await;
+    let (up, cancel) = up(dir.path(), cluster).await;
     let url = up.running.ws_url();
     for r in 0..7 {
         let user = format!("r{r}");
@@ -361,6 +414,7 @@ async fn up_twice_on_one_data_dir_loses_nothing() {
             gateway: GatewayOptions::default(),
             materializer: MaterializerOptions::default(),
             appendfsync: "always".into(),
+            cluster: false,
             node: None,
         },
         CancellationToken::new(),

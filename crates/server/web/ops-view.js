@@ -119,7 +119,7 @@ export function render(st) {
   }
   for (const n of st.nodes) {
     const li = document.createElement("li");
-    li.textContent = `${n.id} · ${n.role} · ${n.url} · heartbeat ${n.age_ms} ms ago`;
+    li.textContent = `${n.id} · ${n.role} · ${n.layout || "layout unknown"} · ${n.url} · heartbeat ${n.age_ms} ms ago`;
     nodes.append(li);
   }
   const grid = $("shards");

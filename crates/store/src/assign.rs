@@ -14,6 +14,32 @@
 //! see the same live set compute the same answer; while views differ, leases keep one owner
 //! per shard and the assignment converges once they agree.
 
+/// Which nodes may own shards: of `nodes` (id, the watermark layout it writes), those writing
+/// the newest layout among them (ADR-0033). During a rolling upgrade from packed-v1 to
+/// packed-v2 the shards therefore go to the upgraded nodes only, as soon as one is live: each
+/// shard moves once from old code to new and is never assigned back to old code, which could
+/// not own it once converted. A node that names no layout (a build before ADR-0033) ranks
+/// below every layout; a layout this code does not know ranks above every layout it knows (it
+/// is newer). Returns the ids in the order given.
+pub fn eligible(nodes: &[(String, Option<String>)]) -> Vec<&str> {
+    let newest = nodes.iter().map(|(_, l)| layout_rank(l.as_deref())).max();
+    nodes
+        .iter()
+        .filter(|(_, l)| Some(layout_rank(l.as_deref())) == newest)
+        .map(|(id, _)| id.as_str())
+        .collect()
+}
+
+fn layout_rank(layout: Option<&str>) -> u8 {
+    use crate::redis::watermark::Layout;
+    match layout.map(|l| Layout::from_bytes(l.as_bytes())) {
+        None => 0,
+        Some(Some(Layout::PackedV1)) => 1,
+        Some(Some(Layout::PackedV2)) => 2,
+        Some(None) => u8::MAX,
+    }
+}
+
 /// For each shard `0..shards`, the index in `nodes` of the node that should own it. `nodes`
 /// must be non-empty, without duplicates; its order does not matter (ties in capacity are
 /// broken by id, not by position).
@@ -100,6 +126,23 @@ mod tests {
             turned.rotate_left(rot % n);
             prop_assert_eq!(owners(shards, &nodes), owners(shards, &turned));
         }
+    }
+
+    #[test]
+    fn only_the_newest_layout_owns_shards() {
+        let n = |id: &str, l: Option<&str>| (id.to_string(), l.map(str::to_string));
+        let v1 = Some("packed-v1");
+        let v2 = Some("packed-v2");
+        // all old: all eligible
+        assert_eq!(eligible(&[n("a", v1), n("b", v1)]), ["a", "b"]);
+        // one upgraded: only it
+        assert_eq!(eligible(&[n("a", v1), n("b", v2), n("c", v1)]), ["b"]);
+        assert_eq!(eligible(&[n("a", v2), n("b", v2), n("c", v1)]), ["a", "b"]);
+        // a record without a layout ranks lowest; an unknown layout highest
+        assert_eq!(eligible(&[n("a", None), n("b", v1)]), ["b"]);
+        assert_eq!(eligible(&[n("a", None), n("b", None)]), ["a", "b"]);
+        assert_eq!(eligible(&[n("a", v2), n("b", Some("packed-v3"))]), ["b"]);
+        assert!(eligible(&[]).is_empty());
     }
 
     /// A node joining takes about its share; the others keep the rest.

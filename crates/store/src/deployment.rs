@@ -27,8 +27,19 @@ use redis::aio::ConnectionLike;
 
 use crate::error::{Error, Result};
 
-/// The key of the identity hash.
+/// The key of the identity hash on a single instance.
 pub const KEY: &str = "tidemark:deployment";
+
+/// The key of the identity hash of pool `role` at `url`: [`KEY`] on a single instance;
+/// `tidemark:deployment:core` / `…:mailbox` on a Redis Cluster, which is one instance of its
+/// pool and may be both pools' (ADR-0032).
+pub fn key(url: &str, role: Role) -> String {
+    if crate::endpoint::is_cluster(url) {
+        format!("{KEY}:{}", role.as_str())
+    } else {
+        KEY.to_string()
+    }
+}
 const VERSION: &str = "1";
 
 /// Which pool an instance belongs to.
@@ -180,14 +191,18 @@ impl Identity {
 
 /// A connection to the instance at `url` for the functions below (the library's default
 /// multiplexed connection).
-pub async fn connect(url: &str) -> Result<redis::aio::MultiplexedConnection> {
-    let client = redis::Client::open(url)?;
-    Ok(client.get_multiplexed_async_connection().await?)
+pub async fn connect(url: &str) -> Result<crate::endpoint::Conn> {
+    crate::endpoint::connect(url, crate::endpoint::ConnectOptions::default()).await
 }
 
 /// Reads the identity recorded on the instance (None when there is none).
 pub async fn read(conn: &mut impl ConnectionLike) -> Result<Option<Identity>> {
-    let m: BTreeMap<String, String> = redis::cmd("HGETALL").arg(KEY).query_async(conn).await?;
+    read_at(conn, KEY).await
+}
+
+/// [`read`] of the identity at `key` ([`key`]).
+pub async fn read_at(conn: &mut impl ConnectionLike, key: &str) -> Result<Option<Identity>> {
+    let m: BTreeMap<String, String> = redis::cmd("HGETALL").arg(key).query_async(conn).await?;
     if m.is_empty() {
         return Ok(None);
     }
@@ -201,19 +216,30 @@ pub async fn read(conn: &mut impl ConnectionLike) -> Result<Option<Identity>> {
 
 /// Writes `id` unless an identity exists; returns the identity now recorded.
 pub async fn record_if_absent(conn: &mut impl ConnectionLike, id: &Identity) -> Result<Identity> {
+    record_if_absent_at(conn, KEY, id).await
+}
+
+/// [`record_if_absent`] at `key` ([`key`]).
+pub async fn record_if_absent_at(
+    conn: &mut impl ConnectionLike,
+    key: &str,
+    id: &Identity,
+) -> Result<Identity> {
     let script = redis::Script::new(
         "if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('HSET', KEYS[1], unpack(ARGV)) end \
          return 1",
     );
-    let mut inv = script.key(KEY);
+    let mut inv = script.key(key);
     for (k, v) in id.fields() {
         inv.arg(k).arg(v);
     }
     let _: i64 = inv.invoke_async(conn).await?;
-    read(conn).await?.ok_or_else(|| Error::UnexpectedReply {
-        script: "tidemark:deployment",
-        detail: "identity missing after write".into(),
-    })
+    read_at(conn, key)
+        .await?
+        .ok_or_else(|| Error::UnexpectedReply {
+            script: "tidemark:deployment",
+            detail: "identity missing after write".into(),
+        })
 }
 
 /// Shards that have a `wm:{s}` key on the instance (SCAN; one pass over the keyspace).

@@ -49,6 +49,14 @@ pub enum Error {
     /// other recipients or another body. Nothing was written.
     #[error("shard {shard}: this id was already used for another message (committed at offset {offset})")]
     IdReused { shard: u32, offset: u64 },
+    /// A write was applied on the primary but `WAIT` saw fewer replicas take it than asked
+    /// within the timeout: not acknowledged (a resend with the same id is deduplicated).
+    #[error("shard {shard}: written on the primary but confirmed by {replicas} of {wanted} replicas in time")]
+    NotReplicated {
+        shard: u32,
+        replicas: u32,
+        wanted: u32,
+    },
 }
 
 impl Error {
@@ -64,6 +72,7 @@ impl Error {
             Error::InvalidArgument(_) => "invalid_argument",
             Error::LogExhausted { .. } => "log_exhausted",
             Error::IdReused { .. } => "id_reused",
+            Error::NotReplicated { .. } => "not_replicated",
         }
     }
 

@@ -7,7 +7,7 @@
 //!   mb:{s}:<user>    zset  mailbox entries    head:{s}           string  last assigned offset
 //!   ack:{s}          hash  user -> acked seq  dd:{s}:<n>:<sender><client id>  string  "<offset>:<digest>" (dedupe, TTL)
 //!                                             msgid:{h}:<n>:<sender><client id>  string  digest (h: sender's shard, TTL)
-//!   stg:{s}:<o>      hash  lanes durable of o
+//!   stg:{s}:<o>      hash  lanes durable of o             dlogwake:{s}  sharded channel: commit hint (cluster only)
 //!   stgidx:{s}       zset  offsets with staging
 //!   owner:{s}        string epoch of the live owner (PX, refreshed every second)
 //!   wake:{s}         pub/sub channel (hint)
@@ -62,6 +62,11 @@ pub fn staging_index(shard: u32) -> String {
 /// `dlog:{s}`: the shard's dispatch log (a stream).
 pub fn dlog(shard: u32) -> String {
     format!("dlog:{{{shard}}}")
+}
+
+/// `dlogwake:{s}`: sharded Pub/Sub channel of commit hints on a Redis Cluster (ADR-0032).
+pub fn dlog_wake(shard: u32) -> String {
+    format!("dlogwake:{{{shard}}}")
 }
 
 /// `head:{s}`: last offset assigned in `dlog:{s}`.

@@ -17,6 +17,8 @@
 //!   instance positions, tables), checked before a process writes anything.
 //! - [`wake`]: wake-up hints on `wake:{s}`, end to end: the payload codec,
 //!   [`wake::publish_wake`] and [`wake::WakeSubscriber`].
+//! - [`endpoint`]: one instance or a Redis Cluster behind one connection type,
+//!   [`endpoint::Conn`] (ADR-0032).
 //! - [`error`]: the crate's one error type.
 //! - [`inspect`]: read-only reads of one offset (log, mailboxes, acks, staging) for the
 //!   operator tools, which live in the `tidemark-ops` crate.
@@ -26,6 +28,7 @@
 
 pub mod assign;
 pub mod deployment;
+pub mod endpoint;
 pub mod error;
 pub mod inspect;
 pub mod keys;
@@ -40,6 +43,10 @@ pub use error::Error;
 /// `url` with its password (if any) replaced by `***`: `redis://:s3cret@host:7001/` becomes
 /// `redis://:***@host:7001/`. For anything printed or logged; connect with the original.
 pub fn redact_url(url: &str) -> String {
+    if let Some(seeds) = endpoint::cluster_seeds(url) {
+        let seeds: Vec<String> = seeds.iter().map(|s| redact_url(s)).collect();
+        return endpoint::cluster_endpoint(&seeds);
+    }
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };

@@ -67,6 +67,14 @@ pub struct Topology {
     pub core: Vec<String>,
     /// Mailbox Redis instances (watermarks and mailboxes).
     pub mailbox: Vec<String>,
+    /// The core pool as one Redis Cluster, by its seed nodes (`redis://…` URLs or
+    /// `HOST:PORT`), instead of `core` (ADR-0032). Validation turns it into the single core
+    /// instance `cluster:<seeds>` ([`crate::endpoint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_cluster: Option<Vec<String>>,
+    /// The mailbox pool as one Redis Cluster (may be the same cluster as the core pool).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mailbox_cluster: Option<Vec<String>>,
     /// Explicit shard → core instance table.
     #[serde(default)]
     pub core_of_shard: Option<Vec<usize>>,
@@ -99,6 +107,8 @@ impl Topology {
             layout,
             core,
             mailbox,
+            core_cluster: None,
+            mailbox_cluster: None,
             core_of_shard: None,
             mailbox_of_shard: None,
             owner_of_shard: None,
@@ -125,8 +135,37 @@ impl Topology {
         Ok(toml::from_str(&text)?)
     }
 
-    /// Checks pools and tables and returns the map everything else routes with.
+    /// Checks pools and tables and returns the map everything else routes with. A pool given
+    /// as a cluster (`core_cluster`, `mailbox_cluster`) becomes one instance of that pool.
     pub fn validate(&self) -> Result<ShardMap, TopologyError> {
+        let mut t = self.clone();
+        for (name, cluster, pool) in [
+            ("core", t.core_cluster.take(), &mut t.core),
+            ("mailbox", t.mailbox_cluster.take(), &mut t.mailbox),
+        ] {
+            if let Some(seeds) = cluster {
+                if !pool.is_empty() {
+                    return Err(TopologyError::Invalid(format!(
+                        "{name} and {name}_cluster are both given: a pool is either instances \
+                         or one cluster"
+                    )));
+                }
+                let seeds: Vec<String> = seeds
+                    .iter()
+                    .map(|s| crate::endpoint::seed_url(s.trim(), None))
+                    .collect();
+                if seeds.is_empty() {
+                    return Err(TopologyError::Invalid(format!(
+                        "{name}_cluster names no seed node"
+                    )));
+                }
+                *pool = vec![crate::endpoint::cluster_endpoint(&seeds)];
+            }
+        }
+        t.validated()
+    }
+
+    fn validated(self) -> Result<ShardMap, TopologyError> {
         if self.shards == 0 || self.shards > 65_536 {
             return Err(TopologyError::Invalid("shards must be 1..=65536".into()));
         }
@@ -185,7 +224,7 @@ impl Topology {
             .clone()
             .unwrap_or_else(|| range_table(self.shards, self.mailbox.len()));
         Ok(ShardMap(Arc::new(Inner {
-            topology: self.clone(),
+            topology: self,
             core_of,
             mailbox_of,
         })))

@@ -79,16 +79,27 @@ impl WakeHint {
 }
 
 /// Publishes `hints` (`(shard, hint)`, each on `wake:{shard}`) on the mailbox instance of
-/// `store`, as one pipeline of PUBLISH (not one round trip per shard).
+/// `store`, as one pipeline of PUBLISH (not one round trip per shard). On a Redis Cluster,
+/// sharded `SPUBLISH` (Redis 7): the hint stays on the nodes serving the shard's slot instead
+/// of being broadcast over the cluster bus.
 pub async fn publish_wake(store: &MailboxStore, hints: &[(u32, WakeHint)]) -> Result<()> {
-    let mut pipe = redis::pipe();
-    for (shard, hint) in hints {
-        pipe.cmd("PUBLISH")
-            .arg(keys::wake(*shard))
-            .arg(hint.encode())
-            .ignore();
+    let mut conn = store.connection();
+    let verb = if conn.is_cluster() {
+        "SPUBLISH"
+    } else {
+        "PUBLISH"
+    };
+    let cmds: Vec<(u32, redis::Cmd)> = hints
+        .iter()
+        .map(|(shard, hint)| {
+            let mut c = redis::cmd(verb);
+            c.arg(keys::wake(*shard)).arg(hint.encode());
+            (*shard, c)
+        })
+        .collect();
+    for r in conn.exec_each(&cmds).await? {
+        r?;
     }
-    pipe.query_async::<()>(&mut store.connection()).await?;
     Ok(())
 }
 
@@ -104,53 +115,118 @@ pub struct WakeMessage {
 /// A live subscription to every shard's hints on one mailbox instance. Ends (an error from
 /// [`WakeSubscriber::next`], or `None`) when the connection does; the caller reconnects.
 pub struct WakeSubscriber {
-    sink: redis::aio::PubSubSink,
-    stream: redis::aio::PubSubStream,
+    inner: Inner,
     ping: tokio::time::Interval,
 }
 
+enum Inner {
+    /// One instance: `PSUBSCRIBE wake:*`.
+    Single {
+        sink: redis::aio::PubSubSink,
+        stream: redis::aio::PubSubStream,
+    },
+    /// A cluster: `SSUBSCRIBE wake:{s}` for every shard (sharded channels cannot be matched
+    /// by a pattern).
+    Cluster(crate::endpoint::ShardedSub),
+}
+
 impl WakeSubscriber {
-    /// Connects to `url` (within [`CONNECT_TIMEOUT`]) and subscribes to [`PATTERN`]. Anything
-    /// published before this returns is not seen.
-    pub async fn connect(url: &str) -> Result<WakeSubscriber> {
-        let client = redis::Client::open(url)?;
-        let pubsub = tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub())
+    /// Connects to `url` (within [`CONNECT_TIMEOUT`]) and subscribes to [`PATTERN`] — on a
+    /// cluster endpoint, to `wake:{s}` of every shard of `shards`. Anything published before
+    /// this returns is not seen.
+    pub async fn connect(url: &str, shards: std::ops::Range<u32>) -> Result<WakeSubscriber> {
+        let timed_out =
+            || redis::RedisError::from((redis::ErrorKind::Io, "pub/sub connect timed out"));
+        let inner = if crate::endpoint::is_cluster(url) {
+            let channels: Vec<String> = shards.map(keys::wake).collect();
+            let sub = tokio::time::timeout(
+                CONNECT_TIMEOUT * 4,
+                crate::endpoint::ShardedSub::connect(url, &channels),
+            )
             .await
-            .map_err(|_| {
-                redis::RedisError::from((redis::ErrorKind::Io, "pub/sub connect timed out"))
-            })??;
-        let (mut sink, stream) = pubsub.split();
-        sink.psubscribe(PATTERN).await?;
+            .map_err(|_| timed_out())??;
+            Inner::Cluster(sub)
+        } else {
+            let client = redis::Client::open(url)?;
+            let pubsub = tokio::time::timeout(CONNECT_TIMEOUT, client.get_async_pubsub())
+                .await
+                .map_err(|_| timed_out())??;
+            let (mut sink, stream) = pubsub.split();
+            sink.psubscribe(PATTERN).await?;
+            Inner::Single { sink, stream }
+        };
         let mut ping = tokio::time::interval(PING_EVERY);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         ping.tick().await;
-        Ok(WakeSubscriber { sink, stream, ping })
+        Ok(WakeSubscriber { inner, ping })
     }
 
     /// The next message, pinging the connection every [`PING_EVERY`] while none comes.
-    /// `Ok(None)`: the subscription ended; an error: the connection failed or a ping went
-    /// unanswered for [`PING_TIMEOUT`]. Dropping the future loses no received message, but may
-    /// cut a ping short: race it only against the end of the subscription.
+    /// `Ok(None)`: the subscription ended; an error: the connection failed (on a cluster: any
+    /// node's connection dropped, so hints may have been lost) or a ping went unanswered for
+    /// [`PING_TIMEOUT`]. Dropping the future loses no received message, but may cut a ping
+    /// short: race it only against the end of the subscription.
     pub async fn next(&mut self) -> Result<Option<WakeMessage>> {
+        let ping_failed = |e: Option<redis::RedisError>| -> crate::Error {
+            e.unwrap_or_else(|| {
+                redis::RedisError::from((redis::ErrorKind::Io, "pub/sub ping timed out"))
+            })
+            .into()
+        };
         loop {
-            tokio::select! {
-                msg = self.stream.next() => {
-                    let Some(msg) = msg else { return Ok(None) };
-                    return Ok(Some(WakeMessage {
-                        shard: shard_of_channel(msg.get_channel_name()),
-                        hint: WakeHint::decode(msg.get_payload_bytes()),
-                    }));
+            match &mut self.inner {
+                Inner::Single { sink, stream } => {
+                    tokio::select! {
+                        msg = stream.next() => {
+                            let Some(msg) = msg else { return Ok(None) };
+                            return Ok(Some(WakeMessage {
+                                shard: shard_of_channel(msg.get_channel_name()),
+                                hint: WakeHint::decode(msg.get_payload_bytes()),
+                            }));
+                        }
+                        _ = self.ping.tick() => {
+                            match tokio::time::timeout(PING_TIMEOUT, sink.ping::<redis::Value>()).await {
+                                Ok(Ok(_)) => {}
+                                Ok(Err(e)) => return Err(ping_failed(Some(e))),
+                                Err(_) => return Err(ping_failed(None)),
+                            }
+                        }
+                    }
                 }
-                _ = self.ping.tick() => {
-                    match tokio::time::timeout(PING_TIMEOUT, self.sink.ping::<redis::Value>()).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => return Err(e.into()),
-                        Err(_) => {
-                            return Err(redis::RedisError::from((
-                                redis::ErrorKind::Io,
-                                "pub/sub ping timed out",
-                            ))
-                            .into())
+                Inner::Cluster(sub) => {
+                    tokio::select! {
+                        push = sub.rx.recv() => {
+                            let Some(push) = push else { return Ok(None) };
+                            match push.kind {
+                                redis::PushKind::SMessage => {
+                                    let (Some(redis::Value::BulkString(ch)), Some(redis::Value::BulkString(payload))) =
+                                        (push.data.first(), push.data.get(1))
+                                    else {
+                                        continue;
+                                    };
+                                    return Ok(Some(WakeMessage {
+                                        shard: shard_of_channel(&String::from_utf8_lossy(ch)),
+                                        hint: WakeHint::decode(payload),
+                                    }));
+                                }
+                                redis::PushKind::Disconnection => {
+                                    return Err(redis::RedisError::from((
+                                        redis::ErrorKind::Io,
+                                        "a cluster node's pub/sub connection dropped",
+                                    ))
+                                    .into());
+                                }
+                                _ => continue,
+                            }
+                        }
+                        _ = self.ping.tick() => {
+                            let cmd = redis::cmd("PING");
+                            let ping = cmd.query_async::<redis::Value>(&mut sub.conn);
+                            match tokio::time::timeout(PING_TIMEOUT, ping).await {
+                                Ok(Ok(_)) => {}
+                                Ok(Err(e)) => return Err(ping_failed(Some(e))),
+                                Err(_) => return Err(ping_failed(None)),
+                            }
                         }
                     }
                 }

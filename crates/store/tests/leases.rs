@@ -7,6 +7,7 @@ use std::time::Duration;
 use tidemark_redis_proc::RedisProcess;
 use tidemark_store::redis::dlog::LogStore;
 use tidemark_store::redis::lease::Lease;
+use tidemark_store::redis::watermark::Layout::{PackedV1, PackedV2};
 
 /// What a node asks of a shard's lease.
 #[derive(Clone, Copy, Debug)]
@@ -76,18 +77,36 @@ async fn a_lease_has_one_holder_and_expires_in_redis_time() {
 
 #[tokio::test]
 async fn nodes_are_live_while_they_beat() {
-    let (_redis, mut c) = core().await;
-    c.heartbeat("n1", 500, "ws://127.0.0.1:7401/v1/ws", "all")
+    let (server, mut c) = core().await;
+    c.heartbeat("n1", 500, "ws://127.0.0.1:7401/v1/ws", "all", PackedV1)
         .await
         .unwrap();
-    c.heartbeat("n0", 5_000, "ws://127.0.0.1:7400/v1/ws", "gateway")
-        .await
-        .unwrap();
+    c.heartbeat(
+        "n0",
+        5_000,
+        "ws://127.0.0.1:7400/v1/ws",
+        "gateway",
+        PackedV2,
+    )
+    .await
+    .unwrap();
     let nodes = c.live_nodes().await.unwrap();
     let ids: Vec<&str> = nodes.iter().map(|n| n.id.as_str()).collect();
     assert_eq!(ids, ["n0", "n1"], "by id");
     assert_eq!(nodes[0].url, "ws://127.0.0.1:7400/v1/ws");
     assert_eq!(nodes[0].role, "gateway");
+    assert_eq!(nodes[0].layout.as_deref(), Some("packed-v2"));
+    assert_eq!(nodes[1].layout.as_deref(), Some("packed-v1"));
+    // a record written without a layout (a build before ADR-0033) lists as None
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("HDEL")
+        .arg("{tidemark}:node:n0")
+        .arg("layout")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(c.live_nodes().await.unwrap()[0].layout, None);
     assert!(nodes[0].age_ms < 1_000);
     // n1 stops beating: gone after its ttl; n0 deregisters: gone at once
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -102,5 +121,5 @@ async fn nodes_are_live_while_they_beat() {
     c.deregister("n0").await.unwrap();
     assert!(c.live_nodes().await.unwrap().is_empty());
     // ids that would corrupt keys or logs are refused
-    assert!(c.heartbeat("a b", 500, "", "all").await.is_err());
+    assert!(c.heartbeat("a b", 500, "", "all", PackedV2).await.is_err());
 }

@@ -5,20 +5,31 @@ use clap::Args;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::{Topology, TopologyError};
 
-/// The Redis instances of a running deployment: URL lists and a shard count, or a TOML file.
+/// The Redis instances of a running deployment: URL lists (or a Redis Cluster per pool) and a
+/// shard count, or a TOML file.
 #[derive(Args)]
 pub struct InstancesArgs {
-    /// Core Redis URLs (comma-separated; else --config).
-    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
+    /// Core Redis URLs (comma-separated; else --core-cluster or --config).
+    #[arg(long, value_delimiter = ',', required_unless_present_any = ["config", "core_cluster"])]
     pub core: Vec<String>,
-    /// Mailbox Redis URLs (comma-separated; else --config).
-    #[arg(long, value_delimiter = ',', required_unless_present = "config")]
+    /// Mailbox Redis URLs (comma-separated; else --mailbox-cluster or --config).
+    #[arg(long, value_delimiter = ',', required_unless_present_any = ["config", "mailbox_cluster"])]
     pub mailbox: Vec<String>,
+    /// The core pool is a Redis Cluster: seed nodes, HOST:PORT or redis:// URLs
+    /// (comma-separated). A HOST:PORT takes its password from --redis-password.
+    #[arg(long, value_delimiter = ',', conflicts_with = "core")]
+    pub core_cluster: Vec<String>,
+    /// The mailbox pool is a Redis Cluster (may be the core's): seed nodes, as --core-cluster.
+    #[arg(long, value_delimiter = ',', conflicts_with = "mailbox")]
+    pub mailbox_cluster: Vec<String>,
+    /// Password for --core-cluster/--mailbox-cluster seeds given as HOST:PORT.
+    #[arg(long, env = "TIDEMARK_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
     /// Shards of the deployment.
     #[arg(long, required_unless_present = "config")]
     pub shards: Option<u32>,
-    /// TOML deployment file (shards, layout, instances, static shard tables).
-    #[arg(long, conflicts_with_all = ["core", "mailbox", "shards"])]
+    /// TOML deployment file (shards, layout, instances or clusters, static shard tables).
+    #[arg(long, conflicts_with_all = ["core", "mailbox", "shards", "core_cluster", "mailbox_cluster"])]
     pub config: Option<std::path::PathBuf>,
 }
 
@@ -27,12 +38,26 @@ impl InstancesArgs {
     pub fn topology(&self, layout: Layout) -> Result<Topology, TopologyError> {
         match &self.config {
             Some(path) => Topology::from_file(path),
-            None => Ok(Topology::new(
-                self.shards.expect("clap requires --shards"),
-                layout,
-                self.core.clone(),
-                self.mailbox.clone(),
-            )),
+            None => {
+                let mut t = Topology::new(
+                    self.shards.expect("clap requires --shards"),
+                    layout,
+                    self.core.clone(),
+                    self.mailbox.clone(),
+                );
+                let pw = self.redis_password.as_deref();
+                let seeds = |items: &[String]| -> Option<Vec<String>> {
+                    (!items.is_empty()).then(|| {
+                        items
+                            .iter()
+                            .map(|i| tidemark_store::endpoint::seed_url(i, pw))
+                            .collect()
+                    })
+                };
+                t.core_cluster = seeds(&self.core_cluster);
+                t.mailbox_cluster = seeds(&self.mailbox_cluster);
+                Ok(t)
+            }
         }
     }
 }

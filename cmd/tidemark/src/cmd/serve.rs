@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::args::{InstancesArgs, LocalSizeArgs};
 use super::exit::refuse;
 use super::logs::notice;
+use tidemark_store::redis::dlog::WaitPolicy;
 
 #[derive(Args)]
 pub struct UpArgs {
@@ -44,9 +45,18 @@ pub struct UpArgs {
     appendfsync: String,
     /// Nodes: 1 (default) runs one static owner; N > 1 runs N nodes in leases mode, the first
     /// in this process on --listen, the others as child processes on the next ports (kill
-    /// one to watch its shards fail over; `tidemark status --config DIR/tidemark.toml`).
+    /// one to watch its shards fail over; `tidemark status --config DIR/tidemark.toml`). Every
+    /// node serves TLS with --tls-cert/--tls-key; with --admin-listen, node i's admin listener
+    /// is on that port + i.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
     nodes: u16,
+    /// Run both pools on a local Redis Cluster (3 primaries, 3 replicas, under
+    /// DATA_DIR/cluster; `redis-cli --cluster create` on the first start) instead of
+    /// --core/--mailbox instances. Commits then wait for one replica (ADR-0032).
+    #[arg(long, conflicts_with_all = ["core", "mailbox"])]
+    cluster: bool,
+    #[command(flatten)]
+    replication: ReplicationArgs,
     #[command(flatten)]
     listeners: ListenerArgs,
     #[command(flatten)]
@@ -101,9 +111,44 @@ pub struct ServeArgs {
     #[arg(long, hide = true, default_value_t = 0)]
     fault_chunk_fail_pct: u8,
     #[command(flatten)]
+    replication: ReplicationArgs,
+    #[command(flatten)]
     listeners: ListenerArgs,
     #[command(flatten)]
     limits: GatewayLimitArgs,
+}
+
+/// What must be on replicas before it counts (ADR-0032; docs/cluster.md).
+#[derive(Args)]
+struct ReplicationArgs {
+    /// Replicas a commit must reach (`WAIT`) before `send_ack`; 0: acknowledged once on the
+    /// primary. Default: 1 on a Redis Cluster with replicas, else 0.
+    #[arg(long)]
+    core_wait_replicas: Option<u32>,
+    /// Replicas the mailbox side's W must reach before the core log below it is trimmed.
+    /// Default: 1 on a Redis Cluster with replicas, else 0.
+    #[arg(long)]
+    mailbox_wait_replicas: Option<u32>,
+    /// How long one `WAIT` may block; a commit not confirmed in time is refused (retry with
+    /// the same id), a trim is deferred.
+    #[arg(long, default_value = "1s", value_parser = tidemark_client::parse_ttl)]
+    wait_timeout: std::time::Duration,
+}
+
+impl ReplicationArgs {
+    fn core_policy(&self) -> WaitPolicy {
+        WaitPolicy {
+            replicas: self.core_wait_replicas,
+            timeout: self.wait_timeout,
+        }
+    }
+
+    fn mailbox_policy(&self) -> WaitPolicy {
+        WaitPolicy {
+            replicas: self.mailbox_wait_replicas,
+            timeout: self.wait_timeout,
+        }
+    }
 }
 
 /// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
@@ -266,8 +311,15 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         Ok(t) => t,
         Err(code) => return Ok(code),
     };
+    if let Err(why) = check_node_ports(a.nodes, a.listen, a.listeners.admin_listen) {
+        return Ok(refuse(why));
+    }
     if !tidemark_redis_proc::redis_server_available() {
         eprintln!("error: {}", tidemark_redis_proc::Error::NotInstalled);
+        return Ok(ExitCode::FAILURE);
+    }
+    if a.cluster && !tidemark_redis_proc::redis_cli_available() {
+        eprintln!("error: {}", tidemark_redis_proc::Error::CliNotInstalled);
         return Ok(ExitCode::FAILURE);
     }
     // the data dir holds the secrets: private (0700 / 0600), tightened when it was not
@@ -293,15 +345,10 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         Err(run::Error::Secret(e)) => return Ok(refuse(e)),
         Err(e) => return Err(e.into()),
     };
-    if a.nodes > 1 && (a.listeners.tls_cert.is_some() || a.listeners.admin_listen.is_some()) {
-        return Ok(refuse(
-            "--nodes N > 1 runs without --tls-cert and --admin-listen (the other nodes are \
-             plain `serve` children); start the nodes with `tidemark serve` to combine them",
-        ));
-    }
+    let scheme = if tls.is_some() { "wss" } else { "ws" };
     let node = (a.nodes > 1).then(|| NodeOptions {
         id: "up-0".into(),
-        advertise: format!("ws://{}/v1/ws", a.listen),
+        advertise: format!("{scheme}://{}/v1/ws", a.listen),
         role: Role::All,
         lease_ttl: tidemark_server::ownership::DEFAULT_LEASE_TTL,
         leases: true,
@@ -315,14 +362,21 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             layout: a.layout,
             listen: a.listen,
             data_dir: a.data_dir.clone(),
-            gateway: gateway_options(
-                &a.listeners,
-                &a.limits,
-                a.dev_auth,
-                Some(secret.into_bytes()),
-                tls,
-            ),
-            materializer: Default::default(),
+            gateway: GatewayOptions {
+                core_wait: a.replication.core_policy(),
+                ..gateway_options(
+                    &a.listeners,
+                    &a.limits,
+                    a.dev_auth,
+                    Some(secret.into_bytes()),
+                    tls,
+                )
+            },
+            materializer: MaterializerOptions {
+                mailbox_wait: a.replication.mailbox_policy(),
+                ..Default::default()
+            },
+            cluster: a.cluster,
             appendfsync: a.appendfsync,
             node,
         },
@@ -338,8 +392,13 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         a.data_dir.join("token.secret").display()
     );
     let mut children = Vec::new();
+    // the other nodes serve what this one serves: the same certificate, an admin listener each
+    let tls_files = match (&a.listeners.tls_cert, &a.listeners.tls_key) {
+        (Some(cert), Some(key)) => Some((std::path::absolute(cert)?, std::path::absolute(key)?)),
+        _ => None,
+    };
     for i in 1..a.nodes {
-        let listen = std::net::SocketAddr::new(a.listen.ip(), a.listen.port() + i);
+        let listen = node_addr(a.listen, i);
         let mut cmd = std::process::Command::new(std::env::current_exe()?);
         cmd.arg("serve")
             .arg("--config")
@@ -361,14 +420,27 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         if a.dev_auth_public {
             cmd.arg("--dev-auth-public");
         }
+        if let Some((cert, key)) = &tls_files {
+            cmd.arg("--tls-cert").arg(cert).arg("--tls-key").arg(key);
+        }
+        let admin = a.listeners.admin_listen.map(|addr| node_addr(addr, i));
+        if let Some(admin) = admin {
+            cmd.arg("--admin-listen").arg(admin.to_string());
+        }
         let child = spawn_killed_with_us(&mut cmd)?;
-        println!("node     up-{i} ws://{listen}/v1/ws (pid {})", child.id());
+        println!(
+            "node     up-{i} {scheme}://{listen}/v1/ws (pid {})",
+            child.id()
+        );
+        if let Some(admin) = admin {
+            println!("admin    up-{i} http://{admin} (GET /metrics, GET /healthz)");
+        }
         children.push(child);
     }
     if a.nodes > 1 {
         println!(
-            "node     up-0 ws://{}/v1/ws (this process); leases: kill a node to watch its shards \
-             move (tidemark status --config {})",
+            "node     up-0 {scheme}://{}/v1/ws (this process); leases: kill a node to watch its \
+             shards move (tidemark status --config {})",
             a.listen,
             a.data_dir.join(run::UP_TOPOLOGY_FILE).display()
         );
@@ -393,6 +465,57 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
     drop(mailbox);
     res?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Node `i` of `up --nodes N`: the port `i` after `first`'s (checked by [`check_node_ports`]).
+fn node_addr(first: SocketAddr, i: u16) -> SocketAddr {
+    SocketAddr::new(first.ip(), first.port() + i)
+}
+
+/// `up --nodes N` puts its nodes on `N` consecutive ports from `--listen`'s, and their admin
+/// listeners on `N` consecutive ports from `--admin-listen`'s: both must name a port (not 0),
+/// the ranges must fit below 65536 and must not overlap on one address.
+fn check_node_ports(
+    nodes: u16,
+    listen: SocketAddr,
+    admin: Option<SocketAddr>,
+) -> Result<(), String> {
+    if nodes <= 1 {
+        return Ok(());
+    }
+    let range = |flag: &str, a: SocketAddr| {
+        if a.port() == 0 {
+            return Err(format!(
+                "--nodes {nodes} puts the nodes on consecutive ports from {flag}'s: give a \
+                 port, not 0"
+            ));
+        }
+        let last = u32::from(a.port()) + u32::from(nodes) - 1;
+        if last > u32::from(u16::MAX) {
+            return Err(format!(
+                "--nodes {nodes} from {flag} {a} needs ports up to {last}"
+            ));
+        }
+        Ok(u32::from(a.port())..=last)
+    };
+    let gateways = range("--listen", listen)?;
+    if let Some(admin) = admin {
+        let admins = range("--admin-listen", admin)?;
+        let same_address = admin.ip() == listen.ip()
+            || admin.ip().is_unspecified()
+            || listen.ip().is_unspecified();
+        if same_address && gateways.start() <= admins.end() && admins.start() <= gateways.end() {
+            return Err(format!(
+                "--nodes {nodes}: the gateways take ports {}-{} and the admin listeners {}-{}: \
+                 they overlap; pick an --admin-listen port outside the gateways' range",
+                gateways.start(),
+                gateways.end(),
+                admins.start(),
+                admins.end()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Runs `tidemark serve`.
@@ -450,9 +573,11 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             listen: a.listen,
             gateway: GatewayOptions {
                 clients: a.role != "materializer",
+                core_wait: a.replication.core_policy(),
                 ..gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls)
             },
             materializer: MaterializerOptions {
+                mailbox_wait: a.replication.mailbox_policy(),
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {
                     Arc::new(RandomChunkFault {
                         percent: a.fault_chunk_fail_pct,
@@ -496,4 +621,32 @@ fn spawn_killed_with_us(cmd: &mut std::process::Command) -> std::io::Result<std:
         });
     }
     cmd.spawn()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_node_ports;
+
+    #[test]
+    fn node_port_ranges() {
+        let a = |s: &str| s.parse().unwrap();
+        // one node: anything goes (port 0 included)
+        assert!(check_node_ports(1, a("127.0.0.1:0"), Some(a("127.0.0.1:0"))).is_ok());
+        assert!(check_node_ports(3, a("127.0.0.1:7400"), None).is_ok());
+        assert!(check_node_ports(3, a("127.0.0.1:7400"), Some(a("127.0.0.1:9400"))).is_ok());
+        // adjacent ranges do not overlap
+        assert!(check_node_ports(3, a("127.0.0.1:7400"), Some(a("127.0.0.1:7403"))).is_ok());
+        // the same ports on another address
+        assert!(check_node_ports(3, a("10.0.0.1:7400"), Some(a("127.0.0.1:7400"))).is_ok());
+        for (listen, admin, says) in [
+            ("127.0.0.1:0", None, "not 0"),
+            ("127.0.0.1:7400", Some("127.0.0.1:0"), "not 0"),
+            ("127.0.0.1:65534", None, "65536"),
+            ("127.0.0.1:7400", Some("127.0.0.1:7402"), "overlap"),
+            ("0.0.0.0:7400", Some("127.0.0.1:7399"), "overlap"),
+        ] {
+            let e = check_node_ports(3, a(listen), admin.map(a)).unwrap_err();
+            assert!(e.contains(says), "{listen} {admin:?}: {e}");
+        }
+    }
 }

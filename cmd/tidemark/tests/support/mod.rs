@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod nodes;
+
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

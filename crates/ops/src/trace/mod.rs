@@ -95,9 +95,12 @@ pub async fn trace(map: &ShardMap, shard: u32, offset: u64) -> Result<Trace> {
         )));
     }
     // the shard count decides every recipient's lane: a wrong one would make the trace lie
-    for url in [core_url, mailbox_url] {
+    for (url, role) in [
+        (core_url, deployment::Role::Core),
+        (mailbox_url, deployment::Role::Mailbox),
+    ] {
         let mut conn = deployment::connect(url).await?;
-        if let Some(id) = deployment::read(&mut conn).await? {
+        if let Some(id) = deployment::read_at(&mut conn, &deployment::key(url, role)).await? {
             if id.shards != shards {
                 return Err(Error::InvalidArgument(format!(
                     "{url} belongs to a {}-shard deployment, not {shards}: pass --shards {}",

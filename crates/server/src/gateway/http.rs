@@ -50,7 +50,7 @@ pub(crate) fn router(shared: Arc<Shared>, routes: Routes) -> Router {
             .route("/v1/mailbox/ack", post(ack_mailbox))
             .route("/v1/admin/status", get(admin::status))
             .route("/v1/admin/status/stream", get(admin::stream))
-            // static, open: they hold no data (ADR-0033)
+            // static, open: they hold no data (ADR-0034)
             .route("/", get(web::index))
             .route("/ops", get(web::ops))
             .route("/console/{file}", get(web::asset))

@@ -132,11 +132,14 @@ pub struct GatewayOptions {
     /// `/healthz` reports a shard whose W has stayed below its log head, without moving, for
     /// this long (`stuck at W=…`).
     pub stuck_after: Duration,
+    /// Replicas a commit must reach before `send_ack` (`WAIT` after the commit; ADR-0032).
+    pub core_wait: tidemark_store::redis::dlog::WaitPolicy,
 }
 
 impl Default for GatewayOptions {
     fn default() -> Self {
         GatewayOptions {
+            core_wait: Default::default(),
             clients: true,
             limits: Limits::default(),
             token_secret: None,
@@ -241,13 +244,15 @@ pub async fn serve_listeners(
     for url in wake_urls {
         // supervised: a panic restarts the subscriber (connections re-check meanwhile)
         let (hub, stop2) = (shared.hub.clone(), stop.clone());
+        let shards = shared.map.all_shards();
         tracker.spawn(crate::supervise::supervise(
             "wake_subscriber",
             stop.clone(),
             move || {
                 let (hub, url, stop) = (hub.clone(), url.clone(), stop2.clone());
+                let shards = shards.clone();
                 async move {
-                    wake::run_subscriber(hub, url, stop).await;
+                    wake::run_subscriber(hub, url, shards, stop).await;
                     Ok::<(), std::convert::Infallible>(())
                 }
             },

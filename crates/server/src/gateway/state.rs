@@ -53,7 +53,18 @@ impl Shared {
         let metrics = crate::telemetry::metrics_handle();
         let mut cores = Vec::with_capacity(map.core_urls().len());
         for url in map.core_urls() {
-            cores.push(LogStore::connect(url).await?);
+            let mut core = LogStore::connect(url).await?;
+            let wait = opts.core_wait.resolve(&mut core.connection()).await?;
+            if let Some(w) = wait {
+                tracing::info!(
+                    core = %tidemark_store::redact_url(url),
+                    replicas = w.replicas,
+                    timeout_ms = w.timeout.as_millis() as u64,
+                    "commits wait for replicas before send_ack"
+                );
+            }
+            core.set_replica_wait(wait);
+            cores.push(core);
         }
         let mut mailboxes = Vec::with_capacity(map.mailbox_urls().len());
         for url in map.mailbox_urls() {

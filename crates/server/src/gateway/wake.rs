@@ -121,12 +121,17 @@ impl WakeHub {
 
 /// Subscribes to `wake:*` on the mailbox instance `url` until `cancel`, reconnecting on
 /// failure.
-pub(crate) async fn run_subscriber(hub: Arc<WakeHub>, url: String, cancel: CancellationToken) {
+pub(crate) async fn run_subscriber(
+    hub: Arc<WakeHub>,
+    url: String,
+    shards: std::ops::Range<u32>,
+    cancel: CancellationToken,
+) {
     let shown = tidemark_store::redact_url(&url);
     loop {
         let res = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = subscribe_once(&hub, &url, &cancel) => r,
+            r = subscribe_once(&hub, &url, shards.clone(), &cancel) => r,
         };
         if cancel.is_cancelled() {
             return;
@@ -148,9 +153,10 @@ pub(crate) async fn run_subscriber(hub: Arc<WakeHub>, url: String, cancel: Cance
 async fn subscribe_once(
     hub: &WakeHub,
     url: &str,
+    shards: std::ops::Range<u32>,
     cancel: &CancellationToken,
 ) -> Result<(), tidemark_store::Error> {
-    let mut sub = WakeSubscriber::connect(url).await?;
+    let mut sub = WakeSubscriber::connect(url, shards).await?;
     tracing::debug!(url = %tidemark_store::redact_url(url), "wake subscription up");
     // Anything published while we were away is lost: let every connection re-read once.
     hub.wake_all();

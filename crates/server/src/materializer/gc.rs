@@ -85,8 +85,33 @@ impl Worker {
         match self.mailboxes[mb].gc_completed(s, 1000).await? {
             Gc::Done { min_w, .. } => {
                 let min_w = min_w.unwrap_or(0);
+                if min_w < self.owned[&s].min_w {
+                    // W went backwards under us (a promoted mailbox replica that lacked our
+                    // last writes): re-read and re-materialise now, not at the next record
+                    // (the quiet path: no new traffic may ever come for this shard)
+                    tracing::error!(
+                        shard = s,
+                        w = min_w,
+                        was = self.owned[&s].min_w,
+                        "watermark went backwards; re-materialising from the log"
+                    );
+                    metrics::counter!("tidemark_watermark_regressions_total").increment(1);
+                    self.schedule_retry(s, "watermark went backwards");
+                    return Ok(());
+                }
+                // the log below W goes only once W is on the replicas asked for: a replica
+                // promoted after a mailbox primary's loss re-materialises from the log
                 if min_w > 0 {
-                    self.core.trim(s, min_w).await?;
+                    if self.mailboxes[mb].confirm_replicated(s).await? {
+                        self.core.trim(s, min_w).await?;
+                    } else {
+                        metrics::counter!("tidemark_trim_deferred_total").increment(1);
+                        tracing::warn!(
+                            shard = s,
+                            w = min_w,
+                            "log not trimmed: W not yet confirmed on the mailbox replicas"
+                        );
+                    }
                 }
                 let mut head = self.core.head(s).await?;
                 if head < min_w {

@@ -70,6 +70,10 @@ const LOG_REMINDER: Duration = Duration::from_secs(60);
 /// Tuning of a materializer.
 #[derive(Clone)]
 pub struct MaterializerOptions {
+    /// Replicas a mailbox write must reach before the core log below it may be trimmed
+    /// (`WAIT` on the shard's mailbox primary before `XTRIM`; ADR-0032): a promoted replica
+    /// then never lacks what the trimmed log held.
+    pub mailbox_wait: tidemark_store::redis::dlog::WaitPolicy,
     /// Most records read per XREAD.
     pub batch: usize,
     /// XREAD BLOCK time when idle.
@@ -87,6 +91,7 @@ pub struct MaterializerOptions {
 impl Default for MaterializerOptions {
     fn default() -> Self {
         MaterializerOptions {
+            mailbox_wait: Default::default(),
             batch: 512,
             block: Duration::from_millis(500),
             gc_interval: Duration::from_secs(1),

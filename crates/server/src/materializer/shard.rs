@@ -73,6 +73,16 @@ impl Worker {
     }
 
     pub(super) fn stop(&mut self, shard: u32, status: ShardStatus) {
+        if let ShardStatus::Fenced {
+            current_epoch: Some(e),
+        } = status
+        {
+            if self.owned.get(&shard).is_some_and(|sh| e < sh.epoch) {
+                // not a newer owner: the stored epoch went backwards (see `resync`)
+                self.schedule_retry(shard, &format!("watermark epoch went back to {e}"));
+                return;
+            }
+        }
         if let Some(sh) = self.owned.get_mut(&shard) {
             sh.stopped = true;
             sh.retry = None;

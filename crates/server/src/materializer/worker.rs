@@ -54,6 +54,10 @@ impl Worker {
         let core_shown = tidemark_store::redact_url(core_url);
         let core_url = core_url.to_string();
         let core = LogStore::connect(&core_url).await?;
+        let mut mailboxes = mailboxes;
+        for mb in &mut mailboxes {
+            mb.set_replica_wait(&opts.mailbox_wait).await?;
+        }
         let mut w = Worker {
             map,
             core,
@@ -338,7 +342,35 @@ impl Worker {
         let (mb, epoch) = (sh.mb, sh.epoch);
         match self.mailboxes[mb].read_watermark(s).await {
             Ok(wm) => {
-                if wm.epoch != epoch {
+                if wm.epoch < epoch {
+                    // W and the epoch went backwards: the mailbox side lost writes it had
+                    // acknowledged to us (a promoted replica, a restore). No other owner can
+                    // have written an epoch below ours: raise it past ours again and resume
+                    // from the W it has; the log above it is still there (trimmed only below
+                    // a W confirmed on the replicas) and replays are no-ops (ADR-0032).
+                    let raised = self.mailboxes[mb]
+                        .fence_epoch(s, wm.epoch, epoch + 1)
+                        .await?;
+                    let tidemark_store::redis::store::Fence::Raised { epoch: new } = raised else {
+                        return Err(Error::Store(tidemark_store::Error::InvalidArgument(
+                            format!(
+                                "shard {s}: epoch changed while re-fencing a regressed watermark"
+                            ),
+                        )));
+                    };
+                    tracing::error!(
+                        shard = s,
+                        stored_epoch = wm.epoch,
+                        our_epoch = epoch,
+                        new_epoch = new,
+                        w = wm.lanes.min_present_w().unwrap_or(0),
+                        "watermark went backwards (mailbox primary lost writes?); re-fenced, \
+                         re-materialising from the log"
+                    );
+                    metrics::counter!("tidemark_watermark_regressions_total").increment(1);
+                    self.shard_mut(s).epoch = new;
+                    self.health.update(s, |h| h.epoch = new);
+                } else if wm.epoch != epoch {
                     self.stop(
                         s,
                         ShardStatus::Fenced {
@@ -349,7 +381,19 @@ impl Worker {
                 }
                 let sh = self.shard_mut(s);
                 sh.pending.clear();
+                let was = sh.min_w;
                 sh.min_w = wm.lanes.min_present_w().unwrap_or(0);
+                if sh.min_w < was {
+                    // W never moves back by itself: the mailbox side lost writes (a promoted
+                    // replica, a restore); resuming from the stored W re-materialises them
+                    tracing::error!(
+                        shard = s,
+                        w = sh.min_w,
+                        was,
+                        "watermark went backwards; re-materialising from the log"
+                    );
+                    metrics::counter!("tidemark_watermark_regressions_total").increment(1);
+                }
                 sh.read_pos = sh.min_w;
                 sh.uniform = wm.lanes.is_uniform();
                 let min_w = sh.min_w;

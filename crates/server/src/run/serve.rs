@@ -151,7 +151,11 @@ pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
                     redact_url(url)
                 ))
             };
-            match deployment::read(&mut conn).await.map_err(connect_err)? {
+            let key = deployment::key(url, role);
+            match deployment::read_at(&mut conn, &key)
+                .await
+                .map_err(connect_err)?
+            {
                 Some(have) => {
                     let d = have.differences(&want);
                     if !d.is_empty() {
@@ -160,7 +164,8 @@ pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
                 }
                 None => {
                     // created before identities: what it holds must agree with the topology
-                    if role == Role::Mailbox {
+                    // (a cluster deployment is newer than identities: nothing to scan)
+                    if role == Role::Mailbox && !tidemark_store::endpoint::is_cluster(url) {
                         let foreign: Vec<u32> = deployment::watermark_shards(&mut conn)
                             .await
                             .map_err(connect_err)?
@@ -176,13 +181,13 @@ pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
                             )));
                         }
                     }
-                    missing.push((conn, want));
+                    missing.push((conn, key, want));
                 }
             }
         }
     }
-    for (mut conn, want) in missing {
-        let have = deployment::record_if_absent(&mut conn, &want).await?;
+    for (mut conn, key, want) in missing {
+        let have = deployment::record_if_absent_at(&mut conn, &key, &want).await?;
         let d = have.differences(&want);
         if !d.is_empty() {
             return Err(Error::Deployment(format!(

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use tidemark_redis_proc::{RedisOptions, RedisProcess};
+use tidemark_redis_proc::{ClusterOptions, RedisCluster, RedisOptions, RedisProcess};
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::{Topology, TopologyError};
 use tokio_util::sync::CancellationToken;
@@ -38,6 +38,9 @@ pub struct UpOptions {
     pub materializer: MaterializerOptions,
     /// `appendfsync` of every instance (`always`: nothing acknowledged is lost on a crash).
     pub appendfsync: String,
+    /// Run both pools on one local Redis Cluster (3 primaries, 3 replicas, under
+    /// `<data dir>/cluster`) instead of `core` + `mailbox` instances (ADR-0032).
+    pub cluster: bool,
     /// The in-process service as a node (`up --nodes N` runs the first node here, in leases
     /// mode, and the others as child processes); `None`: one static owner, unregistered.
     pub node: Option<crate::ownership::NodeOptions>,
@@ -49,6 +52,8 @@ pub struct Up {
     pub core: Vec<RedisProcess>,
     /// The mailbox instances.
     pub mailbox: Vec<RedisProcess>,
+    /// The local Redis Cluster both pools use (`up --cluster`).
+    pub cluster: Option<RedisCluster>,
     /// The service.
     pub running: Running,
     /// The topology in use (its URLs carry the Redis password).
@@ -82,6 +87,22 @@ impl Up {
         for (i, p) in self.mailbox.iter().enumerate() {
             v.push(format!("mailbox  {i} {}", p.display_url()));
         }
+        if let Some(c) = &self.cluster {
+            for n in c.nodes() {
+                let role = match n.role {
+                    tidemark_redis_proc::Role::Primary => "primary".to_string(),
+                    tidemark_redis_proc::Role::Replica { primary } => format!(
+                        "replica of {}",
+                        primary.map_or("?".to_string(), |p| p.to_string())
+                    ),
+                    tidemark_redis_proc::Role::Down => "down".to_string(),
+                };
+                v.push(format!(
+                    "cluster  {} {} ({role}; core and mailbox pools)",
+                    n.index, n.display_url
+                ));
+            }
+        }
         let file = sh_quote(&self.password_file.display().to_string());
         v.push(format!(
             "redis    every instance requires the password in {file}; for example:"
@@ -90,6 +111,12 @@ impl Up {
             v.push(format!(
                 "           REDISCLI_AUTH=\"$(cat {file})\" redis-cli -p {}",
                 p.port()
+            ));
+        }
+        if let Some(c) = &self.cluster {
+            v.push(format!(
+                "           REDISCLI_AUTH=\"$(cat {file})\" redis-cli -c -p {}",
+                c.port(0)
             ));
         }
         if let Some(p) = self.mailbox.first() {
@@ -121,6 +148,9 @@ struct Deployment {
     core: usize,
     mailbox: usize,
     layout: Layout,
+    /// Both pools on a local Redis Cluster (`up --cluster`); absent in files written before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    cluster: bool,
 }
 
 /// `up`'s own record of a data dir (shard and instance counts, layout). Named apart from the
@@ -148,6 +178,15 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
                  in {}",
                 dir.display(),
                 path.display()
+            ))
+            .into());
+        }
+        if have.cluster != want.cluster {
+            return Err(TopologyError::Invalid(format!(
+                "{} was created {} --cluster; a data dir keeps its kind of deployment (use \
+                 another --data-dir)",
+                dir.display(),
+                if have.cluster { "with" } else { "without" }
             ))
             .into());
         }
@@ -186,9 +225,10 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
         &opts.data_dir,
         &Deployment {
             shards: opts.shards,
-            core: opts.core,
-            mailbox: opts.mailbox,
+            core: if opts.cluster { 0 } else { opts.core },
+            mailbox: if opts.cluster { 0 } else { opts.mailbox },
             layout: opts.layout,
+            cluster: opts.cluster,
         },
     )?;
     let password = load_or_create_redis_password(&opts.data_dir)?;
@@ -201,18 +241,35 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
             ..Default::default()
         })
     };
-    let core: Vec<RedisProcess> = (0..opts.core)
-        .map(|i| start(format!("core-{i}")))
-        .collect::<Result<_, _>>()?;
-    let mailbox: Vec<RedisProcess> = (0..opts.mailbox)
-        .map(|i| start(format!("mailbox-{i}")))
-        .collect::<Result<_, _>>()?;
-    let topology = Topology::new(
-        opts.shards,
-        opts.layout,
-        core.iter().map(|p| p.url()).collect(),
-        mailbox.iter().map(|p| p.url()).collect(),
-    );
+    let (core, mailbox, cluster, topology) = if opts.cluster {
+        // 3 primaries + 3 replicas; the same directory (and ports) at every start
+        let c = RedisCluster::start(ClusterOptions {
+            base_dir: Some(opts.data_dir.join("cluster")),
+            requirepass: Some(password.clone()),
+            appendonly: true,
+            appendfsync: opts.appendfsync.clone(),
+            node_timeout_ms: 2000,
+            ..ClusterOptions::default()
+        })?;
+        let mut t = Topology::new(opts.shards, opts.layout, Vec::new(), Vec::new());
+        t.core_cluster = Some(c.seeds());
+        t.mailbox_cluster = Some(c.seeds());
+        (Vec::new(), Vec::new(), Some(c), t)
+    } else {
+        let core: Vec<RedisProcess> = (0..opts.core)
+            .map(|i| start(format!("core-{i}")))
+            .collect::<Result<_, _>>()?;
+        let mailbox: Vec<RedisProcess> = (0..opts.mailbox)
+            .map(|i| start(format!("mailbox-{i}")))
+            .collect::<Result<_, _>>()?;
+        let t = Topology::new(
+            opts.shards,
+            opts.layout,
+            core.iter().map(|p| p.url()).collect(),
+            mailbox.iter().map(|p| p.url()).collect(),
+        );
+        (core, mailbox, None, t)
+    };
     // for read-only tools: `tidemark trace --config <data dir>/tidemark.toml` (0600: the URLs
     // carry the Redis password)
     let text = toml::to_string(&topology).map_err(|e| TopologyError::Invalid(e.to_string()))?;
@@ -239,6 +296,7 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
     Ok(Up {
         core,
         mailbox,
+        cluster,
         running,
         topology,
         password_file: opts.data_dir.join(REDIS_PASSWORD_FILE),

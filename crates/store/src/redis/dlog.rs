@@ -21,13 +21,16 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::aio::MultiplexedConnection;
 use redis::Value;
 
 use super::scripts::COMMIT_DISPATCH;
 use super::watermark::U48_MAX;
+use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys;
+use crate::redis::replicas::ReplicaConfirm;
+pub use crate::redis::replicas::{has_replicas, ReplicaWait, WaitPolicy};
 
 /// How long a dedupe record (sender, client id) → offset lives.
 pub const DEFAULT_DEDUPE_TTL_S: u64 = 24 * 3600;
@@ -118,8 +121,12 @@ pub enum IdClaim {
 /// Connection to one core Redis (commit side).
 #[derive(Clone)]
 pub struct LogStore {
-    pub(crate) conn: ConnectionManager,
+    pub(crate) conn: Conn,
     url: String,
+    /// Replicas every commit must reach before it is acknowledged (`WAIT`); 0: none.
+    wait: Option<ReplicaWait>,
+    /// The grouped `WAIT`s of the commits (shared by the clones).
+    confirm: ReplicaConfirm,
 }
 
 fn offset_of_id(id: &str) -> Option<u64> {
@@ -195,12 +202,7 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
 impl LogStore {
     /// Connects to a core Redis and loads the commit script.
     pub async fn connect(url: &str) -> Result<LogStore> {
-        let client = redis::Client::open(url)?;
-        let cfg = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(Duration::from_secs(30)))
-            .set_connection_timeout(Some(Duration::from_secs(5)))
-            .set_number_of_retries(3);
-        let mut conn = ConnectionManager::new_with_config(client, cfg).await?;
+        let mut conn = endpoint::connect(url, endpoint::ConnectOptions::default()).await?;
         let _: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(&COMMIT_DISPATCH.source)
@@ -209,7 +211,24 @@ impl LogStore {
         Ok(LogStore {
             conn,
             url: url.to_string(),
+            wait: None,
+            confirm: ReplicaConfirm::default(),
         })
+    }
+
+    /// From now on every commit waits for `wait` (`None` or 0 replicas: no wait).
+    pub fn set_replica_wait(&mut self, wait: Option<ReplicaWait>) {
+        self.wait = wait.filter(|w| w.replicas > 0);
+    }
+
+    /// The replica wait in force.
+    pub fn replica_wait(&self) -> Option<ReplicaWait> {
+        self.wait
+    }
+
+    /// Whether this core instance (or cluster) has replicas ([`has_replicas`]).
+    pub async fn has_replicas(&mut self) -> Result<bool> {
+        has_replicas(&mut self.conn).await
     }
 
     /// The instance URL.
@@ -218,7 +237,7 @@ impl LogStore {
     }
 
     /// A clone of the connection, for plain commands.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Conn {
         self.conn.clone()
     }
 
@@ -288,17 +307,10 @@ impl LogStore {
             .arg(sent_at_us)
             .arg(dedupe_ttl_s.max(1))
             .arg(digest);
-        let v: Value = match cmd.query_async(&mut self.conn).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                let _: String = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(&COMMIT_DISPATCH.source)
-                    .query_async(&mut self.conn)
-                    .await?;
-                cmd.query_async(&mut self.conn).await?
-            }
-            other => other?,
-        };
+        if self.conn.is_cluster() {
+            cmd.arg(keys::dlog_wake(shard));
+        }
+        let v: Value = self.run_commit(shard, &cmd).await?;
         match &v {
             Value::Array(a) if a.len() == 2 => match (&a[0], &a[1]) {
                 (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => Ok(Committed {
@@ -320,6 +332,29 @@ impl LogStore {
                 detail: format!("{v:?}"),
             }),
         }
+    }
+
+    /// Runs the commit command, reloading the script once on NOSCRIPT, then (when a replica
+    /// wait is asked and something is to be acknowledged) waits for the grouped `WAIT`.
+    async fn run_commit(&mut self, shard: u32, cmd: &redis::Cmd) -> Result<Value> {
+        let v: Value = match cmd.query_async(&mut self.conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                let _: String = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(&COMMIT_DISPATCH.source)
+                    .query_async(&mut self.conn)
+                    .await?;
+                cmd.query_async(&mut self.conn).await?
+            }
+            other => other?,
+        };
+        // a refusal (exhausted log, id reused) wrote nothing: no replica needed
+        let refused = matches!(&v, Value::Array(a) if matches!(a.first(), Some(Value::Int(2 | 3))));
+        if let (Some(w), false) = (self.wait, refused) {
+            // a duplicate too: the first commit may not have reached the replicas yet
+            self.confirm.confirm(&self.conn, shard, w).await?;
+        }
+        Ok(v)
     }
 
     /// Binds (sender, client id) to the message digest on the sender's shard `home` (one
@@ -418,15 +453,62 @@ impl LogStore {
     }
 }
 
-/// Blocking reader of several shards' logs on one core Redis: its own connection, no
+/// Reader of several shards' logs on one core Redis (or cluster), in log order.
+///
+/// One instance: `XREAD BLOCK` over every shard's log on a connection of its own, without
 /// response timeout (XREAD BLOCK would otherwise be cut off).
+///
+/// A Redis Cluster refuses one XREAD over keys of several slots, so there the reader keeps
+/// a sharded subscription to the commit hints (`dlogwake:{s}`, published by
+/// `commit_dispatch.lua` in the commit itself) and reads, per shard, only the logs that may
+/// have more: a shard is read again when a hint names it, when the caller asks for another
+/// position than the one the last read ended at (a resync, a new shard), when its last read
+/// was full, after any dropped node connection (hints may be lost), and every
+/// [`CLUSTER_SWEEP`] in any case. Between those it waits on the hints up to `block`.
 pub struct LogReader {
-    conn: MultiplexedConnection,
+    inner: ReaderInner,
+}
+
+enum ReaderInner {
+    Single(MultiplexedConnection),
+    Cluster(Box<ClusterReader>),
+}
+
+/// How often a cluster log reader reads every shard even without a hint (a safety net: hints
+/// are published by the commit itself and their loss is detected, so this finds nothing in
+/// normal operation).
+pub const CLUSTER_SWEEP: Duration = Duration::from_secs(5);
+
+struct ClusterReader {
+    endpoint: String,
+    conn: Conn,
+    sub: Option<crate::endpoint::ShardedSub>,
+    subscribed: std::collections::HashSet<u32>,
+    /// Shards to read at the next call.
+    dirty: std::collections::HashSet<u32>,
+    /// Where the last read of each shard ended (the position a caller in step asks next).
+    expect: HashMap<u32, u64>,
+    last_sweep: tokio::time::Instant,
 }
 
 impl LogReader {
-    /// Opens a dedicated connection for blocking reads.
+    /// Opens a dedicated connection for blocking reads (on a cluster: a connection and a
+    /// sharded subscription, see [`LogReader`]).
     pub async fn connect(url: &str) -> Result<LogReader> {
+        if crate::endpoint::is_cluster(url) {
+            let conn = endpoint::connect(url, endpoint::ConnectOptions::default()).await?;
+            return Ok(LogReader {
+                inner: ReaderInner::Cluster(Box::new(ClusterReader {
+                    endpoint: url.to_string(),
+                    conn,
+                    sub: None,
+                    subscribed: Default::default(),
+                    dirty: Default::default(),
+                    expect: HashMap::new(),
+                    last_sweep: tokio::time::Instant::now(),
+                })),
+            });
+        }
         let client = redis::Client::open(url)?;
         let cfg = redis::AsyncConnectionConfig::new()
             .set_response_timeout(None)
@@ -434,59 +516,220 @@ impl LogReader {
         let conn = client
             .get_multiplexed_async_connection_with_config(&cfg)
             .await?;
-        Ok(LogReader { conn })
+        Ok(LogReader {
+            inner: ReaderInner::Single(conn),
+        })
     }
 
-    /// `XREAD BLOCK block COUNT count STREAMS dlog:{s}… after…`: records after each shard's
-    /// position, per shard in log order. Empty when nothing arrived within `block`.
+    /// Records after each shard's position, per shard in log order, at most `count` per
+    /// shard. Empty when nothing arrived within `block`.
     pub async fn read(
         &mut self,
         positions: &[(u32, u64)],
         count: usize,
         block: Duration,
     ) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT")
-            .arg(count)
-            .arg("BLOCK")
-            .arg(block.as_millis() as u64)
-            .arg("STREAMS");
+        match &mut self.inner {
+            ReaderInner::Single(conn) => read_blocking(conn, positions, count, block).await,
+            ReaderInner::Cluster(r) => r.read(positions, count, block).await,
+        }
+    }
+}
+
+/// `XREAD BLOCK block COUNT count STREAMS dlog:{s}… after…` on one instance.
+async fn read_blocking(
+    conn: &mut MultiplexedConnection,
+    positions: &[(u32, u64)],
+    count: usize,
+    block: Duration,
+) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+    let mut cmd = redis::cmd("XREAD");
+    cmd.arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(block.as_millis() as u64)
+        .arg("STREAMS");
+    for (s, _) in positions {
+        cmd.arg(keys::dlog(*s));
+    }
+    for (_, after) in positions {
+        cmd.arg(format!("{after}-0"));
+    }
+    let v: Value = cmd.query_async(conn).await?;
+    parse_xread(&v)
+}
+
+fn parse_xread(v: &Value) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+    let mut out = Vec::new();
+    let streams: Vec<&Value> = match v {
+        Value::Nil => return Ok(out),
+        Value::Array(a) => a.iter().collect(),
+        Value::Map(m) => {
+            // RESP3 shape: key => entries
+            for (k, entries) in m {
+                let name = match k {
+                    Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                    _ => continue,
+                };
+                if let Some(s) = shard_of_dlog_key(&name) {
+                    out.push((s, parse_entries(s, entries)?));
+                }
+            }
+            return Ok(out);
+        }
+        _ => return Ok(out),
+    };
+    for st in streams {
+        if let Value::Array(pair) = st {
+            if let [Value::BulkString(k), entries] = pair.as_slice() {
+                if let Some(s) = shard_of_dlog_key(&String::from_utf8_lossy(k)) {
+                    out.push((s, parse_entries(s, entries)?));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl ClusterReader {
+    /// Subscribes to the hints of every shard of `positions` not yet subscribed (after a
+    /// (re)connect: all of them, and every shard is read once).
+    async fn subscribe(&mut self, positions: &[(u32, u64)]) -> Result<()> {
+        if self.sub.is_none() {
+            let channels: Vec<String> =
+                positions.iter().map(|(s, _)| keys::dlog_wake(*s)).collect();
+            let sub = crate::endpoint::ShardedSub::connect(&self.endpoint, &channels).await?;
+            self.sub = Some(sub);
+            self.subscribed = positions.iter().map(|(s, _)| *s).collect();
+            self.dirty.extend(positions.iter().map(|(s, _)| *s));
+            return Ok(());
+        }
+        let sub = self.sub.as_mut().expect("checked");
         for (s, _) in positions {
-            cmd.arg(keys::dlog(*s));
-        }
-        for (_, after) in positions {
-            cmd.arg(format!("{after}-0"));
-        }
-        let v: Value = cmd.query_async(&mut self.conn).await?;
-        let mut out = Vec::new();
-        let streams: Vec<&Value> = match &v {
-            Value::Nil => return Ok(out),
-            Value::Array(a) => a.iter().collect(),
-            Value::Map(m) => {
-                // RESP3 shape: key => entries
-                for (k, entries) in m {
-                    let name = match k {
-                        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                        _ => continue,
-                    };
-                    if let Some(s) = shard_of_dlog_key(&name) {
-                        out.push((s, parse_entries(s, entries)?));
-                    }
-                }
-                return Ok(out);
+            if self.subscribed.insert(*s) {
+                sub.conn.ssubscribe(keys::dlog_wake(*s)).await?;
+                self.dirty.insert(*s);
             }
-            _ => return Ok(out),
+        }
+        Ok(())
+    }
+
+    /// Takes every push waiting; `true` when a node connection dropped (hints may be lost).
+    fn drain(&mut self) -> bool {
+        let Some(sub) = self.sub.as_mut() else {
+            return true;
         };
-        for st in streams {
-            if let Value::Array(pair) = st {
-                if let [Value::BulkString(k), entries] = pair.as_slice() {
-                    if let Some(s) = shard_of_dlog_key(&String::from_utf8_lossy(k)) {
-                        out.push((s, parse_entries(s, entries)?));
+        let mut lost = false;
+        while let Ok(push) = sub.rx.try_recv() {
+            lost |= note_push(&mut self.dirty, &push);
+        }
+        lost
+    }
+
+    async fn read(
+        &mut self,
+        positions: &[(u32, u64)],
+        count: usize,
+        block: Duration,
+    ) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+        if let Err(e) = self.subscribe(positions).await {
+            self.sub = None;
+            return Err(e);
+        }
+        let deadline = tokio::time::Instant::now() + block;
+        loop {
+            let mut all = self.drain();
+            if self.last_sweep.elapsed() >= CLUSTER_SWEEP {
+                all = true;
+            }
+            if all {
+                self.last_sweep = tokio::time::Instant::now();
+            }
+            let targets: Vec<(u32, u64)> = positions
+                .iter()
+                .copied()
+                .filter(|(s, after)| {
+                    all || self.dirty.contains(s) || self.expect.get(s) != Some(after)
+                })
+                .collect();
+            self.dirty.clear();
+            if !targets.is_empty() {
+                let reads = targets.iter().map(|&(s, after)| {
+                    let mut conn = self.conn.clone();
+                    async move {
+                        let v: Value = redis::cmd("XREAD")
+                            .arg("COUNT")
+                            .arg(count)
+                            .arg("STREAMS")
+                            .arg(keys::dlog(s))
+                            .arg(format!("{after}-0"))
+                            .query_async(&mut conn)
+                            .await?;
+                        Ok::<_, Error>((s, after, parse_xread(&v)?))
+                    }
+                });
+                let mut out = Vec::new();
+                for r in futures::future::join_all(reads).await {
+                    let (s, after, got) = r?;
+                    let recs: Vec<DispatchRecord> =
+                        got.into_iter().flat_map(|(_, recs)| recs).collect();
+                    let end = recs.last().map(|r| r.offset).unwrap_or(after);
+                    self.expect.insert(s, end);
+                    if recs.len() >= count {
+                        self.dirty.insert(s);
+                    }
+                    if !recs.is_empty() {
+                        out.push((s, recs));
+                    }
+                }
+                if !out.is_empty() {
+                    return Ok(out);
+                }
+            }
+            // nothing to read: wait for a hint, the block time, or the next sweep
+            let sweep_at = self.last_sweep + CLUSTER_SWEEP;
+            let Some(sub) = self.sub.as_mut() else {
+                return Ok(Vec::new());
+            };
+            tokio::select! {
+                push = sub.rx.recv() => match push {
+                    Some(push) => {
+                        if note_push(&mut self.dirty, &push) {
+                            self.last_sweep = tokio::time::Instant::now() - CLUSTER_SWEEP;
+                        }
+                    }
+                    None => {
+                        self.sub = None;
+                        return Ok(Vec::new());
+                    }
+                },
+                _ = tokio::time::sleep_until(deadline.min(sweep_at)) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Ok(Vec::new());
                     }
                 }
             }
         }
-        Ok(out)
+    }
+}
+
+/// Notes a push in `dirty`; `true` when it reports a dropped connection.
+fn note_push(dirty: &mut std::collections::HashSet<u32>, push: &redis::PushInfo) -> bool {
+    match push.kind {
+        redis::PushKind::SMessage => {
+            if let Some(Value::BulkString(ch)) = push.data.first() {
+                if let Some(s) = String::from_utf8_lossy(ch)
+                    .strip_prefix("dlogwake:{")
+                    .and_then(|r| r.strip_suffix('}'))
+                    .and_then(|n| n.parse().ok())
+                {
+                    dirty.insert(s);
+                }
+            }
+            false
+        }
+        redis::PushKind::Disconnection => true,
+        _ => false,
     }
 }
 

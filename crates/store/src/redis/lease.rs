@@ -12,6 +12,7 @@ use std::sync::LazyLock;
 use redis::Value;
 
 use super::dlog::LogStore;
+use super::watermark::Layout;
 use crate::error::{Error, Result};
 use crate::keys;
 
@@ -47,6 +48,10 @@ pub struct NodeInfo {
     pub url: String,
     /// `all`, `gateway` or `materializer`.
     pub role: String,
+    /// The watermark layout it writes (`packed-v1`, `packed-v2`); `None` for a record written
+    /// without one (a build before ADR-0033). Shards go to the nodes of the newest layout
+    /// ([`crate::assign::eligible`]).
+    pub layout: Option<String>,
     /// Milliseconds since its last heartbeat (Redis time).
     pub age_ms: u64,
 }
@@ -177,8 +182,16 @@ impl LogStore {
             .collect()
     }
 
-    /// Records that node `id` is alive for `ttl_ms` (call on core instance 0).
-    pub async fn heartbeat(&mut self, id: &str, ttl_ms: u64, url: &str, role: &str) -> Result<u64> {
+    /// Records that node `id` (advertising `url`, running `role`, writing watermarks in
+    /// `layout`) is alive for `ttl_ms` (call on core instance 0).
+    pub async fn heartbeat(
+        &mut self,
+        id: &str,
+        ttl_ms: u64,
+        url: &str,
+        role: &str,
+        layout: Layout,
+    ) -> Result<u64> {
         check_node_id(id)?;
         let now: u64 = NODE_HEARTBEAT
             .key(keys::NODES)
@@ -187,6 +200,7 @@ impl LogStore {
             .arg(ttl_ms)
             .arg(url)
             .arg(role)
+            .arg(layout.as_str())
             .invoke_async(&mut self.conn)
             .await?;
         Ok(now)
@@ -227,14 +241,15 @@ impl LogStore {
             _ => Err(nbad("not a string")),
         };
         let mut out = Vec::new();
-        for rec in v[1..].chunks(4) {
-            let [id, url, role, Value::Int(beat)] = rec else {
+        for rec in v[1..].chunks(5) {
+            let [id, url, role, Value::Int(beat), layout] = rec else {
                 return Err(nbad("bad record"));
             };
             out.push(NodeInfo {
                 id: text(id)?,
                 url: text(url)?,
                 role: text(role)?,
+                layout: Some(text(layout)?).filter(|l| !l.is_empty()),
                 age_ms: u64::try_from(now - beat).unwrap_or(0),
             });
         }

@@ -2,6 +2,7 @@
 
 pub mod dlog;
 pub mod lease;
+pub mod replicas;
 pub mod scripts;
 pub mod store;
 pub mod watermark;

@@ -41,10 +41,9 @@ mod watermark_ops;
 #[cfg(test)]
 mod tests;
 
-use redis::aio::ConnectionManager;
-
 use super::scripts::{self, ScriptSet};
 use super::watermark::{decode_lane_watermarks, Layout, ShardWatermark, U48_MAX};
+use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 
 pub use mailbox::parse_withscores;
@@ -57,22 +56,21 @@ pub use reply::{
 /// Connection to one mailbox Redis with the script set of one layout.
 #[derive(Clone)]
 pub struct MailboxStore {
-    conn: ConnectionManager,
+    conn: Conn,
     set: &'static ScriptSet,
+    /// Replicas [`MailboxStore::confirm_replicated`] waits for (`None`: none asked).
+    wait: Option<crate::redis::dlog::ReplicaWait>,
 }
 
 impl MailboxStore {
-    /// Connects to `url`, loads the script set of `layout`.
+    /// Connects to `url` (an instance or a cluster endpoint, [`crate::endpoint`]), loads the
+    /// script set of `layout`.
     pub async fn connect(url: &str, layout: Layout) -> Result<MailboxStore> {
-        let client = redis::Client::open(url)?;
-        let cfg = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(std::time::Duration::from_secs(30)))
-            .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
-            .set_number_of_retries(3);
-        let conn = ConnectionManager::new_with_config(client, cfg).await?;
+        let conn = endpoint::connect(url, endpoint::ConnectOptions::default()).await?;
         let mut s = MailboxStore {
             conn,
             set: scripts::for_layout(layout),
+            wait: None,
         };
         s.load_scripts().await?;
         Ok(s)
@@ -89,8 +87,38 @@ impl MailboxStore {
     }
 
     /// A clone of the underlying connection, for plain commands.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Conn {
         self.conn.clone()
+    }
+
+    /// Resolves `policy` on this instance (or cluster) and keeps the result for
+    /// [`MailboxStore::confirm_replicated`].
+    pub async fn set_replica_wait(
+        &mut self,
+        policy: &crate::redis::dlog::WaitPolicy,
+    ) -> Result<Option<crate::redis::dlog::ReplicaWait>> {
+        self.wait = policy.resolve(&mut self.conn).await?;
+        Ok(self.wait)
+    }
+
+    /// Whether everything written so far to shard `shard`'s primary has reached the replicas
+    /// asked for (`WAIT` after a read of `wm:{s}`, on that primary's connection). Always true
+    /// when no wait is asked. Call before trimming the core log below W: a promoted replica
+    /// then holds at least that W.
+    pub async fn confirm_replicated(&mut self, shard: u32) -> Result<bool> {
+        let Some(mut wait) = self.wait else {
+            return Ok(true);
+        };
+        // a short wait: this runs in the materializer's loop, and a trim not confirmed now is
+        // simply tried again at the next GC (W is normally on the replicas long before)
+        wait.timeout = wait.timeout.min(std::time::Duration::from_millis(50));
+        let mut cmd = redis::cmd("EXISTS");
+        cmd.arg(crate::keys::wm(shard));
+        match crate::redis::replicas::with_wait(&mut self.conn, &cmd, wait).await {
+            Ok(_) => Ok(true),
+            Err(crate::redis::replicas::WaitError::Short) => Ok(false),
+            Err(crate::redis::replicas::WaitError::Redis(e)) => Err(e.into()),
+        }
     }
 }
 

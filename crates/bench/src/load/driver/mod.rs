@@ -80,6 +80,7 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
         },
         materializer: MaterializerOptions::default(),
         appendfsync: local.appendfsync.clone(),
+        cluster: false,
         node: None,
     };
     let Up {

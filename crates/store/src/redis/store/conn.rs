@@ -14,13 +14,29 @@ fn is_noscript(e: &redis::RedisError) -> bool {
 }
 
 impl MailboxStore {
-    /// `SCRIPT LOAD` of every script of the set.
+    /// `SCRIPT LOAD` of every script of the set (on a cluster, on every node: redis-rs routes
+    /// `SCRIPT LOAD` to all of them, so a replica promoted later has the scripts too).
     pub async fn load_scripts(&mut self) -> Result<()> {
-        let mut pipe = redis::pipe();
-        for s in self.set.all() {
-            pipe.cmd("SCRIPT").arg("LOAD").arg(&s.source);
-        }
-        let shas: Vec<String> = pipe.query_async(&mut self.conn).await?;
+        let shas: Vec<String> = if self.conn.is_cluster() {
+            // a keyless pipeline would go to one random node: one command each instead
+            let mut out = Vec::new();
+            for s in self.set.all() {
+                out.push(
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(&s.source)
+                        .query_async(&mut self.conn)
+                        .await?,
+                );
+            }
+            out
+        } else {
+            let mut pipe = redis::pipe();
+            for s in self.set.all() {
+                pipe.cmd("SCRIPT").arg("LOAD").arg(&s.source);
+            }
+            pipe.query_async(&mut self.conn).await?
+        };
         for (s, sha) in self.set.all().iter().zip(shas) {
             if sha != s.sha {
                 return Err(Error::UnexpectedReply {
@@ -54,16 +70,12 @@ impl MailboxStore {
         }
     }
 
-    /// Runs `cmds` as one pipeline. On NOSCRIPT anywhere, reloads and repeats the whole
-    /// pipeline in order (safe: every command is a CAS or idempotent).
-    pub(super) async fn invoke_pipeline(&mut self, cmds: &[Cmd]) -> Result<Vec<Value>> {
+    /// Runs `cmds` (each tagged with its shard) as one pipeline — on a cluster, one per
+    /// shard ([`crate::endpoint::Conn::exec_each`]). On NOSCRIPT anywhere, reloads and repeats
+    /// the whole pipeline in order (safe: every command is a CAS or idempotent).
+    pub(super) async fn invoke_pipeline(&mut self, cmds: &[(u32, Cmd)]) -> Result<Vec<Value>> {
         for attempt in 0..2 {
-            let mut pipe = redis::pipe();
-            pipe.ignore_errors();
-            for c in cmds {
-                pipe.add_command(c.clone());
-            }
-            let replies: Vec<redis::RedisResult<Value>> = pipe.query_async(&mut self.conn).await?;
+            let replies = self.conn.exec_each(cmds).await?;
             let mut noscript = false;
             let mut out = Vec::with_capacity(replies.len());
             for r in replies {

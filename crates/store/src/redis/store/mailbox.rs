@@ -30,7 +30,9 @@ impl MailboxStore {
             .arg("LIMIT")
             .arg(0)
             .arg(limit);
-        let replies = self.invoke_pipeline(&[wm_cmd, range]).await?;
+        let replies = self
+            .invoke_pipeline(&[(shard, wm_cmd), (shard, range)])
+            .await?;
         let wm = decode_read_reply(&[shard], &replies[0])?
             .pop()
             .expect("one shard")?;

@@ -100,7 +100,7 @@ impl MailboxStore {
         let mut cmds = Vec::with_capacity(items.len());
         for it in items {
             check_u48("offset", it.offset)?;
-            cmds.push(self.materialize_cmd(shard, &e, it));
+            cmds.push((shard, self.materialize_cmd(shard, &e, it)));
         }
         let replies = self.invoke_pipeline(&cmds).await?;
         replies
@@ -120,7 +120,7 @@ impl MailboxStore {
             let e = epoch.to_string();
             for it in items {
                 check_u48("offset", it.offset)?;
-                cmds.push(self.materialize_cmd(*shard, &e, it));
+                cmds.push((*shard, self.materialize_cmd(*shard, &e, it)));
             }
         }
         let replies = self.invoke_pipeline(&cmds).await?;
@@ -191,7 +191,7 @@ impl MailboxStore {
             let (o, l) = (c.offset.to_string(), c.lane.to_string());
             let mut args: Vec<&[u8]> = vec![e.as_bytes(), o.as_bytes(), l.as_bytes()];
             args.extend(c.entries.iter().map(|(_, en)| en.as_slice()));
-            cmds.push(Self::evalsha(&self.set.write_lane_chunk, &ks, &args));
+            cmds.push((shard, Self::evalsha(&self.set.write_lane_chunk, &ks, &args)));
         }
         let replies = self.invoke_pipeline(&cmds).await?;
         replies

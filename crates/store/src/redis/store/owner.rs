@@ -18,16 +18,20 @@ impl MailboxStore {
     /// Sets `owner:{s}` to the epoch, expiring after [`OWNER_MARK_TTL_MS`], for every
     /// `(shard, epoch)` of `marks`, in one pipeline.
     pub async fn refresh_owner_marks(&self, marks: &[(u32, u64)]) -> Result<()> {
-        let mut pipe = redis::pipe();
-        for &(shard, epoch) in marks {
-            pipe.cmd("SET")
-                .arg(keys::owner(shard))
-                .arg(epoch)
-                .arg("PX")
-                .arg(OWNER_MARK_TTL_MS)
-                .ignore();
+        let cmds: Vec<(u32, redis::Cmd)> = marks
+            .iter()
+            .map(|&(shard, epoch)| {
+                let mut c = redis::cmd("SET");
+                c.arg(keys::owner(shard))
+                    .arg(epoch)
+                    .arg("PX")
+                    .arg(OWNER_MARK_TTL_MS);
+                (shard, c)
+            })
+            .collect();
+        for r in self.connection().exec_each(&cmds).await? {
+            r?;
         }
-        pipe.query_async::<()>(&mut self.connection()).await?;
         Ok(())
     }
 

@@ -20,6 +20,19 @@ impl MailboxStore {
     /// Reads and decodes the watermarks of `shards` through `read_log_watermarks.lua`.
     /// Each entry is the shard's decoded watermark or its error (missing / corrupt).
     pub async fn read_watermarks(&mut self, shards: &[u32]) -> Result<Vec<Result<ShardWatermark>>> {
+        if self.conn.is_cluster() && shards.len() > 1 {
+            // one script call cannot read keys of several slots: one per shard
+            let cmds: Vec<(u32, Cmd)> = shards
+                .iter()
+                .map(|&s| (s, self.read_watermarks_cmd(&[s])))
+                .collect();
+            let replies = self.invoke_pipeline(&cmds).await?;
+            let mut out = Vec::with_capacity(shards.len());
+            for (&s, v) in shards.iter().zip(&replies) {
+                out.push(decode_read_reply(&[s], v)?.pop().expect("one shard"));
+            }
+            return Ok(out);
+        }
         let cmd = self.read_watermarks_cmd(shards);
         let v = self.invoke(&cmd).await?;
         decode_read_reply(shards, &v)

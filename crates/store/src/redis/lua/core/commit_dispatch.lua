@@ -25,12 +25,16 @@
 -- ARGV[5]  sent_at_us    decimal u64
 -- ARGV[6]  dedupe_ttl_s  decimal, seconds the dedupe record (KEYS[3]) lives
 -- ARGV[7]  digest        hex string, digest of the whole request (no ':')
+-- ARGV[8]  wake channel  optional; on a Redis Cluster `dlogwake:{s}` (same slot as KEYS[1])
 --
 -- Returns {0, offset} committed
 --       | {1, offset} duplicate (nothing written)
 --       | {2, head}   log exhausted: head is already 2^48-1 (nothing written)
 --       | {3, offset} id reused: the id was committed with another request (nothing written)
--- Publishes nothing (the materializer reads the log with XREAD BLOCK).
+-- Publishes, only when ARGV[8] is given and something was committed: SPUBLISH ARGV[8] <offset>,
+-- a hint for materializers on a Redis Cluster, where one blocking XREAD cannot wait on the logs
+-- of several shards (several slots). On one instance nothing is published: the materializer
+-- waits with XREAD BLOCK.
 local dup = redis.call('GET', KEYS[3])
 if dup then
   local off, digest = string.match(dup, '^(%d+):(.*)$')
@@ -47,4 +51,5 @@ local o = string.format('%d', off)
 redis.call('XADD', KEYS[1], o .. '-0', 'p', string.format('%d', off - 1), 'f', ARGV[1],
   'c', ARGV[2], 'r', ARGV[3], 'b', ARGV[4], 't', ARGV[5])
 redis.call('SET', KEYS[3], o .. ':' .. ARGV[7], 'EX', ARGV[6])
+if ARGV[8] then redis.call('SPUBLISH', ARGV[8], o) end
 return {0, off}

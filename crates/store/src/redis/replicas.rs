@@ -1,0 +1,261 @@
+//! Replica waits (ADR-0032): what must be on replicas before it counts.
+//!
+//! Redis replicates asynchronously; `WAIT n timeout` blocks the connection that sent writes
+//! until `n` replicas acknowledged every write sent on it before, and answers how many did.
+//! Two uses:
+//!
+//! - a commit is acknowledged (`send_ack`) only once on `--core-wait-replicas` replicas. The
+//!   gateway's commits share one multiplexed connection per node, and a `WAIT` blocks that
+//!   connection while it waits, so one `WAIT` per commit would serialise every commit behind a
+//!   replica round trip. [`ReplicaConfirm`] groups them instead: per shard (one slot, one
+//!   node) at most one `WAIT` is in flight, and it confirms every commit whose reply came
+//!   before it was sent — a group commit of confirmations;
+//! - the materializer trims a shard's core log only below a W confirmed on
+//!   `--mailbox-wait-replicas` replicas ([`with_wait`] after a read of `wm:{s}`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::endpoint::Conn;
+use crate::error::{Error, Result};
+
+/// How a write is confirmed on replicas: `WAIT replicas timeout` after it, on the connection
+/// to the primary that took it (ADR-0032).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWait {
+    /// Replicas that must have the write.
+    pub replicas: u32,
+    /// How long `WAIT` may block.
+    pub timeout: Duration,
+}
+
+/// What an operator asks for (`--core-wait-replicas`, `--mailbox-wait-replicas`): a replica
+/// count, or `None` for the default — 1 on a Redis Cluster that has replicas, 0 otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitPolicy {
+    /// Replicas to wait for; `None`: the default.
+    pub replicas: Option<u32>,
+    /// How long one `WAIT` may block.
+    pub timeout: Duration,
+}
+
+impl Default for WaitPolicy {
+    fn default() -> Self {
+        WaitPolicy {
+            replicas: None,
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl WaitPolicy {
+    /// The wait in force on `conn`'s deployment (`None`: no wait).
+    pub async fn resolve(&self, conn: &mut Conn) -> Result<Option<ReplicaWait>> {
+        let replicas = match self.replicas {
+            Some(n) => n,
+            None if conn.is_cluster() && has_replicas(conn).await? => 1,
+            None => 0,
+        };
+        Ok((replicas > 0).then_some(ReplicaWait {
+            replicas,
+            timeout: self.timeout,
+        }))
+    }
+}
+
+/// Whether the deployment behind `conn` has replicas: on a cluster, any node of `CLUSTER
+/// NODES` flagged `slave`; on one instance, `connected_slaves` above 0.
+pub async fn has_replicas(conn: &mut Conn) -> Result<bool> {
+    if conn.is_cluster() {
+        let nodes: String = redis::cmd("CLUSTER").arg("NODES").query_async(conn).await?;
+        return Ok(nodes.lines().any(|l| {
+            l.split(' ')
+                .nth(2)
+                .is_some_and(|f| f.split(',').any(|x| x == "slave"))
+        }));
+    }
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query_async(conn)
+        .await?;
+    Ok(info
+        .lines()
+        .find_map(|l| l.strip_prefix("connected_slaves:"))
+        .and_then(|n| n.trim().parse::<u32>().ok())
+        .is_some_and(|n| n > 0))
+}
+
+/// Runs `cmd` (a keyed command) followed by `WAIT` on the same connection — one pipeline, so
+/// on a cluster both go to the primary of `cmd`'s slot — and checks the replica count.
+pub(crate) async fn with_wait(
+    conn: &mut Conn,
+    cmd: &redis::Cmd,
+    wait: ReplicaWait,
+) -> std::result::Result<Value, WaitError> {
+    let mut pipe = redis::pipe();
+    pipe.add_command(cmd.clone())
+        .cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(wait.timeout.as_millis() as u64);
+    let (v, n): (Value, i64) = pipe.query_async(conn).await.map_err(WaitError::Redis)?;
+    let n = u32::try_from(n).unwrap_or(0);
+    if n < wait.replicas {
+        return Err(WaitError::Short);
+    }
+    Ok(v)
+}
+
+/// A failed [`with_wait`]: the command or the pipeline failed, or the command ran but too
+/// few replicas confirmed what came before.
+pub(crate) enum WaitError {
+    Redis(redis::RedisError),
+    Short,
+}
+
+/// Group confirmation of commits on replicas: per shard, at most one `WAIT` in flight; a
+/// commit whose reply has arrived waits for the first `WAIT` *sent after* that moment (it
+/// covers every earlier write on the connection), leading one itself when none is pending.
+/// Cheap to clone (shared).
+#[derive(Clone, Default)]
+pub(crate) struct ReplicaConfirm {
+    shards: Arc<Mutex<HashMap<u32, Arc<Group>>>>,
+}
+
+#[derive(Default)]
+struct Group {
+    state: Mutex<GroupState>,
+    done: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct GroupState {
+    /// Generation the next `WAIT` sent will have.
+    next: u64,
+    /// A `WAIT` is in flight.
+    in_flight: bool,
+    /// The last finished generation and what it answered (replicas, or the error's text).
+    last: Option<(u64, std::result::Result<u32, String>)>,
+}
+
+impl ReplicaConfirm {
+    /// Waits until everything written on `conn` for `shard` so far is on `wait.replicas`
+    /// replicas: `Ok(())`, or [`Error::NotReplicated`] / the `WAIT`'s own failure.
+    pub(crate) async fn confirm(&self, conn: &Conn, shard: u32, wait: ReplicaWait) -> Result<()> {
+        let group = self
+            .shards
+            .lock()
+            .expect("not poisoned")
+            .entry(shard)
+            .or_default()
+            .clone();
+        let need;
+        {
+            let st = group.state.lock().expect("not poisoned");
+            need = st.next;
+        }
+        loop {
+            let notified = group.done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let lead = {
+                let mut st = group.state.lock().expect("not poisoned");
+                if let Some((g, r)) = &st.last {
+                    if *g >= need {
+                        return verdict(shard, wait, r.clone());
+                    }
+                }
+                if st.in_flight {
+                    None
+                } else {
+                    st.in_flight = true;
+                    let g = st.next;
+                    st.next += 1;
+                    Some(g)
+                }
+            };
+            match lead {
+                Some(g) => {
+                    let r = send_wait(conn, shard, wait).await;
+                    {
+                        let mut st = group.state.lock().expect("not poisoned");
+                        st.in_flight = false;
+                        st.last = Some((g, r.clone()));
+                    }
+                    group.done.notify_waiters();
+                    // g >= need: the WAIT was sent after our write's reply
+                    return verdict(shard, wait, r);
+                }
+                None => notified.await,
+            }
+        }
+    }
+}
+
+fn verdict(shard: u32, wait: ReplicaWait, r: std::result::Result<u32, String>) -> Result<()> {
+    match r {
+        Ok(n) if n >= wait.replicas => Ok(()),
+        Ok(n) => Err(Error::NotReplicated {
+            shard,
+            replicas: n,
+            wanted: wait.replicas,
+        }),
+        Err(e) => Err(Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::Io,
+            "WAIT failed",
+            e,
+        )))),
+    }
+}
+
+/// `WAIT replicas timeout` on the connection to `shard`'s primary (on a cluster, routed to
+/// the node serving the shard's slot, through the connection the commits went by).
+async fn send_wait(conn: &Conn, shard: u32, wait: ReplicaWait) -> std::result::Result<u32, String> {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(wait.replicas).arg(wait.timeout.as_millis() as u64);
+    let r: redis::RedisResult<Value> = match conn.clone() {
+        Conn::Single(mut c) => cmd.query_async(&mut c).await,
+        Conn::Cluster(mut c) => {
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let slot = crate::endpoint::key_slot(crate::keys::dlog(shard).as_bytes());
+            c.route_command(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot,
+                    SlotAddr::Master,
+                ))),
+            )
+            .await
+        }
+    };
+    match r {
+        Ok(Value::Int(n)) => Ok(u32::try_from(n).unwrap_or(0)),
+        Ok(v) => Err(format!("unexpected WAIT reply {v:?}")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts() {
+        let w = ReplicaWait {
+            replicas: 1,
+            timeout: Duration::from_millis(10),
+        };
+        assert!(verdict(3, w, Ok(1)).is_ok());
+        assert!(matches!(
+            verdict(3, w, Ok(0)),
+            Err(Error::NotReplicated {
+                shard: 3,
+                replicas: 0,
+                wanted: 1
+            })
+        ));
+        assert!(verdict(3, w, Err("x".into())).is_err());
+    }
+}

@@ -150,36 +150,35 @@ impl LogStore {
     }
 
     /// For each of `shards` (all on this instance): its head (`head:{s}`, 0 when none) and
-    /// the holder of its lease, if any — in one pipeline (for `tidemark status` and the
-    /// gateway's `GET /v1/admin/status`).
+    /// the holder of its lease, if any — in one pipeline, split per shard on a cluster
+    /// ([`crate::endpoint::Conn::exec_each`]) (for `tidemark status` and the gateway's
+    /// `GET /v1/admin/status`).
     pub async fn heads_and_holders(
         &mut self,
         shards: &[u32],
     ) -> Result<Vec<(u64, Option<String>)>> {
-        if shards.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
+        let mut cmds = Vec::with_capacity(2 * shards.len());
         for &s in shards {
-            pipe.cmd("GET").arg(keys::head(s));
-            pipe.cmd("GET").arg(keys::lease(s));
+            cmds.push((s, redis::cmd("GET").arg(keys::head(s)).clone()));
+            cmds.push((s, redis::cmd("GET").arg(keys::lease(s)).clone()));
         }
-        let v: Vec<Value> = pipe.query_async(&mut self.conn).await?;
-        if v.len() != 2 * shards.len() {
+        let v = self.conn.exec_each(&cmds).await?;
+        if v.len() != cmds.len() {
             return Err(Error::UnexpectedReply {
                 script: "status",
-                detail: format!("{} replies to {} commands", v.len(), 2 * shards.len()),
+                detail: format!("{} replies to {} commands", v.len(), cmds.len()),
             });
         }
-        v.chunks(2)
-            .map(|pair| {
-                let head: Option<u64> =
-                    redis::from_redis_value_ref(&pair[0]).map_err(redis::RedisError::from)?;
-                let holder: Option<String> =
-                    redis::from_redis_value_ref(&pair[1]).map_err(redis::RedisError::from)?;
-                Ok((head.unwrap_or(0), holder))
-            })
-            .collect()
+        let mut out = Vec::with_capacity(shards.len());
+        for pair in v.chunks(2) {
+            let (head, holder) = (pair[0].clone()?, pair[1].clone()?);
+            let head: Option<u64> =
+                redis::from_redis_value_ref(&head).map_err(redis::RedisError::from)?;
+            let holder: Option<String> =
+                redis::from_redis_value_ref(&holder).map_err(redis::RedisError::from)?;
+            out.push((head.unwrap_or(0), holder));
+        }
+        Ok(out)
     }
 
     /// Records that node `id` (advertising `url`, running `role`, writing watermarks in

@@ -107,6 +107,8 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_lane_empty_holds_total", Kind::Counter, "Records held because they need an empty lane."),
     ("tidemark_log_discontinuities_total", Kind::Counter, "Shards held because the log does not continue from W."),
     ("tidemark_head_raised_total", Kind::Counter, "Log heads raised to W: a core instance was behind the mailbox side (restored?)."),
+    ("tidemark_watermark_regressions_total", Kind::Counter, "Shards whose stored W went backwards (a promoted mailbox replica lacked writes): re-materialised from the log."),
+    ("tidemark_trim_deferred_total", Kind::Counter, "Log trims deferred: W not yet confirmed on --mailbox-wait-replicas replicas."),
     ("tidemark_task_restarts_total", Kind::Counter, "Supervised tasks restarted, by task and reason (panic, exit)."),
     ("tidemark_wake_hints_total", Kind::Counter, "Wake-up hints received over Pub/Sub."),
     ("tidemark_open_connections", Kind::Gauge, "Open TCP connections of the gateway (HTTP, WebSocket, TLS handshakes; admin listener included)."),

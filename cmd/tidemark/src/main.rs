@@ -35,7 +35,7 @@ enum Cmd {
     Up(serve::UpArgs),
     /// Run the gateway and materializers against Redis instances started elsewhere.
     Serve(Box<serve::ServeArgs>),
-    /// Mint a bearer token (HMAC-SHA256, user + expiry).
+    /// Mint a bearer token (HMAC-SHA256, user + expiry; --admin for the operator endpoints).
     Token(client::TokenArgs),
     /// Send one message and print its offsets.
     Send(client::SendArgs),

@@ -332,6 +332,21 @@ async fn cluster_end_to_end() {
     for sh in shards {
         assert_eq!(sh["owner"], "c1", "{sh}");
     }
+    // the same reading through the gateway (the /ops view's endpoint, dev auth: open)
+    let (status, body) = http_get(port, "/v1/admin/status");
+    assert_eq!(status, 200, "{body}");
+    let admin: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let admin_shards = admin["shards"].as_array().unwrap();
+    assert_eq!(admin_shards.len(), SHARDS as usize, "{admin}");
+    for (sh, a) in shards.iter().zip(admin_shards) {
+        assert_eq!(
+            (&a["shard"], &a["owner"]),
+            (&sh["shard"], &sh["owner"]),
+            "{a}"
+        );
+        assert_eq!(a["lanes"].as_array().unwrap().len(), 64, "{a}");
+        assert!(a["head"].as_u64() >= sh["head"].as_u64(), "{a} {sh}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

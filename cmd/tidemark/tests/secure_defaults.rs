@@ -121,6 +121,32 @@ fn token_refuses_an_empty_or_short_secret() {
     let token = String::from_utf8(a.stdout).unwrap();
     let claims = tidemark_protocol::token::verify(GOOD_SECRET.as_bytes(), token.trim(), 0).unwrap();
     assert_eq!(claims.user, "alice");
+    assert!(!claims.admin);
+    // --admin: an admin token, for `admin` unless --user names another
+    for (args, user) in [
+        (&["--admin"][..], "admin"),
+        (&["--admin", "--user", "ops"][..], "ops"),
+    ] {
+        let o = run(tidemark()
+            .arg("token")
+            .args(args)
+            .env("TIDEMARK_TOKEN_SECRET", GOOD_SECRET));
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        let token = String::from_utf8(o.stdout).unwrap();
+        let claims =
+            tidemark_protocol::token::verify(GOOD_SECRET.as_bytes(), token.trim(), 0).unwrap();
+        assert_eq!(
+            (claims.user.as_str(), claims.admin),
+            (user, true),
+            "{args:?}"
+        );
+    }
+    // a user token needs --user
+    let o = run(tidemark()
+        .arg("token")
+        .env("TIDEMARK_TOKEN_SECRET", GOOD_SECRET));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--user"), "{}", stderr(&o));
 }
 
 #[test]

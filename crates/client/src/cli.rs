@@ -38,6 +38,17 @@ fn now_since_epoch() -> Duration {
 /// [`tidemark_protocol::token::sign`]; check with [`tidemark_protocol::is_valid_user_id`]
 /// first when the name comes from a user.
 pub fn make_token(secret: &[u8], user: &str, ttl: Duration) -> Result<String, Error> {
+    make_token_with(secret, user, ttl, false)
+}
+
+/// [`make_token`], or with `admin` an admin token (`"admin":true`: it may also read the
+/// operator's `GET /v1/admin/status`; [`tidemark_protocol::token::sign_admin`]).
+pub fn make_token_with(
+    secret: &[u8],
+    user: &str,
+    ttl: Duration,
+    admin: bool,
+) -> Result<String, Error> {
     if ttl.is_zero() {
         return Err(Error::BadTtl(
             "a token lifetime of 0 is expired at once".into(),
@@ -52,7 +63,11 @@ pub fn make_token(secret: &[u8], user: &str, ttl: Duration) -> Result<String, Er
                 "{ttl_secs} s from now is past the largest expiry a token can hold"
             ))
         })?;
-    Ok(tidemark_protocol::token::sign(secret, user, exp))
+    Ok(if admin {
+        tidemark_protocol::token::sign_admin(secret, user, exp)
+    } else {
+        tidemark_protocol::token::sign(secret, user, exp)
+    })
 }
 
 /// Parses a token lifetime: whole seconds with an optional unit, `s`, `m`, `h` or `d`
@@ -336,6 +351,11 @@ mod tests {
         // A sub-second ttl rounds up: still valid right now.
         let t = make_token(secret, "bob", Duration::from_millis(1)).unwrap();
         assert!(verify(secret, &t, now).is_ok());
+        assert!(!verify(secret, &t, now).unwrap().admin);
+        // admin tokens carry the claim
+        let t = make_token_with(secret, "ops", Duration::from_secs(60), true).unwrap();
+        let claims = verify(secret, &t, now).unwrap();
+        assert_eq!((claims.user.as_str(), claims.admin), ("ops", true));
     }
 
     #[test]

@@ -43,8 +43,8 @@ mod dedup;
 mod error;
 
 pub use cli::{
-    format_entry, format_unix_us, make_token, new_message_id, parse_ttl, read_secret, send_once,
-    tail, tail_with, Reconnect, SECRET_ENV_VAR, SEND_ONCE_TIMEOUT,
+    format_entry, format_unix_us, make_token, make_token_with, new_message_id, parse_ttl,
+    read_secret, send_once, tail, tail_with, Reconnect, SECRET_ENV_VAR, SEND_ONCE_TIMEOUT,
 };
 pub use client::{
     Auth, Client, ClientHandle, Event, Offsets, PendingAck, BAD_SERVER_FRAME, CLOSE_TIMEOUT,

@@ -72,11 +72,15 @@ pub enum ErrorCode {
     ShardUnavailable,
     /// The endpoint exists but not with this HTTP method (e.g. `GET /v1/messages`).
     MethodNotAllowed,
+    /// Valid credentials that do not allow this endpoint: a user token on an operator's
+    /// endpoint (`GET /v1/admin/status` needs an admin token). Not retryable with the same
+    /// token.
+    Forbidden,
 }
 
 impl ErrorCode {
     /// Every code, in documentation order.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::BadJson,
         ErrorCode::BadRequest,
         ErrorCode::UnknownType,
@@ -97,6 +101,7 @@ impl ErrorCode {
         ErrorCode::TooManyConnections,
         ErrorCode::ShardUnavailable,
         ErrorCode::MethodNotAllowed,
+        ErrorCode::Forbidden,
     ];
 
     /// The stable wire string, e.g. `"bad_request"`.
@@ -122,6 +127,7 @@ impl ErrorCode {
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::ShardUnavailable => "shard_unavailable",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::Forbidden => "forbidden",
         }
     }
 
@@ -155,6 +161,7 @@ impl ErrorCode {
             | ErrorCode::BadId
             | ErrorCode::SeqOutOfRange => 400,
             ErrorCode::Unauthorized | ErrorCode::TokenExpired => 401,
+            ErrorCode::Forbidden => 403,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
             ErrorCode::FrameTooLarge | ErrorCode::BodyTooLarge => 413,
@@ -279,6 +286,7 @@ mod tests {
             (TooManyConnections, 429, true),
             (ShardUnavailable, 503, true),
             (MethodNotAllowed, 405, false),
+            (Forbidden, 403, false),
         ];
         assert_eq!(table.len(), ErrorCode::ALL.len());
         for (code, status, retry) in table {

@@ -3,12 +3,18 @@
 //! ```text
 //! v1.<payload_b64>.<mac_b64>
 //!   payload_b64 = base64url-nopad( {"u":"alice","exp":1764489600} )   exp: unix seconds
+//!               | base64url-nopad( {"u":"ops","exp":1764489600,"admin":true} )   an admin token
 //!   mac_b64     = base64url-nopad( HMAC-SHA256(secret, "v1." + payload_b64) )
 //! ```
 //!
 //! [`verify`] checks the MAC first (constant time, via `hmac`'s `verify_slice`), and only then
 //! reads the payload, so nothing unsigned is ever trusted. A token is valid while
 //! `now < exp`. The user must be a valid user id (1..=128 bytes, no control character).
+//!
+//! An **admin** token ([`sign_admin`], `tidemark token --admin`) also carries `"admin":true`:
+//! it may read the operator's endpoints (`GET /v1/admin/status`); everywhere else it is the
+//! token of its user. `admin` is written only when true, and a signed payload with any other
+//! value for it (`false`, a string) is malformed: there is one form of each token.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
@@ -39,6 +45,8 @@ pub struct Claims {
     pub user: String,
     /// Unix seconds at which the token stops being valid.
     pub expires_at_unix: u64,
+    /// The token may read the operator's endpoints (`"admin":true` in its payload).
+    pub admin: bool,
 }
 
 /// Why a token was rejected.
@@ -96,11 +104,14 @@ impl TokenError {
     }
 }
 
-/// The signed payload, serialised as `{"u":…,"exp":…}` (field order fixed).
+/// The signed payload, serialised as `{"u":…,"exp":…}` or `{"u":…,"exp":…,"admin":true}`
+/// (field order fixed).
 #[derive(Serialize)]
 struct Payload<'a> {
     u: &'a str,
     exp: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    admin: bool,
 }
 
 /// The payload as read back: unknown and duplicate fields are refused by serde's derive.
@@ -109,11 +120,20 @@ struct Payload<'a> {
 struct PayloadIn {
     u: String,
     exp: u64,
+    /// `Some` whenever the field is present, `null` included (a plain `Option` reads `null` as
+    /// absent).
+    #[serde(default, deserialize_with = "present")]
+    admin: Option<serde_json::Value>,
 }
 
-/// Reads a payload: exactly one JSON object with a string `u` and an unsigned integer `exp`
-/// (serde would also accept the array form `["alice",123]`, hence the object check).
-fn parse_payload(json: &[u8]) -> Option<(String, u64)> {
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(d).map(Some)
+}
+
+/// Reads a payload: exactly one JSON object with a string `u`, an unsigned integer `exp` and,
+/// for an admin token, `"admin":true` (serde would also accept the array form
+/// `["alice",123]`, hence the object check). Returns (user, exp, admin).
+fn parse_payload(json: &[u8]) -> Option<(String, u64, bool)> {
     let first = json
         .iter()
         .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))?;
@@ -121,7 +141,13 @@ fn parse_payload(json: &[u8]) -> Option<(String, u64)> {
         return None;
     }
     let p = serde_json::from_slice::<PayloadIn>(json).ok()?;
-    Some((p.u, p.exp))
+    let admin = match p.admin {
+        None => false,
+        Some(serde_json::Value::Bool(true)) => true,
+        // never signed by `sign`: one form per token
+        Some(_) => return None,
+    };
+    Some((p.u, p.exp, admin))
 }
 
 fn mac(secret: &[u8]) -> HmacSha256 {
@@ -137,6 +163,20 @@ fn mac(secret: &[u8]) -> HmacSha256 {
 /// [`crate::is_valid_user_id`]): such a token could never verify, so issuing one is a bug in
 /// the caller.
 pub fn sign(secret: &[u8], user: &str, expires_at_unix: u64) -> String {
+    sign_claims(secret, user, expires_at_unix, false)
+}
+
+/// Signs an **admin** token for `user` (`"admin":true`), valid until `expires_at_unix`: it may
+/// also read the operator's endpoints (`GET /v1/admin/status`).
+///
+/// # Panics
+///
+/// As [`sign`], if `user` is not a valid user id.
+pub fn sign_admin(secret: &[u8], user: &str, expires_at_unix: u64) -> String {
+    sign_claims(secret, user, expires_at_unix, true)
+}
+
+fn sign_claims(secret: &[u8], user: &str, expires_at_unix: u64, admin: bool) -> String {
     assert!(
         is_valid_user_id(user),
         "token user must be 1..=128 bytes without control characters ({} bytes given)",
@@ -145,6 +185,7 @@ pub fn sign(secret: &[u8], user: &str, expires_at_unix: u64) -> String {
     let payload = Payload {
         u: user,
         exp: expires_at_unix,
+        admin,
     };
     // Serialising a str and a u64 cannot fail.
     let json = serde_json::to_vec(&payload).expect("token payload serialises");
@@ -186,8 +227,10 @@ pub fn verify(secret: &[u8], token: &str, now_unix: u64) -> Result<Claims, Token
     let Ok(json) = URL_SAFE_NO_PAD.decode(payload_b64) else {
         return Err(TokenError::Malformed("payload is not base64url"));
     };
-    let Some((user, exp)) = parse_payload(&json) else {
-        return Err(TokenError::Malformed("payload is not {\"u\":…,\"exp\":…}"));
+    let Some((user, exp, admin)) = parse_payload(&json) else {
+        return Err(TokenError::Malformed(
+            "payload is not {\"u\":…,\"exp\":…} (or with \"admin\":true)",
+        ));
     };
     if !is_valid_user_id(&user) {
         return Err(TokenError::Malformed(
@@ -203,6 +246,7 @@ pub fn verify(secret: &[u8], token: &str, now_unix: u64) -> Result<Claims, Token
     Ok(Claims {
         user,
         expires_at_unix: exp,
+        admin,
     })
 }
 
@@ -233,7 +277,8 @@ mod tests {
             verify(SECRET, &t, NOW).unwrap(),
             Claims {
                 user: "alice".into(),
-                expires_at_unix: NOW + 60
+                expires_at_unix: NOW + 60,
+                admin: false,
             }
         );
         // Non-ASCII and maximal user ids.
@@ -255,6 +300,45 @@ mod tests {
         );
         assert_eq!(t, sign_raw(SECRET, r#"{"u":"alice","exp":1764489600}"#));
         assert!(!t.contains('='));
+    }
+
+    #[test]
+    fn admin_tokens() {
+        let t = sign_admin(SECRET, "ops", NOW + 60);
+        let parts: Vec<&str> = t.split('.').collect();
+        assert_eq!(
+            URL_SAFE_NO_PAD.decode(parts[1]).unwrap(),
+            br#"{"u":"ops","exp":1764489660,"admin":true}"#
+        );
+        assert_eq!(
+            verify(SECRET, &t, NOW).unwrap(),
+            Claims {
+                user: "ops".into(),
+                expires_at_unix: NOW + 60,
+                admin: true,
+            }
+        );
+        assert_eq!(
+            t,
+            sign_raw(SECRET, r#"{"u":"ops","exp":1764489660,"admin":true}"#)
+        );
+        // a user token is not an admin token
+        assert!(
+            !verify(SECRET, &sign(SECRET, "ops", NOW + 60), NOW)
+                .unwrap()
+                .admin
+        );
+        // the claim is signed: adding it to a user token breaks the MAC
+        let user = sign(SECRET, "ops", NOW + 60);
+        let (_, mac_b64) = user.rsplit_once('.').unwrap();
+        let forged = format!("v1.{}.{mac_b64}", parts[1]);
+        assert_eq!(verify(SECRET, &forged, NOW), Err(TokenError::BadSignature));
+        // expiry applies as to any token
+        let old = sign_admin(SECRET, "ops", NOW);
+        assert_eq!(
+            verify(SECRET, &old, NOW).unwrap_err().code(),
+            "token_expired"
+        );
     }
 
     #[test]
@@ -332,7 +416,12 @@ mod tests {
             r#"{"exp":99999999999}"#,
             r#"{"u":"alice","exp":-1}"#,
             r#"{"u":"alice","exp":"99999999999"}"#,
-            r#"{"u":"alice","exp":99999999999,"admin":true}"#,
+            r#"{"u":"alice","exp":99999999999,"root":true}"#,
+            r#"{"u":"alice","exp":99999999999,"admin":false}"#,
+            r#"{"u":"alice","exp":99999999999,"admin":"true"}"#,
+            r#"{"u":"alice","exp":99999999999,"admin":1}"#,
+            r#"{"u":"alice","exp":99999999999,"admin":null}"#,
+            r#"{"u":"alice","exp":99999999999,"admin":true,"admin":true}"#,
             r#"["alice",99999999999]"#,
             r#"{"u":"alice","exp":99999999999.5}"#,
             r#"{"u":"alice","u":"bob","exp":99999999999}"#,

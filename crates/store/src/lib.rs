@@ -22,6 +22,8 @@
 //! - [`error`]: the crate's one error type.
 //! - [`inspect`]: read-only reads of one offset (log, mailboxes, acks, staging) for the
 //!   operator tools, which live in the `tidemark-ops` crate.
+//! - [`status`]: a deployment's status (live nodes; per shard owner, epoch, lanes' W, head,
+//!   lag, layout, blob size) for `tidemark status` and the gateway's admin endpoint.
 //! - [`redact_url`]: a Redis URL without its password, for output and logs.
 
 pub mod assign;
@@ -32,6 +34,7 @@ pub mod inspect;
 pub mod keys;
 pub mod redis;
 mod scan;
+pub mod status;
 pub mod topology;
 pub mod wake;
 

@@ -21,9 +21,14 @@ pub enum SecretCmd {
 
 #[derive(Args)]
 pub struct TokenArgs {
-    /// The user the token names (1..=128 bytes, no control character).
+    /// The user the token names (1..=128 bytes, no control character); with --admin,
+    /// `admin` unless given.
+    #[arg(long, required_unless_present = "admin")]
+    user: Option<String>,
+    /// An admin token: it may also read the operator's endpoint (GET /v1/admin/status, the
+    /// /ops view). Give it to operators only.
     #[arg(long)]
-    user: String,
+    admin: bool,
     /// Lifetime: whole seconds with an optional unit, e.g. 3600, 90s, 15m, 24h, 7d (not 0).
     #[arg(long, default_value = "24h", value_parser = tidemark_client::parse_ttl)]
     ttl: std::time::Duration,
@@ -88,7 +93,8 @@ fn client_auth(a: &ClientAuthArgs) -> anyhow::Result<tidemark_client::Auth> {
 
 /// Runs `tidemark token`.
 pub fn token(a: TokenArgs) -> anyhow::Result<ExitCode> {
-    if !tidemark_protocol::is_valid_user_id(&a.user) {
+    let user = a.user.unwrap_or_else(|| "admin".to_string());
+    if !tidemark_protocol::is_valid_user_id(&user) {
         anyhow::bail!("--user must be 1..=128 bytes without control characters");
     }
     let secret = match tidemark_client::read_secret(
@@ -98,7 +104,7 @@ pub fn token(a: TokenArgs) -> anyhow::Result<ExitCode> {
         Ok(s) => s,
         Err(e) => return Ok(refuse(e)),
     };
-    match tidemark_client::make_token(&secret, &a.user, a.ttl) {
+    match tidemark_client::make_token_with(&secret, &user, a.ttl, a.admin) {
         Ok(t) => println!("{t}"),
         Err(e) => return Ok(refuse(e)),
     }

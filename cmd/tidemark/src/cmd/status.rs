@@ -30,7 +30,7 @@ pub async fn run(a: StatusArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         println!("{}", serde_json::to_string(&status)?);
     } else {
-        print!("{}", status.to_human());
+        print!("{}", tidemark_ops::status::to_human(&status));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -4,6 +4,11 @@
 //! A token, when given, must verify (a bad token is never overridden by `?user=`). Without a
 //! token, `?user=` counts only with `dev_auth`; otherwise it is ignored and the request is
 //! `unauthorized`. The user found here is the only mailbox the caller can read or ack.
+//!
+//! The operator's endpoint (`GET /v1/admin/status`, [`authorize_admin`]) needs an admin token
+//! (`"admin":true`, `tidemark token --admin`): a valid user token gets 403 `forbidden`. With
+//! `dev_auth` it is open to a request without a token (`?user=` or nothing at all), like
+//! everything else in development mode.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -30,6 +35,8 @@ pub(crate) struct Caller {
     pub user: String,
     /// The token's `exp` (unix seconds); `None` for a `?user=` (dev auth) caller.
     pub expires_at_unix: Option<u64>,
+    /// An admin token (`"admin":true`); false for a `?user=` caller.
+    pub admin: bool,
 }
 
 fn unauthorized(msg: impl Into<String>) -> Refusal {
@@ -77,6 +84,7 @@ pub(crate) fn authenticate(
             Ok(claims) => Ok(Caller {
                 user: claims.user,
                 expires_at_unix: Some(claims.expires_at_unix),
+                admin: claims.admin,
             }),
             Err(e) => {
                 // the detail (malformed or mis-signed) is for the log only
@@ -95,10 +103,38 @@ pub(crate) fn authenticate(
             return Ok(Caller {
                 user,
                 expires_at_unix: None,
+                admin: false,
             });
         }
     }
     Err(unauthorized("missing credentials"))
+}
+
+/// Who may read the operator's endpoints: `Ok(Some(user))` for an admin token, `Ok(None)`
+/// for a request without a token when `dev_auth` is on (a `?user=` or nothing), else the
+/// refusal: 401 as for any endpoint (no credentials, a bad token), 403 `forbidden` for a
+/// valid token without the admin claim.
+pub(crate) fn authorize_admin(
+    opts: &GatewayOptions,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<Option<String>, Refusal> {
+    if opts.dev_auth && !headers.contains_key(header::AUTHORIZATION) {
+        return Ok(None);
+    }
+    let caller = authenticate(opts, headers, query, Endpoint::Http)?;
+    if caller.admin {
+        Ok(Some(caller.user))
+    } else if caller.expires_at_unix.is_none() {
+        // a `?user=` caller: only reachable with dev auth, which opens this endpoint
+        Ok(None)
+    } else {
+        tracing::info!(user = %caller.user, "admin endpoint refused: not an admin token");
+        Err((
+            ErrorCode::Forbidden,
+            "this endpoint needs an admin token (tidemark token --admin)".into(),
+        ))
+    }
 }
 
 fn now_unix() -> u64 {
@@ -232,7 +268,8 @@ mod tests {
             authenticate(&opts(true), &none, Some("user=b%C3%B6b+x"), http).unwrap(),
             Caller {
                 user: "böb x".into(),
-                expires_at_unix: None
+                expires_at_unix: None,
+                admin: false,
             }
         );
         assert!(authenticate(&opts(false), &none, Some("user=bob"), http).is_err());
@@ -260,6 +297,53 @@ mod tests {
         // no secret: tokens refused
         let no_secret = GatewayOptions::default();
         assert!(authenticate(&no_secret, &bearer(&good), None, http).is_err());
+    }
+
+    #[test]
+    fn admin_endpoint() {
+        let none = HeaderMap::new();
+        let exp = now_unix() + 60;
+        let admin = bearer(&token::sign_admin(SECRET, "ops", exp));
+        let user = bearer(&token::sign(SECRET, "alice", exp));
+        for dev in [false, true] {
+            assert_eq!(
+                authorize_admin(&opts(dev), &admin, None),
+                Ok(Some("ops".into()))
+            );
+            // a valid user token: 403, whatever the mode
+            let refused = authorize_admin(&opts(dev), &user, None).unwrap_err();
+            assert_eq!(refused.0, ErrorCode::Forbidden);
+            // a bad or expired token: 401 as everywhere
+            let forged = bearer(&token::sign_admin(b"other", "ops", exp));
+            assert_eq!(
+                authorize_admin(&opts(dev), &forged, None).unwrap_err().0,
+                ErrorCode::Unauthorized
+            );
+            let old = bearer(&token::sign_admin(SECRET, "ops", 1));
+            assert_eq!(
+                authorize_admin(&opts(dev), &old, None).unwrap_err().0,
+                ErrorCode::TokenExpired
+            );
+        }
+        // no credentials: open with dev auth only
+        assert_eq!(authorize_admin(&opts(true), &none, None), Ok(None));
+        assert_eq!(
+            authorize_admin(&opts(true), &none, Some("user=bob")),
+            Ok(None)
+        );
+        assert_eq!(
+            authorize_admin(&opts(false), &none, None).unwrap_err().0,
+            ErrorCode::Unauthorized
+        );
+        assert_eq!(
+            authorize_admin(&opts(false), &none, Some("user=bob"))
+                .unwrap_err()
+                .0,
+            ErrorCode::Unauthorized
+        );
+        // an admin token is its user's token on the client endpoints
+        let c = authenticate(&opts(false), &admin, None, Endpoint::Http).unwrap();
+        assert_eq!((c.user.as_str(), c.admin), ("ops", true));
     }
 
     #[test]

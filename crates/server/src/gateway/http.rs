@@ -1,6 +1,8 @@
 //! The router and the HTTP endpoints: `POST /v1/messages`, `GET /v1/mailbox`,
 //! `POST /v1/mailbox/ack`, `GET /metrics`, `GET /healthz` (the last two on the admin
-//! listener instead, when there is one).
+//! listener instead, when there is one); the operator's `GET /v1/admin/status[/stream]`
+//! ([`admin`](super::admin)) and the embedded console, client and API documents
+//! ([`web`](super::web)) on the client listener.
 //!
 //! Request bodies go through the same parsers and limits as WebSocket frames; every failure
 //! is an `ErrorBody` with the code's HTTP status.
@@ -24,7 +26,7 @@ use super::auth::{authenticate, Endpoint};
 use super::mailbox::PageSizer;
 use super::send;
 use super::state::Shared;
-use super::ws;
+use super::{admin, web, ws};
 
 /// Which endpoints a listener serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +47,16 @@ pub(crate) fn router(shared: Arc<Shared>, routes: Routes) -> Router {
             .route("/v1/ws", get(ws::handler))
             .route("/v1/messages", post(send_message))
             .route("/v1/mailbox", get(read_mailbox))
-            .route("/v1/mailbox/ack", post(ack_mailbox));
+            .route("/v1/mailbox/ack", post(ack_mailbox))
+            .route("/v1/admin/status", get(admin::status))
+            .route("/v1/admin/status/stream", get(admin::stream))
+            // static, open: they hold no data (ADR-0034)
+            .route("/", get(web::index))
+            .route("/ops", get(web::ops))
+            .route("/console/{file}", get(web::asset))
+            .route("/v1/client.js", get(web::client_js))
+            .route("/v1/openapi.yaml", get(web::openapi))
+            .route("/v1/ws-frames.schema.json", get(web::frames_schema));
     }
     if routes != Routes::Public {
         r = r

@@ -7,6 +7,9 @@
 //!   POST /v1/mailbox/ack    ack up to a seq
 //!   GET  /metrics           Prometheus text
 //!   GET  /healthz           200 "ok", or 503 with one problem per line
+//!   GET  /v1/admin/status   the deployment's status, JSON (admin token; `/stream`: SSE)
+//!   GET  /, /ops            the console and the operations view (static, embedded)
+//!   GET  /v1/client.js      the browser client; /v1/openapi.yaml, /v1/ws-frames.schema.json
 //! ```
 //!
 //! With an admin listener (`admin_listen`), `/metrics` and `/healthz` are served there only
@@ -53,6 +56,7 @@ use tokio_util::task::TaskTracker;
 use crate::health::HealthBoard;
 use tidemark_store::topology::ShardMap;
 
+mod admin;
 mod auth;
 mod http;
 mod listener;
@@ -62,6 +66,7 @@ mod state;
 mod tls;
 mod users;
 mod wake;
+mod web;
 mod ws;
 
 pub use tls::{TlsConfig, TlsError};

@@ -1,6 +1,6 @@
 //! What every handler shares: the topology, one connection per Redis instance (each a
 //! multiplexed `ConnectionManager`, cloned per task), the commit semaphore, the per-user
-//! table and the wake hub.
+//! table, the wake hub and the admin status sampler.
 
 use std::sync::Arc;
 
@@ -38,6 +38,8 @@ pub(crate) struct Shared {
     /// Every task the gateway spawns.
     pub tracker: TaskTracker,
     pub metrics: PrometheusHandle,
+    /// The previous admin status snapshot (rates).
+    pub sampler: super::admin::Sampler,
 }
 
 impl Shared {
@@ -88,6 +90,7 @@ impl Shared {
             stop,
             tracker,
             metrics,
+            sampler: super::admin::Sampler::default(),
         }))
     }
 
@@ -101,6 +104,15 @@ impl Shared {
     /// A connection to the core instance of `shard`.
     pub(crate) fn core(&self, shard: u32) -> LogStore {
         self.cores[self.map.core_of(shard)].clone()
+    }
+
+    /// The deployment's status (`tidemark status`'s reading) over this gateway's connections.
+    pub(crate) async fn status(
+        &self,
+    ) -> Result<tidemark_store::status::Status, tidemark_store::Error> {
+        let mut cores = self.cores.clone();
+        let mut mailboxes = self.mailboxes.clone();
+        tidemark_store::status::gather(&self.map, &mut cores, &mut mailboxes).await
     }
 
     /// `user`'s mailbox (its shard, lane and a connection to its mailbox instance).

@@ -60,6 +60,12 @@ impl Running {
         format!("{scheme}://{}/v1/ws", self.addr)
     }
 
+    /// The console's URL (`/` on the gateway; `https://` with TLS).
+    pub fn console_url(&self) -> String {
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}/", self.addr)
+    }
+
     /// Where `/metrics` and `/healthz` are served: the admin listener when there is one, else
     /// the gateway (`https://` with TLS).
     pub fn admin_url(&self) -> String {

@@ -67,7 +67,14 @@ impl Up {
     /// password), then how to connect to them with `redis-cli` and `tidemark` tools — naming
     /// the password file, never printing the password.
     pub fn endpoint_lines(&self) -> Vec<String> {
-        let mut v = vec![format!("gateway  {}", self.running.ws_url())];
+        let mut v = vec![
+            format!("gateway  {}", self.running.ws_url()),
+            format!(
+                "console  {} (operations view: {}ops)",
+                self.running.console_url(),
+                self.running.console_url()
+            ),
+        ];
         if self.running.admin_addr.is_some() {
             v.push(format!(
                 "admin    {} (GET /metrics, GET /healthz)",

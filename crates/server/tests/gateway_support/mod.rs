@@ -574,13 +574,26 @@ pub fn encode(s: &str) -> String {
 /// One HTTP/1.1 request (`Connection: close`) on `io`, to `host`: the status (0: no HTTP
 /// response at all) and the body (de-chunked).
 pub async fn request_on<S: AsyncRead + AsyncWrite + Unpin>(
-    mut io: S,
+    io: S,
     host: &str,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> (u16, String) {
+    let (status, _, body) = request_on_full(io, host, method, path, headers, body).await;
+    (status, body)
+}
+
+/// [`request_on`], with the response head (status line and headers) too.
+pub async fn request_on_full<S: AsyncRead + AsyncWrite + Unpin>(
+    mut io: S,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (u16, String, String) {
     let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
@@ -607,7 +620,7 @@ pub async fn request_on<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let text = String::from_utf8_lossy(&resp).into_owned();
     let Some((status, head, rest)) = split_response(&text) else {
-        return (0, text);
+        return (0, String::new(), text);
     };
     let chunked = head.lines().any(|l| {
         l.to_ascii_lowercase()
@@ -618,7 +631,7 @@ pub async fn request_on<S: AsyncRead + AsyncWrite + Unpin>(
     } else {
         rest.to_string()
     };
-    (status, body)
+    (status, head.to_string(), body)
 }
 
 /// One HTTP/1.1 request to `addr` over plain TCP, as [`request_on`].
@@ -631,6 +644,30 @@ pub async fn http_at(
 ) -> (u16, String) {
     let tcp = TcpStream::connect(addr).await.expect("connect");
     request_on(tcp, &addr.to_string(), method, path, headers, body).await
+}
+
+/// [`http_at`] with the response head: (status, head, body).
+pub async fn http_full(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> (u16, String, String) {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let host = addr.to_string();
+    let r = request_on_full(tcp, &host, method, path, headers, body);
+    tokio::time::timeout(WAIT, r)
+        .await
+        .expect("http request timed out")
+}
+
+/// The value of header `name` in a response head (case-insensitive), if any.
+pub fn header_value<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines().skip(1).find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
 }
 
 /// A raw HTTP/1.1 response's status, head and body; None when it is not one.

@@ -149,6 +149,38 @@ impl LogStore {
         Ok(owner.map(|o| (o, pttl)))
     }
 
+    /// For each of `shards` (all on this instance): its head (`head:{s}`, 0 when none) and
+    /// the holder of its lease, if any — in one pipeline, split per shard on a cluster
+    /// ([`crate::endpoint::Conn::exec_each`]) (for `tidemark status` and the gateway's
+    /// `GET /v1/admin/status`).
+    pub async fn heads_and_holders(
+        &mut self,
+        shards: &[u32],
+    ) -> Result<Vec<(u64, Option<String>)>> {
+        let mut cmds = Vec::with_capacity(2 * shards.len());
+        for &s in shards {
+            cmds.push((s, redis::cmd("GET").arg(keys::head(s)).clone()));
+            cmds.push((s, redis::cmd("GET").arg(keys::lease(s)).clone()));
+        }
+        let v = self.conn.exec_each(&cmds).await?;
+        if v.len() != cmds.len() {
+            return Err(Error::UnexpectedReply {
+                script: "status",
+                detail: format!("{} replies to {} commands", v.len(), cmds.len()),
+            });
+        }
+        let mut out = Vec::with_capacity(shards.len());
+        for pair in v.chunks(2) {
+            let (head, holder) = (pair[0].clone()?, pair[1].clone()?);
+            let head: Option<u64> =
+                redis::from_redis_value_ref(&head).map_err(redis::RedisError::from)?;
+            let holder: Option<String> =
+                redis::from_redis_value_ref(&holder).map_err(redis::RedisError::from)?;
+            out.push((head.unwrap_or(0), holder));
+        }
+        Ok(out)
+    }
+
     /// Records that node `id` (advertising `url`, running `role`, writing watermarks in
     /// `layout`) is alive for `ttl_ms` (call on core instance 0).
     pub async fn heartbeat(

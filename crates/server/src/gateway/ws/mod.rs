@@ -30,7 +30,7 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Extension;
 use futures::StreamExt;
 use tidemark_protocol::{CloseCode, ErrorCode, ServerFrame};
@@ -98,7 +98,13 @@ pub(crate) async fn handler(
     };
     let ws = match ws {
         Ok(ws) => ws,
-        Err(rejection) => return rejection.into_response(),
+        // the JSON error body like every other refusal (axum's own is text/plain)
+        Err(rejection) => {
+            return error_response(
+                ErrorCode::BadRequest,
+                format!("not a WebSocket upgrade: {}", rejection.body_text()),
+            )
+        }
     };
     let Some(user_conn) = shared.users.connect(&caller.user) else {
         return error_response(
@@ -162,6 +168,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     let Caller {
         user,
         expires_at_unix,
+        ..
     } = caller;
     let _gauge = ConnectedGauge::new();
     // before `ready` is sent: whatever the client sends after it commits later than this

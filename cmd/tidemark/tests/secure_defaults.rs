@@ -387,7 +387,11 @@ fn up_redis_servers_require_a_password() {
         "up printed the password:\n{printed}"
     );
     // the workers have claimed (their log line names the core instance) by the time up has
-    // printed its endpoints
+    // printed its endpoints; stderr is read by another thread: wait for the line to arrive
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !up.stderr().contains("claimed shards") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let logged = up.stderr();
     assert!(logged.contains("claimed shards"), "{logged}");
     assert!(!logged.contains(&pass), "up logged the password:\n{logged}");

@@ -267,6 +267,20 @@ impl ShardedSub {
     }
 }
 
+/// The channel and payload of a sharded Pub/Sub message (`smessage`); `None` for any other
+/// push.
+pub(crate) fn smessage(push: &::redis::PushInfo) -> Option<(String, &[u8])> {
+    if push.kind != ::redis::PushKind::SMessage {
+        return None;
+    }
+    match (push.data.first(), push.data.get(1)) {
+        (Some(Value::BulkString(ch)), Some(Value::BulkString(payload))) => {
+            Some((String::from_utf8_lossy(ch).into_owned(), payload.as_slice()))
+        }
+        _ => None,
+    }
+}
+
 /// A reply that says the command went to the wrong node or met a slot on the move.
 fn is_redirect(e: &::redis::RedisError) -> bool {
     matches!(

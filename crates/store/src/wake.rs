@@ -197,26 +197,18 @@ impl WakeSubscriber {
                     tokio::select! {
                         push = sub.rx.recv() => {
                             let Some(push) = push else { return Ok(None) };
-                            match push.kind {
-                                redis::PushKind::SMessage => {
-                                    let (Some(redis::Value::BulkString(ch)), Some(redis::Value::BulkString(payload))) =
-                                        (push.data.first(), push.data.get(1))
-                                    else {
-                                        continue;
-                                    };
-                                    return Ok(Some(WakeMessage {
-                                        shard: shard_of_channel(&String::from_utf8_lossy(ch)),
-                                        hint: WakeHint::decode(payload),
-                                    }));
-                                }
-                                redis::PushKind::Disconnection => {
-                                    return Err(redis::RedisError::from((
-                                        redis::ErrorKind::Io,
-                                        "a cluster node's pub/sub connection dropped",
-                                    ))
-                                    .into());
-                                }
-                                _ => continue,
+                            if let Some((ch, payload)) = crate::endpoint::smessage(&push) {
+                                return Ok(Some(WakeMessage {
+                                    shard: shard_of_channel(&ch),
+                                    hint: WakeHint::decode(payload),
+                                }));
+                            }
+                            if push.kind == redis::PushKind::Disconnection {
+                                return Err(redis::RedisError::from((
+                                    redis::ErrorKind::Io,
+                                    "a cluster node's pub/sub connection dropped",
+                                ))
+                                .into());
                             }
                         }
                         _ = self.ping.tick() => {

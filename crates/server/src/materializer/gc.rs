@@ -89,13 +89,7 @@ impl Worker {
                     // W went backwards under us (a promoted mailbox replica that lacked our
                     // last writes): re-read and re-materialise now, not at the next record
                     // (the quiet path: no new traffic may ever come for this shard)
-                    tracing::error!(
-                        shard = s,
-                        w = min_w,
-                        was = self.owned[&s].min_w,
-                        "watermark went backwards; re-materialising from the log"
-                    );
-                    metrics::counter!("tidemark_watermark_regressions_total").increment(1);
+                    // (the resync logs and counts it)
                     self.schedule_retry(s, "watermark went backwards");
                     return Ok(());
                 }

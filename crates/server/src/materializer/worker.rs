@@ -383,16 +383,13 @@ impl Worker {
                             ),
                         )));
                     };
-                    tracing::error!(
+                    tracing::warn!(
                         shard = s,
                         stored_epoch = wm.epoch,
                         our_epoch = epoch,
                         new_epoch = new,
-                        w = wm.lanes.min_present_w().unwrap_or(0),
-                        "watermark went backwards (mailbox primary lost writes?); re-fenced, \
-                         re-materialising from the log"
+                        "epoch went backwards with the watermark; re-fenced"
                     );
-                    metrics::counter!("tidemark_watermark_regressions_total").increment(1);
                     self.shard_mut(s).epoch = new;
                     self.health.update(s, |h| h.epoch = new);
                 } else if wm.epoch != epoch {
@@ -408,9 +405,11 @@ impl Worker {
                 sh.pending.clear();
                 let was = sh.min_w;
                 sh.min_w = wm.lanes.min_present_w().unwrap_or(0);
-                if sh.min_w < was {
+                if sh.min_w < was || wm.epoch < epoch {
                     // W never moves back by itself: the mailbox side lost writes (a promoted
-                    // replica, a restore); resuming from the stored W re-materialises them
+                    // replica, a restore); resuming from the stored W re-materialises them.
+                    // The one place a regression is logged and counted (GC and the scripts'
+                    // replies only bring the shard here).
                     tracing::error!(
                         shard = s,
                         w = sh.min_w,

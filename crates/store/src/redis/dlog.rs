@@ -715,22 +715,17 @@ impl ClusterReader {
 
 /// Notes a push in `dirty`; `true` when it reports a dropped connection.
 fn note_push(dirty: &mut std::collections::HashSet<u32>, push: &redis::PushInfo) -> bool {
-    match push.kind {
-        redis::PushKind::SMessage => {
-            if let Some(Value::BulkString(ch)) = push.data.first() {
-                if let Some(s) = String::from_utf8_lossy(ch)
-                    .strip_prefix("dlogwake:{")
-                    .and_then(|r| r.strip_suffix('}'))
-                    .and_then(|n| n.parse().ok())
-                {
-                    dirty.insert(s);
-                }
-            }
-            false
+    if let Some((ch, _)) = crate::endpoint::smessage(push) {
+        if let Some(s) = ch
+            .strip_prefix("dlogwake:{")
+            .and_then(|r| r.strip_suffix('}'))
+            .and_then(|n| n.parse().ok())
+        {
+            dirty.insert(s);
         }
-        redis::PushKind::Disconnection => true,
-        _ => false,
+        return false;
     }
+    push.kind == redis::PushKind::Disconnection
 }
 
 fn shard_of_dlog_key(k: &str) -> Option<u32> {

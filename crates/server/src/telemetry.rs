@@ -119,6 +119,8 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_slow_clients_total", Kind::Counter, "WebSockets closed with 4003: over their queued-bytes budget for the grace period."),
     ("tidemark_ws_closes_total", Kind::Counter, "WebSocket closes by close code."),
     ("tidemark_wake_reconnects_total", Kind::Counter, "Wake-up subscriptions re-established."),
+    ("tidemark_wake_sequence_gaps_total", Kind::Counter, "Wake-up hints out of their shard's sequence (a new owner, a claim, a number skipped): every connection of the shard re-read its mailbox."),
+    ("tidemark_wake_sweep_wakes_total", Kind::Counter, "Shards whose connections the watermark sweep woke (a move no hint announced)."),
     ("tidemark_shard_min_w", Kind::Gauge, "Lowest present W of each owned shard."),
     ("tidemark_shard_head", Kind::Gauge, "Log head of each owned shard (kept live for stopped shards)."),
     ("tidemark_shard_lag", Kind::Gauge, "Head minus lowest W of each owned shard (kept live for stopped shards)."),

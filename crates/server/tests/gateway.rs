@@ -544,7 +544,7 @@ async fn metrics_healthz_and_shutdown_closes_sockets() {
 #[tokio::test]
 async fn live_delivery_is_woken_by_hints_not_the_recheck() {
     // A re-check far beyond the wait: only a wake hint can deliver in time.
-    let d = start_with(|o| o.recheck_interval = Duration::from_secs(60)).await;
+    let d = start_with(|o| o.recheck_interval = None).await;
     let (mut bob, mut alice) = d.pair("bob", "alice").await;
     for i in 0..5 {
         let o = alice.send_ok(&format!("w{i}"), &["bob"], "ping").await;
@@ -1003,5 +1003,111 @@ async fn healthz_reports_a_stuck_shard_and_recovers() {
         d.get_text("/healthz").await.0 == 200
     })
     .await;
+    d.shutdown().await;
+}
+
+// ---- issue 15 / ADR-0035: no periodic re-check; lost hints are noticed -----------------------
+
+/// Loses wake hints of one shard (counted as published, never sent) while `on`.
+struct LoseHints {
+    shard: u32,
+    on: AtomicBool,
+    lost: std::sync::atomic::AtomicU32,
+}
+
+impl ChunkFault for LoseHints {
+    fn fail(&self, _: u32, _: u64, _: usize, _: u32) -> bool {
+        false
+    }
+    fn lose_hint(&self, shard: u32, _seq: u64) -> bool {
+        let lose = shard == self.shard && self.on.load(Ordering::SeqCst);
+        if lose {
+            self.lost.fetch_add(1, Ordering::SeqCst);
+        }
+        lose
+    }
+}
+
+/// A deployment (no periodic re-check, the given sweep) whose materializer loses the hints of
+/// `user`'s shard while the returned switch is on.
+async fn start_losing_hints(user: &str, sweep: Duration) -> (Deployment, Arc<LoseHints>) {
+    let fault = Arc::new(LoseHints {
+        shard: route(user).shard,
+        on: AtomicBool::new(false),
+        lost: Default::default(),
+    });
+    let opts = MaterializerOptions {
+        fault: Some(fault.clone()),
+        ..MaterializerOptions::default()
+    };
+    let d = start_full(
+        |o| {
+            o.recheck_interval = None;
+            o.wake_sweep_interval = sweep;
+        },
+        opts,
+    )
+    .await;
+    (d, fault)
+}
+
+/// A user of `user`'s shard other than `user`.
+fn shard_mate_of(user: &str) -> String {
+    let s = route(user).shard;
+    (0..)
+        .map(|i| format!("m{i}"))
+        .find(|u| route(u).shard == s && u != user)
+        .unwrap()
+}
+
+/// A lost hint followed by another of the same shard (for someone else) is a gap in the
+/// shard's hint numbers: every connection of the shard re-reads, so bob gets his message with
+/// no periodic re-check and the sweep an hour away. Without the numbers bob would wait forever.
+#[tokio::test]
+async fn a_lost_hint_is_noticed_by_the_gap_in_the_next_ones_numbers() {
+    let (d, fault) = start_losing_hints("bob", Duration::from_secs(3600)).await;
+    let mate = shard_mate_of("bob");
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let mut mate_ws = d.ready(&mate).await;
+    // in sequence first: a live delivery by its hint
+    let o = alice.send_ok("g0", &["bob"], "hinted").await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+
+    fault.on.store(true, Ordering::SeqCst);
+    let lost = alice.send_ok("g1", &["bob"], "hint lost").await;
+    let lost_seq = offset_of(&lost, "bob");
+    d.wait_visible("bob", lost_seq).await;
+    until("the hint was lost", || async {
+        fault.lost.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    fault.on.store(false, Ordering::SeqCst);
+    assert!(
+        bob.quiet_for(Duration::from_millis(300)).await.is_empty(),
+        "nothing wakes bob yet"
+    );
+
+    // the next hint of the shard names only the mate, but its number shows the gap
+    let o = alice.send_ok("g2", &[mate.as_str()], "for the mate").await;
+    mate_ws.expect_seqs(&[offset_of(&o, &mate)]).await;
+    bob.expect_seqs(&[lost_seq]).await;
+    d.shutdown().await;
+}
+
+/// The quiet path: the last hint is lost and nothing follows. The slow sweep of the
+/// watermarks finds W above what was hinted and wakes the shard's connections.
+#[tokio::test]
+async fn a_lost_last_hint_is_found_by_the_sweep_with_no_more_traffic() {
+    let (d, fault) = start_losing_hints("bob", Duration::from_millis(300)).await;
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let o = alice.send_ok("q0", &["bob"], "hinted").await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+
+    fault.on.store(true, Ordering::SeqCst);
+    let lost = alice
+        .send_ok("q1", &["bob"], "hint lost, then silence")
+        .await;
+    bob.expect_seqs(&[offset_of(&lost, "bob")]).await;
+    assert!(fault.lost.load(Ordering::SeqCst) > 0, "the hint was lost");
     d.shutdown().await;
 }

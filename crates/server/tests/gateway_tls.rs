@@ -75,7 +75,7 @@ async fn start(tweak: impl FnOnce(&mut GatewayOptions)) -> Service {
     };
     let mut gateway = GatewayOptions {
         dev_auth: true,
-        recheck_interval: Duration::from_millis(200),
+        recheck_interval: None,
         ..Default::default()
     };
     tweak(&mut gateway);

@@ -19,6 +19,7 @@ use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::{encode_blob, LaneWatermarks, Layout};
 use tidemark_store::topology::Topology;
+use tidemark_store::wake::WakeHint;
 use tokio_util::sync::CancellationToken;
 
 mod gateway_support;
@@ -715,12 +716,26 @@ async fn a_hint_is_published_when_an_early_batch_of_a_backlog_moved() {
         ..fast_opts()
     };
     let worker = start_worker(&e, opts).await;
-    let msg = tokio::time::timeout(Duration::from_secs(5), pubsub.on_message().next())
-        .await
-        .expect("a wake-up hint while record 257 is held")
-        .unwrap();
-    let payload: Vec<u8> = msg.get_payload_bytes().to_vec();
-    let (w, named) = tidemark_store::wake::decode(&payload).unwrap();
+    // hints are numbered from the claim's, 0 (ADR-0035), which may already name recipients
+    let mut hints = pubsub.on_message();
+    let mut expect_seq = 0;
+    let hint = loop {
+        let msg = tokio::time::timeout(Duration::from_secs(5), hints.next())
+            .await
+            .expect("a wake-up hint while record 257 is held")
+            .unwrap();
+        let hint = WakeHint::decode(msg.get_payload_bytes()).unwrap();
+        assert_eq!(
+            hint.seq.map(|q| q.seq),
+            Some(expect_seq),
+            "numbered in sequence"
+        );
+        expect_seq += 1;
+        if !hint.recipients.is_empty() {
+            break hint;
+        }
+    };
+    let (w, named) = (hint.min_w, hint.recipients);
     assert_eq!(w, 256, "the hint carries the lowest W reached");
     assert!(named.iter().any(|n| n == pair[0]));
     assert_eq!(min_w(&e, s).await, 256);

@@ -5,9 +5,22 @@
 //! W and the mailbox. Which connections a hint wakes is the gateway's business.
 //!
 //! ```text
-//! payload = <min present W, decimal> '\n' { <len u8 (1..=128)> <recipient id bytes> }*
+//! payload = <min present W, decimal> '\n' [ tag ] { <len u8 (1..=128)> <recipient id bytes> }*
+//! tag     = <len u8> 0x00 <epoch, decimal> ':' <seq, decimal>      (sequenced hints, ADR-0035)
 //! ```
-//! Length-prefixed ids, so any valid id (even one holding '\n') can be named.
+//! Length-prefixed ids, so any valid id (even one holding '\n') can be named. The tag is
+//! written like a recipient whose id starts with NUL, which no user id may hold
+//! (`tidemark_protocol::is_valid_user_id` refuses control characters): a gateway that predates
+//! the tag reads it as a recipient nobody is, and wakes the others as before.
+//!
+//! **Sequenced hints** (ADR-0035). A materializer numbers the hints of each shard it runs:
+//! `epoch` is its claim's fencing epoch, `seq` counts from 0 (the hint it publishes when it
+//! claims the shard) by one per hint. A hint it could not publish is merged into the next one
+//! (its recipients are kept), so every recipient is named in some published hint; a gateway
+//! that sees a hint out of sequence (another epoch, `seq` 0, or a `seq` that skips) re-checks
+//! every connection of the shard once. This is what lets gateways drop the periodic
+//! per-connection re-check: a hint can only be missed by a subscriber whose connection
+//! dropped, and a subscriber that reconnects re-checks every connection.
 //!
 //! The subscriber connects with a timeout ([`CONNECT_TIMEOUT`]), subscribes to the pattern
 //! [`PATTERN`], and pings its connection every [`PING_EVERY`] while it waits for hints, so a
@@ -33,19 +46,43 @@ pub const PING_TIMEOUT: Duration = Duration::from_secs(3);
 /// The pattern the subscriber listens on: every shard's `wake:{s}` ([`keys::wake`]).
 pub const PATTERN: &str = "wake:*";
 
-/// Builds a hint payload.
+/// Builds an unsequenced hint payload (what materializers before ADR-0035 published).
 pub fn encode(min_w: u64, recipients: &[&str]) -> Vec<u8> {
+    encode_with(min_w, None, recipients)
+}
+
+fn encode_with(min_w: u64, seq: Option<HintSeq>, recipients: &[&str]) -> Vec<u8> {
     let mut out = min_w.to_string().into_bytes();
     out.push(b'\n');
+    if let Some(q) = seq {
+        let tag = format!("\0{}:{}", q.epoch, q.seq);
+        out.push(tag.len() as u8); // at most 1 + 20 + 1 + 20 bytes
+        out.extend_from_slice(tag.as_bytes());
+    }
     out.extend_from_slice(&encode_recipients(recipients));
     out
 }
 
-/// Parses a hint payload; `None` when malformed.
+/// Parses a hint payload's W and recipients (the tag of a sequenced hint is not a
+/// recipient); `None` when malformed.
 pub fn decode(payload: &[u8]) -> Option<(u64, Vec<String>)> {
-    let nl = payload.iter().position(|&b| b == b'\n')?;
-    let w = std::str::from_utf8(&payload[..nl]).ok()?.parse().ok()?;
-    Some((w, decode_recipients(&payload[nl + 1..])?))
+    WakeHint::decode(payload).map(|h| (h.min_w, h.recipients))
+}
+
+/// A hint's place in its shard's sequence (ADR-0035).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HintSeq {
+    /// The fencing epoch of the claim whose worker published it.
+    pub epoch: u64,
+    /// 0 for the hint published at the claim, then one more per hint.
+    pub seq: u64,
+}
+
+impl HintSeq {
+    /// Whether `next` is the hint that follows `self` with nothing missed in between.
+    pub fn follows(self, next: HintSeq) -> bool {
+        next.epoch == self.epoch && next.seq == self.seq.wrapping_add(1) && next.seq != 0
+    }
 }
 
 /// The shard a channel `wake:{s}` names; `None` for any other channel.
@@ -61,20 +98,38 @@ pub fn shard_of_channel(channel: &str) -> Option<u32> {
 pub struct WakeHint {
     /// Lowest present W of the shard after the move.
     pub min_w: u64,
+    /// Its place in the shard's sequence; `None` from a publisher before ADR-0035.
+    pub seq: Option<HintSeq>,
     /// Recipients that may have new entries.
     pub recipients: Vec<String>,
 }
 
 impl WakeHint {
-    /// The hint's payload ([`encode`]).
+    /// The hint's payload (see the module's layout).
     pub fn encode(&self) -> Vec<u8> {
         let names: Vec<&str> = self.recipients.iter().map(String::as_str).collect();
-        encode(self.min_w, &names)
+        encode_with(self.min_w, self.seq, &names)
     }
 
-    /// A payload's hint ([`decode`]); `None` when malformed.
+    /// A payload's hint; `None` when malformed (a tag that does not parse included).
     pub fn decode(payload: &[u8]) -> Option<WakeHint> {
-        decode(payload).map(|(min_w, recipients)| WakeHint { min_w, recipients })
+        let nl = payload.iter().position(|&b| b == b'\n')?;
+        let min_w = std::str::from_utf8(&payload[..nl]).ok()?.parse().ok()?;
+        let mut recipients = decode_recipients(&payload[nl + 1..])?;
+        let mut seq = None;
+        if let Some(tag) = recipients.first().and_then(|r| r.strip_prefix('\0')) {
+            let (e, q) = tag.split_once(':')?;
+            seq = Some(HintSeq {
+                epoch: e.parse().ok()?,
+                seq: q.parse().ok()?,
+            });
+            recipients.remove(0);
+        }
+        Some(WakeHint {
+            min_w,
+            seq,
+            recipients,
+        })
     }
 }
 
@@ -238,5 +293,50 @@ mod tests {
         );
         assert_eq!(super::decode(b"x"), None);
         assert_eq!(super::decode(b"1\n"), Some((1, vec![])));
+    }
+
+    #[test]
+    fn a_sequenced_hint_round_trips_and_old_decoders_see_no_user_in_its_tag() {
+        use super::{HintSeq, WakeHint};
+        let h = WakeHint {
+            min_w: 42,
+            seq: Some(HintSeq {
+                epoch: u64::MAX,
+                seq: u64::MAX,
+            }),
+            recipients: vec!["alice".into(), "bob".into()],
+        };
+        let p = h.encode();
+        assert_eq!(WakeHint::decode(&p), Some(h));
+        // what a gateway before ADR-0035 decodes: the tag is one more "recipient", which no
+        // valid user id can be
+        let old = crate::redis::dlog::decode_recipients(&p[3..]).unwrap();
+        assert_eq!(old.len(), 3);
+        assert_eq!(
+            old[0].as_bytes()[0],
+            0,
+            "a control character: never a valid user id"
+        );
+        // a tag that does not parse is a malformed hint, not a user
+        let mut bad = b"1\n".to_vec();
+        bad.extend_from_slice(&crate::redis::dlog::encode_recipients(&["\0x:1", "alice"]));
+        assert_eq!(WakeHint::decode(&bad), None);
+        // unsequenced (an older publisher)
+        assert_eq!(
+            WakeHint::decode(&super::encode(5, &["a"])).unwrap().seq,
+            None
+        );
+    }
+
+    #[test]
+    fn follows_only_the_next_seq_of_the_same_epoch() {
+        use super::HintSeq;
+        let q = |epoch, seq| HintSeq { epoch, seq };
+        assert!(q(3, 7).follows(q(3, 8)));
+        assert!(!q(3, 7).follows(q(3, 9)));
+        assert!(!q(3, 7).follows(q(3, 7)));
+        assert!(!q(3, 7).follows(q(4, 8)));
+        assert!(!q(3, 7).follows(q(4, 0)));
+        assert!(!q(3, u64::MAX).follows(q(3, 0)));
     }
 }

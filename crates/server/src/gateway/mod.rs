@@ -96,8 +96,14 @@ pub struct GatewayOptions {
     pub send_rate_per_user: f64,
     /// Sends a user may make at once before the rate applies; 0: one second's worth.
     pub send_burst_per_user: u32,
-    /// Periodic re-check of every connected mailbox (missed wake-up hints).
-    pub recheck_interval: Duration,
+    /// Periodic re-read of every connected mailbox; `None` (the default): never. Sequenced
+    /// wake hints, a re-check of every connection when a subscriber reconnects and the
+    /// watermark sweep leave nothing for it to find (ADR-0035); it costs one mailbox read per
+    /// connection per interval.
+    pub recheck_interval: Option<Duration>,
+    /// How often each mailbox instance's watermarks are swept for moves that no wake hint
+    /// announced (one script call per instance).
+    pub wake_sweep_interval: Duration,
     /// Most open client connections (sockets, WebSockets included); above it requests are
     /// answered 503 `overloaded`. Lowered at start to fit the open-file limit.
     pub max_connections: usize,
@@ -149,7 +155,8 @@ impl Default for GatewayOptions {
             max_connections_per_user: 16,
             send_rate_per_user: 0.0,
             send_burst_per_user: 0,
-            recheck_interval: Duration::from_secs(1),
+            recheck_interval: None,
+            wake_sweep_interval: wake::SWEEP_EVERY,
             max_connections: 10_000,
             health_reserve: 32,
             header_read_timeout: Duration::from_secs(10),
@@ -241,18 +248,25 @@ pub async fn serve_listeners(
     } else {
         Vec::new()
     };
-    for url in wake_urls {
-        // supervised: a panic restarts the subscriber (connections re-check meanwhile)
+    for (index, url) in wake_urls.into_iter().enumerate() {
+        // supervised: a panic restarts the subscriber, which wakes every connection again
         let (hub, stop2) = (shared.hub.clone(), stop.clone());
         let shards = shared.map.all_shards();
+        let own: Vec<u32> = shards
+            .clone()
+            .filter(|&s| shared.map.mailbox_of(s) == index)
+            .collect();
+        let store = shared.mailbox_store(index);
+        let every = shared.opts.wake_sweep_interval;
         tracker.spawn(crate::supervise::supervise(
             "wake_subscriber",
             stop.clone(),
             move || {
                 let (hub, url, stop) = (hub.clone(), url.clone(), stop2.clone());
                 let shards = shards.clone();
+                let sweep = wake::Sweep::new(store.clone(), own.clone(), every);
                 async move {
-                    wake::run_subscriber(hub, url, shards, stop).await;
+                    wake::run_subscriber(hub, url, shards, sweep, stop).await;
                     Ok::<(), std::convert::Infallible>(())
                 }
             },

@@ -115,6 +115,11 @@ impl Shared {
         tidemark_store::status::gather(&self.map, &mut cores, &mut mailboxes).await
     }
 
+    /// A connection to mailbox instance `index`.
+    pub(crate) fn mailbox_store(&self, index: usize) -> MailboxStore {
+        self.mailboxes[index].clone()
+    }
+
     /// `user`'s mailbox (its shard, lane and a connection to its mailbox instance).
     pub(crate) fn mailbox(&self, user: &str) -> Mailbox {
         let r = self.map.route(user);

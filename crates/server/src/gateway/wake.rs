@@ -1,38 +1,67 @@
 //! The gateway's side of wake-up hints: which connections a hint wakes. Materializers
-//! publish `wake:{s}` (the shard's lowest present W and the recipients that got entries,
-//! length-prefixed) on the mailbox Redis after W moves; one subscriber task per mailbox
-//! instance ([`tidemark_store::wake::WakeSubscriber`], which owns the channel, the encoding,
-//! the connection and its pings) hands each hint to the [`WakeHub`], which wakes the
-//! connections of the users named and keeps the shard's hinted lowest W.
+//! publish `wake:{s}` (the shard's lowest present W, the hint's number in the shard's
+//! sequence and the recipients that got entries) on the mailbox Redis after W moves; one
+//! subscriber task per mailbox instance ([`tidemark_store::wake::WakeSubscriber`], which owns
+//! the channel, the encoding, the connection and its pings) hands each hint to the
+//! [`WakeHub`], which wakes the connections of the users named and keeps the shard's hinted
+//! lowest W.
 //!
 //! A hint is only a hint: the data path is always the mailbox read (never above the lane's
-//! W), and every connection also re-checks periodically, so a lost hint (a Pub/Sub reconnect)
-//! only delays delivery. Waking uses `Notify::notify_one`, which stores a permit when the
-//! connection is busy reading, so a hint is never lost between reads.
+//! W). Connections do not re-read their mailboxes periodically (ADR-0035); instead nothing
+//! that could make a connection miss an entry goes unnoticed:
+//!
+//! - a subscriber that (re)connects wakes every connection once (hints published while it was
+//!   away are lost);
+//! - a hint out of its shard's sequence (another epoch: a new owner or a re-fence; number 0: a
+//!   claim; a skipped number) wakes every connection of that shard once;
+//! - a slow sweep ([`SWEEP_EVERY`]) reads the watermarks of the instance's shards (one
+//!   pipeline) and wakes the connections of a shard whose lowest W is above the hinted one,
+//!   or whose watermark changed with no sequenced hint since the last sweep (a publisher that
+//!   predates sequencing, or any loss not foreseen above).
+//!
+//! Waking uses `Notify::notify_one`, which stores a permit when the connection is busy reading,
+//! so a hint is never lost between reads.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tidemark_store::wake::{WakeHint, WakeSubscriber};
+use tidemark_store::redis::store::MailboxStore;
+use tidemark_store::redis::watermark::ShardWatermark;
+use tidemark_store::wake::{HintSeq, WakeHint, WakeSubscriber};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Wait before a failed or ended subscription is made again.
 const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 
-/// The registered connections of one user: (registration id, its notifier).
-type Waiters = Vec<(u64, Arc<Notify>)>;
+/// How often the subscriber sweeps its instance's watermarks for moves no hint announced.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// The registered connections of one user: (registration id, shard, its notifier).
+type Waiters = Vec<(u64, u32, Arc<Notify>)>;
+
+/// What the hub knows of one shard's hints.
+#[derive(Default, Clone, Copy)]
+struct ShardHints {
+    /// Highest "lowest present W" hinted (reset on a new epoch).
+    min_w: u64,
+    /// The last sequenced hint received.
+    last: Option<HintSeq>,
+    /// A sequenced hint arrived since the last sweep.
+    since_sweep: bool,
+}
 
 /// Connections waiting for hints, by user.
 #[derive(Default)]
 pub(crate) struct WakeHub {
     users: Mutex<HashMap<String, Waiters>>,
     next_id: AtomicU64,
-    /// Highest "lowest present W" hinted per shard: every entry at or below it is visible in
-    /// every present lane, so a hinted reader may read up to it without reading `wm:{s}`.
-    hinted: Mutex<HashMap<u32, u64>>,
+    /// Per shard: every entry at or below the hinted lowest W is visible in every present
+    /// lane, so a hinted reader may read up to it without reading `wm:{s}`; and where the
+    /// shard's hint sequence stands.
+    hinted: Mutex<HashMap<u32, ShardHints>>,
 }
 
 /// A connection's registration; unregisters when dropped.
@@ -46,7 +75,7 @@ impl Drop for Registration {
     fn drop(&mut self) {
         let mut users = self.hub.users.lock().expect("wake hub lock");
         if let Some(list) = users.get_mut(&self.user) {
-            list.retain(|(id, _)| *id != self.id);
+            list.retain(|(id, _, _)| *id != self.id);
             if list.is_empty() {
                 users.remove(&self.user);
             }
@@ -55,15 +84,20 @@ impl Drop for Registration {
 }
 
 impl WakeHub {
-    /// Registers `notify` to be woken by hints naming `user`.
-    pub(crate) fn register(self: &Arc<Self>, user: &str, notify: Arc<Notify>) -> Registration {
+    /// Registers `notify` to be woken by hints naming `user`, whose mailbox is on `shard`.
+    pub(crate) fn register(
+        self: &Arc<Self>,
+        user: &str,
+        shard: u32,
+        notify: Arc<Notify>,
+    ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.users
             .lock()
             .expect("wake hub lock")
             .entry(user.to_string())
             .or_default()
-            .push((id, notify));
+            .push((id, shard, notify));
         Registration {
             hub: Arc::clone(self),
             user: user.to_string(),
@@ -80,20 +114,43 @@ impl WakeHub {
         }
     }
 
-    /// Wakes the connections of every user a hint names (and records its lowest W for
-    /// `shard`). Returns how many.
+    /// Wakes the connections of every user a hint names (and records its lowest W and its
+    /// place in the sequence for `shard`); a hint out of sequence wakes every connection of
+    /// the shard. Returns how many were woken.
     pub(crate) fn wake(&self, shard: Option<u32>, hint: &WakeHint) -> usize {
-        // The shard's lowest W bounds what a hinted reader may read without the watermark.
+        let mut whole_shard = None;
         if let Some(shard) = shard {
             let mut h = self.hinted.lock().expect("wake hub lock");
-            let e = h.entry(shard).or_insert(0);
-            *e = (*e).max(hint.min_w);
+            let e = h.entry(shard).or_default();
+            match hint.seq {
+                Some(q) => {
+                    // the first hint since the subscription needs no predecessor: the
+                    // subscriber woke every connection when it subscribed
+                    let in_sequence = e.last.is_none_or(|l| l.follows(q)) && q.seq != 0;
+                    if !in_sequence {
+                        whole_shard = Some(shard);
+                        metrics::counter!("tidemark_wake_sequence_gaps_total").increment(1);
+                    }
+                    if e.last.is_some_and(|l| l.epoch != q.epoch) {
+                        // a new owner or a re-fence (W may have gone back): start over
+                        e.min_w = hint.min_w;
+                    } else {
+                        e.min_w = e.min_w.max(hint.min_w);
+                    }
+                    e.last = Some(q);
+                    e.since_sweep = true;
+                }
+                None => e.min_w = e.min_w.max(hint.min_w),
+            }
         }
         let users = self.users.lock().expect("wake hub lock");
         let mut woken = 0;
+        if let Some(s) = whole_shard {
+            woken += wake_where(&users, |shard| shard == s);
+        }
         for user in &hint.recipients {
             if let Some(list) = users.get(user.as_str()) {
-                for (_, n) in list {
+                for (_, _, n) in list {
                     n.notify_one();
                     woken += 1;
                 }
@@ -105,33 +162,76 @@ impl WakeHub {
     /// The highest lowest-present-W hinted for `shard` (0 before any hint).
     pub(crate) fn hinted_w(&self, shard: u32) -> u64 {
         let h = self.hinted.lock().expect("wake hub lock");
-        h.get(&shard).copied().unwrap_or(0)
+        h.get(&shard).map_or(0, |e| e.min_w)
     }
 
-    /// Wakes every connection (after a subscriber (re)connects: hints may have been missed).
+    /// Wakes every connection (after a subscriber (re)connects: hints may have been missed),
+    /// and forgets every shard's sequence (the next hint starts it again).
     pub(crate) fn wake_all(&self) {
-        let users = self.users.lock().expect("wake hub lock");
-        for list in users.values() {
-            for (_, n) in list {
-                n.notify_one();
-            }
+        for e in self.hinted.lock().expect("wake hub lock").values_mut() {
+            e.last = None;
         }
+        let users = self.users.lock().expect("wake hub lock");
+        wake_where(&users, |_| true);
+    }
+
+    /// A sweep read `shard`'s lowest present W (`min_w`) and whether its watermark changed
+    /// since the previous sweep: wakes every connection of the shard when the hints may have
+    /// missed a move. Returns how many were woken.
+    fn swept(&self, shard: u32, min_w: u64, changed: bool) -> usize {
+        let missed = {
+            let mut h = self.hinted.lock().expect("wake hub lock");
+            let e = h.entry(shard).or_default();
+            let missed = min_w > e.min_w || (changed && !e.since_sweep);
+            e.min_w = e.min_w.max(min_w);
+            e.since_sweep = false;
+            missed
+        };
+        if !missed {
+            return 0;
+        }
+        metrics::counter!("tidemark_wake_sweep_wakes_total").increment(1);
+        let users = self.users.lock().expect("wake hub lock");
+        wake_where(&users, |s| s == shard)
+    }
+
+    /// Whether any connection waits on `shard`.
+    fn watched(&self, shard: u32) -> bool {
+        let users = self.users.lock().expect("wake hub lock");
+        users.values().flatten().any(|(_, s, _)| *s == shard)
     }
 }
 
+/// Wakes every registered connection whose shard passes `pick`. Returns how many.
+fn wake_where(users: &HashMap<String, Waiters>, pick: impl Fn(u32) -> bool) -> usize {
+    let mut woken = 0;
+    for list in users.values() {
+        for (_, s, n) in list {
+            if pick(*s) {
+                n.notify_one();
+                woken += 1;
+            }
+        }
+    }
+    woken
+}
+
 /// Subscribes to `wake:*` on the mailbox instance `url` until `cancel`, reconnecting on
-/// failure.
+/// failure; sweeps the watermarks of `owned` (the shards of this instance) every
+/// [`SWEEP_EVERY`].
 pub(crate) async fn run_subscriber(
     hub: Arc<WakeHub>,
     url: String,
     shards: std::ops::Range<u32>,
+    sweep: Sweep,
     cancel: CancellationToken,
 ) {
     let shown = tidemark_store::redact_url(&url);
+    let mut sweep = sweep;
     loop {
         let res = tokio::select! {
             _ = cancel.cancelled() => return,
-            r = subscribe_once(&hub, &url, shards.clone(), &cancel) => r,
+            r = subscribe_once(&hub, &url, shards.clone(), &mut sweep, &cancel) => r,
         };
         if cancel.is_cancelled() {
             return;
@@ -150,16 +250,62 @@ pub(crate) async fn run_subscriber(
     }
 }
 
+/// The slow safety sweep of one mailbox instance: its shards and their watermarks as last
+/// read.
+pub(crate) struct Sweep {
+    store: MailboxStore,
+    shards: Vec<u32>,
+    every: Duration,
+    /// The watermark last read per shard (index as in `shards`).
+    seen: Vec<Option<ShardWatermark>>,
+}
+
+impl Sweep {
+    pub(crate) fn new(store: MailboxStore, shards: Vec<u32>, every: Duration) -> Sweep {
+        let seen = vec![None; shards.len()];
+        Sweep {
+            store,
+            shards,
+            every,
+            seen,
+        }
+    }
+
+    /// Reads the watermarks of the watched shards (one pipeline) and hands each to the hub.
+    async fn run(&mut self, hub: &WakeHub) -> Result<(), tidemark_store::Error> {
+        let picked: Vec<usize> = (0..self.shards.len())
+            .filter(|&i| hub.watched(self.shards[i]))
+            .collect();
+        if picked.is_empty() {
+            return Ok(());
+        }
+        let shards: Vec<u32> = picked.iter().map(|&i| self.shards[i]).collect();
+        let wms = self.store.read_watermarks(&shards).await?;
+        for (&i, wm) in picked.iter().zip(wms) {
+            let wm = wm?;
+            let min_w = wm.lanes.min_present_w().unwrap_or(0);
+            let changed = self.seen[i].as_ref().is_some_and(|old| *old != wm);
+            self.seen[i] = Some(wm);
+            hub.swept(self.shards[i], min_w, changed);
+        }
+        Ok(())
+    }
+}
+
 async fn subscribe_once(
     hub: &WakeHub,
     url: &str,
     shards: std::ops::Range<u32>,
+    sweep: &mut Sweep,
     cancel: &CancellationToken,
 ) -> Result<(), tidemark_store::Error> {
     let mut sub = WakeSubscriber::connect(url, shards).await?;
     tracing::debug!(url = %tidemark_store::redact_url(url), "wake subscription up");
     // Anything published while we were away is lost: let every connection re-read once.
     hub.wake_all();
+    let mut tick = tokio::time::interval(sweep.every.max(Duration::from_millis(10)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
@@ -168,6 +314,12 @@ async fn subscribe_once(
                 metrics::counter!("tidemark_wake_hints_total").increment(1);
                 if let Some(hint) = &msg.hint {
                     hub.wake(msg.shard, hint);
+                }
+            }
+            _ = tick.tick() => {
+                // a failed sweep is only a missed safety net: the next one tries again
+                if let Err(e) = sweep.run(hub).await {
+                    tracing::debug!(error = %e, "wake sweep failed");
                 }
             }
         }
@@ -183,8 +335,8 @@ mod tests {
         let hub = Arc::new(WakeHub::default());
         let a = Arc::new(Notify::new());
         let b = Arc::new(Notify::new());
-        let ra = hub.register("alice", a.clone());
-        let _rb = hub.register("bob", b.clone());
+        let ra = hub.register("alice", 0, a.clone());
+        let _rb = hub.register("bob", 0, b.clone());
         let hint = tidemark_store::wake::encode(17, &["alice", "carol"]);
         assert_eq!(hub.wake_payload(None, &hint), 1);
         // The permit was stored: a later wait returns at once.
@@ -205,5 +357,86 @@ mod tests {
             0
         );
         assert!(hub.users.lock().unwrap().get("alice").is_none());
+    }
+
+    /// Whether `n` holds a wake permit (consumes it).
+    async fn woken(n: &Notify) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), n.notified())
+            .await
+            .is_ok()
+    }
+
+    fn hint(epoch: u64, seq: u64, min_w: u64, to: &[&str]) -> WakeHint {
+        WakeHint {
+            min_w,
+            seq: Some(HintSeq { epoch, seq }),
+            recipients: to.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hint_out_of_sequence_wakes_the_whole_shard_and_only_it() {
+        let hub = Arc::new(WakeHub::default());
+        let (a, b, c) = (
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+        );
+        let _ra = hub.register("alice", 3, a.clone());
+        let _rb = hub.register("bob", 3, b.clone());
+        let _rc = hub.register("carol", 4, c.clone());
+        // the first hint after subscribing needs no predecessor; then in sequence
+        assert_eq!(hub.wake(Some(3), &hint(7, 5, 10, &["alice"])), 1);
+        assert_eq!(hub.wake(Some(3), &hint(7, 6, 11, &["alice"])), 1);
+        assert!(woken(&a).await && !woken(&b).await && !woken(&c).await);
+        // number 8 after 6: one was missed, every connection of shard 3 re-reads
+        assert_eq!(hub.wake(Some(3), &hint(7, 8, 12, &["alice"])), 3);
+        assert!(woken(&a).await && woken(&b).await && !woken(&c).await);
+        // a new owner's claim (seq 0, another epoch): the same, and W starts over
+        assert_eq!(hub.wake(Some(3), &hint(9, 0, 4, &[])), 2);
+        assert!(woken(&a).await && woken(&b).await && !woken(&c).await);
+        assert_eq!(
+            hub.hinted_w(3),
+            4,
+            "a new epoch may have a lower W (a regression)"
+        );
+        // the same epoch resuming in sequence wakes only the named
+        assert_eq!(hub.wake(Some(3), &hint(9, 1, 5, &["bob"])), 1);
+        // after a resubscription any next number is accepted
+        hub.wake_all();
+        assert!(woken(&a).await && woken(&b).await && woken(&c).await);
+        assert_eq!(hub.wake(Some(3), &hint(9, 40, 6, &["bob"])), 1);
+        assert_eq!(hub.hinted_w(3), 6);
+    }
+
+    #[tokio::test]
+    async fn the_sweep_wakes_a_shard_whose_move_no_hint_announced() {
+        let hub = Arc::new(WakeHub::default());
+        let (a, c) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let _ra = hub.register("alice", 3, a.clone());
+        let _rc = hub.register("carol", 4, c.clone());
+        assert!(hub.watched(3) && hub.watched(4) && !hub.watched(5));
+        // W above everything hinted: the last hint was lost
+        assert_eq!(hub.wake(Some(3), &hint(1, 1, 10, &[])), 0);
+        assert_eq!(hub.swept(3, 12, false), 1);
+        assert!(woken(&a).await && !woken(&c).await);
+        assert_eq!(hub.hinted_w(3), 12);
+        // caught up, unchanged: nothing
+        assert_eq!(hub.swept(3, 12, false), 0);
+        // a lane moved (the lowest W did not) with no sequenced hint since the last sweep
+        assert_eq!(hub.swept(3, 12, true), 1);
+        // ... and with one: the hint named whoever got entries
+        hub.wake(Some(3), &hint(1, 2, 12, &[]));
+        assert_eq!(hub.swept(3, 12, true), 0);
+        // unsequenced hints (an older materializer) never count as covering a change
+        hub.wake(
+            Some(3),
+            &WakeHint {
+                min_w: 12,
+                seq: None,
+                recipients: vec![],
+            },
+        );
+        assert_eq!(hub.swept(3, 12, true), 1);
     }
 }

@@ -1,5 +1,6 @@
 //! Fault injection for tests and fault runs: a hook the chunked path asks before each lane
-//! chunk write, and a hash-based one for `serve --fault-chunk-fail-pct`.
+//! chunk write (and the hint publisher before each wake hint), and a hash-based one for
+//! `serve --fault-chunk-fail-pct`.
 
 /// Fault injection for tests and fault runs.
 pub trait ChunkFault: Send + Sync {
@@ -9,6 +10,12 @@ pub trait ChunkFault: Send + Sync {
 
     /// True: panic just before record `offset` of `shard` is routed (tests of supervision).
     fn panic_before(&self, _shard: u32, _offset: u64) -> bool {
+        false
+    }
+
+    /// True: wake hint number `seq` of `shard` is lost on its way (counted as published, never
+    /// sent; tests of the gateways' gap detection and sweep, ADR-0035).
+    fn lose_hint(&self, _shard: u32, _seq: u64) -> bool {
         false
     }
 }

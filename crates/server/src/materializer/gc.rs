@@ -1,13 +1,14 @@
 //! After each step: one wake hint per shard that moved (pipelined per mailbox instance), and
-//! once a second per shard `gc_completed_dispatch`, the log trimmed to the lowest W, the
-//! head checked against W and the log checked to continue from W.
+//! once a second per shard (every `gc_idle_interval` while the shard is quiet: caught up,
+//! nothing pending, held or retrying) `gc_completed_dispatch`, the log trimmed to the lowest
+//! W, the head checked against W and the log checked to continue from W.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use tidemark_store::redis::store::Gc;
 use tidemark_store::redis::watermark::U48_MAX;
-use tidemark_store::wake::{publish_wake, WakeHint};
+use tidemark_store::wake::{publish_wake, HintSeq, WakeHint};
 
 use super::worker::Worker;
 use super::{Error, GC_SHARDS_PER_LOOP};
@@ -24,13 +25,28 @@ impl Worker {
             if sh.moved {
                 sh.moved = false;
                 let touched = std::mem::take(&mut sh.touched);
-                pubs.entry(sh.mb).or_default().push((
-                    sh.shard,
-                    WakeHint {
-                        min_w: sh.min_w,
-                        recipients: touched.into_iter().collect(),
-                    },
-                ));
+                // numbered per shard (ADR-0035): a gateway that sees a number skipped, another
+                // epoch or a 0 (a new claim) re-checks every connection of the shard
+                let seq = HintSeq {
+                    epoch: sh.epoch,
+                    seq: sh.hint_seq,
+                };
+                sh.hint_seq += 1;
+                let lost = self
+                    .opts
+                    .fault
+                    .as_ref()
+                    .is_some_and(|f| f.lose_hint(sh.shard, seq.seq));
+                if !lost {
+                    pubs.entry(sh.mb).or_default().push((
+                        sh.shard,
+                        WakeHint {
+                            min_w: sh.min_w,
+                            seq: Some(seq),
+                            recipients: touched.into_iter().collect(),
+                        },
+                    ));
+                }
                 let min_w = sh.min_w;
                 self.health.update(sh.shard, |h| {
                     h.min_w = min_w;
@@ -44,7 +60,16 @@ impl Worker {
                 .lease_gate
                 .as_ref()
                 .is_none_or(|g| g.may_write(sh.shard));
-            if ours && now.duration_since(sh.last_gc) >= self.opts.gc_interval {
+            // a shard with nothing going on is collected slowly (the idle cost, issue 15)
+            if sh.moved || !sh.pending.is_empty() || sh.retry.is_some() || sh.held.is_some() {
+                sh.quiet = false;
+            }
+            let every = if sh.quiet && !sh.stopped {
+                self.opts.gc_idle_interval.max(self.opts.gc_interval)
+            } else {
+                self.opts.gc_interval
+            };
+            if ours && now.duration_since(sh.last_gc) >= every {
                 gc_due.push((sh.last_gc, sh.shard));
             }
         }
@@ -58,8 +83,19 @@ impl Worker {
             }
         }
         for (mb, hints) in pubs {
-            // a lost hint is caught by the gateways' periodic re-check
-            let _ = publish_wake(&self.mailboxes[mb], &hints).await;
+            if let Err(e) = publish_wake(&self.mailboxes[mb], &hints).await {
+                // not published: merged into the next hint of each shard (its recipients are
+                // kept, the next loop publishes again), so no recipient goes unnamed; the
+                // numbers already spent show the gateways a gap, which is safe either way
+                tracing::debug!(error = %e, "wake hints not published; merged into the next");
+                metrics::counter!("tidemark_errors_total", "code" => "wake_publish").increment(1);
+                for (s, hint) in hints {
+                    if let Some(sh) = self.owned.get_mut(&s) {
+                        sh.moved = true;
+                        sh.touched.extend(hint.recipients);
+                    }
+                }
+            }
         }
         for s in gc_due {
             // GC only frees space: a failure is retried at the next interval, nothing else
@@ -132,6 +168,7 @@ impl Worker {
                 }
                 let sh = self.shard_mut(s);
                 let idle = sh.pending.is_empty() && head <= min_w;
+                sh.quiet = idle && sh.retry.is_none() && sh.held.is_none();
                 if idle && sh.held.is_some() {
                     // caught up with the head (a rebase moved W to it): nothing is held
                     self.clear_held(s);

@@ -64,6 +64,9 @@ const DISCONTINUITY_RECHECK: Duration = Duration::from_secs(5);
 /// How often a worker looks again at shards whose lease gate is closed (leases mode: the gate
 /// opens again at the node's next successful renewal, or the shard is handed over).
 const GATE_RECHECK: Duration = Duration::from_millis(100);
+/// How often the owner marks (`owner:{s}`, read by offline tools only) are refreshed; they
+/// live `tidemark_store::redis::store::OWNER_MARK_TTL_MS`.
+const OWNER_MARK_REFRESH: Duration = Duration::from_secs(10);
 /// A hold or retry that lasts is logged again this often (else once per state change).
 const LOG_REMINDER: Duration = Duration::from_secs(60);
 
@@ -80,6 +83,10 @@ pub struct MaterializerOptions {
     pub block: Duration,
     /// How often each shard is garbage-collected (staging state, core log).
     pub gc_interval: Duration,
+    /// How often a quiet shard (caught up, nothing pending, held or retrying) is: the GC is
+    /// also where a quiet shard notices that its W went backwards (a promoted mailbox
+    /// replica), so this bounds that detection when no traffic comes.
+    pub gc_idle_interval: Duration,
     /// Fault injection for chunk writes.
     pub fault: Option<Arc<dyn ChunkFault>>,
     /// In leases mode, the node's per-shard write permission ([`crate::ownership`]): a shard
@@ -95,6 +102,7 @@ impl Default for MaterializerOptions {
             batch: 512,
             block: Duration::from_millis(500),
             gc_interval: Duration::from_secs(1),
+            gc_idle_interval: Duration::from_secs(10),
             fault: None,
             lease_gate: None,
         }

@@ -26,8 +26,16 @@ pub(super) struct OwnedShard {
     /// When the current hold or retry was last logged (one line per state change, then a
     /// reminder every [`LOG_REMINDER`]).
     pub(super) last_logged: Option<Instant>,
+    /// Recipients that got entries since the last published wake hint.
     pub(super) touched: BTreeSet<String>,
+    /// A wake hint is due: W moved, the shard was just claimed, or the last hint could not
+    /// be published.
     pub(super) moved: bool,
+    /// The number of the shard's next wake hint (ADR-0035): 0 is the hint of the claim.
+    pub(super) hint_seq: u64,
+    /// The last GC found the shard caught up with nothing pending, and nothing happened since:
+    /// it is collected every `gc_idle_interval` instead of every `gc_interval`.
+    pub(super) quiet: bool,
     pub(super) min_w: u64,
     pub(super) last_gc: Instant,
 }
@@ -48,6 +56,8 @@ impl OwnedShard {
             last_logged: None,
             touched: BTreeSet::new(),
             moved: false,
+            hint_seq: 0,
+            quiet: false,
             min_w: 0,
             last_gc: Instant::now(),
         }

@@ -13,7 +13,9 @@ use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
 
 use super::shard::OwnedShard;
-use super::{Error, MaterializerOptions, GATE_RECHECK, READ_GRACE, RETRY_MAX, RETRY_MIN};
+use super::{
+    Error, MaterializerOptions, GATE_RECHECK, OWNER_MARK_REFRESH, READ_GRACE, RETRY_MAX, RETRY_MIN,
+};
 use crate::health::{HealthBoard, ShardStatus};
 
 /// One materializer worker: the owned shards of one core instance.
@@ -123,7 +125,11 @@ impl Worker {
                     held: None,
                     last_logged: None,
                     touched: BTreeSet::new(),
-                    moved: false,
+                    // the claim's hint (seq 0): gateways re-check the shard's connections, so
+                    // a move the previous owner made but never hinted is not missed
+                    moved: true,
+                    hint_seq: 0,
+                    quiet: false,
                     min_w,
                     last_gc: Instant::now() - Duration::from_secs(3600),
                 },
@@ -214,12 +220,12 @@ impl Worker {
     }
 
     /// Refreshes `owner:{s}` (this owner's epoch, expiring after
-    /// `tidemark_store::redis::store::OWNER_MARK_TTL_MS`) of every running shard, once a
-    /// second: one pipeline per mailbox instance.
+    /// `tidemark_store::redis::store::OWNER_MARK_TTL_MS`) of every running shard, every
+    /// [`OWNER_MARK_REFRESH`]: one pipeline per mailbox instance.
     pub(super) async fn refresh_marks(&mut self) {
         if self
             .marks_at
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(1))
+            .is_some_and(|t| t.elapsed() < OWNER_MARK_REFRESH)
         {
             return;
         }

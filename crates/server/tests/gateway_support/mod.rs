@@ -116,7 +116,7 @@ pub async fn start_full(
     let mut opts = GatewayOptions {
         token_secret: Some(SECRET.to_vec()),
         dev_auth: true,
-        recheck_interval: Duration::from_millis(500),
+        recheck_interval: None,
         ..GatewayOptions::default()
     };
     tweak(&mut opts);

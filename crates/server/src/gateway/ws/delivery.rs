@@ -1,5 +1,6 @@
 //! The delivery loop of a connection: pushes every visible mailbox entry after the cursor, in
-//! seq order, then waits for a wake hint, the re-check tick or a `sync`.
+//! seq order, then waits for a wake hint (or a wake of every connection of its shard, see
+//! `gateway::wake`), a `sync`, or the optional re-check tick.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -13,6 +14,10 @@ use super::{error_frame, until_cancelled, PAGE};
 use crate::gateway::http::largest_entry;
 use crate::gateway::mailbox::{Mailbox, PageSizer};
 use crate::gateway::state::Shared;
+
+/// A failed mailbox read is retried after this, doubling up to [`READ_RETRY_MAX`].
+const READ_RETRY_FIRST: Duration = Duration::from_millis(200);
+const READ_RETRY_MAX: Duration = Duration::from_secs(5);
 
 pub(super) fn now_us() -> u64 {
     SystemTime::now()
@@ -34,13 +39,20 @@ pub(super) async fn delivery_loop(
     conn: CancellationToken,
     connected_at_us: u64,
 ) {
-    let mut tick =
-        tokio::time::interval(shared.opts.recheck_interval.max(Duration::from_millis(10)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
+    // no periodic re-read unless asked for (ADR-0035: hints cannot be missed unnoticed)
+    let mut tick = match shared.opts.recheck_interval {
+        Some(every) => {
+            let mut t = tokio::time::interval(every.max(Duration::from_millis(10)));
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t.tick().await;
+            Some(t)
+        }
+        None => None,
+    };
     // Highest seq pushed so far (latency is measured once per entry and connection).
     let mut highest = cursor;
     let mut failing = false;
+    let mut retry_after = READ_RETRY_FIRST;
     // Woken by a hint: read up to the hinted lowest W without reading the watermark (one
     // command instead of a pipeline of two), once a full read has shown the lane present.
     let mut hinted = false;
@@ -74,6 +86,7 @@ pub(super) async fn delivery_loop(
             let page = match page {
                 Ok(p) => {
                     failing = false;
+                    retry_after = READ_RETRY_FIRST;
                     sizer.observe(p.entries.len(), p.bytes);
                     if !use_hint {
                         lane_present = p.lane_present;
@@ -81,7 +94,7 @@ pub(super) async fn delivery_loop(
                     p
                 }
                 Err(e) => {
-                    tracing::warn!(user = %mailbox.user, error = %e, "mailbox read failed; retrying on the next tick");
+                    tracing::warn!(user = %mailbox.user, error = %e, "mailbox read failed; retrying");
                     if !failing {
                         failing = true;
                         if !push(error_frame(
@@ -146,7 +159,11 @@ pub(super) async fn delivery_loop(
         tokio::select! {
             _ = conn.cancelled() => return,
             _ = notify.notified() => hinted = true,
-            _ = tick.tick() => {}
+            _ = async { tick.as_mut().expect("only polled with a tick").tick().await }, if tick.is_some() => {}
+            // a failed read is retried by itself (no hint may come: the quiet path)
+            _ = tokio::time::sleep(retry_after), if failing => {
+                retry_after = (retry_after * 2).min(READ_RETRY_MAX);
+            }
             s = sync_rx.recv() => match s {
                 Some(after) => cursor = latest_sync(&mut sync_rx).unwrap_or(after),
                 None => return,

@@ -190,8 +190,10 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
 
     // Register before the first read, so no hint falls between the read and the wait.
     let notify = Arc::new(Notify::new());
-    let _registration = shared.hub.register(&user, notify.clone());
     let mut mailbox = shared.mailbox(&user);
+    let _registration = shared
+        .hub
+        .register(&user, mailbox.route.shard, notify.clone());
     tracing::debug!(%user, shard = mailbox.route.shard, "client connected");
 
     let acked = tokio::select! {

@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::keys;
 
 /// How long an owner mark (`owner:{s}`) lives without a refresh.
-pub const OWNER_MARK_TTL_MS: u64 = 5000;
+pub const OWNER_MARK_TTL_MS: u64 = 30_000;
 
 /// Deletes the mark only while it still holds the caller's epoch (a newer owner's stays).
 const CLEAR_MARK_LUA: &str =

@@ -21,6 +21,10 @@ impl Worker {
         let mut pubs: BTreeMap<usize, Vec<(u32, WakeHint)>> = BTreeMap::new();
         let mut gc_due = Vec::new();
         for sh in self.owned.values_mut() {
+            // a shard with nothing going on is collected slowly (the idle cost, issue 15)
+            if sh.moved || !sh.pending.is_empty() || sh.retry.is_some() || sh.held.is_some() {
+                sh.quiet = false;
+            }
             // a shard stopped in this step may still have moved before: hint it
             if sh.moved {
                 sh.moved = false;
@@ -60,10 +64,6 @@ impl Worker {
                 .lease_gate
                 .as_ref()
                 .is_none_or(|g| g.may_write(sh.shard));
-            // a shard with nothing going on is collected slowly (the idle cost, issue 15)
-            if sh.moved || !sh.pending.is_empty() || sh.retry.is_some() || sh.held.is_some() {
-                sh.quiet = false;
-            }
             let every = if sh.quiet && !sh.stopped {
                 self.opts.gc_idle_interval.max(self.opts.gc_interval)
             } else {

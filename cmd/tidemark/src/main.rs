@@ -3,6 +3,12 @@
 
 mod cmd;
 
+/// mimalloc instead of glibc's malloc: the gateway allocates per frame and per Redis command,
+/// and glibc's allocator was ~17 % of the server's CPU under load (`scripts/perf/
+/// profile_server.sh`, docs/performance.md "CPU per message").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};

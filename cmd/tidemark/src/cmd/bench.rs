@@ -76,6 +76,11 @@ pub struct LoadArgs {
     /// With --target: core Redis URLs for INFO.
     #[arg(long, value_delimiter = ',')]
     core_urls: Vec<String>,
+    /// With --target: each gateway process's /metrics (http://host:port/metrics, e.g. its
+    /// --admin-listen), for its CPU and memory per message; default: /metrics on the host
+    /// and port of each --target URL.
+    #[arg(long, value_delimiter = ',')]
+    metrics_url: Vec<String>,
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -116,6 +121,7 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
             },
             mailbox_urls: a.mailbox_urls.clone(),
             core_urls: a.core_urls.clone(),
+            metrics_urls: a.metrics_url.clone(),
         },
         None => Target::Local {
             mailbox: a.size.mailbox,
@@ -134,6 +140,7 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
         target,
         layouts: a.layouts.clone(),
         progress: !a.no_progress,
+        read_policy: load::ReadPolicy::default(),
     })
 }
 

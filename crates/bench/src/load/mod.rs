@@ -14,10 +14,12 @@
 //! - **Open loop.** Every client connects first. Then message `i` has the intended send time
 //!   `t0 + i / rate`; one scheduler task waits for that instant and queues the `send` from
 //!   client `i % clients` to `fanout` distinct other clients chosen by a seeded RNG (same seed,
-//!   same traffic, for every layout). It never waits for an ack: each [`PendingAck`](tidemark_client::PendingAck) is awaited
-//!   by its own task. A scheduler that falls behind sends late, but latency still counts
-//!   from the intended time (no coordinated omission), and `max_send_lag_ms` reports how late
-//!   the generator itself was.
+//!   same traffic, for every layout). It never waits for an ack: the `send_ack` (or the
+//!   `error` with the send's id) comes back on the sender's event stream, which the
+//!   sender's receiving task reads (no task, timer or waiter per message: the generator's
+//!   own CPU is part of what a local run measures). A scheduler that falls behind sends
+//!   late, but latency still counts from the intended time (no coordinated omission), and
+//!   `max_send_lag_ms` reports how late the generator itself was.
 //! - **One clock.** All times are [`tokio::time::Instant`]s relative to `t0`. The body of
 //!   message `i` is `i:<i>`; a receiver computes `deliver time − (t0 + i / rate)`.
 //!   SEND_ACK latency is `ack time − intended time`. Both go to HDR histograms in µs

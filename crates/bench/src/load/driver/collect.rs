@@ -154,9 +154,10 @@ pub(super) fn run_report(
     let total = shared.total;
     let expected = total * opts.fanout as u64;
     let mut errors = lock(&shared.errors).clone();
+    // Sends neither acked nor refused in the window.
     bump(
         &mut errors,
-        "ack_pending_at_end",
+        "timeout",
         shared.outstanding.load(Ordering::Relaxed),
     );
     let delivered = shared.delivered.load(Ordering::Relaxed);

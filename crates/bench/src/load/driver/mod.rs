@@ -168,7 +168,8 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
     let _stop_on_exit = stop.clone().drop_guard();
     let receivers: Vec<JoinHandle<()>> = clients
         .into_iter()
-        .map(|c| tokio::spawn(receive(c, shared.clone(), stop.clone())))
+        .enumerate()
+        .map(|(i, c)| tokio::spawn(receive(c, i, shared.clone(), stop.clone())))
         .collect();
 
     // Progress while sending and draining.
@@ -202,13 +203,9 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
     }
     let c = sample_point(&mut watched, &servers).await;
 
-    // Stop: ack waiters end at the deadline on their own; receivers on `stop`.
+    // Stop: the receivers end on `stop`; a send still unanswered now timed out.
     shared.stopping.store(true, Ordering::SeqCst);
     stop.cancel();
-    let cap = Instant::now() + Duration::from_secs(2);
-    while shared.outstanding.load(Ordering::Relaxed) > 0 && Instant::now() < cap {
-        sleep(Duration::from_millis(10)).await;
-    }
     for r in receivers {
         let _ = r.await;
     }

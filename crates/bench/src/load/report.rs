@@ -441,6 +441,15 @@ fn mib(bytes: f64) -> String {
     format!("{} MiB", group_thousands(bytes / (1024.0 * 1024.0), 1))
 }
 
+/// Calls per message with 3 decimals; `<0.001` for fewer calls than that, but some.
+fn calls_per_msg(x: f64) -> String {
+    if x > 0.0 && x < 0.0005 {
+        "<0.001".into()
+    } else {
+        group_thousands(x, 3)
+    }
+}
+
 /// Whether [`cpu_table`] has anything to show for `runs`.
 pub fn has_cpu_table(runs: &[RunReport]) -> bool {
     runs.iter()
@@ -529,7 +538,7 @@ pub fn cpu_table(runs: &[RunReport]) -> String {
                 None => "—".to_owned(),
                 Some(cmds) => cmds.get(&name).map_or_else(
                     || "0".to_owned(),
-                    |c| format!("{} × {}", group_thousands(c.per_msg, 3), us(c.us_per_call)),
+                    |c| format!("{} × {}", calls_per_msg(c.per_msg), us(c.us_per_call)),
                 ),
             });
         }
@@ -655,6 +664,9 @@ mod tests {
         assert_eq!(pct(100.0), "100%");
         assert_eq!(pct(99.3), "99.3%");
         assert_eq!(pct(99.95), "99.95%");
+        assert_eq!(calls_per_msg(1.0204), "1.020");
+        assert_eq!(calls_per_msg(0.0001), "<0.001");
+        assert_eq!(calls_per_msg(0.0), "0.000");
     }
 
     #[test]

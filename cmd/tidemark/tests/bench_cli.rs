@@ -126,3 +126,86 @@ fn bench_ladder_runs_each_step_in_a_child_and_merges_the_reports() {
     }
     assert!(stdout.contains("2+1"), "the ladder table: {stdout}");
 }
+
+/// `bench load --target` against `tidemark up` in another process: the generator runs on one
+/// thread of its own and reports its CPU per message and the gateway's, read from the
+/// admin listener's `/metrics` (`--metrics-url`), beside every Redis instance's; the extra
+/// table comes after the main one.
+#[test]
+fn bench_load_against_a_running_up_reports_each_process() {
+    let data = support::temp_dir("bench-remote");
+    let admin = support::free_port();
+    let admin_listen = format!("127.0.0.1:{admin}");
+    let up = support::UpProc::start(&data, &["--dev-auth", "--admin-listen", &admin_listen]);
+    let ws = up
+        .line("gateway")
+        .split_whitespace()
+        .find(|w| w.starts_with("ws://"))
+        .unwrap()
+        .to_owned();
+    let pass = std::fs::read_to_string(data.join("redis.pass")).unwrap();
+    let redis = |prefix: &str| format!("redis://:{}@127.0.0.1:{}/", pass.trim(), up.port(prefix));
+    let (mailbox, core) = (redis("mailbox  0"), redis("core     0"));
+    let metrics = format!("http://{admin_listen}/metrics");
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("remote.json");
+    let (_, stdout) = bench(&[
+        "load",
+        "--target",
+        &ws,
+        "--metrics-url",
+        &metrics,
+        "--mailbox-urls",
+        &mailbox,
+        "--core-urls",
+        &core,
+        "--clients",
+        "3",
+        "--rate",
+        "30",
+        "--duration",
+        "1",
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    up.stop();
+    let _ = std::fs::remove_dir_all(&data);
+    let runs = runs(&json);
+    let r = &runs[0];
+    assert_eq!(
+        (r["sent"].as_u64(), r["delivered"].as_u64()),
+        (Some(30), Some(30)),
+        "{r}"
+    );
+    assert!(r.get("unread").is_none(), "every reading was made: {r}");
+    let processes = r["processes"].as_array().unwrap();
+    let names: Vec<&str> = processes
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["generator", "server"], "{r}");
+    assert_eq!(processes[1]["source"], metrics.as_str());
+    for p in processes {
+        assert!(p["cpu_us_per_msg"].as_f64().unwrap() > 0.0, "{p}");
+        assert!(p["rss_bytes"].as_u64().unwrap() > 1 << 20, "{p}");
+    }
+    for pool in ["mailbox", "core"] {
+        assert!(
+            r["redis_commands"][pool]["evalsha"]["per_msg"]
+                .as_f64()
+                .unwrap()
+                > 0.0,
+            "{r}"
+        );
+    }
+    for row in [
+        "| generator CPU per message |",
+        "| server CPU per message |",
+        "| server RSS at end |",
+        "| per message sent | packed-v2 |",
+        "| core `evalsha` calls × µs |",
+    ] {
+        assert!(stdout.contains(row), "no {row:?} in\n{stdout}");
+    }
+}

@@ -434,7 +434,8 @@ fn draw_ladder<DB: DrawingBackend>(
     // Right: rate → CPU % per pool.
     let top = runs
         .iter()
-        .map(|r| r.redis_cpu_pct.mailbox.max(r.redis_cpu_pct.core))
+        .flat_map(|r| [r.redis_cpu_pct.mailbox, r.redis_cpu_pct.core])
+        .flatten()
         .fold(100.0, f64::max)
         * 1.05;
     let mut chart = ChartBuilder::on(&right)
@@ -470,16 +471,17 @@ fn draw_ladder<DB: DrawingBackend>(
         for (pool, get) in [
             (
                 "mailbox",
-                (|r: &RunReport| r.redis_cpu_pct.mailbox) as fn(&RunReport) -> f64,
+                (|r: &RunReport| r.redis_cpu_pct.mailbox) as fn(&RunReport) -> Option<f64>,
             ),
             ("core", |r: &RunReport| r.redis_cpu_pct.core),
         ] {
             let color = COLORS[k % COLORS.len()];
             k += 1;
+            // a step whose CPU was not read has no point
             let pts: Vec<(f64, f64, String)> = runs
                 .iter()
                 .filter(|r| r.layout == *layout)
-                .map(|r| (r.rate, get(r), r.instances_label()))
+                .filter_map(|r| Some((r.rate, get(r)?, r.instances_label())))
                 .collect();
             draw_ladder_line(&mut chart, &pts, color, format!("{pool} ({layout})"))?;
         }

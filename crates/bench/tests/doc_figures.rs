@@ -4,8 +4,8 @@
 //!   `acked_per_s_while_sending` existed.
 //! - Every table of `docs/performance.md` that follows a `<!-- table: … -->` marker is what
 //!   `tidemark bench report` prints from the file the marker names (`markdown_table`,
-//!   `ladder_table`), or, for `lua(…)`, the values of `lua.json`; every committed report is
-//!   shown in at least one such table.
+//!   `ladder_table`, `cpu_table`), or, for `lua(…)`, the values of `lua.json`; every
+//!   committed report is shown in at least one such table.
 //! - Every committed plot (`docs/perf/<name>/*.png|svg`) is what `write_plots` draws from
 //!   `docs/perf/<name>.json`, byte for byte.
 //! - Every `perf/…` file the documentation names exists.
@@ -15,7 +15,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use tidemark_bench::load::{from_json, ladder_table, markdown_table, RunReport};
+use tidemark_bench::load::{cpu_table, from_json, ladder_table, markdown_table, RunReport};
 use tidemark_bench::plot::write_plots;
 
 fn repo() -> PathBuf {
@@ -136,6 +136,7 @@ fn tables_in_performance_md_are_their_files() {
         let want = match kind {
             "markdown_table" => markdown_table(&runs),
             "ladder_table" => ladder_table(&runs),
+            "cpu_table" => cpu_table(&runs),
             other => panic!("unknown table kind {other:?}"),
         };
         assert_eq!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tidemark_bench::load::{
     self, ladder_table, markdown_table, parse_steps, to_json, LadderStep, LoadOptions, Percentiles,
-    PoolPair, RunReport, Target, CURVE_PERCENTILES,
+    PoolPair, ReadPolicy, RunReport, Target, CURVE_PERCENTILES,
 };
 use tidemark_bench::plot::write_plots;
 use tidemark_store::redis::watermark::Layout;
@@ -30,6 +30,7 @@ fn tiny(layouts: Vec<Layout>) -> LoadOptions {
         },
         layouts,
         progress: false,
+        read_policy: ReadPolicy::default(),
     }
 }
 
@@ -81,16 +82,48 @@ fn check_run(r: &RunReport, layout: Layout) {
     }
     assert_eq!(r.e2e_curve.last().unwrap().1, r.e2e_ms.max);
     // The materializer runs scripts on the mailbox instance, the commit on the core one.
-    assert!(r.evalsha_us.mailbox > 0.0, "{:?}", r.evalsha_us);
-    assert!(r.redis_cpu_pct.mailbox >= 0.0 && r.redis_cpu_pct.core >= 0.0);
-    assert!(r.ops_per_s.mailbox > 0.0 && r.ops_per_s.core > 0.0);
-    assert!(r.mailbox_cpu_us_per_msg >= 0.0);
+    assert!(r.evalsha_us.mailbox.unwrap() > 0.0, "{:?}", r.evalsha_us);
+    assert!(r.redis_cpu_pct.mailbox.unwrap() >= 0.0 && r.redis_cpu_pct.core.unwrap() >= 0.0);
+    assert!(r.ops_per_s.mailbox.unwrap() > 0.0 && r.ops_per_s.core.unwrap() > 0.0);
+    assert!(r.mailbox_cpu_us_per_msg.unwrap() >= 0.0);
     let pools: Vec<(&str, usize)> = r
         .per_instance
         .iter()
         .map(|i| (i.pool.as_str(), i.index))
         .collect();
     assert_eq!(pools, [("mailbox", 0), ("core", 0)]);
+    assert!(r.unread.is_empty(), "{:?}", r.unread);
+    for i in &r.per_instance {
+        assert!(i.cpu_us_per_msg.unwrap() > 0.0, "{i:?}");
+        assert!(
+            i.commands.as_ref().unwrap().contains_key("evalsha"),
+            "{i:?}"
+        );
+    }
+    // Every command of each pool, per message sent: both pools run scripts.
+    for pool in ["mailbox", "core"] {
+        let cmds = r.redis_commands[pool].as_ref().expect("read");
+        let evalsha = cmds["evalsha"];
+        assert!(
+            evalsha.per_msg > 0.0 && evalsha.us_per_call > 0.0,
+            "{pool}: {cmds:?}"
+        );
+        assert_eq!(evalsha.per_msg, evalsha.calls as f64 / r.sent as f64);
+    }
+    // The deployment runs in this process: one figure for the generator and the server.
+    let names: Vec<&str> = r.processes.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["generator + server (one process)"]);
+    let p = &r.processes[0];
+    assert_eq!(
+        (p.role.as_str(), p.source.as_str()),
+        ("generator+server", "/proc/self")
+    );
+    assert!(p.cpu_s.unwrap() > 0.0 && p.cpu_pct.unwrap() > 0.0, "{p:?}");
+    assert_eq!(
+        p.cpu_us_per_msg,
+        Some(p.cpu_s.unwrap() * 1e6 / r.sent as f64)
+    );
+    assert!(p.rss_bytes.unwrap() > 1 << 20, "{p:?}");
 }
 
 fn assert_keys(v: &serde_json::Value, keys: &[&str]) {
@@ -180,9 +213,27 @@ async fn tiny_run_both_layouts() {
         "| delivered within window | 100% | 100% | +0.0% |",
         "| acked while sending |",
         "| mailbox CPU per message |",
+        "| generator + server (one process) CPU per message |",
+        "| generator + server (one process) RSS at end |",
         "| errors | none | none | — |",
     ] {
         assert!(table.contains(row), "no {row:?} in\n{table}");
+    }
+    assert!(table.ends_with("| errors | none | none | — |\n"), "{table}");
+    let cpu = load::cpu_table(&runs);
+    println!("{cpu}");
+    assert!(
+        cpu.starts_with("| per message sent | packed-v1 | packed-v2 |"),
+        "{cpu}"
+    );
+    for row in [
+        "| generator + server (one process): CPU |",
+        "| mailbox Redis 0: CPU |",
+        "| core Redis 0: CPU |",
+        "| mailbox `evalsha` calls × µs |",
+        "| core `evalsha` calls × µs |",
+    ] {
+        assert!(cpu.contains(row), "no {row:?} in\n{cpu}");
     }
     // The JSON reads back as it was written (floats to serde_json's precision).
     let text = serde_json::to_string(&json).unwrap();
@@ -202,6 +253,7 @@ async fn tiny_run_both_layouts() {
         runs.iter().map(key).collect::<Vec<_>>()
     );
     assert_eq!(markdown_table(&back), table);
+    assert_eq!(load::cpu_table(&back), cpu);
     let ladder = ladder_table(&runs);
     assert_eq!(ladder.lines().count(), 4, "{ladder}");
     assert!(ladder.contains("| 1+1 | packed-v1 | 200 |"), "{ladder}");
@@ -277,6 +329,7 @@ async fn refuses_unrunnable_options() {
             token_secret: None,
             mailbox_urls: vec![],
             core_urls: vec![],
+            metrics_urls: vec![],
         },
         ..tiny(vec![Layout::PackedV1, Layout::PackedV2])
     };
@@ -343,14 +396,17 @@ fn synthetic(layout: Layout, mailbox: usize, rate: f64, p99: f64, cpu: f64) -> R
         send_ack_curve: Vec::new(),
         evalsha_us: PoolPair::default(),
         redis_cpu_pct: PoolPair {
-            mailbox: cpu,
-            core: cpu / 2.0,
+            mailbox: Some(cpu),
+            core: Some(cpu / 2.0),
         },
         ops_per_s: PoolPair::default(),
-        mailbox_cpu_us_per_msg: 0.0,
+        mailbox_cpu_us_per_msg: Some(0.0),
         max_send_lag_ms: 0.0,
         errors: BTreeMap::new(),
         per_instance: Vec::new(),
+        processes: Vec::new(),
+        redis_commands: BTreeMap::new(),
+        unread: Vec::new(),
     }
 }
 
@@ -426,9 +482,11 @@ async fn remote_target_with_tokens() {
             token_secret: Some(secret),
             mailbox_urls: deployment.mailbox.iter().map(|p| p.url()).collect(),
             core_urls: deployment.core.iter().map(|p| p.url()).collect(),
+            metrics_urls: vec![],
         },
         ..tiny(vec![Layout::PackedV2])
     };
+    let ws_url = deployment.running.ws_url();
     let runs = load::run_load(&opts).await.expect("remote run");
     deployment.running.shutdown().await.unwrap();
     assert_eq!(runs.len(), 1);
@@ -438,5 +496,191 @@ async fn remote_target_with_tokens() {
     assert_eq!((r.sent, r.send_acked, r.delivered), (50, 50, 50));
     assert!(r.errors.is_empty(), "{:?}", r.errors);
     assert_eq!(r.delivered_in_window_pct, 100.0);
-    assert!(r.evalsha_us.mailbox > 0.0);
+    assert!(r.evalsha_us.mailbox.unwrap() > 0.0);
+    // The generator (this process) and the gateway, read from its /metrics (the client
+    // listener serves it: no admin listener).
+    assert!(r.unread.is_empty(), "{:?}", r.unread);
+    let names: Vec<&str> = r.processes.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["generator", "server"]);
+    let server = &r.processes[1];
+    assert_eq!(server.source, load::metrics_url_of(&ws_url));
+    assert!(server.cpu_s.unwrap() > 0.0, "{server:?}");
+    assert!(server.rss_bytes.unwrap() > 1 << 20, "{server:?}");
+    let table = markdown_table(&runs);
+    for row in [
+        "| generator CPU per message |",
+        "| server CPU per message |",
+        "| server RSS at end |",
+    ] {
+        assert!(table.contains(row), "no {row:?} in\n{table}");
+    }
+    assert!(!table.contains("| generator RSS at end |"), "{table}");
+}
+
+/// One reading that cannot be made never loses a run: a Redis instance that stops answering
+/// (SIGSTOP) and one that dies (SIGKILL) while the run goes on, and a gateway `/metrics` URL
+/// where nothing listens, leave exactly the figures that need them missing (`None`, `—`),
+/// each listed in `unread`; everything else is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_instance_leaves_its_figures_missing() {
+    use tidemark_redis_proc::RedisProcess;
+    use tidemark_server::gateway::GatewayOptions;
+    use tidemark_server::materializer::MaterializerOptions;
+    use tidemark_server::run::{up, UpOptions};
+
+    let dir = tempfile::tempdir().unwrap();
+    let deployment = up(
+        UpOptions {
+            mailbox: 1,
+            core: 1,
+            shards: 4,
+            layout: Layout::PackedV2,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            data_dir: dir.path().join("data"),
+            gateway: GatewayOptions {
+                dev_auth: true,
+                ..GatewayOptions::default()
+            },
+            materializer: MaterializerOptions::default(),
+            appendfsync: "everysec".into(),
+            cluster: false,
+            node: None,
+        },
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .expect("local deployment");
+    // Two more instances, only watched: one will be stopped, one killed.
+    let stalled = RedisProcess::start().unwrap();
+    let mut dead = RedisProcess::start().unwrap();
+    let stalled_pid = stalled.pid().unwrap() as libc::pid_t;
+    let mut core_urls: Vec<String> = deployment.core.iter().map(|p| p.url()).collect();
+    core_urls.extend([stalled.url(), dead.url()]);
+    let opts = LoadOptions {
+        clients: 5,
+        rate: 50.0,
+        duration: Duration::from_secs(3),
+        target: Target::Remote {
+            ws_urls: vec![deployment.running.ws_url()],
+            token_secret: None,
+            mailbox_urls: deployment.mailbox.iter().map(|p| p.url()).collect(),
+            core_urls,
+            metrics_urls: vec!["http://127.0.0.1:1/metrics".into()],
+        },
+        read_policy: ReadPolicy {
+            tries: 3,
+            timeout: Duration::from_millis(300),
+            backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(100),
+        },
+        ..tiny(vec![Layout::PackedV2])
+    };
+    // After sample A (taken right after 5 clients connect), well before B (after 3 s).
+    let faults = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        // SAFETY: a signal to a child process this test owns.
+        assert_eq!(unsafe { libc::kill(stalled_pid, libc::SIGSTOP) }, 0);
+        dead.kill();
+    });
+    let result = load::run_load(&opts).await;
+    faults.join().unwrap();
+    // SAFETY: as above; the process is then killed on drop.
+    unsafe { libc::kill(stalled_pid, libc::SIGCONT) };
+    drop(stalled);
+    deployment.running.shutdown().await.unwrap();
+
+    let runs = result.expect("a run with unreadable figures still reports");
+    let r = &runs[0];
+    assert_eq!((r.sent, r.send_acked, r.delivered), (150, 150, 150));
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    // The deployment's own instances were read at A, B and C.
+    let inst = |pool: &str, index: usize| {
+        r.per_instance
+            .iter()
+            .find(|i| i.pool == pool && i.index == index)
+            .unwrap()
+    };
+    for (pool, index) in [("mailbox", 0), ("core", 0)] {
+        let i = inst(pool, index);
+        assert!(
+            i.cpu_pct.is_some() && i.cpu_s.is_some() && i.commands.is_some(),
+            "{i:?}"
+        );
+    }
+    // The stopped and the dead one: nothing that needs B or C.
+    for index in [1, 2] {
+        let i = inst("core", index);
+        assert_eq!(
+            (
+                i.evalsha_calls,
+                i.evalsha_us,
+                i.cpu_pct,
+                i.ops_per_s,
+                i.cpu_s,
+                i.cpu_us_per_msg
+            ),
+            (None, None, None, None, None, None),
+            "{i:?}"
+        );
+        assert!(i.commands.is_none(), "{i:?}");
+        for at in ["B (end of sending)", "C (end of window)"] {
+            let want = format!("core {index}: redis ");
+            assert!(
+                r.unread
+                    .iter()
+                    .any(|u| u.starts_with(&want) && u.ends_with(at)),
+                "{want}… at {at} in {:#?}",
+                r.unread
+            );
+        }
+    }
+    // A pool figure needs every instance of the pool; the mailbox pool is whole.
+    assert_eq!(
+        (r.evalsha_us.core, r.redis_cpu_pct.core, r.ops_per_s.core),
+        (None, None, None)
+    );
+    assert_eq!(r.redis_commands["core"], None);
+    assert!(r.evalsha_us.mailbox.is_some() && r.redis_cpu_pct.mailbox.is_some());
+    assert!(r.redis_commands["mailbox"].is_some());
+    // The gateway's /metrics could not be read at all; the generator's own figures are there.
+    let server = r.processes.iter().find(|p| p.name == "server").unwrap();
+    assert_eq!((server.cpu_s, server.rss_bytes), (None, None), "{server:?}");
+    assert_eq!(
+        r.unread
+            .iter()
+            .filter(|u| u.starts_with("server http://127.0.0.1:1/metrics: "))
+            .count(),
+        3,
+        "{:#?}",
+        r.unread
+    );
+    let generator = r.processes.iter().find(|p| p.name == "generator").unwrap();
+    assert!(generator.cpu_s.is_some(), "{generator:?}");
+
+    // Missing is `null` in the JSON and `—` in the tables, and reads back as missing.
+    let json = to_json(&runs);
+    assert!(json["runs"][0]["evalsha_us"]["core"].is_null(), "{json}");
+    assert!(
+        json["runs"][0]["per_instance"][2]["cpu_pct"].is_null(),
+        "{json}"
+    );
+    let back = load::from_json(&serde_json::to_string(&json).unwrap()).unwrap();
+    assert_eq!(back[0].redis_cpu_pct.core, None);
+    let table = markdown_table(&runs);
+    for row in [
+        "| core Redis CPU | — |",
+        "| evalsha (core) | — |",
+        "| server CPU per message | — |",
+        "| server RSS at end | — |",
+    ] {
+        assert!(table.contains(row), "no {row:?} in\n{table}");
+    }
+    let cpu = load::cpu_table(&runs);
+    assert!(cpu.contains("| core Redis 1: CPU | — |"), "{cpu}");
+    assert!(cpu.contains("| core Redis commands | — |"), "{cpu}");
+    let text = load::render(&runs, false, None, None).unwrap();
+    assert!(
+        text.contains("not read (its figures are —): core 1: redis "),
+        "{text}"
+    );
 }

@@ -64,7 +64,7 @@ pub struct LoadArgs {
     #[arg(long, default_value = "everysec")]
     appendfsync: String,
     /// A running deployment's gateways instead (ws://…/v1/ws, comma-separated: clients are
-    /// spread over them round-robin).
+    /// spread over them round-robin). The generator then runs on one thread.
     #[arg(long, value_delimiter = ',')]
     target: Option<Vec<String>>,
     /// With --target: token secret file (else dev auth).
@@ -76,6 +76,11 @@ pub struct LoadArgs {
     /// With --target: core Redis URLs for INFO.
     #[arg(long, value_delimiter = ',')]
     core_urls: Vec<String>,
+    /// With --target: each gateway process's /metrics (http://host:port/metrics, e.g. its
+    /// --admin-listen), for its CPU and memory per message; default: /metrics on the host
+    /// and port of each --target URL.
+    #[arg(long, value_delimiter = ',')]
+    metrics_url: Vec<String>,
     /// Write the JSON report here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -116,6 +121,7 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
             },
             mailbox_urls: a.mailbox_urls.clone(),
             core_urls: a.core_urls.clone(),
+            metrics_urls: a.metrics_url.clone(),
         },
         None => Target::Local {
             mailbox: a.size.mailbox,
@@ -134,6 +140,7 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
         target,
         layouts: a.layouts.clone(),
         progress: !a.no_progress,
+        read_policy: load::ReadPolicy::default(),
     })
 }
 
@@ -153,6 +160,19 @@ pub struct LuaArgs {
     rounds: usize,
 }
 
+/// Runs a load against a remote deployment on a single-threaded runtime of its own: every
+/// task of the generator (scheduler, readers, writers, receivers) on one thread, so that
+/// waking a task never wakes another thread.
+async fn on_one_thread(opts: LoadOptions) -> anyhow::Result<Vec<load::RunReport>> {
+    tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok(rt.block_on(load::run_load(&opts))?)
+    })
+    .await?
+}
+
 /// Runs one `tidemark bench` command.
 pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd {
@@ -161,6 +181,8 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
             let runs = if a.target.is_none() && a.layouts.len() > 1 {
                 // each layout in a fresh process of its own (see `run_load_isolated`)
                 load::run_load_isolated(&std::env::current_exe()?, &opts)?
+            } else if a.target.is_some() {
+                on_one_thread(opts).await?
             } else {
                 load::run_load(&opts).await?
             };

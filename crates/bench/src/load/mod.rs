@@ -14,10 +14,12 @@
 //! - **Open loop.** Every client connects first. Then message `i` has the intended send time
 //!   `t0 + i / rate`; one scheduler task waits for that instant and queues the `send` from
 //!   client `i % clients` to `fanout` distinct other clients chosen by a seeded RNG (same seed,
-//!   same traffic, for every layout). It never waits for an ack: each [`PendingAck`](tidemark_client::PendingAck) is awaited
-//!   by its own task. A scheduler that falls behind sends late, but latency still counts
-//!   from the intended time (no coordinated omission), and `max_send_lag_ms` reports how late
-//!   the generator itself was.
+//!   same traffic, for every layout). It never waits for an ack: the `send_ack` (or the
+//!   `error` with the send's id) comes back on the sender's event stream, which the
+//!   sender's receiving task reads (no task, timer or waiter per message: the generator's
+//!   own CPU is part of what a local run measures). A scheduler that falls behind sends
+//!   late, but latency still counts from the intended time (no coordinated omission), and
+//!   `max_send_lag_ms` reports how late the generator itself was.
 //! - **One clock.** All times are [`tokio::time::Instant`]s relative to `t0`. The body of
 //!   message `i` is `i:<i>`; a receiver computes `deliver time − (t0 + i / rate)`.
 //!   SEND_ACK latency is `ack time − intended time`. Both go to HDR histograms in µs
@@ -38,6 +40,18 @@
 //!   backlog worked off during the drain is charged to the messages that caused it. CPU % is
 //!   `Δ(used_cpu_sys + used_cpu_user) / Δwall × 100`, **averaged over the pool's instances**
 //!   (100 % = one instance saturating one core); every instance is in `per_instance`.
+//!   `INFO commandstats` also gives every command's calls per message sent and µs per call,
+//!   per instance and per pool (A→C; commands a Lua script calls are counted too).
+//! - **Processes.** Each OS process the run can see, at the same A, B and C: this one
+//!   (`/proc/self`: user + system CPU, resident memory) and, for a remote target, each
+//!   gateway's `/metrics` (`process_cpu_seconds_total`, `process_resident_memory_bytes`;
+//!   derived from the gateway's URL unless given). CPU µs per message sent (A→C), CPU %
+//!   (A→B), RSS at C. A local target runs the deployment in this process: its figure is the
+//!   generator and the server together, and is named so.
+//! - **Readings never lose a run.** Every `INFO` and `/metrics` reading is retried
+//!   ([`ReadPolicy`]: 3 tries of at most 2 s, 200 ms then 1 s apart); one that still fails
+//!   leaves the figures that need it `None` (`null` in the JSON, `—` in the tables) and is
+//!   listed in `unread`. A pool figure needs every instance of the pool.
 //! - **Errors** by code: `error` frames and failed sends (the server's code, e.g.
 //!   `overloaded`), acks not received in the window (`timeout`), closed connections
 //!   (`closed`), bodies not produced by this run (`foreign_body`).
@@ -45,6 +59,7 @@
 mod driver;
 mod info;
 mod isolated;
+mod procs;
 mod report;
 
 use std::collections::BTreeMap;
@@ -52,10 +67,13 @@ use std::time::Duration;
 
 use tidemark_store::redis::watermark::Layout;
 
+pub use info::ReadPolicy;
 pub use isolated::{run_ladder_isolated, run_load_isolated};
+pub use procs::metrics_url_of;
 pub use report::{
-    from_json, group_thousands, ladder_table, markdown_table, parse_steps, to_json, InstanceStats,
-    LadderStep, Percentiles, PoolPair, RunReport, CURVE_PERCENTILES,
+    cpu_table, from_json, group_thousands, has_cpu_table, ladder_table, markdown_table,
+    parse_steps, to_json, CommandStats, InstanceStats, LadderStep, Percentiles, PoolPair,
+    ProcessStats, RunReport, CURVE_PERCENTILES,
 };
 
 /// ρ the ladder sizes pools for (ADR-0014: instance count from ρ ≤ 0.65).
@@ -82,6 +100,9 @@ pub struct LoadOptions {
     pub layouts: Vec<Layout>,
     /// Draw indicatif progress bars on stderr.
     pub progress: bool,
+    /// How each server-side reading (`INFO`, `/metrics`) is tried at each sampling point; a
+    /// reading that still fails leaves its figures missing (`None`), never fails the run.
+    pub read_policy: ReadPolicy,
 }
 
 impl Default for LoadOptions {
@@ -97,6 +118,7 @@ impl Default for LoadOptions {
             target: Target::default(),
             layouts: vec![Layout::PackedV2],
             progress: false,
+            read_policy: ReadPolicy::default(),
         }
     }
 }
@@ -127,6 +149,9 @@ pub enum Target {
         mailbox_urls: Vec<String>,
         /// Core Redis URLs (for `INFO`; may be empty).
         core_urls: Vec<String>,
+        /// Each gateway's `/metrics` (its process's CPU and memory), one per gateway process;
+        /// empty: `http://host:port/metrics` of each of `ws_urls` ([`metrics_url_of`]).
+        metrics_urls: Vec<String>,
     },
 }
 
@@ -167,7 +192,10 @@ pub enum Error {
         #[source]
         source: tidemark_client::Error,
     },
-    /// `INFO` of a Redis instance failed.
+    /// A Redis instance could not be reached before the run (after every retry).
+    #[error("{0}")]
+    Unreadable(String),
+    /// A Redis URL that does not parse.
     #[error("redis {url}: {source}")]
     Redis {
         /// The instance.
@@ -192,7 +220,7 @@ impl Error {
             Error::BadStep { .. } => "bad_step",
             Error::Deployment(e) => e.code(),
             Error::Client { source, .. } => source.code(),
-            Error::Redis { .. } => "redis",
+            Error::Redis { .. } | Error::Unreadable(_) => "redis",
             Error::Io(_) => "io",
             Error::Child(_) => "child",
         }
@@ -347,11 +375,18 @@ pub fn render(
     use std::fmt::Write as _;
     let mut out = markdown_table(runs);
     out.push('\n');
+    if has_cpu_table(runs) {
+        out.push_str(&cpu_table(runs));
+        out.push('\n');
+    }
     if ladder {
         out.push_str(&ladder_table(runs));
         out.push('\n');
     }
     for r in runs {
+        for why in &r.unread {
+            let _ = writeln!(out, "{} not read (its figures are —): {why}", r.layout);
+        }
         if !r.errors.is_empty() {
             let _ = writeln!(out, "{} errors: {:?}", r.layout, r.errors);
         }

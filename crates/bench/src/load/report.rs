@@ -29,16 +29,52 @@ pub struct Percentiles {
     pub max: f64,
 }
 
-/// One figure for each pool of Redis instances.
+/// One figure for each pool of Redis instances; `None` (`null`) when it could not be read
+/// (an `INFO` of one of the pool's instances failed at a sampling point it needs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
 pub struct PoolPair {
     /// The mailbox instances.
-    pub mailbox: f64,
+    pub mailbox: Option<f64>,
     /// The core instances.
-    pub core: f64,
+    pub core: Option<f64>,
 }
 
-/// One Redis instance over a run.
+/// One Redis command over a run (A→C), from `INFO commandstats`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, serde::Deserialize)]
+pub struct CommandStats {
+    /// Calls.
+    pub calls: u64,
+    /// Calls per message sent.
+    pub per_msg: f64,
+    /// Server-side µs per call.
+    pub us_per_call: f64,
+}
+
+/// One OS process over a run: the load generator (`/proc/self`), a gateway (its `/metrics`:
+/// `process_cpu_seconds_total`, `process_resident_memory_bytes`), or both when the
+/// deployment runs inside the generator's process (a local target). `None` (`null`): not
+/// read.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct ProcessStats {
+    /// How the tables name it: `generator`, `server` (`server 0`, `server 1`, … with several
+    /// gateways), `generator + server (one process)`.
+    pub name: String,
+    /// `generator`, `server` or `generator+server`.
+    pub role: String,
+    /// Where it was read: `/proc/self` or the metrics URL.
+    pub source: String,
+    /// CPU seconds (user + system) over the run and drain (A→C).
+    pub cpu_s: Option<f64>,
+    /// CPU µs per message sent (A→C).
+    pub cpu_us_per_msg: Option<f64>,
+    /// CPU % while sending (A→B; 100 = one core).
+    pub cpu_pct: Option<f64>,
+    /// Resident memory at the end of the window (C), bytes.
+    pub rss_bytes: Option<u64>,
+}
+
+/// One Redis instance over a run. A figure is `None` (`null`) when the `INFO` it needs
+/// could not be read (see [`RunReport::unread`]).
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct InstanceStats {
     /// `mailbox` or `core`.
@@ -48,15 +84,22 @@ pub struct InstanceStats {
     /// `redis://host:port/`.
     pub url: String,
     /// `EVALSHA` calls over the run and drain (A→C).
-    pub evalsha_calls: u64,
+    pub evalsha_calls: Option<u64>,
     /// Server-side µs per `EVALSHA` (A→C).
-    pub evalsha_us: f64,
+    pub evalsha_us: Option<f64>,
     /// CPU % of this instance while sending (A→B; 100 = one core).
-    pub cpu_pct: f64,
+    pub cpu_pct: Option<f64>,
     /// Commands per second while sending (A→B).
-    pub ops_per_s: f64,
+    pub ops_per_s: Option<f64>,
     /// CPU seconds over the run and drain (A→C).
-    pub cpu_s: f64,
+    pub cpu_s: Option<f64>,
+    /// CPU µs per message sent (A→C). Absent from reports written before it existed.
+    #[serde(default)]
+    pub cpu_us_per_msg: Option<f64>,
+    /// Every command called over the run and drain (A→C), by name. Absent from reports
+    /// written before it existed.
+    #[serde(default)]
+    pub commands: Option<BTreeMap<String, CommandStats>>,
 }
 
 /// The result of one run (one layout, one deployment).
@@ -121,13 +164,26 @@ pub struct RunReport {
     /// Commands per second, summed over the pool (A→B).
     pub ops_per_s: PoolPair,
     /// Mailbox-pool CPU µs per delivered (message, recipient) pair (A→C).
-    pub mailbox_cpu_us_per_msg: f64,
+    pub mailbox_cpu_us_per_msg: Option<f64>,
     /// How late the scheduler queued a send at worst (the generator's own lag), ms.
     pub max_send_lag_ms: f64,
     /// Errors by code.
     pub errors: BTreeMap<String, u64>,
     /// Every Redis instance.
     pub per_instance: Vec<InstanceStats>,
+    /// The OS processes the run could see: the generator and each gateway, or one combined
+    /// process for a local target. Empty in reports written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<ProcessStats>,
+    /// Per pool (`mailbox`, `core`), every command called over the run and drain (A→C),
+    /// summed over the pool's instances; `None` when an instance's `INFO` was not read.
+    /// Empty in reports written before it existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub redis_commands: BTreeMap<String, Option<BTreeMap<String, CommandStats>>>,
+    /// The reads that failed after every retry (instance or URL, sampling point, why): the
+    /// figures that need them are `None`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unread: Vec<String>,
 }
 
 impl RunReport {
@@ -139,12 +195,18 @@ impl RunReport {
     /// Instances of a pool that keep ρ ≤ [`TARGET_RHO`] at this rate:
     /// `ceil(instances × cpu_pct / 100 / 0.65)`, at least 1.
     pub fn instances_for_rho(instances: usize, cpu_pct: f64) -> usize {
+        Self::instances_for_rho_of(instances, Some(cpu_pct)).unwrap_or(1)
+    }
+
+    /// [`instances_for_rho`](Self::instances_for_rho) of a CPU % that may be missing.
+    pub fn instances_for_rho_of(instances: usize, cpu_pct: Option<f64>) -> Option<usize> {
+        let cpu_pct = cpu_pct?;
         let need = (instances as f64 * cpu_pct / 100.0 / TARGET_RHO).ceil();
-        if need.is_finite() && need >= 1.0 {
+        Some(if need.is_finite() && need >= 1.0 {
             need as usize
         } else {
             1
-        }
+        })
     }
 }
 
@@ -217,6 +279,10 @@ fn or_dash(x: Option<f64>, fmt: fn(f64) -> String) -> String {
     x.map_or_else(|| "—".to_owned(), fmt)
 }
 
+fn count_or_dash(n: Option<usize>) -> String {
+    n.map_or_else(|| "—".to_owned(), |n| n.to_string())
+}
+
 /// Errors by code, e.g. `overloaded 31,178`; `none` when there were none.
 fn errors_cell(errors: &BTreeMap<String, u64>) -> String {
     if errors.is_empty() {
@@ -270,8 +336,8 @@ type Row = (
 
 /// The rows of [`markdown_table`], in order (the `errors` row follows them).
 const ROWS: [Row; 10] = [
-    ("evalsha (mailbox)", |r| Some(r.evalsha_us.mailbox), us),
-    ("mailbox Redis CPU", |r| Some(r.redis_cpu_pct.mailbox), pct),
+    ("evalsha (mailbox)", |r| r.evalsha_us.mailbox, us),
+    ("mailbox Redis CPU", |r| r.redis_cpu_pct.mailbox, pct),
     ("end-to-end P50", |r| Some(r.e2e_ms.p50), ms),
     ("end-to-end P99", |r| Some(r.e2e_ms.p99), ms),
     ("SEND_ACK P99", |r| Some(r.send_ack_ms.p99), ms),
@@ -285,20 +351,20 @@ const ROWS: [Row; 10] = [
         |r| r.acked_per_s_while_sending,
         per_s,
     ),
-    (
-        "mailbox CPU per message",
-        |r| Some(r.mailbox_cpu_us_per_msg),
-        us,
-    ),
-    ("evalsha (core)", |r| Some(r.evalsha_us.core), us),
-    ("core Redis CPU", |r| Some(r.redis_cpu_pct.core), pct),
+    ("mailbox CPU per message", |r| r.mailbox_cpu_us_per_msg, us),
+    ("evalsha (core)", |r| r.evalsha_us.core, us),
+    ("core Redis CPU", |r| r.redis_cpu_pct.core, pct),
 ];
 
 /// ADR-0015's "Measured" table: one row per metric, one column per run, and a
 /// `Δ v2 vs v1` column (relative change of packed-v2 against packed-v1, first run of each)
 /// when both layouts are present. The last row, `errors`, has every error and refusal by
 /// code (e.g. `overloaded`); `—` stands for a figure the report does not hold (older reports
-/// have no `acked_per_s_while_sending`).
+/// have no `acked_per_s_while_sending`; a figure whose reading failed is missing).
+///
+/// Reports that hold [`RunReport::processes`] get a row `<process> CPU per message` for
+/// each process (the generator, the server, or both in one process) and `<process> RSS at
+/// end` for each server, before `errors`; older reports have neither.
 pub fn markdown_table(runs: &[RunReport]) -> String {
     let v1 = runs.iter().find(|r| r.layout == Layout::PackedV1);
     let v2 = runs.iter().find(|r| r.layout == Layout::PackedV2);
@@ -319,7 +385,7 @@ pub fn markdown_table(runs: &[RunReport]) -> String {
         out.push_str("---|");
     }
     out.push('\n');
-    for (name, get, fmt) in ROWS {
+    let mut row = |name: &str, get: &dyn Fn(&RunReport) -> Option<f64>, fmt: fn(f64) -> String| {
         let _ = write!(out, "| {name} |");
         for r in runs {
             let _ = write!(out, " {} |", or_dash(get(r), fmt));
@@ -329,6 +395,24 @@ pub fn markdown_table(runs: &[RunReport]) -> String {
             let _ = write!(out, " {d} |");
         }
         out.push('\n');
+    };
+    for (name, get, fmt) in ROWS {
+        row(name, &get, fmt);
+    }
+    for (name, role) in process_names(runs) {
+        let process = |r: &RunReport| r.processes.iter().find(|p| p.name == name).cloned();
+        row(
+            &format!("{name} CPU per message"),
+            &|r| process(r).and_then(|p| p.cpu_us_per_msg),
+            us,
+        );
+        if role != "generator" {
+            row(
+                &format!("{name} RSS at end"),
+                &|r| process(r).and_then(|p| p.rss_bytes).map(|b| b as f64),
+                mib,
+            );
+        }
     }
     out.push_str("| errors |");
     for r in runs {
@@ -338,6 +422,127 @@ pub fn markdown_table(runs: &[RunReport]) -> String {
         out.push_str(" — |");
     }
     out.push('\n');
+    out
+}
+
+/// Every process name of `runs` with its role, in order of first appearance.
+fn process_names(runs: &[RunReport]) -> Vec<(String, String)> {
+    let mut names: Vec<(String, String)> = Vec::new();
+    for p in runs.iter().flat_map(|r| &r.processes) {
+        if !names.iter().any(|(n, _)| *n == p.name) {
+            names.push((p.name.clone(), p.role.clone()));
+        }
+    }
+    names
+}
+
+/// Bytes as `123.4 MiB`.
+fn mib(bytes: f64) -> String {
+    format!("{} MiB", group_thousands(bytes / (1024.0 * 1024.0), 1))
+}
+
+/// Calls per message with 3 decimals; `<0.001` for fewer calls than that, but some.
+fn calls_per_msg(x: f64) -> String {
+    if x > 0.0 && x < 0.0005 {
+        "<0.001".into()
+    } else {
+        group_thousands(x, 3)
+    }
+}
+
+/// Whether [`cpu_table`] has anything to show for `runs`.
+pub fn has_cpu_table(runs: &[RunReport]) -> bool {
+    runs.iter()
+        .any(|r| !r.processes.is_empty() || !r.redis_commands.is_empty())
+}
+
+/// Where the CPU of a message goes, per message sent, one column per run: each process
+/// (CPU µs per message, CPU % while sending, RSS at the end), each Redis instance (CPU µs
+/// per message), and per pool every command called (calls per message × server-side µs per
+/// call, most frequent first). `—`: not read. Empty for reports without
+/// [`RunReport::processes`] or [`RunReport::redis_commands`] (older ones).
+pub fn cpu_table(runs: &[RunReport]) -> String {
+    if !has_cpu_table(runs) {
+        return String::new();
+    }
+    let mut out = String::from("| per message sent |");
+    for h in headers(runs) {
+        let _ = write!(out, " {h} |");
+    }
+    out.push_str("\n|---|");
+    for _ in runs {
+        out.push_str("---|");
+    }
+    out.push('\n');
+    let mut row = |name: &str, cell: &dyn Fn(&RunReport) -> String| {
+        let _ = write!(out, "| {name} |");
+        for r in runs {
+            let _ = write!(out, " {} |", cell(r));
+        }
+        out.push('\n');
+    };
+    for (name, _) in process_names(runs) {
+        let process = |r: &RunReport| r.processes.iter().find(|p| p.name == name).cloned();
+        row(&format!("{name}: CPU"), &|r| {
+            or_dash(process(r).and_then(|p| p.cpu_us_per_msg), us)
+        });
+        row(&format!("{name}: CPU while sending"), &|r| {
+            or_dash(process(r).and_then(|p| p.cpu_pct), pct)
+        });
+        row(&format!("{name}: RSS at end"), &|r| {
+            or_dash(process(r).and_then(|p| p.rss_bytes).map(|b| b as f64), mib)
+        });
+    }
+    let mut instances: Vec<(String, usize)> = Vec::new();
+    for i in runs.iter().flat_map(|r| &r.per_instance) {
+        if !instances.iter().any(|(p, n)| *p == i.pool && *n == i.index) {
+            instances.push((i.pool.clone(), i.index));
+        }
+    }
+    for (pool, index) in instances {
+        row(&format!("{pool} Redis {index}: CPU"), &|r| {
+            let i = r
+                .per_instance
+                .iter()
+                .find(|i| i.pool == pool && i.index == index);
+            or_dash(i.and_then(|i| i.cpu_us_per_msg), us)
+        });
+    }
+    let mut pools: Vec<&str> = Vec::new();
+    for r in runs {
+        for p in r.redis_commands.keys() {
+            if !pools.contains(&p.as_str()) {
+                pools.push(p);
+            }
+        }
+    }
+    // mailbox before core, as in the other tables
+    pools.sort_by_key(|p| (*p != "mailbox", *p != "core", p.to_string()));
+    for pool in pools {
+        let of = |r: &RunReport| r.redis_commands.get(pool).cloned().flatten();
+        let mut commands: Vec<(String, f64)> = Vec::new();
+        for cmds in runs.iter().filter_map(of) {
+            for (name, c) in cmds {
+                match commands.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, most)) => *most = most.max(c.per_msg),
+                    None => commands.push((name, c.per_msg)),
+                }
+            }
+        }
+        commands.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        if commands.is_empty() {
+            row(&format!("{pool} Redis commands"), &|_| "—".to_owned());
+        }
+        for (name, _) in commands {
+            row(&format!("{pool} `{name}` calls × µs"), &|r| match of(r) {
+                None => "—".to_owned(),
+                Some(cmds) => cmds.get(&name).map_or_else(
+                    || "0".to_owned(),
+                    |c| format!("{} × {}", calls_per_msg(c.per_msg), us(c.us_per_call)),
+                ),
+            });
+        }
+    }
     out
 }
 
@@ -370,10 +575,16 @@ pub fn ladder_table(runs: &[RunReport]) -> String {
             pct(r.delivered_in_window_pct),
             or_dash(r.acked_per_s_while_sending, per_s),
             errors_cell(&r.errors),
-            pct(r.redis_cpu_pct.mailbox),
-            pct(r.redis_cpu_pct.core),
-            RunReport::instances_for_rho(r.mailbox_instances, r.redis_cpu_pct.mailbox),
-            RunReport::instances_for_rho(r.core_instances, r.redis_cpu_pct.core),
+            or_dash(r.redis_cpu_pct.mailbox, pct),
+            or_dash(r.redis_cpu_pct.core, pct),
+            count_or_dash(RunReport::instances_for_rho_of(
+                r.mailbox_instances,
+                r.redis_cpu_pct.mailbox
+            )),
+            count_or_dash(RunReport::instances_for_rho_of(
+                r.core_instances,
+                r.redis_cpu_pct.core
+            )),
         );
     }
     out
@@ -453,6 +664,9 @@ mod tests {
         assert_eq!(pct(100.0), "100%");
         assert_eq!(pct(99.3), "99.3%");
         assert_eq!(pct(99.95), "99.95%");
+        assert_eq!(calls_per_msg(1.0204), "1.020");
+        assert_eq!(calls_per_msg(0.0001), "<0.001");
+        assert_eq!(calls_per_msg(0.0), "0.000");
     }
 
     #[test]

@@ -92,7 +92,9 @@ impl ClientHandle {
             .await
     }
 
-    /// Queues an arbitrary text frame as is (for testing the server with hostile input).
+    /// Queues an arbitrary text frame as is: a frame built by the caller (the load generator
+    /// writes its `send` frames itself; their answers then arrive as
+    /// [`Event`](super::Event)s), or hostile input for testing the server.
     pub async fn send_raw_text(&self, text: impl Into<String>) -> Result<(), Error> {
         self.queue(Message::text(text.into())).await
     }

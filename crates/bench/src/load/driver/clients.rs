@@ -1,7 +1,7 @@
 //! The clients of a run: their user names (unique to the run), connecting them all before
 //! the first send ([`connect_all`], a bounded number at a time, retryable failures retried),
-//! and each client's receiving task ([`receive`]: deliveries and their e2e latency, periodic
-//! acks, error frames).
+//! and each client's receiving task ([`receive`]: deliveries and their e2e latency, the
+//! answers to its own sends and their SEND_ACK latency, periodic acks, error frames).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -13,9 +13,9 @@ use tokio::time::{sleep, sleep_until, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::progress::bar;
-use super::shared::{record, Shared};
+use super::shared::{lock, record, Shared};
 use super::Setup;
-use crate::load::{Error, LoadOptions};
+use crate::load::{bump, Error, LoadOptions};
 
 /// Clients connecting at once.
 const CONNECT_CONCURRENCY: usize = 32;
@@ -94,19 +94,28 @@ async fn connect_one(url: &str, auth: &Auth, user: &str) -> Result<Client, Error
     }
 }
 
-/// One client's receiving side: deliveries (e2e latency, window count), periodic acks,
-/// error frames.
-pub(super) async fn receive(mut client: Client, shared: Arc<Shared>, stop: CancellationToken) {
+/// One client's receiving side (client `index`): deliveries (e2e latency, window count),
+/// the answers to its own sends (SEND_ACK latency, or the error's code), periodic acks of
+/// what was delivered, other error frames.
+pub(super) async fn receive(
+    mut client: Client,
+    index: usize,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) {
     let handle = client.handle();
     let mut highest = client.ready_after();
     let mut unacked: Option<u64> = None;
     let mut last_ack = Instant::now();
+    // One timer, set when something is first left unacked (not one per event).
+    let ack_timer = sleep_until(last_ack);
+    tokio::pin!(ack_timer);
     loop {
         let event = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
             e = client.next_event() => e,
-            _ = sleep_until(last_ack + ACK_EVERY), if unacked.is_some() => {
+            _ = &mut ack_timer, if unacked.is_some() => {
                 if let Some(seq) = unacked.take() {
                     let _ = handle.ack(seq).await;
                 }
@@ -121,7 +130,9 @@ pub(super) async fn receive(mut client: Client, shared: Arc<Shared>, stop: Cance
                     continue; // a repeat (at least once on the wire)
                 }
                 highest = entry.seq;
-                unacked = Some(entry.seq);
+                if unacked.replace(entry.seq).is_none() {
+                    ack_timer.as_mut().reset(last_ack + ACK_EVERY);
+                }
                 match entry
                     .body
                     .strip_prefix("i:")
@@ -139,12 +150,33 @@ pub(super) async fn receive(mut client: Client, shared: Arc<Shared>, stop: Cance
                     None => shared.error("foreign_body"),
                 }
             }
-            Some(Event::Error { code, .. }) => shared.error(&code),
-            // An ack whose waiter gave up at the deadline: already counted as a timeout.
-            Some(Event::SendAck { .. }) => {}
+            Some(Event::SendAck { id, .. }) => {
+                let now = Instant::now();
+                // An ack after the window: its send counts as timed out.
+                if let Some(i) = shared.message_of(&id).filter(|_| now <= shared.deadline) {
+                    record(
+                        &shared.send_ack,
+                        now.saturating_duration_since(shared.intended(i)),
+                    );
+                    shared.acks.arrived(now);
+                    shared.answered(index);
+                }
+            }
+            Some(Event::Error { code, id, .. }) => {
+                shared.error(&code);
+                let ours = id.as_deref().and_then(|id| shared.message_of(id));
+                if ours.is_some() && Instant::now() <= shared.deadline {
+                    shared.answered(index);
+                }
+            }
             Some(Event::Closed) | None => {
                 if !shared.stopping.load(Ordering::SeqCst) {
-                    shared.error("closed");
+                    // the connection, and every send of it still unanswered
+                    bump(
+                        &mut lock(&shared.errors),
+                        "closed",
+                        1 + shared.closed(index),
+                    );
                 }
                 break;
             }

@@ -31,10 +31,11 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 use tokio_util::sync::CancellationToken;
 
+use super::procs::metrics_url_of;
 use super::report::RunReport;
 use super::{bump, Error, LoadOptions, Target};
 use clients::{connect_all, receive, run_users};
-use collect::{run_report, sample_all, watch_all, Samples};
+use collect::{run_report, sample_point, servers, watch_all, Samples};
 use progress::{bar, tick};
 use schedule::send_all;
 use shared::Shared;
@@ -58,6 +59,11 @@ struct Setup {
     layout: Layout,
     target: &'static str,
     shards: u32,
+    /// Each gateway process's `/metrics` (a remote target).
+    metrics_urls: Vec<String>,
+    /// The deployment runs in this process (a local target): its CPU and the generator's
+    /// are one figure.
+    in_process: bool,
 }
 
 /// Starts a fresh local deployment (temporary data dir), runs, tears it down.
@@ -97,6 +103,8 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
         layout: local.layout,
         target: "local",
         shards: local.shards,
+        metrics_urls: Vec::new(),
+        in_process: true,
     };
     let result = drive(opts, &setup).await;
     let stopped = running.shutdown().await;
@@ -117,9 +125,15 @@ pub(crate) async fn run_remote(opts: &LoadOptions, layout: Layout) -> Result<Run
         token_secret,
         mailbox_urls,
         core_urls,
+        metrics_urls,
     } = &opts.target
     else {
         unreachable!("run_remote with a local target");
+    };
+    let metrics_urls = if metrics_urls.is_empty() {
+        ws_urls.iter().map(|u| metrics_url_of(u)).collect()
+    } else {
+        metrics_urls.clone()
     };
     raise_fd_limit();
     let setup = Setup {
@@ -130,20 +144,23 @@ pub(crate) async fn run_remote(opts: &LoadOptions, layout: Layout) -> Result<Run
         layout,
         target: "remote",
         shards: 0,
+        metrics_urls,
+        in_process: false,
     };
     drive(opts, &setup).await
 }
 
 async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
     // Server-side watchers first: a bad URL fails before any client connects.
-    let mut watched = watch_all(setup).await?;
+    let mut watched = watch_all(setup, opts.read_policy).await?;
+    let servers = servers(setup, opts.read_policy)?;
 
     let users = run_users(opts.clients);
     let clients = connect_all(opts, setup, &users).await?;
     let handles: Vec<ClientHandle> = clients.iter().map(Client::handle).collect();
 
     let total = (opts.rate * opts.duration.as_secs_f64()).round() as u64;
-    let a = sample_all(&mut watched).await?;
+    let a = sample_point(&mut watched, &servers).await;
     let t0 = Instant::now() + Duration::from_millis(20);
     let shared = Arc::new(Shared::new(t0, opts, total));
     let stop = CancellationToken::new();
@@ -151,7 +168,8 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
     let _stop_on_exit = stop.clone().drop_guard();
     let receivers: Vec<JoinHandle<()>> = clients
         .into_iter()
-        .map(|c| tokio::spawn(receive(c, shared.clone(), stop.clone())))
+        .enumerate()
+        .map(|(i, c)| tokio::spawn(receive(c, i, shared.clone(), stop.clone())))
         .collect();
 
     // Progress while sending and draining.
@@ -172,7 +190,7 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
 
     // The open-loop scheduler.
     let max_lag = send_all(opts, &shared, &users, &handles, &sent).await;
-    let b = sample_all(&mut watched).await?;
+    let b = sample_point(&mut watched, &servers).await;
 
     // Drain: until every pair is delivered and every ack is in, or the window ends.
     let expected = total * opts.fanout as u64;
@@ -183,15 +201,11 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
     {
         sleep(Duration::from_millis(10)).await;
     }
-    let c = sample_all(&mut watched).await?;
+    let c = sample_point(&mut watched, &servers).await;
 
-    // Stop: ack waiters end at the deadline on their own; receivers on `stop`.
+    // Stop: the receivers end on `stop`; a send still unanswered now timed out.
     shared.stopping.store(true, Ordering::SeqCst);
     stop.cancel();
-    let cap = Instant::now() + Duration::from_secs(2);
-    while shared.outstanding.load(Ordering::Relaxed) > 0 && Instant::now() < cap {
-        sleep(Duration::from_millis(10)).await;
-    }
     for r in receivers {
         let _ = r.await;
     }
@@ -201,7 +215,7 @@ async fn drive(opts: &LoadOptions, setup: &Setup) -> Result<RunReport, Error> {
 
     let samples = Samples { a, b, c };
     Ok(run_report(
-        opts, setup, &shared, &watched, &samples, max_lag,
+        opts, setup, &shared, &watched, &servers, &samples, max_lag,
     ))
 }
 

@@ -70,8 +70,11 @@ pub(super) struct Shared {
     pub(super) deadline: Instant,
     pub(super) acks: Acks,
     pub(super) delivered: AtomicU64,
-    /// Ack waiters still running.
+    /// Sends queued and not answered yet (no `send_ack`, no `error` with their id); what is
+    /// left at the end of the window timed out.
     pub(super) outstanding: AtomicU64,
+    /// The same, per client (the sender): a connection that closes fails its own.
+    pending: Vec<AtomicU64>,
     pub(super) e2e: Mutex<Histogram<u64>>,
     pub(super) send_ack: Mutex<Histogram<u64>>,
     pub(super) errors: Mutex<BTreeMap<String, u64>>,
@@ -94,6 +97,7 @@ impl Shared {
             acks: Acks::new(t0 + opts.duration),
             delivered: AtomicU64::new(0),
             outstanding: AtomicU64::new(0),
+            pending: (0..opts.clients).map(|_| AtomicU64::new(0)).collect(),
             e2e: Mutex::new(new_histogram()),
             send_ack: Mutex::new(new_histogram()),
             errors: Mutex::new(BTreeMap::new()),
@@ -104,6 +108,41 @@ impl Shared {
     /// The intended send time of message `i` (the one clock every latency is measured on).
     pub(super) fn intended(&self, i: u64) -> Instant {
         self.t0 + Duration::from_secs_f64(i as f64 / self.rate)
+    }
+
+    /// The index of a message of this run from its send id (`m<index>`).
+    pub(super) fn message_of(&self, id: &str) -> Option<u64> {
+        id.strip_prefix('m')?
+            .parse::<u64>()
+            .ok()
+            .filter(|&i| i < self.total)
+    }
+
+    /// A send of `client` is about to be queued (counted before it is, so that its answer
+    /// can never be counted first).
+    pub(super) fn queued(&self, client: usize) {
+        self.pending[client].fetch_add(1, Ordering::Relaxed);
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A send of `client` was answered (`send_ack` or `error`), or could not be queued.
+    pub(super) fn answered(&self, client: usize) {
+        // never below 0: a connection that closed has already given up its sends
+        let take = |n: &AtomicU64| {
+            n.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| v.checked_sub(1))
+                .is_ok()
+        };
+        if take(&self.pending[client]) {
+            self.outstanding.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `client`'s connection closed: its unanswered sends will never be answered. Returns
+    /// how many there were.
+    pub(super) fn closed(&self, client: usize) -> u64 {
+        let lost = self.pending[client].swap(0, Ordering::Relaxed);
+        self.outstanding.fetch_sub(lost, Ordering::Relaxed);
+        lost
     }
 
     /// Counts one error of `code`.

@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::time::Instant;
 
-use super::schedule::pick;
+use super::schedule::{pick, Frames};
 use super::shared::Acks;
 
 #[test]
@@ -64,4 +64,24 @@ fn same_seed_same_traffic() {
     };
     assert_eq!(draw(3), draw(3));
     assert_ne!(draw(3), draw(4));
+}
+
+/// A send frame written by hand is the protocol's `send` frame, names quoted as JSON.
+#[test]
+fn send_frames_are_the_protocols() {
+    let users: Vec<String> = ["lg1-0", "lg1-1", "we\"ird\\name"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let frames = Frames::new(&users);
+    let text = frames.send(42, &[2, 1]);
+    let v: serde_json::Value = serde_json::from_str(&text).expect(&text);
+    assert_eq!(
+        v,
+        serde_json::json!({"type": "send", "id": "m42", "to": ["we\"ird\\name", "lg1-1"], "body": "i:42"})
+    );
+    assert_eq!(
+        frames.send(0, &[0]),
+        r#"{"type":"send","id":"m0","to":["lg1-0"],"body":"i:0"}"#
+    );
 }

@@ -48,7 +48,7 @@ mod reader;
 
 use delivery::{delivery_loop, now_us};
 use outbox::{writer, Out, Outbox};
-use reader::{send_loop, Reader};
+use reader::Reader;
 
 /// Frames queued for the writer per connection.
 const OUT_CAPACITY: usize = 1024;
@@ -196,12 +196,12 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
 
     let acked = tokio::select! {
         _ = conn.cancelled() => None,
-        r = mailbox.acked() => match r {
+        r = Box::pin(mailbox.acked()) => match r {
             Ok(a) => Some(a),
             Err(e) => {
                 tracing::warn!(%user, error = %e, "reading the acked cursor failed");
-                let _ = tx
-                    .send(error_frame(ErrorCode::Internal, "mailbox unavailable; reconnect later", None))
+                let _ = Box::pin(tx
+                    .send(error_frame(ErrorCode::Internal, "mailbox unavailable; reconnect later", None)))
                     .await;
                 None
             }
@@ -213,16 +213,15 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         } else {
             CloseCode::InternalError
         };
-        close(tx, code, &mut writer, &kill).await;
+        Box::pin(close(tx, code, &mut writer, &kill)).await;
         return;
     };
     written.fetch_max(acked, Ordering::Relaxed);
-    let _ = tx
-        .send(text(&ServerFrame::Ready {
-            user: user.clone(),
-            after: acked,
-        }))
-        .await;
+    let _ = Box::pin(tx.send(text(&ServerFrame::Ready {
+        user: user.clone(),
+        after: acked,
+    })))
+    .await;
 
     let (sync_tx, sync_rx) = mpsc::channel::<u64>(16);
     // A panic of the delivery or send loop must not leave a connection that reads frames but
@@ -242,25 +241,12 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
             connected_at_us,
         ),
     ));
-    let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
-    let sender = shared.tracker.spawn(close_on_panic(
-        "send_loop",
-        died.clone(),
-        send_loop(
-            shared.clone(),
-            user.clone(),
-            send_rx,
-            tx.clone(),
-            conn.clone(),
-        ),
-    ));
-
     let mut reader = Reader {
         shared: &shared,
         mailbox,
         tx: &tx,
         sync_tx,
-        send_tx,
+        sender: None,
         written,
         last_ack: acked,
         pending_ack: acked,
@@ -271,13 +257,16 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     };
     let code = reader.run(stream, &conn).await;
     // best effort: a coalesced ack is not left behind by a clean close
-    let _ = tokio::time::timeout(CLOSE_GRACE, reader.flush_ack()).await;
+    let _ = tokio::time::timeout(CLOSE_GRACE, Box::pin(reader.flush_ack())).await;
+    let sender = reader.sender.take().map(|(_, task)| task);
     drop(reader);
 
     conn.cancel();
     let _ = delivery.await;
-    let _ = sender.await;
-    close(tx, code, &mut writer, &kill).await;
+    if let Some(sender) = sender {
+        let _ = sender.await;
+    }
+    Box::pin(close(tx, code, &mut writer, &kill)).await;
     tracing::debug!(%user, %code, "client disconnected");
 }
 

@@ -54,9 +54,10 @@ use crate::load::{Error, Target};
 
 /// Clients per source address when they are chosen automatically.
 pub const CLIENTS_PER_SOURCE_ADDR: usize = 10_000;
-/// Descriptors kept for everything but client sockets (Redis, `/metrics`, the runtime; for a
-/// local target the gateway's headroom too).
-const FD_RESERVE: usize = 320;
+/// Descriptors kept for everything but client sockets (Redis, `/metrics`, the runtime).
+const FD_RESERVE: usize = 64;
+/// The same with the service in this process (the gateway keeps 288 for itself).
+const FD_RESERVE_LOCAL: usize = 320;
 /// Attempts per client connection.
 const CONNECT_ATTEMPTS: usize = 3;
 /// Limit of one connection attempt: TCP connect, upgrade and `ready`.
@@ -209,7 +210,11 @@ pub async fn run_idle(opts: &IdleOptions) -> Result<IdleReport, Error> {
     let open_file_limit = tidemark_server::gateway::raise_open_file_limit().map(|(soft, _)| soft);
     // one descriptor per client socket; a local target holds the server's end too
     let local = matches!(opts.target, Target::Local { .. });
-    let needed = opts.clients * if local { 2 } else { 1 } + FD_RESERVE;
+    let needed = if local {
+        2 * opts.clients + FD_RESERVE_LOCAL
+    } else {
+        opts.clients + FD_RESERVE
+    };
     if let Some(limit) = open_file_limit.filter(|&l| (l as usize) < needed) {
         return Err(Error::Invalid(format!(
             "{} clients need about {needed} open files in this process, but its limit is \

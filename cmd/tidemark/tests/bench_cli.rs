@@ -209,3 +209,50 @@ fn bench_load_against_a_running_up_reports_each_process() {
         assert!(stdout.contains(row), "no {row:?} in\n{stdout}");
     }
 }
+
+/// `tidemark bench idle` without a target: the deployment runs in the generator's process,
+/// whose own `/proc/self` gives the server figures; the JSON holds them and the Redis counts.
+#[test]
+fn bench_idle_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("idle.json");
+    let (_, stdout) = bench(&[
+        "idle",
+        "--clients",
+        "20",
+        "--duration",
+        "1",
+        "--settle",
+        "0",
+        "--shards",
+        "4",
+        "--source-addrs",
+        "127.0.0.2,127.0.0.3",
+        "--no-progress",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(stdout.contains("20 of 20 clients connected"), "{stdout}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(r["target"], "local", "{r}");
+    assert_eq!(
+        (r["clients"].as_u64(), r["connected"].as_u64()),
+        (Some(20), Some(20)),
+        "{r}"
+    );
+    assert_eq!(r["source_addrs"]["127.0.0.2"], 10, "{r}");
+    assert_eq!(r["source_addrs"]["127.0.0.3"], 10, "{r}");
+    assert_eq!(r["open_at_end"], 20, "{r}");
+    let server = &r["servers"][0];
+    assert_eq!(server["source"], "this process", "{r}");
+    assert_eq!(server["connected_clients"].as_f64(), Some(20.0), "{r}");
+    assert!(server["rss_bytes"].as_u64().is_some_and(|b| b > 0), "{r}");
+    assert!(server["cpu_pct"].as_f64().is_some(), "{r}");
+    let pools: Vec<&str> = r["redis"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["pool"].as_str().unwrap())
+        .collect();
+    assert_eq!(pools, ["mailbox", "core"], "{r}");
+}

@@ -7,8 +7,11 @@
 //!   open-loop clients against a fresh local deployment per layout (or a remote one), e2e and
 //!   SEND_ACK latency from the intended send time, Redis-side `INFO` deltas, the markdown
 //!   table, JSON, and the capacity ladder.
+//! - [`idle`]: what connected clients that send nothing cost (server CPU and RSS, Redis
+//!   commands/s by command), up to tens of thousands of connections from one machine.
 //! - [`plot`]: PNG and SVG figures of those runs, drawn with an embedded font.
 
+pub mod idle;
 pub mod load;
 pub mod lua;
 pub mod plot;

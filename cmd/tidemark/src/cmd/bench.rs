@@ -1,10 +1,11 @@
-//! `tidemark bench …`: the Lua micro-benchmark, the open-loop load and its capacity ladder, and
-//! the tables of a saved report. Argument parsing and printing only; the benchmarks, and
+//! `tidemark bench …`: the Lua micro-benchmark, the open-loop load and its capacity ladder, the
+//! idle cost of connected clients, and the tables of a saved report. Argument parsing and printing only; the benchmarks, and
 //! running each layout in a child process of its own, are `tidemark_bench`.
 
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
+use tidemark_bench::idle;
 use tidemark_bench::load::{self, LoadOptions, Target};
 use tidemark_store::redis::watermark::Layout;
 
@@ -18,6 +19,9 @@ pub enum BenchCmd {
     Load(LoadArgs),
     /// Capacity ladder: the load repeated over M+C@R steps.
     Ladder(LadderArgs),
+    /// Idle cost: N clients connected and sending nothing for T seconds (server CPU and RSS,
+    /// Redis commands/s by command).
+    Idle(IdleArgs),
     /// The tables (and, with --plot, the figures) of a JSON report that `bench load|ladder
     /// --json` wrote, without running anything.
     Report(ReportArgs),
@@ -145,6 +149,104 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
 }
 
 #[derive(Args)]
+pub struct IdleArgs {
+    /// WebSocket clients (each its own user), connected and then idle.
+    #[arg(long, default_value_t = 1000)]
+    clients: usize,
+    /// Seconds of the measured idle window.
+    #[arg(long, default_value_t = 30)]
+    duration: u64,
+    /// Seconds to wait after the last client connected, before the window.
+    #[arg(long, default_value_t = 2)]
+    settle: u64,
+    #[command(flatten)]
+    size: LocalSizeArgs,
+    /// Local deployment: appendfsync.
+    #[arg(long, default_value = "everysec")]
+    appendfsync: String,
+    /// A running deployment's gateways instead (ws://…/v1/ws, comma-separated: clients are
+    /// spread over them round-robin).
+    #[arg(long, value_delimiter = ',')]
+    target: Option<Vec<String>>,
+    /// With --target: token secret file (else dev auth).
+    #[arg(long)]
+    secret_file: Option<std::path::PathBuf>,
+    /// With --target: the deployment file (`tidemark up` writes DATA_DIR/tidemark.toml) to
+    /// take the Redis URLs from, instead of --mailbox-urls/--core-urls.
+    #[arg(long, conflicts_with_all = ["mailbox_urls", "core_urls"])]
+    config: Option<std::path::PathBuf>,
+    /// With --target: mailbox Redis URLs for INFO.
+    #[arg(long, value_delimiter = ',')]
+    mailbox_urls: Vec<String>,
+    /// With --target: core Redis URLs for INFO.
+    #[arg(long, value_delimiter = ',')]
+    core_urls: Vec<String>,
+    /// With --target: each gateway's /metrics URL (plain http; e.g. its --admin-listen).
+    /// Default: http://HOST:PORT/metrics of each --target.
+    #[arg(long, value_delimiter = ',')]
+    metrics_url: Vec<String>,
+    /// Local addresses to connect from, round-robin (comma-separated). Default for a
+    /// loopback target: 127.0.0.2, 127.0.0.3, … (one per 10,000 clients).
+    #[arg(long, value_delimiter = ',')]
+    source_addrs: Option<Vec<std::net::IpAddr>>,
+    /// Clients connecting at once.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Write the JSON report here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+/// `bench idle`'s options from the flags (a secret or deployment file is read here).
+fn idle_options(a: &IdleArgs) -> anyhow::Result<idle::IdleOptions> {
+    let target = match &a.target {
+        Some(ws_urls) => {
+            let (mailbox_urls, core_urls) = match &a.config {
+                Some(path) => {
+                    let t = tidemark_store::topology::Topology::from_file(path)?;
+                    (t.mailbox, t.core)
+                }
+                None => (a.mailbox_urls.clone(), a.core_urls.clone()),
+            };
+            Target::Remote {
+                ws_urls: ws_urls.clone(),
+                token_secret: match &a.secret_file {
+                    Some(p) => Some(
+                        tidemark_protocol::secret::load(
+                            Some(p),
+                            tidemark_protocol::secret::SECRET_ENV_VAR,
+                        )?
+                        .into_bytes(),
+                    ),
+                    None => None,
+                },
+                mailbox_urls,
+                core_urls,
+            }
+        }
+        None => Target::Local {
+            mailbox: a.size.mailbox,
+            core: a.size.core,
+            shards: a.size.shards,
+            appendfsync: a.appendfsync.clone(),
+        },
+    };
+    Ok(idle::IdleOptions {
+        clients: a.clients,
+        duration: std::time::Duration::from_secs(a.duration),
+        settle: std::time::Duration::from_secs(a.settle),
+        target,
+        source_addrs: a.source_addrs.clone(),
+        metrics_urls: a.metrics_url.clone(),
+        concurrency: a.concurrency,
+        progress: !a.no_progress,
+    })
+}
+
+#[derive(Args)]
 pub struct LuaArgs {
     /// Redis to use (default: start a private redis-server).
     #[arg(long)]
@@ -205,6 +307,18 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
             };
             let text = load::render(&runs, true, a.load.json.as_deref(), a.load.plot.as_deref())?;
             print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Idle(a) => {
+            let report = idle::run_idle(&idle_options(&a)?).await?;
+            print!("{}", idle::render(&report));
+            if let Some(path) = &a.json {
+                if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(parent)?;
+                }
+                std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")?;
+                println!("wrote {}", path.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         BenchCmd::Report(a) => {

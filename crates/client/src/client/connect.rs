@@ -1,20 +1,64 @@
 //! The handshake: the upgrade request with its credential ([`build_request`]), the
 //! upgrade's failures as [`Error`]s ([`connect_error`]: an HTTP refusal keeps the server's
-//! code), and the wait for the server's `ready` frame ([`wait_ready`]).
+//! code), and the wait for the server's `ready` frame ([`wait_ready`]); [`handshake_on`]
+//! runs all three over a TCP connection the caller made.
 
-use futures::stream::SplitStream;
-use futures::StreamExt;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
 use serde_json::Value;
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::handshake::client::Request;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::WebSocketStream;
 use url::Url;
 
 use super::incoming::{parse_incoming, Incoming};
-use super::{Auth, Ws};
+use super::Auth;
 use crate::error::Error;
+
+/// A WebSocket over a caller's TCP connection, after the server's `ready`: what
+/// [`handshake_on`] returns.
+#[derive(Debug)]
+pub struct Handshaken {
+    /// The socket, with no task reading or writing it: the caller must keep reading it (a
+    /// ping is answered while reading) or the server closes it as idle.
+    pub ws: WebSocketStream<TcpStream>,
+    /// The authenticated user, from `ready.user`.
+    pub user: String,
+    /// `ready.after`.
+    pub after: u64,
+}
+
+/// The upgrade of `ws_url` with `auth` over `tcp` (a connection the caller made, e.g. from a
+/// chosen source address), then the wait for `ready`, all within `timeout`. For callers that
+/// hold many connections and need no [`Client`](super::Client) tasks (`bench idle`).
+///
+/// Errors: as [`Client::connect`](super::Client::connect).
+pub async fn handshake_on(
+    tcp: TcpStream,
+    ws_url: &str,
+    auth: &Auth,
+    config: WebSocketConfig,
+    timeout: Duration,
+) -> Result<Handshaken, Error> {
+    let (request, shown_url) = build_request(ws_url, auth)?;
+    let handshake = async {
+        let (mut ws, _response) =
+            tokio_tungstenite::client_async_with_config(request, tcp, Some(config))
+                .await
+                .map_err(|e| connect_error(&shown_url, e))?;
+        let (user, after) = wait_ready(&mut ws).await?;
+        Ok::<_, Error>(Handshaken { ws, user, after })
+    };
+    tokio::time::timeout(timeout, handshake)
+        .await
+        .map_err(|_| Error::Timeout(timeout, "the ready frame"))?
+}
 
 /// The upgrade request, and the URL to show in errors (without its query, which may carry a
 /// credential).
@@ -83,7 +127,10 @@ pub(super) fn connect_error(url: &str, e: tungstenite::Error) -> Error {
 }
 
 /// Reads frames until the server's `ready`: its `(user, after)`.
-pub(super) async fn wait_ready(stream: &mut SplitStream<Ws>) -> Result<(String, u64), Error> {
+pub(super) async fn wait_ready<S>(stream: &mut S) -> Result<(String, u64), Error>
+where
+    S: Stream<Item = Result<Message, tungstenite::Error>> + Unpin,
+{
     loop {
         let text = match stream.next().await {
             None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Err(Error::Closed),

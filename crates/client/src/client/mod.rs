@@ -72,6 +72,7 @@ use connect::{build_request, connect_error, wait_ready};
 use io::{read_loop, write_loop};
 use waiters::Waiters;
 
+pub use connect::{handshake_on, Handshaken};
 pub use handle::ClientHandle;
 pub use waiters::PendingAck;
 

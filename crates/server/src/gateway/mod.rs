@@ -332,22 +332,21 @@ pub async fn serve_listeners(
 /// File descriptors kept for everything but client sockets (Redis connections, files).
 const FD_HEADROOM: usize = 256;
 
-/// Raises the soft open-file limit towards the hard one and returns `max_connections`,
-/// lowered (with a warning) if the limit cannot hold it: a gateway out of descriptors can
-/// no longer accept anything, `/healthz` included.
-fn fit_to_open_file_limit(max_connections: usize, reserve: usize) -> usize {
-    let want = (max_connections + reserve + FD_HEADROOM) as libc::rlim_t;
+/// Raises this process's soft open-file limit to its hard limit (as servers do at startup:
+/// every client socket is a descriptor) and returns `(soft, hard)` after it; `None` when the
+/// limit cannot be read. Safe to call more than once.
+pub fn raise_open_file_limit() -> Option<(u64, u64)> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: getrlimit/setrlimit only read/write the struct we pass.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return max_connections;
+        return None;
     }
-    if lim.rlim_cur < want && lim.rlim_cur < lim.rlim_max {
+    if lim.rlim_cur < lim.rlim_max {
         let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max.min(want),
+            rlim_cur: lim.rlim_max,
             rlim_max: lim.rlim_max,
         };
         // SAFETY: as above.
@@ -355,7 +354,23 @@ fn fit_to_open_file_limit(max_connections: usize, reserve: usize) -> usize {
             lim.rlim_cur = raised.rlim_cur;
         }
     }
-    let limit = lim.rlim_cur;
+    Some((lim.rlim_cur, lim.rlim_max))
+}
+
+/// Raises the soft open-file limit to the hard one ([`raise_open_file_limit`], logged) and
+/// returns `max_connections`, lowered (with a warning) if the limit cannot hold it: a gateway
+/// out of descriptors can no longer accept anything, `/healthz` included.
+fn fit_to_open_file_limit(max_connections: usize, reserve: usize) -> usize {
+    let want = (max_connections + reserve + FD_HEADROOM) as u64;
+    let Some((limit, hard)) = raise_open_file_limit() else {
+        return max_connections;
+    };
+    tracing::info!(
+        open_file_limit = limit,
+        hard_limit = hard,
+        max_connections,
+        "open-file limit"
+    );
     if limit >= want {
         return max_connections;
     }

@@ -48,7 +48,7 @@ mod reader;
 
 use delivery::{delivery_loop, now_us};
 use outbox::{writer, Out, Outbox};
-use reader::{send_loop, Reader};
+use reader::Reader;
 
 /// Frames queued for the writer per connection.
 const OUT_CAPACITY: usize = 1024;
@@ -64,8 +64,10 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// A token's expiry is re-checked at least this often (a far `exp` is not one long timer).
 const EXPIRY_RECHECK: Duration = Duration::from_secs(3600);
 
-/// WebSocket read buffer of each connection.
-const WS_READ_BUFFER: usize = 8 * 1024;
+/// WebSocket read buffer of each connection. tungstenite zero-fills all of it on the first
+/// read and keeps it for the connection's lifetime, so it is resident memory of every idle
+/// connection; client frames are small (a larger frame grows it to the frame's length).
+const WS_READ_BUFFER: usize = 4 * 1024;
 /// WebSocket write buffer of each connection (tungstenite's default is 128 KiB): it holds
 /// frames taken from the queue, so it adds to what a client that does not read costs. The
 /// writer flushes every batch anyway.
@@ -126,7 +128,7 @@ pub(crate) async fn handler(
     // Counts as a task of the tracker until the connection ends (or the upgrade fails).
     let token = shared.tracker.token();
     // tungstenite zeroes its whole read buffer on every read (128 KiB by default): perf put
-    // that memset at 18% of the gateway's CPU. Frames are small; 8 KiB is plenty.
+    // that memset at 18% of the gateway's CPU. Frames are small; 4 KiB is plenty.
     ws.read_buffer_size(WS_READ_BUFFER)
         .write_buffer_size(WS_WRITE_BUFFER)
         .max_message_size(max)
@@ -198,12 +200,12 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
 
     let acked = tokio::select! {
         _ = conn.cancelled() => None,
-        r = mailbox.acked() => match r {
+        r = Box::pin(mailbox.acked()) => match r {
             Ok(a) => Some(a),
             Err(e) => {
                 tracing::warn!(%user, error = %e, "reading the acked cursor failed");
-                let _ = tx
-                    .send(error_frame(ErrorCode::Internal, "mailbox unavailable; reconnect later", None))
+                let _ = Box::pin(tx
+                    .send(error_frame(ErrorCode::Internal, "mailbox unavailable; reconnect later", None)))
                     .await;
                 None
             }
@@ -215,16 +217,15 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         } else {
             CloseCode::InternalError
         };
-        close(tx, code, &mut writer, &kill).await;
+        Box::pin(close(tx, code, &mut writer, &kill)).await;
         return;
     };
     written.fetch_max(acked, Ordering::Relaxed);
-    let _ = tx
-        .send(text(&ServerFrame::Ready {
-            user: user.clone(),
-            after: acked,
-        }))
-        .await;
+    let _ = Box::pin(tx.send(text(&ServerFrame::Ready {
+        user: user.clone(),
+        after: acked,
+    })))
+    .await;
 
     let (sync_tx, sync_rx) = mpsc::channel::<u64>(16);
     // A panic of the delivery or send loop must not leave a connection that reads frames but
@@ -244,25 +245,12 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
             connected_at_us,
         ),
     ));
-    let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
-    let sender = shared.tracker.spawn(close_on_panic(
-        "send_loop",
-        died.clone(),
-        send_loop(
-            shared.clone(),
-            user.clone(),
-            send_rx,
-            tx.clone(),
-            conn.clone(),
-        ),
-    ));
-
     let mut reader = Reader {
         shared: &shared,
         mailbox,
         tx: &tx,
         sync_tx,
-        send_tx,
+        sender: None,
         written,
         last_ack: acked,
         pending_ack: acked,
@@ -273,13 +261,16 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     };
     let code = reader.run(stream, &conn).await;
     // best effort: a coalesced ack is not left behind by a clean close
-    let _ = tokio::time::timeout(CLOSE_GRACE, reader.flush_ack()).await;
+    let _ = tokio::time::timeout(CLOSE_GRACE, Box::pin(reader.flush_ack())).await;
+    let sender = reader.sender.take().map(|(_, task)| task);
     drop(reader);
 
     conn.cancel();
     let _ = delivery.await;
-    let _ = sender.await;
-    close(tx, code, &mut writer, &kill).await;
+    if let Some(sender) = sender {
+        let _ = sender.await;
+    }
+    Box::pin(close(tx, code, &mut writer, &kill)).await;
     tracing::debug!(%user, %code, "client disconnected");
 }
 

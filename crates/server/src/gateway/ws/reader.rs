@@ -13,20 +13,26 @@ use tidemark_protocol::{
     parse_client_frame, ClientFrame, CloseCode, ErrorCode, SendRequest, ServerFrame,
 };
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::outbox::{Out, Outbox};
-use super::{error_frame, text, until_cancelled, EXPIRY_RECHECK};
+use super::{close_on_panic, error_frame, text, until_cancelled, EXPIRY_RECHECK, SEND_QUEUE};
 use crate::gateway::mailbox::Mailbox;
 use crate::gateway::send::{self, CommitPermit};
 use crate::gateway::state::Shared;
 
+/// A send queued for the send loop, with its commit permit and when it arrived.
+type QueuedSend = (SendRequest, CommitPermit, Instant);
+
 pub(super) struct Reader<'a> {
-    pub(super) shared: &'a Shared,
+    pub(super) shared: &'a Arc<Shared>,
     pub(super) mailbox: Mailbox,
     pub(super) tx: &'a Outbox,
     pub(super) sync_tx: mpsc::Sender<u64>,
-    pub(super) send_tx: mpsc::Sender<(SendRequest, CommitPermit, Instant)>,
+    /// The send loop's queue and task, started by the connection's first send: a connection
+    /// that only receives (most of them) never holds either.
+    pub(super) sender: Option<(mpsc::Sender<QueuedSend>, JoinHandle<()>)>,
     pub(super) written: Arc<AtomicU64>,
     pub(super) last_ack: u64,
     /// Highest ack received but not yet written to Redis (acks are coalesced).
@@ -46,6 +52,30 @@ pub(super) struct Reader<'a> {
 const ACK_FLUSH: Duration = Duration::from_millis(50);
 
 impl Reader<'_> {
+    /// The send loop's queue, starting the loop on first use.
+    fn send_queue(&mut self) -> &mpsc::Sender<QueuedSend> {
+        let (shared, tx, conn, died) = (self.shared, self.tx, &self.conn, &self.died);
+        let user = &self.mailbox.user;
+        &self
+            .sender
+            .get_or_insert_with(|| {
+                let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
+                let task = shared.tracker.spawn(close_on_panic(
+                    "send_loop",
+                    died.clone(),
+                    send_loop(
+                        shared.clone(),
+                        user.clone(),
+                        send_rx,
+                        tx.clone(),
+                        conn.clone(),
+                    ),
+                ));
+                (send_tx, task)
+            })
+            .0
+    }
+
     /// Writes the pending ack, if any.
     pub(super) async fn flush_ack(&mut self) -> bool {
         if self.pending_ack <= self.last_ack {
@@ -121,7 +151,7 @@ impl Reader<'_> {
                     continue;
                 }
                 _ = tokio::time::sleep_until(flush_at.into()), if ack_due => {
-                    if !self.flush_ack().await {
+                    if !Box::pin(self.flush_ack()).await {
                         return CloseCode::InternalError;
                     }
                     continue;
@@ -135,24 +165,24 @@ impl Reader<'_> {
                     let e = e.to_string();
                     if e.contains("Space limit exceeded") {
                         let max = self.shared.opts.limits.max_frame_bytes;
-                        self.reply(error_frame(
+                        Box::pin(self.reply(error_frame(
                             ErrorCode::FrameTooLarge,
                             format!("frame exceeds {max} bytes by far; closing"),
                             None,
-                        ))
+                        )))
                         .await;
                         return CloseCode::MessageTooBig;
                     }
                     tracing::debug!(error = %e, "websocket read failed");
                     return CloseCode::InternalError;
                 }
-                Some(Ok(Message::Text(t))) => self.on_text(t.as_str(), conn).await,
+                Some(Ok(Message::Text(t))) => Box::pin(self.on_text(t.as_str(), conn)).await,
                 Some(Ok(Message::Binary(_))) => {
-                    self.reply(error_frame(
+                    Box::pin(self.reply(error_frame(
                         ErrorCode::BadRequest,
                         "binary frames are not part of the protocol; send JSON text frames",
                         None,
-                    ))
+                    )))
                     .await
                 }
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => true,
@@ -197,7 +227,7 @@ impl Reader<'_> {
                 };
                 match permit {
                     Ok(permit) => {
-                        until_cancelled(conn, self.send_tx.send((req, permit, received))).await
+                        until_cancelled(conn, self.send_queue().send((req, permit, received))).await
                     }
                     Err((code, message)) => {
                         self.reply(error_frame(code, message, Some(req.id))).await

@@ -8,7 +8,13 @@
 //!   SEND_ACK latency from the intended send time, Redis-side `INFO` deltas, the markdown
 //!   table, JSON, and the capacity ladder.
 //! - [`plot`]: PNG and SVG figures of those runs, drawn with an embedded font.
+//! - [`catchup`] and [`commit`]: the engine's own ceilings without WebSockets — how fast the
+//!   materializers drain a backlog, and how many commits per second the gateway's commit path
+//!   reaches ([`engine`] holds what they share).
 
+pub mod catchup;
+pub mod commit;
+pub mod engine;
 pub mod load;
 pub mod lua;
 pub mod plot;

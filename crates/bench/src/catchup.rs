@@ -4,7 +4,7 @@
 //! 1. A fresh local deployment ([`LocalRedis`]: `core` + `mailbox` redis-servers, AOF on, the
 //!    shards initialised), no service running.
 //! 2. **Fill**: `records` records committed through the store's commit path
-//!    ([`LogStore::commit_request`], `commit_dispatch.lua`), record `r` to shard `r % shards`
+//!    ([`LogStore::commit_group`], `commit_dispatch.lua`, [`FILL_GROUP`] records per call), record `r` to shard `r % shards`
 //!    with `recipients` distinct recipients of that shard (from a pool of
 //!    [`USERS_PER_SHARD`] users per shard), many calls in flight per core instance. The
 //!    materializers are not running: the logs only grow.
@@ -29,7 +29,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tidemark_server::health::HealthBoard;
 use tidemark_server::materializer::{MaterializerOptions, Worker};
-use tidemark_store::redis::dlog::{request_digest, LogStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::dlog::{request_digest, CommitRequest, LogStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::ShardMap;
@@ -43,11 +43,11 @@ use crate::engine::{
 /// Distinct recipients per shard the records are addressed to.
 pub const USERS_PER_SHARD: usize = 1000;
 
-/// Records per fill task (committed one after another).
+/// Records committed per `commit_dispatch` call while filling (group commit).
 const FILL_GROUP: usize = 64;
 
-/// Fill tasks in flight per core instance.
-const FILL_IN_FLIGHT: usize = 256;
+/// Calls in flight per core instance while filling.
+const FILL_IN_FLIGHT: usize = 16;
 
 /// How long the catch-up may take before the run is declared failed.
 const CATCHUP_LIMIT: Duration = Duration::from_secs(1800);
@@ -228,11 +228,24 @@ async fn fill(
                         )
                     })
                     .collect();
-                for (f, c, rs, b) in &owned {
-                    let d = request_digest(rs, b);
-                    store
-                        .commit_request(s, f, c, rs, b, 1, DEFAULT_DEDUPE_TTL_S, &d)
-                        .await?;
+                let digests: Vec<String> = owned
+                    .iter()
+                    .map(|(_, _, rs, b)| request_digest(rs, b))
+                    .collect();
+                let reqs: Vec<CommitRequest> = owned
+                    .iter()
+                    .zip(&digests)
+                    .map(|((f, c, rs, b), d)| CommitRequest {
+                        sender: f,
+                        client_id: c,
+                        recipients: rs,
+                        body: b,
+                        sent_at_us: 1,
+                        digest: d,
+                    })
+                    .collect();
+                for r in store.commit_group(s, &reqs, DEFAULT_DEDUPE_TTL_S).await? {
+                    r?;
                 }
                 Ok::<u64, Error>(n)
             }

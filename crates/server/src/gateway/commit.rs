@@ -1,6 +1,7 @@
 //! The commit path of a send, without the client protocol around it: recipients grouped by
-//! shard, the id claimed on the sender's shard, one `commit_dispatch` per shard on the
-//! shard's core instance, all concurrently; the send is committed when every shard committed.
+//! shard, the id claimed on the sender's shard, then each shard's part joins that shard's next
+//! `commit_dispatch` call on its core instance (group commit, [`super::group_commit`]), all
+//! shards concurrently; the send is committed when every shard committed.
 //!
 //! Failure of any shard is `internal` (retryable): the client resends the same id and the
 //! (sender, id) dedupe of each shard returns the offsets it first assigned, so shards that
@@ -19,7 +20,9 @@ use tidemark_protocol::{ErrorCode, SendRequest};
 use tidemark_store::redis::dlog::{LogStore, WaitPolicy, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
+use tokio_util::task::TaskTracker;
 
+use super::group_commit::{GroupCommit, Pending};
 use super::GatewayError;
 use crate::health::HealthBoard;
 
@@ -38,22 +41,36 @@ pub(crate) fn group_by_shard<'a>(to: &'a [String], map: &ShardMap) -> BTreeMap<u
     by
 }
 
-/// The commit side of the gateway: one connection per core instance (cheap to clone).
+/// The commit side of the gateway: one connection per core instance and the per-shard group
+/// commit queues ([`GroupCommit`]). Cheap to clone (shared).
 #[derive(Clone)]
 pub struct CommitPath {
     map: ShardMap,
     /// One per core instance (index = instance).
     cores: Vec<LogStore>,
     health: Arc<HealthBoard>,
+    groups: GroupCommit,
 }
 
 impl CommitPath {
     /// Connects to every core instance of `map`; each waits for the replicas `core_wait`
-    /// resolves to before a commit counts (ADR-0032).
+    /// resolves to before a commit counts (ADR-0032). The group commit's flush tasks are
+    /// spawned on a tracker of its own ([`CommitPath::connect_tracked`] takes the caller's).
     pub async fn connect(
         map: ShardMap,
         core_wait: &WaitPolicy,
         health: Arc<HealthBoard>,
+    ) -> Result<CommitPath, GatewayError> {
+        Self::connect_tracked(map, core_wait, health, TaskTracker::new()).await
+    }
+
+    /// [`CommitPath::connect`] with the group commit's flush tasks spawned on `tracker` (the
+    /// gateway joins them with its other tasks).
+    pub async fn connect_tracked(
+        map: ShardMap,
+        core_wait: &WaitPolicy,
+        health: Arc<HealthBoard>,
+        tracker: TaskTracker,
     ) -> Result<CommitPath, GatewayError> {
         let mut cores = Vec::with_capacity(map.core_urls().len());
         for url in map.core_urls() {
@@ -70,7 +87,13 @@ impl CommitPath {
             core.set_replica_wait(wait);
             cores.push(core);
         }
-        Ok(CommitPath { map, cores, health })
+        let groups = GroupCommit::new(map.clone(), cores.clone(), DEFAULT_DEDUPE_TTL_S, tracker);
+        Ok(CommitPath {
+            map,
+            cores,
+            health,
+            groups,
+        })
     }
 
     /// The connections to the core instances (index = instance).
@@ -127,23 +150,18 @@ impl CommitPath {
         if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
             return Err(id_reused(&req.id));
         }
+        // each shard's commit joins that shard's next group call
         let commits = groups.iter().map(|(&shard, rcpts)| {
-            let mut core = self.core(shard);
-            async move {
-                let r = core
-                    .commit_request(
-                        shard,
-                        sender,
-                        &req.id,
-                        rcpts,
-                        &req.body,
-                        sent_at_us,
-                        DEFAULT_DEDUPE_TTL_S,
-                        digest,
-                    )
-                    .await;
-                (shard, r)
-            }
+            let msg = Pending {
+                sender: sender.to_string(),
+                client_id: req.id.clone(),
+                recipients: rcpts.iter().map(|r| r.to_string()).collect(),
+                body: req.body.clone(),
+                sent_at_us,
+                digest: digest.clone(),
+            };
+            let groups = &self.groups;
+            async move { (shard, groups.commit(shard, msg).await) }
         });
         let results = tokio::time::timeout(COMMIT_TIMEOUT, futures::future::join_all(commits))
             .await

@@ -59,6 +59,7 @@ use tidemark_store::topology::ShardMap;
 mod admin;
 mod auth;
 mod commit;
+mod group_commit;
 mod http;
 mod listener;
 mod mailbox;

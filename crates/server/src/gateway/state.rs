@@ -52,7 +52,13 @@ impl Shared {
         tracker: TaskTracker,
     ) -> Result<Arc<Shared>, GatewayError> {
         let metrics = crate::telemetry::metrics_handle();
-        let commit = CommitPath::connect(map.clone(), &opts.core_wait, health.clone()).await?;
+        let commit = CommitPath::connect_tracked(
+            map.clone(),
+            &opts.core_wait,
+            health.clone(),
+            tracker.clone(),
+        )
+        .await?;
         let mut mailboxes = Vec::with_capacity(map.mailbox_urls().len());
         for url in map.mailbox_urls() {
             mailboxes.push(MailboxStore::connect(url, map.layout()).await?);

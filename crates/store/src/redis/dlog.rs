@@ -590,7 +590,8 @@ impl LogReader {
     }
 
     /// Records after each shard's position, per shard in log order, at most `count` per
-    /// shard. Empty when nothing arrived within `block`.
+    /// shard. Empty when nothing arrived within `block`; a zero `block` does not wait (what
+    /// is there now, or nothing).
     pub async fn read(
         &mut self,
         positions: &[(u32, u64)],
@@ -604,7 +605,8 @@ impl LogReader {
     }
 }
 
-/// `XREAD BLOCK block COUNT count STREAMS dlog:{s}… after…` on one instance.
+/// `XREAD COUNT count BLOCK block STREAMS dlog:{s}… after…` on one instance (no `BLOCK` for a
+/// zero `block`: `BLOCK 0` would wait for ever).
 async fn read_blocking(
     conn: &mut MultiplexedConnection,
     positions: &[(u32, u64)],
@@ -612,11 +614,11 @@ async fn read_blocking(
     block: Duration,
 ) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
     let mut cmd = redis::cmd("XREAD");
-    cmd.arg("COUNT")
-        .arg(count)
-        .arg("BLOCK")
-        .arg(block.as_millis() as u64)
-        .arg("STREAMS");
+    cmd.arg("COUNT").arg(count);
+    if !block.is_zero() {
+        cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+    }
+    cmd.arg("STREAMS");
     for (s, _) in positions {
         cmd.arg(keys::dlog(*s));
     }

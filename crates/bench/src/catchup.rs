@@ -37,7 +37,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{
-    bar, round3, sample_all, thousands, Error, InstanceUse, LocalRedis, ProcessMark,
+    bar, bound_per_s, load_avg, round3, sample_all, thousands, Error, InstanceUse, LocalRedis,
+    ProcessMark,
 };
 
 /// Distinct recipients per shard the records are addressed to.
@@ -112,6 +113,9 @@ pub struct MailboxCatchup {
     pub records_per_s: f64,
     /// Its Redis use over those seconds, per record.
     pub redis: InstanceUse,
+    /// Records/s this instance would take at 100 % of one core (`1e6 / redis.cpu_us_per_unit`):
+    /// its ceiling when nothing else is short.
+    pub redis_bound_per_s: f64,
 }
 
 /// The result of one catch-up run.
@@ -160,6 +164,8 @@ pub struct CatchupReport {
     pub process_cpu_pct: f64,
     /// Its CPU µs per record.
     pub process_cpu_us_per_record: f64,
+    /// The 1-minute load average of the machine at the start and at the end of the catch-up.
+    pub load_avg: [f64; 2],
 }
 
 /// The users of each shard the records go to: `USERS_PER_SHARD` per shard, `u<i>` in order.
@@ -319,6 +325,7 @@ pub async fn run_catchup(opts: &CatchupOptions) -> Result<CatchupReport, Error> 
         opts.records,
         "catch-up {elapsed_precise} [{bar:30}] {pos}/{len} records materialised {msg}",
     );
+    let load0 = load_avg();
     let a = sample_all(&mut watched).await?;
     let mark = ProcessMark::now();
     let t0 = Instant::now();
@@ -412,13 +419,15 @@ pub async fn run_catchup(opts: &CatchupOptions) -> Result<CatchupReport, Error> 
             .position(|w| w.pool == "mailbox" && w.index == i)
             .expect("watched");
         let records = records_of(shards);
+        let redis = InstanceUse::between(&watched[k], &a[k], &s, secs, records);
         per_mailbox.push(MailboxCatchup {
             index: i,
             shards: shards.len(),
             records,
             seconds: round3(secs),
             records_per_s: round3(records as f64 / secs),
-            redis: InstanceUse::between(&watched[k], &a[k], &s, secs, records),
+            redis_bound_per_s: bound_per_s(redis.cpu_us_per_unit),
+            redis,
         });
     }
     let mut per_core = Vec::new();
@@ -450,6 +459,7 @@ pub async fn run_catchup(opts: &CatchupOptions) -> Result<CatchupReport, Error> 
         process_cpu_s: round3(cpu_s),
         process_cpu_pct: round3(cpu_s / wall_s * 100.0),
         process_cpu_us_per_record: round3(cpu_s * 1e6 / opts.records as f64),
+        load_avg: [load0, load_avg()],
     })
 }
 
@@ -457,7 +467,8 @@ pub async fn run_catchup(opts: &CatchupOptions) -> Result<CatchupReport, Error> 
 pub fn render(r: &CatchupReport) -> String {
     let mut out = format!(
         "catch-up of {} records ({} recipient(s) each) on {} mailbox + {} core, {} shards, {}: \
-         {:.2} s, {} records/s; tidemark process {:.0}% CPU, {:.2} µs/record\n",
+         {:.2} s, {} records/s; tidemark process {:.0}% CPU, {:.2} µs/record; load average \
+         {:.1} → {:.1}\n",
         thousands(r.records as f64),
         r.recipients,
         r.mailbox,
@@ -468,16 +479,20 @@ pub fn render(r: &CatchupReport) -> String {
         thousands(r.records_per_s),
         r.process_cpu_pct,
         r.process_cpu_us_per_record,
+        r.load_avg[0],
+        r.load_avg[1],
     );
     for m in &r.per_mailbox {
         out += &format!(
-            "  mailbox {}: {} records in {:.2} s = {} records/s; Redis CPU {:.0}%, {:.2} µs/record\n",
+            "  mailbox {}: {} records in {:.2} s = {} records/s; Redis CPU {:.0}%, {:.2} µs/record \
+             (at 100% of a core: {} records/s)\n",
             m.index,
             thousands(m.records as f64),
             m.seconds,
             thousands(m.records_per_s),
             m.redis.cpu_pct,
             m.redis.cpu_us_per_unit,
+            thousands(m.redis_bound_per_s),
         );
         out += &commands_line(&m.redis);
     }

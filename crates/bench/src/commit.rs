@@ -34,7 +34,8 @@ use tokio::time::Instant;
 
 use crate::catchup::commands_line;
 use crate::engine::{
-    bar, round3, sample_all, thousands, Error, InstanceUse, LocalRedis, ProcessMark,
+    bar, bound_per_s, load_avg, round3, sample_all, thousands, Error, InstanceUse, LocalRedis,
+    ProcessMark,
 };
 
 /// Users the recipients are drawn from.
@@ -99,6 +100,9 @@ pub struct CoreCommits {
     pub commits_per_s: f64,
     /// Its Redis use over the window, per shard commit.
     pub redis: InstanceUse,
+    /// Commits/s this instance would take at 100 % of one core (`1e6 /
+    /// redis.cpu_us_per_unit`): its ceiling when nothing else is short.
+    pub redis_bound_per_s: f64,
 }
 
 /// The result of one commit run.
@@ -147,6 +151,11 @@ pub struct CommitReport {
     pub process_cpu_pct: f64,
     /// Its CPU µs per send.
     pub process_cpu_us_per_send: f64,
+    /// Shard commits per `commit_dispatch` call (group commit): commits / `EVALSHA` calls of
+    /// the core pool.
+    pub commits_per_call: f64,
+    /// The 1-minute load average of the machine at the start and at the end of the window.
+    pub load_avg: [f64; 2],
 }
 
 struct Counters {
@@ -283,6 +292,7 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
         })
     };
     tokio::time::sleep_until(start + opts.warmup).await;
+    let load0 = load_avg();
     let a = sample_all(&mut watched).await?;
     let mark = ProcessMark::now();
     counters.measuring.store(true, Ordering::SeqCst);
@@ -314,14 +324,21 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
     let commits: u64 = per_core_commits.iter().sum();
     let mut per_core = Vec::new();
     let mut per_mailbox = Vec::new();
+    let mut evalsha = 0.0;
     for (k, w) in watched.iter().enumerate() {
         if w.pool == "core" {
             let n = per_core_commits[w.index];
+            let redis = InstanceUse::between(w, &a[k], &b[k], wall_s, n);
+            evalsha += redis
+                .commands
+                .get("evalsha")
+                .map_or(0.0, |c| c.calls_per_unit * n as f64);
             per_core.push(CoreCommits {
                 index: w.index,
                 commits: n,
                 commits_per_s: round3(n as f64 / wall_s),
-                redis: InstanceUse::between(w, &a[k], &b[k], wall_s, n),
+                redis_bound_per_s: bound_per_s(redis.cpu_us_per_unit),
+                redis,
             });
         } else {
             per_mailbox.push(InstanceUse::between(w, &a[k], &b[k], wall_s, sends));
@@ -361,6 +378,12 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
         } else {
             0.0
         }),
+        commits_per_call: round3(if evalsha > 0.0 {
+            commits as f64 / evalsha
+        } else {
+            0.0
+        }),
+        load_avg: [load0, load_avg()],
     })
 }
 
@@ -369,27 +392,33 @@ pub fn render(r: &CommitReport) -> String {
     let rate = r.rate.map_or("max".to_string(), thousands);
     let mut out = format!(
         "commits at rate {rate}, {} senders, {} core, {} shards: {} sends/s, {} shard commits/s; \
-         latency P50 {:.2} ms, P99 {:.2} ms; tidemark process {:.0}% CPU, {:.2} µs/send\n",
+         {:.1} commits per call; latency P50 {:.2} ms, P99 {:.2} ms; tidemark process {:.0}% \
+         CPU, {:.2} µs/send; load average {:.1} → {:.1}\n",
         r.senders,
         r.core,
         r.shards,
         thousands(r.sends_per_s),
         thousands(r.commits_per_s),
+        r.commits_per_call,
         r.latency_ms.get("p50").copied().unwrap_or(0.0),
         r.latency_ms.get("p99").copied().unwrap_or(0.0),
         r.process_cpu_pct,
         r.process_cpu_us_per_send,
+        r.load_avg[0],
+        r.load_avg[1],
     );
     if !r.errors.is_empty() {
         out += &format!("  errors: {:?}\n", r.errors);
     }
     for c in &r.per_core {
         out += &format!(
-            "  core {}: {} commits/s; Redis CPU {:.0}%, {:.2} µs/commit\n",
+            "  core {}: {} commits/s; Redis CPU {:.0}%, {:.2} µs/commit (at 100% of a core: {} \
+             commits/s)\n",
             c.index,
             thousands(c.commits_per_s),
             c.redis.cpu_pct,
-            c.redis.cpu_us_per_unit
+            c.redis.cpu_us_per_unit,
+            thousands(c.redis_bound_per_s),
         );
         out += &commands_line(&c.redis);
     }

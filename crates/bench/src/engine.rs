@@ -333,6 +333,25 @@ impl ProcessMark {
     }
 }
 
+/// The 1-minute load average (`/proc/loadavg`), 0 when unreadable: the engine benchmarks
+/// share the machine with whatever else runs, and record how busy it was.
+pub fn load_avg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Units per second one instance would reach at 100 % of one core, at the CPU per unit
+/// measured (`1e6 / cpu_us_per_unit`; 0 when nothing was measured).
+pub fn bound_per_s(cpu_us_per_unit: f64) -> f64 {
+    if cpu_us_per_unit > 0.0 {
+        round3(1e6 / cpu_us_per_unit)
+    } else {
+        0.0
+    }
+}
+
 /// `x` rounded to 3 decimals (the JSON files stay readable).
 pub fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0

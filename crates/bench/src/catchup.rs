@@ -516,3 +516,30 @@ pub(crate) fn commands_line(u: &InstanceUse) -> String {
         .collect();
     format!("    per unit: {}\n", parts.join(", "))
 }
+
+/// The table of a catch-up report, one row per run (what `tidemark bench report FILE` prints
+/// for it, and what `docs/performance.md` shows).
+pub fn markdown_table(runs: &[CatchupReport]) -> String {
+    let mut out = String::from(
+        "| run | records/s | mailbox Redis CPU | mailbox Redis µs/record | at 100% of a core | \
+         tidemark µs/record | tidemark CPU | load average |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        // one mailbox instance per row: the figures of the first, the others in the file
+        let Some(m) = r.per_mailbox.first() else {
+            continue;
+        };
+        out += &format!(
+            "| {} | {} | {:.0}% | {:.2}µs | {} | {:.2}µs | {:.0}% | {:.1} |\n",
+            r.label.as_deref().unwrap_or("—"),
+            thousands(m.records_per_s),
+            m.redis.cpu_pct,
+            m.redis.cpu_us_per_unit,
+            thousands(m.redis_bound_per_s),
+            r.process_cpu_us_per_record,
+            r.process_cpu_pct,
+            r.load_avg[0],
+        );
+    }
+    out
+}

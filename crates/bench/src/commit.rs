@@ -424,3 +424,42 @@ pub fn render(r: &CommitReport) -> String {
     }
     out
 }
+
+/// The table of a commit report, one row per run (what `tidemark bench report FILE` prints
+/// for it, and what `docs/performance.md` shows).
+pub fn markdown_table(runs: &[CommitReport]) -> String {
+    let mut out = String::from(
+        "| run | commits/s | commits per call | core Redis CPU | core Redis µs/commit | \
+         at 100% of a core | tidemark µs/send | latency P50 / P99 | errors | load average |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let Some(c) = r.per_core.first() else {
+            continue;
+        };
+        let errors = if r.errors.is_empty() {
+            "none".to_string()
+        } else {
+            r.errors
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out += &format!(
+            "| {} | {} | {:.1} | {:.0}% | {:.2}µs | {} | {:.2}µs | {:.1} / {:.1} ms | {} | {:.1} |\n",
+            r.label.as_deref().unwrap_or("—"),
+            thousands(c.commits_per_s),
+            r.commits_per_call,
+            c.redis.cpu_pct,
+            c.redis.cpu_us_per_unit,
+            thousands(c.redis_bound_per_s),
+            r.process_cpu_us_per_send,
+            r.latency_ms.get("p50").copied().unwrap_or(0.0),
+            r.latency_ms.get("p99").copied().unwrap_or(0.0),
+            errors,
+            r.load_avg[0],
+        );
+    }
+    out
+}

@@ -379,6 +379,23 @@ pub fn write_runs<T: Serialize>(path: &Path, run: &T, append: bool) -> Result<()
     Ok(())
 }
 
+/// Which engine benchmark wrote a `{"runs":[…]}` file: the `bench` field of its first run
+/// (`catchup`, `commit`); `None` for a load report (no such field) or anything else.
+pub fn report_kind(text: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let kind = v.get("runs")?.get(0)?.get("bench")?.as_str()?;
+    matches!(kind, "catchup" | "commit").then(|| kind.to_string())
+}
+
+/// The runs of an engine report file (`{"runs":[…]}`).
+pub fn runs_from_json<T: for<'de> Deserialize<'de>>(text: &str) -> Result<Vec<T>, Error> {
+    #[derive(Deserialize)]
+    struct File<T> {
+        runs: Vec<T>,
+    }
+    Ok(serde_json::from_str::<File<T>>(text)?.runs)
+}
+
 /// A progress bar on stderr (hidden when `show` is false).
 pub fn bar(show: bool, len: u64, template: &str) -> indicatif::ProgressBar {
     if !show {

@@ -18,8 +18,8 @@ pub enum BenchCmd {
     Load(LoadArgs),
     /// Capacity ladder: the load repeated over M+C@R steps.
     Ladder(LadderArgs),
-    /// The tables (and, with --plot, the figures) of a JSON report that `bench load|ladder
-    /// --json` wrote, without running anything.
+    /// The tables (and, with --plot, the figures) of a JSON report that `bench
+    /// load|ladder|catchup|commit --json` wrote, without running anything.
     Report(ReportArgs),
     /// Materializer catch-up: fill the logs with N committed records while no materializer
     /// runs, then start them and measure records/s until W reaches the head everywhere.
@@ -276,6 +276,20 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Report(a) => {
             let text = std::fs::read_to_string(&a.json)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
+            // the engine benchmarks' files: their own table
+            match tidemark_bench::engine::report_kind(&text).as_deref() {
+                Some("catchup") => {
+                    let runs = tidemark_bench::engine::runs_from_json(&text)?;
+                    print!("{}", tidemark_bench::catchup::markdown_table(&runs));
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Some("commit") => {
+                    let runs = tidemark_bench::engine::runs_from_json(&text)?;
+                    print!("{}", tidemark_bench::commit::markdown_table(&runs));
+                    return Ok(ExitCode::SUCCESS);
+                }
+                _ => {}
+            }
             let runs =
                 load::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
             let text = load::render(&runs, a.ladder, None, a.plot.as_deref())?;

@@ -1,6 +1,7 @@
 //! The commit side: per-shard dispatch logs `dlog:{s}` on core Redis.
 //!
-//! A message is committed to every shard it touches by `commit_dispatch.lua`: dedupe on
+//! A message is committed to every shard it touches by `commit_dispatch.lua` (several
+//! messages of one shard per call: group commit, ADR-0036, [`LogStore::commit_group`]): dedupe on
 //! (sender, client id) (key `dd:{s}:<len(sender)>:<sender><client id>`, see [`keys::dedupe`]),
 //! next contiguous u48 offset, one stream entry with id `<offset>-0`:
 //!

@@ -279,6 +279,7 @@ pub async fn run_idle(opts: &IdleOptions) -> Result<IdleReport, Error> {
             token_secret,
             mailbox_urls,
             core_urls,
+            ..
         } => {
             let metrics = if opts.metrics_urls.is_empty() {
                 ws_urls.iter().map(|u| metrics_url_of(u)).collect()

@@ -10,7 +10,13 @@
 //! - [`idle`]: what connected clients that send nothing cost (server CPU and RSS, Redis
 //!   commands/s by command), up to tens of thousands of connections from one machine.
 //! - [`plot`]: PNG and SVG figures of those runs, drawn with an embedded font.
+//! - [`catchup`] and [`commit`]: the engine's own ceilings without WebSockets — how fast the
+//!   materializers drain a backlog, and how many commits per second the gateway's commit path
+//!   reaches ([`engine`] holds what they share).
 
+pub mod catchup;
+pub mod commit;
+pub mod engine;
 pub mod idle;
 pub mod load;
 pub mod lua;

@@ -4,8 +4,9 @@
 //!   `acked_per_s_while_sending` existed.
 //! - Every table of `docs/performance.md` that follows a `<!-- table: … -->` marker is what
 //!   `tidemark bench report` prints from the file the marker names (`markdown_table`,
-//!   `ladder_table`, `cpu_table`), or, for `lua(…)`, the values of `lua.json`; every
-//!   committed report is shown in at least one such table.
+//!   `ladder_table`, `cpu_table`; `catchup_table`, `commit_table` for the files of `bench
+//!   catchup` and `bench commit`), or, for `lua(…)`, the values of `lua.json`; every committed
+//!   report is shown in at least one such table, and the engine reports add up.
 //! - Every committed plot (`docs/perf/<name>/*.png|svg`) is what `write_plots` draws from
 //!   `docs/perf/<name>.json`, byte for byte.
 //! - Every `perf/…` file the documentation names exists.
@@ -43,12 +44,65 @@ fn load_reports() -> Vec<(String, Vec<RunReport>)> {
         if value.get("runs").is_none() {
             continue; // lua.json
         }
+        if tidemark_bench::engine::report_kind(&text).is_some() {
+            continue; // bench catchup / bench commit: engine_reports()
+        }
         let runs = from_json(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
         out.push((name, runs));
     }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
+}
+
+/// `docs/perf/*.json` written by `bench catchup` or `bench commit`: (file name, kind, text).
+fn engine_reports() -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(perf_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let text = read(&path);
+        if let Some(kind) = tidemark_bench::engine::report_kind(&text) {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            out.push((name, kind, text));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn committed_engine_reports_parse_and_add_up() {
+    use tidemark_bench::catchup::CatchupReport;
+    use tidemark_bench::commit::CommitReport;
+    use tidemark_bench::engine::runs_from_json;
+    let reports = engine_reports();
+    let kinds: Vec<&str> = reports.iter().map(|(_, k, _)| k.as_str()).collect();
+    assert!(
+        kinds.contains(&"catchup") && kinds.contains(&"commit"),
+        "{kinds:?}"
+    );
+    for (name, kind, text) in &reports {
+        if kind == "catchup" {
+            let runs: Vec<CatchupReport> = runs_from_json(text).unwrap();
+            assert!(!runs.is_empty(), "{name}");
+            for r in &runs {
+                let records: u64 = r.per_mailbox.iter().map(|m| m.records).sum();
+                assert_eq!(records, r.records, "{name}: every record on one instance");
+                assert!(r.records_per_s > 0.0, "{name}");
+            }
+        } else {
+            let runs: Vec<CommitReport> = runs_from_json(text).unwrap();
+            assert!(!runs.is_empty(), "{name}");
+            for r in &runs {
+                let commits: u64 = r.per_core.iter().map(|c| c.commits).sum();
+                assert_eq!(commits, r.commits, "{name}");
+                assert!(r.sends > 0 && r.errors.is_empty(), "{name}: {:?}", r.errors);
+            }
+        }
+    }
 }
 
 #[test]
@@ -132,11 +186,17 @@ fn tables_in_performance_md_are_their_files() {
             check_lua_table(&table, &path);
             continue;
         }
-        let runs = from_json(&read(&path)).unwrap();
+        let text = read(&path);
         let want = match kind {
-            "markdown_table" => markdown_table(&runs),
-            "ladder_table" => ladder_table(&runs),
-            "cpu_table" => cpu_table(&runs),
+            "markdown_table" => markdown_table(&from_json(&text).unwrap()),
+            "ladder_table" => ladder_table(&from_json(&text).unwrap()),
+            "cpu_table" => cpu_table(&from_json(&text).unwrap()),
+            "catchup_table" => tidemark_bench::catchup::markdown_table(
+                &tidemark_bench::engine::runs_from_json(&text).unwrap(),
+            ),
+            "commit_table" => tidemark_bench::commit::markdown_table(
+                &tidemark_bench::engine::runs_from_json(&text).unwrap(),
+            ),
             other => panic!("unknown table kind {other:?}"),
         };
         assert_eq!(
@@ -153,7 +213,12 @@ fn tables_in_performance_md_are_their_files() {
         );
     }
     assert!(markers >= 7, "only {markers} table markers");
-    for (name, _) in load_reports() {
+    let engine = engine_reports().into_iter().map(|(name, _, _)| name);
+    for name in load_reports()
+        .into_iter()
+        .map(|(name, _)| name)
+        .chain(engine)
+    {
         assert!(
             shown.contains(&name),
             "docs/perf/{name} is shown in no table"

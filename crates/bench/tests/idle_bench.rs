@@ -60,6 +60,7 @@ async fn idle_clients_from_two_source_addresses() {
             token_secret: None,
             mailbox_urls: mailbox.iter().map(|p| p.url()).collect(),
             core_urls: core.iter().map(|p| p.url()).collect(),
+            metrics_urls: Vec::new(),
         },
         source_addrs: Some(sources.clone()),
         metrics_urls: Vec::new(),

@@ -30,6 +30,11 @@ use ::redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use crate::error::Result;
 
+/// Most commands in one pipeline of [`Conn::exec_each`] on one instance: a longer list goes
+/// as several pipelines handed to the connection one after another, so that Redis starts
+/// on the first while the rest are encoded.
+pub const PIPELINE_CHUNK: usize = 512;
+
 /// The prefix that marks a cluster endpoint.
 pub const CLUSTER_PREFIX: &str = "cluster:";
 
@@ -162,18 +167,49 @@ impl Conn {
     }
 
     /// Runs `cmds`, each tagged with the shard whose keys it touches, and returns one result
-    /// per command in the given order. One instance: one pipeline. A cluster: one pipeline
-    /// per shard (one slot each), run concurrently; the commands of one shard keep their
-    /// order, which is the only order the callers rely on.
+    /// per command in the given order. One instance: one pipeline, or for more than
+    /// [`PIPELINE_CHUNK`] commands several, handed to the connection in order. A cluster:
+    /// one pipeline per shard (one slot each), run concurrently; the commands of one shard
+    /// keep their order, which is the only order the callers rely on.
     pub async fn exec_each(&mut self, cmds: &[(u32, Cmd)]) -> RedisResult<Vec<RedisResult<Value>>> {
         match self {
             Conn::Single(c) => {
-                let mut pipe = ::redis::pipe();
-                pipe.ignore_errors();
-                for (_, cmd) in cmds {
-                    pipe.add_command(cmd.clone());
+                if cmds.len() <= PIPELINE_CHUNK {
+                    let mut pipe = ::redis::pipe();
+                    pipe.ignore_errors();
+                    for (_, cmd) in cmds {
+                        pipe.add_command(cmd.clone());
+                    }
+                    return pipe.query_async(c).await;
                 }
-                pipe.query_async(c).await
+                // Several pipelines on the one connection, each handed to it in order before
+                // any is awaited: Redis starts on the first while the next are encoded, and
+                // the replies are read while it works on the rest (one connection keeps the
+                // order of what it was handed).
+                let mut runs: Vec<_> = cmds
+                    .chunks(PIPELINE_CHUNK)
+                    .map(|chunk| {
+                        let mut conn = c.clone();
+                        let mut pipe = ::redis::pipe();
+                        pipe.ignore_errors();
+                        for (_, cmd) in chunk {
+                            pipe.add_command(cmd.clone());
+                        }
+                        Box::pin(futures::future::maybe_done(async move {
+                            pipe.query_async::<Vec<RedisResult<Value>>>(&mut conn).await
+                        }))
+                    })
+                    .collect();
+                for run in runs.iter_mut() {
+                    // the first poll hands the pipeline to the connection
+                    let _ = futures::poll!(run.as_mut());
+                }
+                futures::future::join_all(runs.iter_mut().map(|r| r.as_mut())).await;
+                let mut out = Vec::with_capacity(cmds.len());
+                for run in runs.iter_mut() {
+                    out.extend(run.as_mut().take_output().expect("joined")?);
+                }
+                Ok(out)
             }
             Conn::Cluster(c) => {
                 let mut groups: Vec<(u32, Vec<usize>)> = Vec::new();

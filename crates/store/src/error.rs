@@ -3,8 +3,9 @@
 
 use crate::redis::watermark::{CorruptCause, CorruptCode};
 
-/// Errors of `tidemark-store`; [`Error::code`] is stable.
-#[derive(Debug, thiserror::Error)]
+/// Errors of `tidemark-store`; [`Error::code`] is stable. Cloned when one failure answers
+/// several callers (the messages of a group commit).
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The Redis connection or a command failed.
     #[error("redis: {0}")]

@@ -1,6 +1,7 @@
-//! The commit side against a real redis-server: `LogStore::commit` (`commit_dispatch.lua`)
-//! at the end of the u48 offset space, a log record above u48, and the dedupe key (length-
-//! prefixed, unambiguous for any strings; the legacy form still read). The store takes raw
+//! The commit side against a real redis-server: `LogStore::commit` and `commit_group`
+//! (`commit_dispatch.lua`; group commit, ADR-0036) at the end of the u48 offset space, a log
+//! record above u48, the dedupe key (length-prefixed, unambiguous for any strings; the legacy
+//! form still read), and a group's per-message answers. The store takes raw
 //! strings: it must not depend on the protocol's validation of ids.
 
 use std::time::Duration;
@@ -223,4 +224,222 @@ async fn the_same_id_with_another_request_is_refused_and_writes_nothing() {
     }
     assert_eq!(e.core.head(s).await.unwrap(), 1, "nothing committed");
     assert_eq!(e.core.read_after(s, 0, 10).await.unwrap().len(), 1);
+}
+
+/// A message of a test group: (sender, id, recipients, body).
+type Msg<'a> = (&'a str, &'a str, &'a [&'a str], &'a str);
+
+/// Commits `msgs` as one group on shard `s` (digest of each: its recipients and body).
+async fn group(e: &mut Env, s: u32, msgs: &[Msg<'_>]) -> Vec<Result<(u64, bool), Error>> {
+    use tidemark_store::redis::dlog::{request_digest, CommitRequest};
+    let digests: Vec<String> = msgs
+        .iter()
+        .map(|(_, _, rs, b)| request_digest(rs, b))
+        .collect();
+    let reqs: Vec<CommitRequest> = msgs
+        .iter()
+        .zip(&digests)
+        .enumerate()
+        .map(|(i, ((f, c, rs, b), d))| CommitRequest {
+            sender: f,
+            client_id: c,
+            recipients: rs,
+            body: b,
+            sent_at_us: 100 + i as u64,
+            digest: d,
+        })
+        .collect();
+    e.core
+        .commit_group(s, &reqs, TTL)
+        .await
+        .expect("the group call")
+        .into_iter()
+        .map(|r| r.map(|c| (c.offset, c.duplicate)))
+        .collect()
+}
+
+/// Every record of shard `s` in log order, as `offset prev sender client-id recipients body`.
+async fn log_of(e: &mut Env, s: u32) -> Vec<String> {
+    e.core
+        .read_after(s, 0, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            format!(
+                "{} {} {} {} {} {}",
+                r.offset,
+                r.prev,
+                r.sender,
+                r.client_id,
+                r.recipients.join(","),
+                r.body
+            )
+        })
+        .collect()
+}
+
+/// ADR-0036: one call, many messages, each with the answer it would get alone at its place in
+/// the group — a new one its offset (consecutive, in the group's order), a resend of an
+/// earlier commit or of a message earlier in the same group a duplicate with that offset, the
+/// same id with another request `id_reused` — and the log holds exactly the committed ones,
+/// each record the message it answered.
+#[tokio::test]
+async fn a_group_answers_each_message_as_if_it_were_committed_alone_in_order() {
+    let mut e = env().await;
+    let s = 2;
+    assert_eq!(e.commit(s, ("zoe", "z-1"), "before", 1).await, (1, false));
+    let got = group(
+        &mut e,
+        s,
+        &[
+            ("alice", "a-1", &["bob"], "one"),
+            ("carol", "c-1", &["bob", "dan"], "two"),
+            ("alice", "a-1", &["bob"], "one"), // resend within the group
+            ("zoe", "z-1", &["bob"], "before"), // resend of an earlier commit
+            ("alice", "a-1", &["bob"], "other body"), // id reused within the group
+            ("zoe", "z-1", &["eve"], "before"), // id reused against the earlier commit
+            ("alice", "a-2", &["eve"], "three"),
+        ],
+    )
+    .await;
+    let ok = |o, d| -> Result<(u64, bool), Error> { Ok((o, d)) };
+    assert_eq!(got.len(), 7);
+    assert_eq!(got[0].as_ref().ok(), ok(2, false).as_ref().ok());
+    assert_eq!(got[1].as_ref().ok(), ok(3, false).as_ref().ok());
+    assert_eq!(got[2].as_ref().ok(), ok(2, true).as_ref().ok());
+    assert_eq!(got[3].as_ref().ok(), ok(1, true).as_ref().ok());
+    assert!(
+        matches!(got[4], Err(Error::IdReused { shard, offset: 2 }) if shard == s),
+        "{:?}",
+        got[4]
+    );
+    assert!(
+        matches!(got[5], Err(Error::IdReused { shard, offset: 1 }) if shard == s),
+        "{:?}",
+        got[5]
+    );
+    assert_eq!(got[6].as_ref().ok(), ok(4, false).as_ref().ok());
+    assert_eq!(e.core.head(s).await.unwrap(), 4);
+    assert_eq!(
+        log_of(&mut e, s).await,
+        [
+            "1 0 zoe z-1 bob before",
+            "2 1 alice a-1 bob one",
+            "3 2 carol c-1 bob,dan two",
+            "4 3 alice a-2 eve three",
+        ]
+    );
+    // each sent_at is its own message's (group index 0, 1, 6)
+    let recs = e.core.read_after(s, 1, 10).await.unwrap();
+    let t: Vec<u64> = recs.iter().map(|r| r.sent_at_us).collect();
+    assert_eq!(t, [100, 101, 106]);
+    // and every committed message dedupes on its own afterwards
+    let again = group(
+        &mut e,
+        s,
+        &[
+            ("carol", "c-1", &["dan", "bob"], "two"),
+            ("alice", "a-2", &["eve"], "three"),
+        ],
+    )
+    .await;
+    assert_eq!(again[0].as_ref().ok(), Some(&(3, true)));
+    assert_eq!(again[1].as_ref().ok(), Some(&(4, true)));
+}
+
+/// The end of the u48 offset space in the middle of a group: the message that takes the last
+/// offset commits, the new ones after it are refused (`log_exhausted`, nothing written), a
+/// resend among them is still answered with its offset.
+#[tokio::test]
+async fn a_group_that_reaches_the_last_u48_offset_refuses_the_rest() {
+    let mut e = env().await;
+    let s = 1;
+    let _: () = e.raw.set(keys::head(s), U48_MAX - 2).await.unwrap();
+    let got = group(
+        &mut e,
+        s,
+        &[
+            ("a", "1", &["bob"], "x"),
+            ("b", "1", &["bob"], "x"),
+            ("c", "1", &["bob"], "x"),
+            ("a", "1", &["bob"], "x"),
+            ("d", "1", &["bob"], "x"),
+        ],
+    )
+    .await;
+    assert_eq!(got[0].as_ref().ok(), Some(&(U48_MAX - 1, false)));
+    assert_eq!(got[1].as_ref().ok(), Some(&(U48_MAX, false)));
+    assert!(
+        matches!(got[2], Err(Error::LogExhausted { .. })),
+        "{:?}",
+        got[2]
+    );
+    assert_eq!(got[3].as_ref().ok(), Some(&(U48_MAX - 1, true)));
+    assert!(
+        matches!(got[4], Err(Error::LogExhausted { .. })),
+        "{:?}",
+        got[4]
+    );
+    assert_eq!(e.core.head(s).await.unwrap(), U48_MAX);
+    assert_eq!(e.core.log_len(s).await.unwrap(), 2);
+    let d: Option<String> = e.raw.get(keys::dedupe(s, "c", "1")).await.unwrap();
+    assert_eq!(d, None, "a refused message leaves no dedupe record");
+}
+
+/// A log whose last record is above its head (a damaged core instance): the group's XADD
+/// fails, the call fails, and nothing is written (no head moved, no dedupe record).
+#[tokio::test]
+async fn a_failed_xadd_fails_the_group_and_writes_nothing() {
+    let mut e = env().await;
+    let s = 0;
+    assert_eq!(e.commit(s, ("a", "1"), "x", 1).await, (1, false));
+    // a record at offset 2 without the head knowing: the next XADD (2-0) collides
+    let _: String = redis::cmd("XADD")
+        .arg(keys::dlog(s))
+        .arg("2-0")
+        .arg(&[
+            ("p", "1"),
+            ("f", "zz"),
+            ("c", "q"),
+            ("r", "\u{3}bob"),
+            ("b", "x"),
+            ("t", "1"),
+        ])
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    use tidemark_store::redis::dlog::{request_digest, CommitRequest};
+    let d = request_digest(&["bob"], "x");
+    let req = |f: &'static str| CommitRequest {
+        sender: f,
+        client_id: "1",
+        recipients: &["bob"],
+        body: "x",
+        sent_at_us: 1,
+        digest: "",
+    };
+    let reqs = [
+        CommitRequest {
+            digest: &d,
+            ..req("a")
+        },
+        CommitRequest {
+            digest: &d,
+            ..req("b")
+        },
+        CommitRequest {
+            digest: &d,
+            ..req("c")
+        },
+    ];
+    let r = e.core.commit_group(s, &reqs, TTL).await;
+    assert!(r.is_err(), "{r:?}");
+    assert_eq!(e.core.head(s).await.unwrap(), 1);
+    for f in ["b", "c"] {
+        let d: Option<String> = e.raw.get(keys::dedupe(s, f, "1")).await.unwrap();
+        assert_eq!(d, None, "no dedupe record for {f}");
+    }
+    // the resend ahead of the failure was answered before it: still a duplicate
+    assert_eq!(e.commit(s, ("a", "1"), "x", 1).await, (1, true));
 }

@@ -22,9 +22,97 @@ pub enum BenchCmd {
     /// Idle cost: N clients connected and sending nothing for T seconds (server CPU and RSS,
     /// Redis commands/s by command).
     Idle(IdleArgs),
-    /// The tables (and, with --plot, the figures) of a JSON report that `bench load|ladder
-    /// --json` wrote, without running anything.
+    /// The tables (and, with --plot, the figures) of a JSON report that `bench
+    /// load|ladder|catchup|commit --json` wrote, without running anything.
     Report(ReportArgs),
+    /// Materializer catch-up: fill the logs with N committed records while no materializer
+    /// runs, then start them and measure records/s until W reaches the head everywhere.
+    Catchup(CatchupArgs),
+    /// Commits/s through the gateway's commit path (no WebSockets), per core instance.
+    Commit(CommitArgs),
+}
+
+#[derive(Args)]
+pub struct CatchupArgs {
+    /// Records in the backlog (over all shards).
+    #[arg(long, default_value_t = 1_000_000)]
+    records: u64,
+    /// Recipients per record (all in the record's shard).
+    #[arg(long, default_value_t = 1)]
+    recipients: usize,
+    #[command(flatten)]
+    size: LocalSizeArgs,
+    /// Watermark layout.
+    #[arg(long, default_value = "packed-v2", value_parser = tidemark_ops::parse_layout)]
+    layout: Layout,
+    /// appendfsync of every instance.
+    #[arg(long, default_value = "everysec")]
+    appendfsync: String,
+    /// Records per shard per log read (default: the materializer's).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Body bytes of each record.
+    #[arg(long, default_value_t = 64)]
+    body_bytes: usize,
+    /// A label kept in the JSON report.
+    #[arg(long)]
+    label: Option<String>,
+    /// Write the JSON report (`{"runs":[…]}`) here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// With --json: add the run to the file's runs instead of replacing the file.
+    #[arg(long, requires = "json")]
+    append: bool,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args)]
+pub struct CommitArgs {
+    /// Aggregate sends per second, or `max` (each sender sends as soon as its last send
+    /// committed).
+    #[arg(long, default_value = "max")]
+    rate: String,
+    /// Seconds measured.
+    #[arg(long, default_value_t = 10)]
+    duration: u64,
+    /// Seconds of sending before the measurement.
+    #[arg(long, default_value_t = 2)]
+    warmup: u64,
+    /// Concurrent senders (connections: one send at a time each).
+    #[arg(long, default_value_t = 1000)]
+    senders: usize,
+    /// Recipients per send.
+    #[arg(long, default_value_t = 1)]
+    recipients: usize,
+    /// Local deployment: core Redis instances.
+    #[arg(long, default_value_t = 1)]
+    core: usize,
+    /// Local deployment: shards.
+    #[arg(long, default_value_t = 64)]
+    shards: u32,
+    /// appendfsync of every instance.
+    #[arg(long, default_value = "everysec")]
+    appendfsync: String,
+    /// Body bytes of each send.
+    #[arg(long, default_value_t = 64)]
+    body_bytes: usize,
+    /// RNG seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// A label kept in the JSON report.
+    #[arg(long)]
+    label: Option<String>,
+    /// Write the JSON report (`{"runs":[…]}`) here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// With --json: add the run to the file's runs instead of replacing the file.
+    #[arg(long, requires = "json")]
+    append: bool,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
 }
 
 #[derive(Args)]
@@ -225,6 +313,8 @@ fn idle_options(a: &IdleArgs) -> anyhow::Result<idle::IdleOptions> {
                 },
                 mailbox_urls,
                 core_urls,
+                // bench idle reads its own --metrics-url (opts.metrics_urls)
+                metrics_urls: Vec::new(),
             }
         }
         None => Target::Local {
@@ -324,10 +414,76 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
         BenchCmd::Report(a) => {
             let text = std::fs::read_to_string(&a.json)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
+            // the engine benchmarks' files: their own table
+            match tidemark_bench::engine::report_kind(&text).as_deref() {
+                Some("catchup") => {
+                    let runs = tidemark_bench::engine::runs_from_json(&text)?;
+                    print!("{}", tidemark_bench::catchup::markdown_table(&runs));
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Some("commit") => {
+                    let runs = tidemark_bench::engine::runs_from_json(&text)?;
+                    print!("{}", tidemark_bench::commit::markdown_table(&runs));
+                    return Ok(ExitCode::SUCCESS);
+                }
+                _ => {}
+            }
             let runs =
                 load::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
             let text = load::render(&runs, a.ladder, None, a.plot.as_deref())?;
             print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Catchup(a) => {
+            let opts = tidemark_bench::catchup::CatchupOptions {
+                records: a.records,
+                recipients: a.recipients,
+                mailbox: a.size.mailbox,
+                core: a.size.core,
+                shards: a.size.shards,
+                layout: a.layout,
+                appendfsync: a.appendfsync,
+                batch: a.batch,
+                body_bytes: a.body_bytes,
+                label: a.label,
+                progress: !a.no_progress,
+            };
+            let report = tidemark_bench::catchup::run_catchup(&opts).await?;
+            print!("{}", tidemark_bench::catchup::render(&report));
+            if let Some(path) = &a.json {
+                tidemark_bench::engine::write_runs(path, &report, a.append)?;
+                eprintln!("wrote {}", path.display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Commit(a) => {
+            let rate =
+                match a.rate.as_str() {
+                    "max" => None,
+                    r => Some(r.parse::<f64>().map_err(|_| {
+                        anyhow::anyhow!("--rate: {r:?} is neither a number nor `max`")
+                    })?),
+                };
+            let opts = tidemark_bench::commit::CommitOptions {
+                rate,
+                duration: std::time::Duration::from_secs(a.duration),
+                warmup: std::time::Duration::from_secs(a.warmup),
+                senders: a.senders,
+                recipients: a.recipients,
+                core: a.core,
+                shards: a.shards,
+                appendfsync: a.appendfsync,
+                body_bytes: a.body_bytes,
+                seed: a.seed,
+                label: a.label,
+                progress: !a.no_progress,
+            };
+            let report = tidemark_bench::commit::run_commit(&opts).await?;
+            print!("{}", tidemark_bench::commit::render(&report));
+            if let Some(path) = &a.json {
+                tidemark_bench::engine::write_runs(path, &report, a.append)?;
+                eprintln!("wrote {}", path.display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         BenchCmd::Lua(a) => {

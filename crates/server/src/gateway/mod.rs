@@ -17,7 +17,7 @@
 //! without credentials, else 404 `not_found`). The client
 //! listener may serve TLS ([`TlsConfig`]: `wss://`, `https://`).
 //!
-//! - **Send** ([`send`]): recipients are grouped by shard and committed to every shard's core
+//! - **Send** ([`send`], [`CommitPath`]): recipients are grouped by shard and committed to every shard's core
 //!   instance concurrently; `send_ack` once all have committed. At most
 //!   `max_inflight_commits` commits are in flight gateway-wide, and at most a per-user share
 //!   of them for one user; a send that finds no room within 100 ms is refused with
@@ -58,6 +58,8 @@ use tidemark_store::topology::ShardMap;
 
 mod admin;
 mod auth;
+mod commit;
+mod group_commit;
 mod http;
 mod listener;
 mod mailbox;
@@ -69,6 +71,7 @@ mod wake;
 mod web;
 mod ws;
 
+pub use commit::{CommitPath, SendFailure};
 pub use tls::{TlsConfig, TlsError};
 
 /// Most open connections on the admin listener (it serves scrapes and health checks only).

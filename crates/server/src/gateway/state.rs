@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::commit::CommitPath;
 use super::mailbox::Mailbox;
 use super::users::Users;
 use super::wake::WakeHub;
@@ -24,8 +25,8 @@ pub(crate) struct Shared {
     pub map: ShardMap,
     pub opts: GatewayOptions,
     pub health: Arc<HealthBoard>,
-    /// One per core instance (index = instance).
-    cores: Vec<LogStore>,
+    /// The commit path (one connection per core instance).
+    pub commit: CommitPath,
     /// One per mailbox instance (index = instance).
     mailboxes: Vec<MailboxStore>,
     /// Permits = commits that may be in flight (or queued on a connection) gateway-wide.
@@ -51,21 +52,13 @@ impl Shared {
         tracker: TaskTracker,
     ) -> Result<Arc<Shared>, GatewayError> {
         let metrics = crate::telemetry::metrics_handle();
-        let mut cores = Vec::with_capacity(map.core_urls().len());
-        for url in map.core_urls() {
-            let mut core = LogStore::connect(url).await?;
-            let wait = opts.core_wait.resolve(&mut core.connection()).await?;
-            if let Some(w) = wait {
-                tracing::info!(
-                    core = %tidemark_store::redact_url(url),
-                    replicas = w.replicas,
-                    timeout_ms = w.timeout.as_millis() as u64,
-                    "commits wait for replicas before send_ack"
-                );
-            }
-            core.set_replica_wait(wait);
-            cores.push(core);
-        }
+        let commit = CommitPath::connect_tracked(
+            map.clone(),
+            &opts.core_wait,
+            health.clone(),
+            tracker.clone(),
+        )
+        .await?;
         let mut mailboxes = Vec::with_capacity(map.mailbox_urls().len());
         for url in map.mailbox_urls() {
             mailboxes.push(MailboxStore::connect(url, map.layout()).await?);
@@ -82,7 +75,7 @@ impl Shared {
             map,
             opts,
             health,
-            cores,
+            commit,
             mailboxes,
             commits: Arc::new(Semaphore::new(permits)),
             users,
@@ -101,16 +94,11 @@ impl Shared {
             .clamp(1, Semaphore::MAX_PERMITS)
     }
 
-    /// A connection to the core instance of `shard`.
-    pub(crate) fn core(&self, shard: u32) -> LogStore {
-        self.cores[self.map.core_of(shard)].clone()
-    }
-
     /// The deployment's status (`tidemark status`'s reading) over this gateway's connections.
     pub(crate) async fn status(
         &self,
     ) -> Result<tidemark_store::status::Status, tidemark_store::Error> {
-        let mut cores = self.cores.clone();
+        let mut cores: Vec<LogStore> = self.commit.cores().to_vec();
         let mut mailboxes = self.mailboxes.clone();
         tidemark_store::status::gather(&self.map, &mut cores, &mut mailboxes).await
     }

@@ -21,11 +21,18 @@ pub(super) fn single_item(rec: &DispatchRecord) -> SingleItem {
     }
 }
 
+/// A routed read batch: per mailbox instance, the hot items of each shard (shard, epoch,
+/// items) and, in the same order, the records they came from.
+pub(super) struct Routed {
+    hot: BTreeMap<usize, Vec<(u32, u64, Vec<SingleItem>)>>,
+    hot_recs: BTreeMap<usize, Vec<Vec<DispatchRecord>>>,
+}
+
 impl Worker {
-    pub(super) async fn step(
-        &mut self,
-        batches: Vec<(u32, Vec<DispatchRecord>)>,
-    ) -> Result<(), Error> {
+    /// Routes a read batch: hot items per mailbox instance, the rest to the shards' pending
+    /// queues; moves each shard's read position past what it took (so the next read can be
+    /// issued before the batch is applied) and holds a shard whose log has a hole.
+    pub(super) fn route(&mut self, batches: Vec<(u32, Vec<DispatchRecord>)>) -> Routed {
         // Route records: hot items per mailbox instance, the rest to pending.
         let mut holes = Vec::new();
         let mut hot: BTreeMap<usize, Vec<(u32, u64, Vec<SingleItem>)>> = BTreeMap::new();
@@ -81,6 +88,14 @@ impl Worker {
         for (s, w, next) in holes {
             self.hold_discontinuity(s, w, next);
         }
+        Routed { hot, hot_recs }
+    }
+
+    /// Applies a routed batch: the hot items (one pipeline per mailbox instance), then the
+    /// pending records, then the wake hints and a little GC.
+    pub(super) async fn apply(&mut self, routed: Routed) -> Result<(), Error> {
+        let Routed { hot, mut hot_recs } = routed;
+        let gate = self.opts.lease_gate.clone();
         for (mb, batches) in hot {
             let outcomes = self.mailboxes[mb].materialize_batches(&batches).await?;
             let recs = hot_recs.remove(&mb).unwrap_or_default();

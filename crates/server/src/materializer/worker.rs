@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidemark_store::redis::dlog::{LogReader, LogStore};
+use tidemark_store::redis::dlog::{DispatchRecord, LogReader, LogStore};
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::ShardMap;
@@ -26,7 +26,10 @@ pub struct Worker {
     pub(super) core_url: String,
     /// `core_url` without its password, for logs and `/healthz`.
     pub(super) core_shown: String,
-    pub(super) reader: LogReader,
+    /// The log reader; `None` only while a read ahead has it.
+    pub(super) reader: Option<LogReader>,
+    /// A read issued while the last step was applied ([`Worker::take_ahead`]).
+    pub(super) ahead: Option<Ahead>,
     pub(super) mailboxes: Vec<MailboxStore>,
     /// The state of every shard this worker owns (running or stopped), by shard.
     pub(super) owned: BTreeMap<u32, OwnedShard>,
@@ -38,6 +41,13 @@ pub struct Worker {
     pub(super) marks_at: Option<Instant>,
     /// When the health board was last told which shards the loop goes through.
     pub(super) served_at: Option<Instant>,
+}
+
+/// A read of the logs made while a step was applied: where each shard was read from, and
+/// what came back.
+pub(super) struct Ahead {
+    from: BTreeMap<u32, u64>,
+    batches: Vec<(u32, Vec<DispatchRecord>)>,
 }
 
 /// How often a worker tells the health board which shards its loop goes through.
@@ -70,7 +80,8 @@ impl Worker {
             core,
             core_url,
             core_shown,
-            reader,
+            reader: Some(reader),
+            ahead: None,
             mailboxes,
             owned: BTreeMap::new(),
             opts,
@@ -186,7 +197,7 @@ impl Worker {
             _ = tokio::time::sleep(backoff) => {}
         }
         match tokio::time::timeout(READ_GRACE, LogReader::connect(&self.core_url)).await {
-            Ok(Ok(r)) => self.reader = r,
+            Ok(Ok(r)) => self.reader = Some(r),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, core = %self.core_shown, "log reconnect failed")
             }
@@ -310,38 +321,73 @@ impl Worker {
                     }
                 }
             }
-            let any_pending = self.owned.values().any(|sh| !sh.pending.is_empty());
-            let mut block = if any_pending {
-                Duration::from_millis(20)
-            } else {
-                self.opts.block
-            };
-            if let Some(due) = next_retry {
-                block = block.min(due.saturating_duration_since(Instant::now()));
-            }
-            // XREAD BLOCK 0 would block for ever
-            let block = block.max(Duration::from_millis(1));
-            let read = tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                r = tokio::time::timeout(
-                    block + READ_GRACE,
-                    self.reader.read(&positions, self.opts.batch, block),
-                ) => r,
-            };
-            let batches = match read {
-                Ok(Ok(b)) => b,
-                Ok(Err(e)) => {
-                    self.log_read_failed(&e.to_string(), cancel).await;
-                    continue;
-                }
-                Err(_) => {
-                    self.log_read_failed("XREAD timed out", cancel).await;
-                    continue;
+            // the read issued while the last step was applied, where it still fits
+            let batches = match self.take_ahead(&positions) {
+                Some(b) => b,
+                None => {
+                    let any_pending = self.owned.values().any(|sh| !sh.pending.is_empty());
+                    let mut block = if any_pending {
+                        Duration::from_millis(20)
+                    } else {
+                        self.opts.block
+                    };
+                    if let Some(due) = next_retry {
+                        block = block.min(due.saturating_duration_since(Instant::now()));
+                    }
+                    // XREAD BLOCK 0 would block for ever
+                    let block = block.max(Duration::from_millis(1));
+                    let reader = self.reader.as_mut().expect("the reader is back");
+                    let read = tokio::select! {
+                        _ = cancel.cancelled() => return Ok(()),
+                        r = tokio::time::timeout(
+                            block + READ_GRACE,
+                            reader.read(&positions, self.opts.batch, block),
+                        ) => r,
+                    };
+                    match read {
+                        Ok(Ok(b)) => b,
+                        Ok(Err(e)) => {
+                            self.log_read_failed(&e.to_string(), cancel).await;
+                            continue;
+                        }
+                        Err(_) => {
+                            self.log_read_failed("XREAD timed out", cancel).await;
+                            continue;
+                        }
+                    }
                 }
             };
             self.log_read_ok();
             let stepped: Vec<u32> = positions.iter().map(|p| p.0).collect();
-            if let Err(e) = self.step(batches).await {
+            let busy = !batches.is_empty();
+            let routed = self.route(batches);
+            // While the batch is applied (mailbox Redis), the next one is read (core Redis):
+            // from the positions routing left, without blocking; used next time only where
+            // they still hold ([`Worker::take_ahead`]).
+            let ahead_from: Vec<(u32, u64)> = if busy { self.readable() } else { Vec::new() };
+            let mut reader = self.reader.take().expect("the reader is here");
+            let count = self.opts.batch;
+            let (applied, ahead) = tokio::join!(self.apply(routed), async {
+                if ahead_from.is_empty() {
+                    return None;
+                }
+                let r = tokio::time::timeout(
+                    READ_GRACE,
+                    reader.read(&ahead_from, count, Duration::ZERO),
+                )
+                .await;
+                // a failed read ahead is dropped: the next read finds the trouble again
+                match r {
+                    Ok(Ok(b)) if !b.is_empty() => Some(Ahead {
+                        from: ahead_from.iter().copied().collect(),
+                        batches: b,
+                    }),
+                    _ => None,
+                }
+            });
+            self.reader = Some(reader);
+            self.ahead = ahead;
+            if let Err(e) = applied {
                 // Redis trouble: nothing is lost (the log is still there); every shard of the
                 // step re-reads from its W once the backoff has passed, until that succeeds.
                 tracing::warn!(error = %e, "materialize step failed; shards retry from W");
@@ -360,6 +406,34 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// The shards the loop reads now and where from: running, not waiting for a retry, lease
+    /// gate open.
+    fn readable(&self) -> Vec<(u32, u64)> {
+        let gate = self.opts.lease_gate.as_ref();
+        self.owned
+            .values()
+            .filter(|sh| !sh.stopped && sh.retry.is_none())
+            .filter(|sh| gate.is_none_or(|g| g.may_write(sh.shard)))
+            .map(|sh| (sh.shard, sh.read_pos))
+            .collect()
+    }
+
+    /// The batches of the read ahead whose shard is still read from the position that read
+    /// started at (`positions`: the loop's now). A shard that moved since (a resync, a hold,
+    /// a retry, a stop) drops its part; `None` when nothing is left.
+    fn take_ahead(&mut self, positions: &[(u32, u64)]) -> Option<Vec<(u32, Vec<DispatchRecord>)>> {
+        let ahead = self.ahead.take()?;
+        let now: BTreeMap<u32, u64> = positions.iter().copied().collect();
+        let keep: Vec<(u32, Vec<DispatchRecord>)> = ahead
+            .batches
+            .into_iter()
+            .filter(|(s, recs)| {
+                !recs.is_empty() && now.contains_key(s) && now.get(s) == ahead.from.get(s)
+            })
+            .collect();
+        (!keep.is_empty()).then_some(keep)
     }
 
     /// Re-reads a shard's watermark and restarts reading from its lowest W.

@@ -1,6 +1,7 @@
 //! The commit side: per-shard dispatch logs `dlog:{s}` on core Redis.
 //!
-//! A message is committed to every shard it touches by `commit_dispatch.lua`: dedupe on
+//! A message is committed to every shard it touches by `commit_dispatch.lua` (several
+//! messages of one shard per call: group commit, ADR-0036, [`LogStore::commit_group`]): dedupe on
 //! (sender, client id) (key `dd:{s}:<len(sender)>:<sender><client id>`, see [`keys::dedupe`]),
 //! next contiguous u48 offset, one stream entry with id `<offset>-0`:
 //!
@@ -61,6 +62,23 @@ pub struct Committed {
     pub offset: u64,
     /// True when (sender, client id) had already been committed: nothing was added.
     pub duplicate: bool,
+}
+
+/// One message of a group commit ([`LogStore::commit_group`]).
+#[derive(Debug, Clone, Copy)]
+pub struct CommitRequest<'a> {
+    /// Sender user id.
+    pub sender: &'a str,
+    /// Client-chosen message id (dedupe key with the sender).
+    pub client_id: &'a str,
+    /// Recipients of this shard, in the order given by the sender.
+    pub recipients: &'a [&'a str],
+    /// Message body.
+    pub body: &'a str,
+    /// Commit time, µs since the Unix epoch.
+    pub sent_at_us: u64,
+    /// [`request_digest`] of the whole message (every shard's recipients, the body).
+    pub digest: &'a str,
 }
 
 /// Encodes recipients as `[len u8][bytes]…`.
@@ -280,7 +298,8 @@ impl LogStore {
     }
 
     /// [`LogStore::commit`] with the caller's request digest: a resend of the same id whose
-    /// digest differs is refused with [`Error::IdReused`] (nothing written).
+    /// digest differs is refused with [`Error::IdReused`] (nothing written). A group of one
+    /// ([`LogStore::commit_group`]).
     #[allow(clippy::too_many_arguments)]
     pub async fn commit_request(
         &mut self,
@@ -293,51 +312,108 @@ impl LogStore {
         dedupe_ttl_s: u64,
         digest: &str,
     ) -> Result<Committed> {
+        let req = CommitRequest {
+            sender,
+            client_id,
+            recipients,
+            body,
+            sent_at_us,
+            digest,
+        };
+        self.commit_group(shard, &[req], dedupe_ttl_s)
+            .await?
+            .pop()
+            .expect("one answer per message")
+    }
+
+    /// Group commit (ADR-0036): commits `reqs` to shard `shard` in one `commit_dispatch.lua`
+    /// call, in the order given. Each message gets its own answer, the one it would get
+    /// committed alone at that point: its offset, [`Committed::duplicate`] for a (sender,
+    /// client id) committed before (also earlier in the same group), [`Error::IdReused`] for
+    /// an id committed with another request digest, [`Error::LogExhausted`] once the head is
+    /// at 2^48-1. Offsets of the committed messages are consecutive, in the group's order.
+    ///
+    /// With a replica wait, one grouped `WAIT` covers the whole call; a failed wait fails
+    /// every message that was committed or a duplicate (the refused ones wrote nothing).
+    /// The outer `Err` is a failure of the call itself (connection, script error): nothing
+    /// is known of the messages, and a resend of each is deduplicated.
+    pub async fn commit_group(
+        &mut self,
+        shard: u32,
+        reqs: &[CommitRequest<'_>],
+        dedupe_ttl_s: u64,
+    ) -> Result<Vec<Result<Committed>>> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&COMMIT_DISPATCH.sha)
-            .arg(4)
+            .arg(2 + 2 * reqs.len())
             .arg(keys::dlog(shard))
-            .arg(keys::head(shard))
-            .arg(keys::dedupe(shard, sender, client_id))
-            .arg(keys::dedupe_legacy(shard, sender, client_id))
-            .arg(sender)
-            .arg(client_id)
-            .arg(encode_recipients(recipients))
-            .arg(body)
-            .arg(sent_at_us)
-            .arg(dedupe_ttl_s.max(1))
-            .arg(digest);
+            .arg(keys::head(shard));
+        for r in reqs {
+            cmd.arg(keys::dedupe(shard, r.sender, r.client_id))
+                .arg(keys::dedupe_legacy(shard, r.sender, r.client_id));
+        }
+        cmd.arg(reqs.len()).arg(dedupe_ttl_s.max(1));
         if self.conn.is_cluster() {
             cmd.arg(keys::dlog_wake(shard));
+        } else {
+            cmd.arg("");
         }
-        let v: Value = self.run_commit(shard, &cmd).await?;
-        match &v {
-            Value::Array(a) if a.len() == 2 => match (&a[0], &a[1]) {
-                (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => Ok(Committed {
-                    offset: *o as u64,
-                    duplicate: *s == 1,
-                }),
+        for r in reqs {
+            cmd.arg(r.sender)
+                .arg(r.client_id)
+                .arg(encode_recipients(r.recipients))
+                .arg(r.body)
+                .arg(r.sent_at_us)
+                .arg(r.digest);
+        }
+        let v = self.eval_commit(&cmd).await?;
+        let bad = || Error::UnexpectedReply {
+            script: "commit_dispatch",
+            detail: format!("{v:?}"),
+        };
+        let Value::Array(a) = &v else {
+            return Err(bad());
+        };
+        if a.len() != 2 * reqs.len() {
+            return Err(bad());
+        }
+        let mut out = Vec::with_capacity(reqs.len());
+        let mut acked = false;
+        for pair in a.chunks(2) {
+            out.push(match (&pair[0], &pair[1]) {
+                (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => {
+                    // a duplicate too: the first commit may not have reached the replicas yet
+                    acked = true;
+                    Ok(Committed {
+                        offset: *o as u64,
+                        duplicate: *s == 1,
+                    })
+                }
                 (Value::Int(2), Value::Int(_)) => Err(Error::LogExhausted { shard }),
                 (Value::Int(3), Value::Int(o)) => Err(Error::IdReused {
                     shard,
                     offset: *o as u64,
                 }),
-                _ => Err(Error::UnexpectedReply {
-                    script: "commit_dispatch",
-                    detail: format!("{v:?}"),
-                }),
-            },
-            _ => Err(Error::UnexpectedReply {
-                script: "commit_dispatch",
-                detail: format!("{v:?}"),
-            }),
+                _ => return Err(bad()),
+            });
         }
+        // a refusal (exhausted log, id reused) wrote nothing: no replica needed
+        if let (Some(w), true) = (self.wait, acked) {
+            if let Err(e) = self.confirm.confirm(&self.conn, shard, w).await {
+                for r in out.iter_mut().filter(|r| r.is_ok()) {
+                    *r = Err(e.clone());
+                }
+            }
+        }
+        Ok(out)
     }
 
-    /// Runs the commit command, reloading the script once on NOSCRIPT, then (when a replica
-    /// wait is asked and something is to be acknowledged) waits for the grouped `WAIT`.
-    async fn run_commit(&mut self, shard: u32, cmd: &redis::Cmd) -> Result<Value> {
-        let v: Value = match cmd.query_async(&mut self.conn).await {
+    /// Runs the commit command, reloading the script once on NOSCRIPT.
+    async fn eval_commit(&mut self, cmd: &redis::Cmd) -> Result<Value> {
+        Ok(match cmd.query_async(&mut self.conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 let _: String = redis::cmd("SCRIPT")
                     .arg("LOAD")
@@ -347,14 +423,7 @@ impl LogStore {
                 cmd.query_async(&mut self.conn).await?
             }
             other => other?,
-        };
-        // a refusal (exhausted log, id reused) wrote nothing: no replica needed
-        let refused = matches!(&v, Value::Array(a) if matches!(a.first(), Some(Value::Int(2 | 3))));
-        if let (Some(w), false) = (self.wait, refused) {
-            // a duplicate too: the first commit may not have reached the replicas yet
-            self.confirm.confirm(&self.conn, shard, w).await?;
-        }
-        Ok(v)
+        })
     }
 
     /// Binds (sender, client id) to the message digest on the sender's shard `home` (one
@@ -522,7 +591,8 @@ impl LogReader {
     }
 
     /// Records after each shard's position, per shard in log order, at most `count` per
-    /// shard. Empty when nothing arrived within `block`.
+    /// shard. Empty when nothing arrived within `block`; a zero `block` does not wait (what
+    /// is there now, or nothing).
     pub async fn read(
         &mut self,
         positions: &[(u32, u64)],
@@ -536,7 +606,8 @@ impl LogReader {
     }
 }
 
-/// `XREAD BLOCK block COUNT count STREAMS dlog:{s}… after…` on one instance.
+/// `XREAD COUNT count BLOCK block STREAMS dlog:{s}… after…` on one instance (no `BLOCK` for a
+/// zero `block`: `BLOCK 0` would wait for ever).
 async fn read_blocking(
     conn: &mut MultiplexedConnection,
     positions: &[(u32, u64)],
@@ -544,11 +615,11 @@ async fn read_blocking(
     block: Duration,
 ) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
     let mut cmd = redis::cmd("XREAD");
-    cmd.arg("COUNT")
-        .arg(count)
-        .arg("BLOCK")
-        .arg(block.as_millis() as u64)
-        .arg("STREAMS");
+    cmd.arg("COUNT").arg(count);
+    if !block.is_zero() {
+        cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+    }
+    cmd.arg("STREAMS");
     for (s, _) in positions {
         cmd.arg(keys::dlog(*s));
     }

@@ -1,0 +1,465 @@
+//! `tidemark bench commit`: commits per second through the gateway's commit path, without
+//! WebSockets (issue 15, "the engine's own ceiling").
+//!
+//! A fresh local deployment ([`LocalRedis`]; no materializer runs, so the logs only grow) and
+//! the gateway's [`CommitPath`] in this process — what a WebSocket or HTTP send calls after
+//! admission: the id claimed on the sender's shard, then `commit_dispatch` on each shard the
+//! message touches. `senders` tasks play connections: each commits its sends one after
+//! another, as a WebSocket connection does (a new id each, `recipients` recipients drawn
+//! from 10,000 users by a seeded RNG). With `rate` `None` ("max") each sends its next message
+//! as soon as the last one is committed (closed loop); with a rate, the sends are paced to
+//! that aggregate rate (a sender that falls behind sends at once).
+//!
+//! After `warmup`, `INFO` of every instance and this process's CPU time are read; the window
+//! lasts `duration`; they are read again. Reported: commits/s overall and per core instance
+//! (the shard commits of its shards), the commit latency (P50/P99), Redis CPU per instance
+//! (% and µs per commit), commands per commit by command, this process's CPU, and every
+//! failed commit by code. Admission (per-user rates, commit permits) is not part of the path
+//! measured.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use tidemark_protocol::SendRequest;
+use tidemark_server::gateway::CommitPath;
+use tidemark_server::health::HealthBoard;
+use tidemark_store::redis::dlog::WaitPolicy;
+use tidemark_store::redis::watermark::Layout;
+use tokio::time::Instant;
+
+use crate::catchup::commands_line;
+use crate::engine::{
+    bar, bound_per_s, load_avg, round3, sample_all, thousands, Error, InstanceUse, LocalRedis,
+    ProcessMark,
+};
+
+/// Users the recipients are drawn from.
+const RECIPIENT_POOL: usize = 10_000;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct CommitOptions {
+    /// Aggregate sends per second; `None`: as fast as the senders go (`--rate max`).
+    pub rate: Option<f64>,
+    /// Measured window.
+    pub duration: Duration,
+    /// Sending before the window (not measured).
+    pub warmup: Duration,
+    /// Concurrent senders (connections), each one send at a time.
+    pub senders: usize,
+    /// Recipients per send.
+    pub recipients: usize,
+    /// Core Redis instances.
+    pub core: usize,
+    /// Shards.
+    pub shards: u32,
+    /// `appendfsync` of every instance.
+    pub appendfsync: String,
+    /// Body bytes of each send.
+    pub body_bytes: usize,
+    /// RNG seed of the recipient choice.
+    pub seed: u64,
+    /// A label kept in the report.
+    pub label: Option<String>,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+impl Default for CommitOptions {
+    fn default() -> Self {
+        CommitOptions {
+            rate: None,
+            duration: Duration::from_secs(10),
+            warmup: Duration::from_secs(2),
+            senders: 1000,
+            recipients: 1,
+            core: 1,
+            shards: 64,
+            appendfsync: "everysec".into(),
+            body_bytes: 64,
+            seed: 1,
+            label: None,
+            progress: false,
+        }
+    }
+}
+
+/// One core instance's commits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CoreCommits {
+    /// Index in the core pool.
+    pub index: usize,
+    /// Shard commits on its shards in the window.
+    pub commits: u64,
+    /// Per second.
+    pub commits_per_s: f64,
+    /// Its Redis use over the window, per shard commit.
+    pub redis: InstanceUse,
+    /// Commits/s this instance would take at 100 % of one core (`1e6 /
+    /// redis.cpu_us_per_unit`): its ceiling when nothing else is short.
+    pub redis_bound_per_s: f64,
+}
+
+/// The result of one commit run.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CommitReport {
+    /// Always `commit`.
+    pub bench: String,
+    /// The caller's label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// Offered rate (`None`: max).
+    pub rate: Option<f64>,
+    /// Measured seconds.
+    pub duration_s: f64,
+    /// Concurrent senders.
+    pub senders: usize,
+    /// Recipients per send.
+    pub recipients: usize,
+    /// Core instances.
+    pub core: usize,
+    /// Shards.
+    pub shards: u32,
+    /// `appendfsync` of every instance.
+    pub appendfsync: String,
+    /// Body bytes per send.
+    pub body_bytes: usize,
+    /// Sends committed in the window.
+    pub sends: u64,
+    /// Per second.
+    pub sends_per_s: f64,
+    /// Shard commits in the window (a send touching k shards counts k).
+    pub commits: u64,
+    /// Per second.
+    pub commits_per_s: f64,
+    /// Commit latency of a send (its claim and every shard's commit), ms.
+    pub latency_ms: BTreeMap<String, f64>,
+    /// Failed sends by code (whole run).
+    pub errors: BTreeMap<String, u64>,
+    /// Per core instance.
+    pub per_core: Vec<CoreCommits>,
+    /// The (idle) mailbox instance, for completeness.
+    pub per_mailbox: Vec<InstanceUse>,
+    /// CPU seconds of this process in the window.
+    pub process_cpu_s: f64,
+    /// Its CPU % of one core.
+    pub process_cpu_pct: f64,
+    /// Its CPU µs per send.
+    pub process_cpu_us_per_send: f64,
+    /// Shard commits per `commit_dispatch` call (group commit): commits / `EVALSHA` calls of
+    /// the core pool.
+    pub commits_per_call: f64,
+    /// The 1-minute load average of the machine at the start and at the end of the window.
+    pub load_avg: [f64; 2],
+}
+
+struct Counters {
+    /// Shard commits per core instance, counted while `measuring`.
+    per_core: Vec<AtomicU64>,
+    sends: AtomicU64,
+    measuring: AtomicBool,
+    stop: AtomicBool,
+    all_sends: AtomicU64,
+}
+
+/// Runs one commit benchmark on a fresh local deployment.
+pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
+    if opts.senders == 0 || opts.recipients == 0 || opts.recipients > 64 {
+        return Err(Error::Invalid(
+            "--senders must be at least 1 and --recipients 1..=64".into(),
+        ));
+    }
+    if opts.rate.is_some_and(|r| r.is_nan() || r <= 0.0) {
+        return Err(Error::Invalid("--rate must be above 0 or `max`".into()));
+    }
+    let local = LocalRedis::start(
+        opts.core,
+        1,
+        opts.shards,
+        Layout::PackedV2,
+        &opts.appendfsync,
+    )
+    .await?;
+    let map = local.map.clone();
+    let path = CommitPath::connect(
+        map.clone(),
+        &WaitPolicy::default(),
+        Arc::new(HealthBoard::default()),
+    )
+    .await?;
+    let mut watched = local.watch().await?;
+    let users: Arc<Vec<String>> = Arc::new((0..RECIPIENT_POOL).map(|i| format!("u{i}")).collect());
+    let core_of_shard: Arc<Vec<usize>> =
+        Arc::new(map.all_shards().map(|s| map.core_of(s)).collect());
+    let counters = Arc::new(Counters {
+        per_core: (0..opts.core).map(|_| AtomicU64::new(0)).collect(),
+        sends: AtomicU64::new(0),
+        measuring: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        all_sends: AtomicU64::new(0),
+    });
+    let body_tail = "x".repeat(opts.body_bytes.saturating_sub(12));
+    let start = Instant::now() + Duration::from_millis(20);
+    let mut tasks = Vec::with_capacity(opts.senders);
+    for i in 0..opts.senders {
+        let (path, users, core_of_shard, counters) = (
+            path.clone(),
+            users.clone(),
+            core_of_shard.clone(),
+            counters.clone(),
+        );
+        let (body_tail, opts) = (body_tail.clone(), opts.clone());
+        tasks.push(tokio::spawn(async move {
+            let sender = format!("b{i}");
+            let mut rng = StdRng::seed_from_u64(opts.seed.wrapping_mul(1_000_003) + i as u64);
+            let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("valid");
+            let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+            let interval = opts
+                .rate
+                .map(|r| Duration::from_secs_f64(opts.senders as f64 / r));
+            let mut next = start
+                + interval.map_or(Duration::ZERO, |iv| {
+                    iv.mul_f64(i as f64 / opts.senders as f64)
+                });
+            let mut n = 0u64;
+            tokio::time::sleep_until(start).await;
+            while !counters.stop.load(Ordering::Relaxed) {
+                if let Some(iv) = interval {
+                    tokio::time::sleep_until(next).await;
+                    next += iv;
+                }
+                let mut to: Vec<String> = Vec::with_capacity(opts.recipients);
+                while to.len() < opts.recipients {
+                    let u = &users[rng.random_range(0..users.len())];
+                    if !to.contains(u) {
+                        to.push(u.clone());
+                    }
+                }
+                let req = SendRequest {
+                    id: format!("m{n}"),
+                    to,
+                    body: format!("{sender}:{n:06}:{body_tail}"),
+                };
+                n += 1;
+                let t = Instant::now();
+                let r = path.commit(&sender, &req).await;
+                let measuring = counters.measuring.load(Ordering::Relaxed);
+                counters.all_sends.fetch_add(1, Ordering::Relaxed);
+                match r {
+                    Ok(offsets) => {
+                        if measuring {
+                            let _ = hist.record(t.elapsed().as_micros() as u64);
+                            counters.sends.fetch_add(1, Ordering::Relaxed);
+                            for s in offsets.keys() {
+                                counters.per_core[core_of_shard[*s as usize]]
+                                    .fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    Err((code, _)) => *errors.entry(code.as_str().to_string()).or_default() += 1,
+                }
+            }
+            (hist, errors)
+        }));
+    }
+
+    let total = opts.warmup + opts.duration;
+    let pb = bar(
+        opts.progress,
+        total.as_secs().max(1),
+        "commit {elapsed_precise} [{bar:30}] {pos}/{len} s {msg}",
+    );
+    let ticker = {
+        let (pb, counters) = (pb.clone(), counters.clone());
+        tokio::spawn(async move {
+            let mut last = (Instant::now(), 0u64);
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                if counters.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let n = counters.all_sends.load(Ordering::Relaxed);
+                let rate = (n - last.1) as f64 / last.0.elapsed().as_secs_f64();
+                last = (Instant::now(), n);
+                pb.set_position(start.elapsed().as_secs());
+                pb.set_message(format!("{} sends/s", thousands(rate)));
+            }
+        })
+    };
+    tokio::time::sleep_until(start + opts.warmup).await;
+    let load0 = load_avg();
+    let a = sample_all(&mut watched).await?;
+    let mark = ProcessMark::now();
+    counters.measuring.store(true, Ordering::SeqCst);
+    tokio::time::sleep(opts.duration).await;
+    counters.measuring.store(false, Ordering::SeqCst);
+    let (wall_s, cpu_s) = mark.since();
+    let b = sample_all(&mut watched).await?;
+    counters.stop.store(true, Ordering::SeqCst);
+    let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("valid");
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    for t in tasks {
+        let (h, e) = t
+            .await
+            .map_err(|e| Error::Failed(format!("a sender ended: {e}")))?;
+        let _ = hist.add(&h);
+        for (k, v) in e {
+            *errors.entry(k).or_default() += v;
+        }
+    }
+    let _ = ticker.await;
+    pb.finish_and_clear();
+
+    let sends = counters.sends.load(Ordering::SeqCst);
+    let per_core_commits: Vec<u64> = counters
+        .per_core
+        .iter()
+        .map(|c| c.load(Ordering::SeqCst))
+        .collect();
+    let commits: u64 = per_core_commits.iter().sum();
+    let mut per_core = Vec::new();
+    let mut per_mailbox = Vec::new();
+    let mut evalsha = 0.0;
+    for (k, w) in watched.iter().enumerate() {
+        if w.pool == "core" {
+            let n = per_core_commits[w.index];
+            let redis = InstanceUse::between(w, &a[k], &b[k], wall_s, n);
+            evalsha += redis
+                .commands
+                .get("evalsha")
+                .map_or(0.0, |c| c.calls_per_unit * n as f64);
+            per_core.push(CoreCommits {
+                index: w.index,
+                commits: n,
+                commits_per_s: round3(n as f64 / wall_s),
+                redis_bound_per_s: bound_per_s(redis.cpu_us_per_unit),
+                redis,
+            });
+        } else {
+            per_mailbox.push(InstanceUse::between(w, &a[k], &b[k], wall_s, sends));
+        }
+    }
+    let q = |p: f64| round3(hist.value_at_quantile(p) as f64 / 1000.0);
+    let latency_ms = BTreeMap::from([
+        ("p50".to_string(), q(0.5)),
+        ("p99".to_string(), q(0.99)),
+        ("p999".to_string(), q(0.999)),
+        ("max".to_string(), round3(hist.max() as f64 / 1000.0)),
+    ]);
+    drop(local);
+    Ok(CommitReport {
+        bench: "commit".into(),
+        label: opts.label.clone(),
+        rate: opts.rate,
+        duration_s: round3(wall_s),
+        senders: opts.senders,
+        recipients: opts.recipients,
+        core: opts.core,
+        shards: opts.shards,
+        appendfsync: opts.appendfsync.clone(),
+        body_bytes: opts.body_bytes,
+        sends,
+        sends_per_s: round3(sends as f64 / wall_s),
+        commits,
+        commits_per_s: round3(commits as f64 / wall_s),
+        latency_ms,
+        errors,
+        per_core,
+        per_mailbox,
+        process_cpu_s: round3(cpu_s),
+        process_cpu_pct: round3(cpu_s / wall_s * 100.0),
+        process_cpu_us_per_send: round3(if sends > 0 {
+            cpu_s * 1e6 / sends as f64
+        } else {
+            0.0
+        }),
+        commits_per_call: round3(if evalsha > 0.0 {
+            commits as f64 / evalsha
+        } else {
+            0.0
+        }),
+        load_avg: [load0, load_avg()],
+    })
+}
+
+/// The report as text.
+pub fn render(r: &CommitReport) -> String {
+    let rate = r.rate.map_or("max".to_string(), thousands);
+    let mut out = format!(
+        "commits at rate {rate}, {} senders, {} core, {} shards: {} sends/s, {} shard commits/s; \
+         {:.1} commits per call; latency P50 {:.2} ms, P99 {:.2} ms; tidemark process {:.0}% \
+         CPU, {:.2} µs/send; load average {:.1} → {:.1}\n",
+        r.senders,
+        r.core,
+        r.shards,
+        thousands(r.sends_per_s),
+        thousands(r.commits_per_s),
+        r.commits_per_call,
+        r.latency_ms.get("p50").copied().unwrap_or(0.0),
+        r.latency_ms.get("p99").copied().unwrap_or(0.0),
+        r.process_cpu_pct,
+        r.process_cpu_us_per_send,
+        r.load_avg[0],
+        r.load_avg[1],
+    );
+    if !r.errors.is_empty() {
+        out += &format!("  errors: {:?}\n", r.errors);
+    }
+    for c in &r.per_core {
+        out += &format!(
+            "  core {}: {} commits/s; Redis CPU {:.0}%, {:.2} µs/commit (at 100% of a core: {} \
+             commits/s)\n",
+            c.index,
+            thousands(c.commits_per_s),
+            c.redis.cpu_pct,
+            c.redis.cpu_us_per_unit,
+            thousands(c.redis_bound_per_s),
+        );
+        out += &commands_line(&c.redis);
+    }
+    out
+}
+
+/// The table of a commit report, one row per run (what `tidemark bench report FILE` prints
+/// for it, and what `docs/performance.md` shows).
+pub fn markdown_table(runs: &[CommitReport]) -> String {
+    let mut out = String::from(
+        "| run | commits/s | commits per call | core Redis CPU | core Redis µs/commit | \
+         at 100% of a core | tidemark µs/send | latency P50 / P99 | errors | load average |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in runs {
+        let Some(c) = r.per_core.first() else {
+            continue;
+        };
+        let errors = if r.errors.is_empty() {
+            "none".to_string()
+        } else {
+            r.errors
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        out += &format!(
+            "| {} | {} | {:.1} | {:.0}% | {:.2}µs | {} | {:.2}µs | {:.1} / {:.1} ms | {} | {:.1} |\n",
+            r.label.as_deref().unwrap_or("—"),
+            thousands(c.commits_per_s),
+            r.commits_per_call,
+            c.redis.cpu_pct,
+            c.redis.cpu_us_per_unit,
+            thousands(c.redis_bound_per_s),
+            r.process_cpu_us_per_send,
+            r.latency_ms.get("p50").copied().unwrap_or(0.0),
+            r.latency_ms.get("p99").copied().unwrap_or(0.0),
+            errors,
+            r.load_avg[0],
+        );
+    }
+    out
+}

@@ -1,0 +1,229 @@
+//! The commit path of a send, without the client protocol around it: recipients grouped by
+//! shard, the id claimed on the sender's shard, then each shard's part joins that shard's next
+//! `commit_dispatch` call on its core instance (group commit, [`super::group_commit`]), all
+//! shards concurrently; the send is committed when every shard committed.
+//!
+//! Failure of any shard is `internal` (retryable): the client resends the same id and the
+//! (sender, id) dedupe of each shard returns the offsets it first assigned, so shards that
+//! did commit are not committed twice. The one permanent failure is a shard whose log has
+//! used up its offsets (head at 2^48-1): `log_exhausted`, not retryable, reported even when
+//! another shard failed transiently (a retry could never complete the send).
+//!
+//! [`CommitPath`] is what the gateway's WebSocket and HTTP handlers call (through
+//! [`super::send`], after admission), and what `tidemark bench commit` drives directly.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tidemark_protocol::{ErrorCode, SendRequest};
+use tidemark_store::redis::dlog::{LogStore, WaitPolicy, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::topology::ShardMap;
+use tidemark_store::Error as StoreError;
+use tokio_util::task::TaskTracker;
+
+use super::group_commit::{GroupCommit, Pending};
+use super::GatewayError;
+use crate::health::HealthBoard;
+
+/// Upper bound on one send's commits (the store's own response timeout is longer).
+const COMMIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A send's failure: the code for the client and a message.
+pub type SendFailure = (ErrorCode, String);
+
+/// Recipients by shard, in the order given.
+pub(crate) fn group_by_shard<'a>(to: &'a [String], map: &ShardMap) -> BTreeMap<u32, Vec<&'a str>> {
+    let mut by: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for r in to {
+        by.entry(map.route(r).shard).or_default().push(r.as_str());
+    }
+    by
+}
+
+/// The commit side of the gateway: one connection per core instance and the per-shard group
+/// commit queues ([`GroupCommit`]). Cheap to clone (shared).
+#[derive(Clone)]
+pub struct CommitPath {
+    map: ShardMap,
+    /// One per core instance (index = instance).
+    cores: Vec<LogStore>,
+    health: Arc<HealthBoard>,
+    groups: GroupCommit,
+}
+
+impl CommitPath {
+    /// Connects to every core instance of `map`; each waits for the replicas `core_wait`
+    /// resolves to before a commit counts (ADR-0032). The group commit's flush tasks are
+    /// spawned on a tracker of its own ([`CommitPath::connect_tracked`] takes the caller's).
+    pub async fn connect(
+        map: ShardMap,
+        core_wait: &WaitPolicy,
+        health: Arc<HealthBoard>,
+    ) -> Result<CommitPath, GatewayError> {
+        Self::connect_tracked(map, core_wait, health, TaskTracker::new()).await
+    }
+
+    /// [`CommitPath::connect`] with the group commit's flush tasks spawned on `tracker` (the
+    /// gateway joins them with its other tasks).
+    pub async fn connect_tracked(
+        map: ShardMap,
+        core_wait: &WaitPolicy,
+        health: Arc<HealthBoard>,
+        tracker: TaskTracker,
+    ) -> Result<CommitPath, GatewayError> {
+        let mut cores = Vec::with_capacity(map.core_urls().len());
+        for url in map.core_urls() {
+            let mut core = LogStore::connect(url).await?;
+            let wait = core_wait.resolve(&mut core.connection()).await?;
+            if let Some(w) = wait {
+                tracing::info!(
+                    core = %tidemark_store::redact_url(url),
+                    replicas = w.replicas,
+                    timeout_ms = w.timeout.as_millis() as u64,
+                    "commits wait for replicas before send_ack"
+                );
+            }
+            core.set_replica_wait(wait);
+            cores.push(core);
+        }
+        let groups = GroupCommit::new(map.clone(), cores.clone(), DEFAULT_DEDUPE_TTL_S, tracker);
+        Ok(CommitPath {
+            map,
+            cores,
+            health,
+            groups,
+        })
+    }
+
+    /// The connections to the core instances (index = instance).
+    pub fn cores(&self) -> &[LogStore] {
+        &self.cores
+    }
+
+    /// A connection to the core instance of `shard`.
+    pub fn core(&self, shard: u32) -> LogStore {
+        self.cores[self.map.core_of(shard)].clone()
+    }
+
+    /// Commits `req` from `sender` to every shard it touches. Returns shard → offset.
+    pub async fn commit(
+        &self,
+        sender: &str,
+        req: &SendRequest,
+    ) -> Result<BTreeMap<u32, u64>, SendFailure> {
+        let sent_at_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        let groups = group_by_shard(&req.to, &self.map);
+        // a shard stopped here because its watermark is corrupt takes no new message: refused
+        // before anything commits (else it would wait, acknowledged, until a repair)
+        if let Some(&bad) = groups.keys().find(|&&s| self.health.is_corrupt(s)) {
+            return Err((
+                ErrorCode::ShardUnavailable,
+                format!(
+                    "shard {bad} is stopped (corrupt watermark) until an operator repairs it; \
+                     nothing was committed"
+                ),
+            ));
+        }
+        // one digest for the whole message: a resend with the same id must be the same
+        // message on every shard (the same recipients, the same body)
+        let all: Vec<&str> = req.to.iter().map(String::as_str).collect();
+        let digest = &tidemark_store::redis::dlog::request_digest(&all, &req.body);
+        // the id is bound to the message on the sender's own shard first, so that a reuse is
+        // refused before any shard commits (a shard the first message did not touch has no
+        // dedupe record to compare with)
+        let home = self.map.route(sender).shard;
+        let claim = self
+            .core(home)
+            .claim_message_id(home, sender, &req.id, digest, DEFAULT_DEDUPE_TTL_S)
+            .await
+            .map_err(|e| {
+                tracing::warn!(sender, id = %req.id, error = %e, "message id claim failed");
+                (
+                    ErrorCode::Internal,
+                    "commit failed; retry with the same id".to_string(),
+                )
+            })?;
+        if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
+            return Err(id_reused(&req.id));
+        }
+        // each shard's commit joins that shard's next group call
+        let commits = groups.iter().map(|(&shard, rcpts)| {
+            let msg = Pending {
+                sender: sender.to_string(),
+                client_id: req.id.clone(),
+                recipients: rcpts.iter().map(|r| r.to_string()).collect(),
+                body: req.body.clone(),
+                sent_at_us,
+                digest: digest.clone(),
+            };
+            let groups = &self.groups;
+            async move { (shard, groups.commit(shard, msg).await) }
+        });
+        let results = tokio::time::timeout(COMMIT_TIMEOUT, futures::future::join_all(commits))
+            .await
+            .map_err(|_| {
+                tracing::warn!(sender, id = %req.id, "commit timed out");
+                (
+                    ErrorCode::Internal,
+                    "commit timed out; retry with the same id".to_string(),
+                )
+            })?;
+        let mut offsets = BTreeMap::new();
+        let mut duplicates = 0u64;
+        let mut failure: Option<SendFailure> = None;
+        for (shard, r) in results {
+            match r {
+                Ok(c) => {
+                    duplicates += u64::from(c.duplicate);
+                    offsets.insert(shard, c.offset);
+                }
+                Err(StoreError::IdReused { shard, offset }) => {
+                    tracing::info!(shard, offset, sender, id = %req.id, "id reused for another message");
+                    // Permanent too: the id names another message.
+                    failure = Some(id_reused(&req.id));
+                }
+                Err(StoreError::LogExhausted { shard }) => {
+                    tracing::error!(shard, sender, id = %req.id, "dispatch log exhausted: commit refused");
+                    // Permanent: it wins over a transient failure of another shard.
+                    failure = Some((
+                        ErrorCode::LogExhausted,
+                        format!(
+                            "shard {shard} has used up its log offsets; the send cannot complete"
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    tracing::warn!(shard, sender, id = %req.id, error = %e, "commit failed");
+                    if failure.is_none() {
+                        failure = Some((
+                            ErrorCode::Internal,
+                            format!("commit to shard {shard} failed; retry with the same id"),
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(f) = failure {
+            return Err(f);
+        }
+        metrics::counter!("tidemark_commits_total").increment(1);
+        if duplicates > 0 {
+            metrics::counter!("tidemark_commit_duplicates_total").increment(1);
+        }
+        Ok(offsets)
+    }
+}
+
+fn id_reused(id: &str) -> SendFailure {
+    (
+        ErrorCode::IdReused,
+        format!(
+            "id {id:?} was already used for another message (other recipients or body) within \
+             the last 24 hours; use a new id"
+        ),
+    )
+}

@@ -1,0 +1,158 @@
+//! Group commit (ADR-0036) through the gateway, against real redis-servers: many connections
+//! send to one shard at once, so their commits meet in that shard's queue and go to Redis in
+//! groups. Every send must still get its own answer (its offset, duplicate, `id_reused`),
+//! each connection's sends must keep their order, and the mailbox entry at each acknowledged
+//! offset must be the message that was acknowledged with it.
+
+mod gateway_support;
+
+use std::collections::BTreeMap;
+
+use gateway_support::{offset_of, start, Deployment, Ws};
+use serde_json::Value;
+
+/// Connections sending at once.
+const CONNS: usize = 24;
+/// New messages per connection.
+const PER: usize = 25;
+
+/// The next `send_ack` or `error` frame (deliveries stay pending).
+async fn answer(ws: &mut Ws) -> Value {
+    ws.recv_where(|v| v["type"] == "send_ack" || v["type"] == "error")
+        .await
+}
+
+/// The first `n` deliveries to `user` (a new connection): seq -> (from, body), checking
+/// that they come in seq order.
+async fn delivered(d: &Deployment, user: &str, n: usize) -> BTreeMap<u64, (String, String)> {
+    let mut ws = d.ready(user).await;
+    let mut out = BTreeMap::new();
+    let mut last = 0;
+    for _ in 0..n {
+        let m = ws.deliver().await;
+        let seq = m["seq"].as_u64().unwrap();
+        assert!(seq > last, "deliveries in seq order");
+        last = seq;
+        let from = m["from"].as_str().unwrap().to_string();
+        out.insert(seq, (from, m["body"].as_str().unwrap().to_string()));
+    }
+    out
+}
+
+/// `(count, sum)` of the group-size histogram in `/metrics`.
+async fn group_sizes(d: &Deployment) -> (f64, f64) {
+    let (status, text) = d.get_text("/metrics").await;
+    assert_eq!(status, 200);
+    let field = |suffix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("tidemark_commit_group_size_{suffix} ")))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (field("count"), field("sum"))
+}
+
+#[tokio::test]
+async fn concurrent_connections_each_get_their_own_answers_in_their_own_order() {
+    let d = start().await;
+    let bob = "bob";
+    let users: Vec<String> = (0..CONNS).map(|i| format!("g{i}")).collect();
+    let mut socks = d.ready_all(&users).await;
+    // Every connection queues all its sends at once. The gateway commits a connection's
+    // sends one after another, so the connections' sends meet in the shard's queue. After
+    // its new messages, each connection resends m-3 (the same message: a duplicate) and
+    // reuses m-5 for another body (id_reused).
+    for (i, ws) in socks.iter_mut().enumerate() {
+        for j in 0..PER {
+            ws.send_only(&format!("m-{j}"), &[bob], &format!("{i}:{j}"))
+                .await;
+        }
+        ws.send_only("m-3", &[bob], &format!("{i}:3")).await;
+        ws.send_only("m-5", &[bob], &format!("{i}:5 again")).await;
+    }
+    // offset -> the (sender, body) it was acknowledged for
+    let mut acked: BTreeMap<u64, (String, String)> = BTreeMap::new();
+    for (i, ws) in socks.iter_mut().enumerate() {
+        let mut mine = Vec::new();
+        for j in 0..PER {
+            let a = answer(ws).await;
+            assert_eq!(
+                (&a["type"], &a["id"]),
+                (&"send_ack".into(), &format!("m-{j}").into())
+            );
+            let off = offset_of(a["offsets"].as_object().unwrap(), bob);
+            let prev = acked.insert(off, (users[i].clone(), format!("{i}:{j}")));
+            assert!(prev.is_none(), "offset {off} acknowledged twice: {prev:?}");
+            mine.push(off);
+        }
+        assert!(
+            mine.windows(2).all(|w| w[0] < w[1]),
+            "connection {i}'s sends out of order: {mine:?}"
+        );
+        let resend = answer(ws).await;
+        assert_eq!(resend["type"], "send_ack", "{resend}");
+        assert_eq!(
+            offset_of(resend["offsets"].as_object().unwrap(), bob),
+            mine[3],
+            "a resend is answered with the first offset"
+        );
+        let reused = answer(ws).await;
+        assert_eq!(
+            (
+                reused["type"].as_str(),
+                reused["code"].as_str(),
+                reused["id"].as_str()
+            ),
+            (Some("error"), Some("id_reused"), Some("m-5")),
+            "{reused}"
+        );
+    }
+    // the offsets are exactly 1..=CONNS*PER, and bob's mailbox entry at each offset is the
+    // message acknowledged with it
+    let n = (CONNS * PER) as u64;
+    assert_eq!(
+        acked.keys().copied().collect::<Vec<_>>(),
+        (1..=n).collect::<Vec<_>>()
+    );
+    assert_eq!(delivered(&d, bob, CONNS * PER).await, acked);
+    // and the commits really went in groups
+    let (count, sum) = group_sizes(&d).await;
+    assert!(
+        sum > count,
+        "no commit call held more than one message (calls {count}, messages {sum})"
+    );
+}
+
+/// Two connections of one user send the same messages at once (a resend racing the first
+/// send): both are answered with the same offset, the message is in the mailbox once.
+#[tokio::test]
+async fn a_resend_racing_its_first_send_gets_the_same_offset() {
+    let d = start().await;
+    let bob = "bob";
+    let mut a = d.ready("twin").await;
+    let mut b = d.ready("twin").await;
+    const N: usize = 40;
+    for j in 0..N {
+        a.send_only(&format!("t-{j}"), &[bob], &format!("body {j}"))
+            .await;
+        b.send_only(&format!("t-{j}"), &[bob], &format!("body {j}"))
+            .await;
+    }
+    let mut offsets = BTreeMap::new();
+    for j in 0..N {
+        let (x, y) = (answer(&mut a).await, answer(&mut b).await);
+        assert_eq!(
+            (&x["type"], &y["type"]),
+            (&"send_ack".into(), &"send_ack".into())
+        );
+        let (ox, oy) = (
+            offset_of(x["offsets"].as_object().unwrap(), bob),
+            offset_of(y["offsets"].as_object().unwrap(), bob),
+        );
+        assert_eq!(ox, oy, "t-{j}: {x} {y}");
+        offsets.insert(ox, ("twin".to_string(), format!("body {j}")));
+    }
+    assert_eq!(offsets.len(), N);
+    // each message once in bob's mailbox, at the offset both were answered with
+    assert_eq!(delivered(&d, bob, N).await, offsets);
+}

@@ -817,32 +817,12 @@ fn bar(opts: &IdleOptions, len: u64, template: &str) -> ProgressBar {
 
 /// This process, now (Linux `/proc/self`; `None` figures elsewhere).
 fn self_sample() -> ProcSample {
-    // SAFETY: sysconf only reads configuration values.
-    let (ticks, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_CLK_TCK),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    let cpu_s = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|stat| {
-            // the command name may hold spaces: count the fields after its ')'; utime and
-            // stime (fields 14 and 15) are then at 11 and 12
-            let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            let u: f64 = f.get(11)?.parse().ok()?;
-            let s: f64 = f.get(12)?.parse().ok()?;
-            (ticks > 0).then(|| (u + s) / ticks as f64)
-        });
-    let rss_bytes = std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|m| m.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .filter(|_| page > 0)
-        .map(|pages| pages * page as u64);
+    // the reading of /proc/self that `bench load` uses, plus this report's extra field
+    let p = crate::load::self_sample();
     ProcSample {
-        at: Instant::now(),
-        cpu_s,
-        rss_bytes,
+        at: p.at,
+        cpu_s: p.cpu_s,
+        rss_bytes: p.rss_bytes,
         connected_clients: None,
     }
 }

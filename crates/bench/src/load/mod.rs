@@ -60,6 +60,7 @@ mod driver;
 mod info;
 mod isolated;
 mod procs;
+pub(crate) use procs::self_sample;
 mod report;
 
 use std::collections::BTreeMap;

@@ -47,14 +47,16 @@ def call(i):
                 "dd:{%d}:8:user-007cli-%016d" % (s, i), "dd:{%d}:user-007\0cli-%016d" % (s, i),
                 "user-007", "cli-%016d" % i, rec, body, "1796000000000000", 86400,
                 "0123456789abcdef0123456789abcdef"]
-    # commit_dispatch.lua: KEYS dlog, head, then (dedupe, legacy dedupe) per message;
-    # ARGV n, ttl, wake channel ('' = none), then 6 per message
+    # commit_dispatch.lua: KEYS dlog, head, then (dedupe, legacy dedupe, id claim) per
+    # message; ARGV n, ttl, wake channel ('' = none), then 7 per message (the last: claim the
+    # id in the call, ADR-0037: the gateway does for a one-shard send on one instance)
     ids = ["cli-%016d-%03d" % (i, k) for k in range(group)]
     keys, args = ["dlog:{%d}" % s, "head:{%d}" % s], [group, 86400, ""]
     for c in ids:
-        keys += ["dd:{%d}:8:user-007%s" % (s, c), "dd:{%d}:user-007\0%s" % (s, c)]
+        keys += ["dd:{%d}:8:user-007%s" % (s, c), "dd:{%d}:user-007\0%s" % (s, c),
+                 "msgid:{%d}:8:user-007%s" % (s, c)]
         args += ["user-007", c, rec, body, "1796000000000000",
-                 "0123456789abcdef0123456789abcdef"]
+                 "0123456789abcdef0123456789abcdef", "1"]
     return ["EVALSHA", sha, len(keys)] + keys + args
 
 

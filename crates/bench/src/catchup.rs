@@ -248,6 +248,7 @@ async fn fill(
                         body: b,
                         sent_at_us: 1,
                         digest: d,
+                        claim_home: None,
                     })
                     .collect();
                 for r in store.commit_group(s, &reqs, DEFAULT_DEDUPE_TTL_S).await? {

@@ -247,6 +247,7 @@ async fn group(e: &mut Env, s: u32, msgs: &[Msg<'_>]) -> Vec<Result<(u64, bool),
             body: b,
             sent_at_us: 100 + i as u64,
             digest: d,
+            claim_home: None,
         })
         .collect();
     e.core
@@ -418,6 +419,7 @@ async fn a_failed_xadd_fails_the_group_and_writes_nothing() {
         body: "x",
         sent_at_us: 1,
         digest: "",
+        claim_home: None,
     };
     let reqs = [
         CommitRequest {
@@ -442,4 +444,74 @@ async fn a_failed_xadd_fails_the_group_and_writes_nothing() {
     }
     // the resend ahead of the failure was answered before it: still a duplicate
     assert_eq!(e.commit(s, ("a", "1"), "x", 1).await, (1, true));
+}
+
+/// ADR-0037: a commit that carries its id claim binds the id like `claim_message_id` would,
+/// in the same call: a first send claims and commits, a resend is a duplicate, the same id
+/// with another message is refused with nothing written (also when the claim was made by a
+/// separate `claim_message_id`, and on another shard's key: the sender's home).
+#[tokio::test]
+async fn a_commit_that_carries_its_claim_binds_the_id_and_refuses_another_message() {
+    use tidemark_store::redis::dlog::{request_digest, CommitRequest, IdClaim};
+    let mut e = env().await;
+    let (s, home) = (3u32, 9u32);
+    let d1 = request_digest(&["bob"], "one");
+    let d2 = request_digest(&["bob"], "two");
+    let req = |id: &'static str, body: &'static str, d: &'static str| CommitRequest {
+        sender: "alice",
+        client_id: id,
+        recipients: &["bob"],
+        body,
+        sent_at_us: 1,
+        digest: d,
+        claim_home: Some(home),
+    };
+    let (d1, d2): (&'static str, &'static str) = (d1.leak(), d2.leak());
+    let store = e.core.clone();
+    let one = |r: CommitRequest<'static>| {
+        let core = store.clone();
+        async move {
+            let mut core = core;
+            core.commit_group(s, &[r], TTL)
+                .await
+                .expect("the call")
+                .pop()
+                .unwrap()
+        }
+    };
+    let first = one(req("m1", "one", d1)).await.unwrap();
+    assert_eq!((first.offset, first.duplicate), (1, false));
+    let claim: Option<String> = e
+        .raw
+        .get(keys::message_id(home, "alice", "m1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        claim.as_deref(),
+        Some(d1),
+        "the call bound the id to the digest"
+    );
+    let again = one(req("m1", "one", d1)).await.unwrap();
+    assert_eq!((again.offset, again.duplicate), (1, true), "a resend");
+    match one(req("m1", "two", d2)).await {
+        Err(Error::IdReused { shard, .. }) => assert_eq!(shard, s),
+        other => panic!("another message under a claimed id: {other:?}"),
+    }
+    // an id claimed by the separate SET (a send to several shards) is refused here too,
+    // before any dedupe record of this shard exists
+    assert_eq!(
+        e.core
+            .claim_message_id(home, "alice", "m2", d1, TTL)
+            .await
+            .unwrap(),
+        IdClaim::New
+    );
+    match one(req("m2", "two", d2)).await {
+        Err(Error::IdReused { shard, offset }) => assert_eq!((shard, offset), (s, 0)),
+        other => panic!("another message under a claimed id: {other:?}"),
+    }
+    assert_eq!(e.core.head(s).await.unwrap(), 1, "nothing more was written");
+    assert_eq!(log_of(&mut e, s).await.len(), 1);
+    let d: Option<String> = e.raw.get(keys::dedupe(s, "alice", "m2")).await.unwrap();
+    assert_eq!(d, None, "the refused message left no dedupe record");
 }

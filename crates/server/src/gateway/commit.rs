@@ -134,21 +134,33 @@ impl CommitPath {
         let digest = &tidemark_store::redis::dlog::request_digest(&all, &req.body);
         // the id is bound to the message on the sender's own shard first, so that a reuse is
         // refused before any shard commits (a shard the first message did not touch has no
-        // dedupe record to compare with)
+        // dedupe record to compare with). A send to one shard whose commit call can reach the
+        // claim key (the same instance; on a Redis Cluster the same shard) claims inside that
+        // call instead: one round trip, not two (ADR-0037).
         let home = self.map.route(sender).shard;
-        let claim = self
-            .core(home)
-            .claim_message_id(home, sender, &req.id, digest, DEFAULT_DEDUPE_TTL_S)
-            .await
-            .map_err(|e| {
-                tracing::warn!(sender, id = %req.id, error = %e, "message id claim failed");
-                (
-                    ErrorCode::Internal,
-                    "commit failed; retry with the same id".to_string(),
-                )
-            })?;
-        if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
-            return Err(id_reused(&req.id));
+        let folded = match groups.keys().next() {
+            Some(&only) if groups.len() == 1 => {
+                let core = &self.cores[self.map.core_of(only)];
+                only == home
+                    || (!core.is_cluster() && self.map.core_of(home) == self.map.core_of(only))
+            }
+            _ => false,
+        };
+        if !folded {
+            let claim = self
+                .core(home)
+                .claim_message_id(home, sender, &req.id, digest, DEFAULT_DEDUPE_TTL_S)
+                .await
+                .map_err(|e| {
+                    tracing::warn!(sender, id = %req.id, error = %e, "message id claim failed");
+                    (
+                        ErrorCode::Internal,
+                        "commit failed; retry with the same id".to_string(),
+                    )
+                })?;
+            if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
+                return Err(id_reused(&req.id));
+            }
         }
         // each shard's commit joins that shard's next group call
         let commits = groups.iter().map(|(&shard, rcpts)| {
@@ -159,6 +171,7 @@ impl CommitPath {
                 body: req.body.clone(),
                 sent_at_us,
                 digest: digest.clone(),
+                claim_home: folded.then_some(home),
             };
             let groups = &self.groups;
             async move { (shard, groups.commit(shard, msg).await) }

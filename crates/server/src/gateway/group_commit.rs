@@ -34,6 +34,8 @@ pub(crate) struct Pending {
     pub body: String,
     pub sent_at_us: u64,
     pub digest: String,
+    /// The sender's home shard when the call claims the id too (ADR-0037).
+    pub claim_home: Option<u32>,
 }
 
 struct Waiting {
@@ -151,6 +153,7 @@ async fn flush(inner: Arc<Inner>, shard: u32) {
                 body: &w.msg.body,
                 sent_at_us: w.msg.sent_at_us,
                 digest: &w.msg.digest,
+                claim_home: w.msg.claim_home,
             })
             .collect();
         metrics::histogram!("tidemark_commit_group_size").record(reqs.len() as f64);

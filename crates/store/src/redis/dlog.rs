@@ -79,6 +79,12 @@ pub struct CommitRequest<'a> {
     pub sent_at_us: u64,
     /// [`request_digest`] of the whole message (every shard's recipients, the body).
     pub digest: &'a str,
+    /// The sender's home shard when this call also claims the id (ADR-0037): the claim
+    /// [`LogStore::claim_message_id`] would make, made by the script before the commit, so
+    /// a one-shard send takes one round trip instead of two. Only where the claim key is on
+    /// this instance (on a Redis Cluster: `Some(shard)` only, the same slot); `None`: the
+    /// caller claimed before (or needs no claim).
+    pub claim_home: Option<u32>,
 }
 
 /// Encodes recipients as `[len u8][bytes]…`.
@@ -244,6 +250,12 @@ impl LogStore {
         self.wait
     }
 
+    /// Whether this is a connection to a Redis Cluster (keys of one script call must share a
+    /// slot there).
+    pub fn is_cluster(&self) -> bool {
+        self.conn.is_cluster()
+    }
+
     /// Whether this core instance (or cluster) has replicas ([`has_replicas`]).
     pub async fn has_replicas(&mut self) -> Result<bool> {
         has_replicas(&mut self.conn).await
@@ -319,6 +331,7 @@ impl LogStore {
             body,
             sent_at_us,
             digest,
+            claim_home: None,
         };
         self.commit_group(shard, &[req], dedupe_ttl_s)
             .await?
@@ -333,6 +346,11 @@ impl LogStore {
     /// an id committed with another request digest, [`Error::LogExhausted`] once the head is
     /// at 2^48-1. Offsets of the committed messages are consecutive, in the group's order.
     ///
+    /// A message with [`CommitRequest::claim_home`] claims its id first in the same call
+    /// (ADR-0037): an id bound to another digest is [`Error::IdReused`] with offset 0. On a
+    /// Redis Cluster a claim on another shard than `shard` is [`Error::InvalidArgument`]
+    /// (another slot), before anything is sent.
+    ///
     /// With a replica wait, one grouped `WAIT` covers the whole call; a failed wait fails
     /// every message that was committed or a duplicate (the refused ones wrote nothing).
     /// The outer `Err` is a failure of the call itself (connection, script error): nothing
@@ -346,14 +364,32 @@ impl LogStore {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
+        if self.conn.is_cluster() {
+            if let Some(home) = reqs
+                .iter()
+                .filter_map(|r| r.claim_home)
+                .find(|&h| h != shard)
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "a commit to shard {shard} cannot claim an id on shard {home} of a Redis \
+                     Cluster (another slot)"
+                )));
+            }
+        }
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&COMMIT_DISPATCH.sha)
-            .arg(2 + 2 * reqs.len())
+            .arg(2 + 3 * reqs.len())
             .arg(keys::dlog(shard))
             .arg(keys::head(shard));
         for r in reqs {
-            cmd.arg(keys::dedupe(shard, r.sender, r.client_id))
-                .arg(keys::dedupe_legacy(shard, r.sender, r.client_id));
+            let dedupe = keys::dedupe(shard, r.sender, r.client_id);
+            let claim = match r.claim_home {
+                Some(home) => keys::message_id(home, r.sender, r.client_id),
+                None => dedupe.clone(), // not touched (flag '0'); same slot
+            };
+            cmd.arg(dedupe)
+                .arg(keys::dedupe_legacy(shard, r.sender, r.client_id))
+                .arg(claim);
         }
         cmd.arg(reqs.len()).arg(dedupe_ttl_s.max(1));
         if self.conn.is_cluster() {
@@ -367,7 +403,8 @@ impl LogStore {
                 .arg(encode_recipients(r.recipients))
                 .arg(r.body)
                 .arg(r.sent_at_us)
-                .arg(r.digest);
+                .arg(r.digest)
+                .arg(if r.claim_home.is_some() { "1" } else { "0" });
         }
         let v = self.eval_commit(&cmd).await?;
         let bad = || Error::UnexpectedReply {

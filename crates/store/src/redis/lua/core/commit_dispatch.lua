@@ -20,25 +20,36 @@
 -- reused) instead of being answered with the first one's offset. Records without a digest
 -- (written before digests, and legacy keys) are plain duplicates.
 --
--- n = ARGV[1] messages; message i (1..n) has keys 2 + 2i - 1, 2 + 2i and arguments
--- 3 + 6(i-1) + 1 .. 3 + 6i:
+-- A message may carry its id claim (ADR-0037; ADR-0026's binding of (sender, id) to the
+-- request digest, otherwise one `SET NX GET EX` the gateway sends before the commits): when
+-- its claim flag is '1', the script makes that SET first, on KEYS[3i+2] (the sender's home
+-- shard's key: the caller passes it only where the key is on this instance, and on a Redis
+-- Cluster only in this slot); a claim holding another digest refuses the message (id
+-- reused, nothing written); a claim holding this digest is a resend (the dedupe answers).
+-- With the flag '0' KEYS[3i+2] is not touched (callers pass the dedupe key again).
+--
+-- n = ARGV[1] messages; message i (1..n) has keys 3i .. 3i + 2 and arguments
+-- 3 + 7(i-1) + 1 .. 3 + 7i:
 --
 -- KEYS[1]      dlog:{s}                          stream  the dispatch log
 -- KEYS[2]      head:{s}                          string  last assigned offset
--- KEYS[2i+1]   dd:{s}:<n>:<sender><client id>    string  dedupe record "<offset>:<digest>";
+-- KEYS[3i]     dd:{s}:<n>:<sender><client id>    string  dedupe record "<offset>:<digest>";
 --                                                        n = #sender
--- KEYS[2i+2]   dd:{s}:<sender>\0<client id>      string  legacy dedupe record -> offset
+-- KEYS[3i+1]   dd:{s}:<sender>\0<client id>      string  legacy dedupe record -> offset
 --                                                        (read only)
+-- KEYS[3i+2]   msgid:{h}:<n>:<sender><client id> string  id claim -> digest (h: the sender's
+--                                                        home shard); only with flag '1'
 -- ARGV[1]      n             decimal, messages in the group (>= 1)
--- ARGV[2]      dedupe_ttl_s  decimal, seconds the dedupe records live
+-- ARGV[2]      dedupe_ttl_s  decimal, seconds the dedupe records (and claims) live
 -- ARGV[3]      wake channel  '' for none; on a Redis Cluster `dlogwake:{s}` (same slot as
 --                            KEYS[1])
--- ARGV[6i-2]   sender        string
--- ARGV[6i-1]   client id     string
--- ARGV[6i]     recipients    bytes, recipients of this shard (u8 length + bytes, repeated)
--- ARGV[6i+1]   body          bytes
--- ARGV[6i+2]   sent_at_us    decimal u64
--- ARGV[6i+3]   digest        hex string, digest of the whole request (no ':')
+-- ARGV[7i-3]   sender        string
+-- ARGV[7i-2]   client id     string
+-- ARGV[7i-1]   recipients    bytes, recipients of this shard (u8 length + bytes, repeated)
+-- ARGV[7i]     body          bytes
+-- ARGV[7i+1]   sent_at_us    decimal u64
+-- ARGV[7i+2]   digest        hex string, digest of the whole request (no ':')
+-- ARGV[7i+3]   claim         '1': claim the id on KEYS[3i+2] first; '0': no claim
 --
 -- An XADD that fails (a log whose last id is at or above head + 1) fails the call; what the
 -- group committed before it (nothing, in that case: it is the group's first XADD) stays
@@ -48,7 +59,8 @@
 --   {0, offset} committed
 -- | {1, offset} duplicate (nothing written)
 -- | {2, head}   log exhausted: head is already 2^48-1 (nothing written)
--- | {3, offset} id reused: the id was committed with another request (nothing written)
+-- | {3, offset} id reused: the id was committed with another request (nothing written);
+--               offset 0 when the claim (ARGV[7i+3]) named another request
 -- Publishes, only when ARGV[3] is not empty and something was committed: one SPUBLISH
 -- ARGV[3] <last offset>, a hint for materializers on a Redis Cluster, where one blocking
 -- XREAD cannot wait on the logs of several shards (several slots). On one instance nothing
@@ -59,32 +71,40 @@ local head = tonumber(redis.call('GET', KEYS[2]) or '0')
 local first = head
 local out = {}
 for i = 1, n do
-  local k, a = 2 * i + 1, 6 * i - 2
+  local k, a = 3 * i, 7 * i - 3
   local digest = ARGV[a + 5]
   local st, v
-  local dup = redis.call('GET', KEYS[k])
-  if dup then
-    local off, d = string.match(dup, '^(%d+):(.*)$')
-    if not off then st, v = 1, tonumber(dup)
-    elseif d ~= digest then st, v = 3, tonumber(off)
-    else st, v = 1, tonumber(off) end
+  local claimed = nil
+  if ARGV[a + 6] == '1' then
+    claimed = redis.call('SET', KEYS[k + 2], digest, 'NX', 'GET', 'EX', ttl)
+  end
+  if claimed and claimed ~= digest then
+    st, v = 3, 0
   else
-    dup = redis.call('GET', KEYS[k + 1])
-    if dup then st, v = 1, tonumber(dup)
-    elseif head >= 281474976710655 then st, v = 2, head
+    local dup = redis.call('GET', KEYS[k])
+    if dup then
+      local off, d = string.match(dup, '^(%d+):(.*)$')
+      if not off then st, v = 1, tonumber(dup)
+      elseif d ~= digest then st, v = 3, tonumber(off)
+      else st, v = 1, tonumber(off) end
     else
-      local o = string.format('%d', head + 1)
-      local r = redis.pcall('XADD', KEYS[1], o .. '-0', 'p', string.format('%d', head),
-        'f', ARGV[a], 'c', ARGV[a + 1], 'r', ARGV[a + 2], 'b', ARGV[a + 3], 't', ARGV[a + 4])
-      if type(r) == 'table' and r.err then
-        -- (a log ahead of its head): what the group committed so far stays committed and
-        -- counted in the head; the call fails (the callers retry; their dedupe holds)
-        if head ~= first then redis.call('SET', KEYS[2], string.format('%d', head)) end
-        return r
+      dup = redis.call('GET', KEYS[k + 1])
+      if dup then st, v = 1, tonumber(dup)
+      elseif head >= 281474976710655 then st, v = 2, head
+      else
+        local o = string.format('%d', head + 1)
+        local r = redis.pcall('XADD', KEYS[1], o .. '-0', 'p', string.format('%d', head),
+          'f', ARGV[a], 'c', ARGV[a + 1], 'r', ARGV[a + 2], 'b', ARGV[a + 3], 't', ARGV[a + 4])
+        if type(r) == 'table' and r.err then
+          -- (a log ahead of its head): what the group committed so far stays committed and
+          -- counted in the head; the call fails (the callers retry; their dedupe holds)
+          if head ~= first then redis.call('SET', KEYS[2], string.format('%d', head)) end
+          return r
+        end
+        head = head + 1
+        redis.call('SET', KEYS[k], o .. ':' .. digest, 'EX', ttl)
+        st, v = 0, head
       end
-      head = head + 1
-      redis.call('SET', KEYS[k], o .. ':' .. digest, 'EX', ttl)
-      st, v = 0, head
     end
   end
   out[2 * i - 1] = st

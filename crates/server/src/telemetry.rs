@@ -92,6 +92,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_commits_total", Kind::Counter, "Shard commits (a message to N shards counts N)."),
     ("tidemark_commit_duplicates_total", Kind::Counter, "Shard commits answered from dedupe (resends)."),
     ("tidemark_commit_group_size", Kind::Histogram, "Messages per commit_dispatch call (group commit: what queued for the shard while its previous call was in flight)."),
+    ("tidemark_ack_batch_size", Kind::Histogram, "WebSocket acks written per pipeline to one mailbox instance (grouped acks, ADR-0038)."),
     ("tidemark_send_ack_seconds", Kind::Histogram, "Time from receiving a send to its send_ack."),
     ("tidemark_deliveries_total", Kind::Counter, "deliver frames written (replays after reconnects included)."),
     ("tidemark_delivery_latency_seconds", Kind::Histogram, "Commit to first live deliver frame on a connection (replays excluded)."),

@@ -172,6 +172,47 @@ async fn ack_then_reconnect_resumes_after_the_acked_seq() {
     d.shutdown().await;
 }
 
+/// ADR-0038: the acks of many connections are grouped per mailbox instance and written
+/// after a short linger, each answered to its own connection. The quiet path: every ack lands
+/// by itself, with no more traffic and no connection closed (HTTP's default `after` is the
+/// acked cursor), and each mailbox's cursor is its own user's ack, not another's.
+#[tokio::test]
+async fn acks_of_many_connections_land_by_themselves_each_on_its_own_mailbox() {
+    let (d, mut alice) = start_as("alice").await;
+    // more users than shards: some share a shard, so one pipeline holds several of its acks
+    let users: Vec<String> = (0..6).map(|i| format!("acker-{i}")).collect();
+    let mut conns = d.ready_all(&users).await;
+    let mut seqs = Vec::new();
+    for (i, (u, ws)) in users.iter().zip(conns.iter_mut()).enumerate() {
+        // a different number of messages each: the cursors differ
+        let mut mine = Vec::new();
+        for k in 0..=i {
+            let o = alice
+                .send_ok(&format!("a{i}-{k}"), &[u.as_str()], "x")
+                .await;
+            mine.push(offset_of(&o, u));
+        }
+        ws.expect_seqs(&mine).await;
+        seqs.push(*mine.last().unwrap());
+    }
+    // every connection acks at about the same time: one group
+    for (ws, &last) in conns.iter_mut().zip(&seqs) {
+        ws.ack(last).await;
+    }
+    for (u, &last) in users.iter().zip(&seqs) {
+        let path = format!("/v1/mailbox?user={}", encode(u));
+        let what = format!("{u}'s ack of {last} never landed");
+        poll(&what, || async {
+            let (status, page) = d.get(&path).await;
+            assert_eq!(status, 200, "{page}");
+            // nothing left after the acked cursor (unacked, the page would hold them)
+            (page == json!({"entries":[],"next_after":last})).then_some(())
+        })
+        .await;
+    }
+    d.shutdown().await;
+}
+
 #[tokio::test]
 async fn sync_restarts_the_stream_exactly_after_the_seq() {
     let (d, mut alice, mut bob, seqs) =

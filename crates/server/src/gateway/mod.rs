@@ -56,6 +56,7 @@ use tokio_util::task::TaskTracker;
 use crate::health::HealthBoard;
 use tidemark_store::topology::ShardMap;
 
+mod acks;
 mod admin;
 mod auth;
 mod commit;

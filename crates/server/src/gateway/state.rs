@@ -12,6 +12,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::acks::AckQueue;
 use super::commit::CommitPath;
 use super::mailbox::Mailbox;
 use super::users::Users;
@@ -29,6 +30,8 @@ pub(crate) struct Shared {
     pub commit: CommitPath,
     /// One per mailbox instance (index = instance).
     mailboxes: Vec<MailboxStore>,
+    /// The WebSocket connections' acks, grouped per mailbox instance (ADR-0038).
+    pub acks: AckQueue,
     /// Permits = commits that may be in flight (or queued on a connection) gateway-wide.
     pub commits: Arc<Semaphore>,
     /// Per-user connection counts, commit shares and send buckets.
@@ -71,12 +74,14 @@ impl Shared {
             opts.send_rate_per_user,
             f64::from(opts.send_burst_per_user),
         ));
+        let acks = AckQueue::new(mailboxes.clone(), tracker.clone());
         Ok(Arc::new(Shared {
             map,
             opts,
             health,
             commit,
             mailboxes,
+            acks,
             commits: Arc::new(Semaphore::new(permits)),
             users,
             hub: Arc::new(WakeHub::default()),

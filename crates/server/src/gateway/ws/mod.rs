@@ -24,7 +24,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{WebSocket, WebSocketUpgrade};
@@ -254,7 +254,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         written,
         last_ack: acked,
         pending_ack: acked,
-        last_ack_flush: Instant::now(),
+        ack_in_flight: None,
         conn: conn.clone(),
         died,
         expires_at: expires_at_unix.map(|s| UNIX_EPOCH + Duration::from_secs(s)),

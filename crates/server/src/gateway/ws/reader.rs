@@ -12,12 +12,13 @@ use futures::StreamExt;
 use tidemark_protocol::{
     parse_client_frame, ClientFrame, CloseCode, ErrorCode, SendRequest, ServerFrame,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::outbox::{Out, Outbox};
 use super::{close_on_panic, error_frame, text, until_cancelled, EXPIRY_RECHECK, SEND_QUEUE};
+use crate::gateway::acks::AckAnswer;
 use crate::gateway::mailbox::Mailbox;
 use crate::gateway::send::{self, CommitPermit};
 use crate::gateway::state::Shared;
@@ -37,19 +38,15 @@ pub(super) struct Reader<'a> {
     pub(super) last_ack: u64,
     /// Highest ack received but not yet written to Redis (acks are coalesced).
     pub(super) pending_ack: u64,
-    /// When acks were last written.
-    pub(super) last_ack_flush: Instant,
+    /// The ack being written (grouped with other connections' acks, ADR-0038): at most one
+    /// per connection; acks that arrive meanwhile are coalesced into `pending_ack`.
+    pub(super) ack_in_flight: Option<AckAnswer>,
     pub(super) conn: CancellationToken,
     /// Cancelled when the delivery or send loop panicked: the connection is closed.
     pub(super) died: CancellationToken,
     /// When the connection's token expires (`None`: dev auth, no token).
     pub(super) expires_at: Option<SystemTime>,
 }
-
-/// Acks are written to Redis at most this often per connection (the rest are coalesced into
-/// the highest one); a pending ack is also written when the connection closes. An ack lost to
-/// a gateway crash only means those entries are delivered again (at least once on the wire).
-const ACK_FLUSH: Duration = Duration::from_millis(50);
 
 impl Reader<'_> {
     /// The send loop's queue, starting the loop on first use.
@@ -76,20 +73,42 @@ impl Reader<'_> {
             .0
     }
 
-    /// Writes the pending ack, if any.
-    pub(super) async fn flush_ack(&mut self) -> bool {
-        if self.pending_ack <= self.last_ack {
-            return true;
+    /// Hands the pending ack to the ack queue, unless one is in flight or nothing is pending.
+    fn submit_ack(&mut self) {
+        if self.ack_in_flight.is_some() || self.pending_ack <= self.last_ack {
+            return;
         }
-        self.last_ack_flush = Instant::now();
-        match self.mailbox.ack(self.pending_ack).await {
-            Ok(cursor) => {
-                self.last_ack = cursor;
+        let m = &self.mailbox;
+        self.ack_in_flight = Some(self.shared.acks.submit(
+            m.route.mailbox,
+            m.route.shard,
+            &m.user,
+            self.pending_ack,
+        ));
+    }
+
+    /// Takes the answer to the ack in flight; then hands over what was coalesced meanwhile.
+    /// False when the connection is gone.
+    async fn on_ack_answer(
+        &mut self,
+        answer: Result<Result<u64, tidemark_store::Error>, oneshot::error::RecvError>,
+    ) -> bool {
+        self.ack_in_flight = None;
+        match answer {
+            Ok(Ok(cursor)) => {
+                self.last_ack = self.last_ack.max(cursor);
                 metrics::counter!("tidemark_acks_total").increment(1);
+                self.submit_ack();
                 true
             }
-            Err(e) => {
+            failed => {
+                let e = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "the ack queue stopped before answering".to_string(),
+                };
                 tracing::warn!(user = %self.mailbox.user, error = %e, "ack failed");
+                // what was pending stays pending: handed over again with the client's next
+                // ack (the error asks for one) or when the connection closes
                 self.reply(error_frame(
                     ErrorCode::Internal,
                     "ack failed; send it again",
@@ -97,6 +116,20 @@ impl Reader<'_> {
                 ))
                 .await
             }
+        }
+    }
+
+    /// Writes the pending ack, if any (after the one in flight): for a closing connection.
+    pub(super) async fn flush_ack(&mut self) -> bool {
+        if let Some(rx) = self.ack_in_flight.take() {
+            if !self.on_ack_answer(rx.await).await {
+                return false;
+            }
+        }
+        self.submit_ack();
+        match self.ack_in_flight.take() {
+            Some(rx) => self.on_ack_answer(rx.await).await,
+            None => true,
         }
     }
 
@@ -115,8 +148,6 @@ impl Reader<'_> {
         let keepalive = tokio::time::sleep_until(last_seen + ping_every);
         tokio::pin!(keepalive);
         loop {
-            let flush_at = self.last_ack_flush + ACK_FLUSH;
-            let ack_due = self.pending_ack > self.last_ack;
             let msg = tokio::select! {
                 _ = self.tx.stalled.cancelled() => return CloseCode::SlowConsumer,
                 _ = conn.cancelled() => return CloseCode::GoingAway,
@@ -150,8 +181,9 @@ impl Reader<'_> {
                     keepalive.as_mut().reset(next.min(idle_at));
                     continue;
                 }
-                _ = tokio::time::sleep_until(flush_at.into()), if ack_due => {
-                    if !Box::pin(self.flush_ack()).await {
+                answer = async { self.ack_in_flight.as_mut().expect("only polled when set").await },
+                    if self.ack_in_flight.is_some() => {
+                    if !Box::pin(self.on_ack_answer(answer)).await {
                         return CloseCode::InternalError;
                     }
                     continue;
@@ -237,17 +269,12 @@ impl Reader<'_> {
             Ok(ClientFrame::Ack { seq }) => {
                 // Never trim what this connection has not written to the socket.
                 let capped = seq.min(self.written.load(Ordering::Relaxed));
-                if capped <= self.pending_ack.max(self.last_ack) {
-                    return true;
-                }
-                self.pending_ack = capped;
-                if self.last_ack_flush.elapsed() < ACK_FLUSH {
-                    return true; // coalesced: written by the flush timer
-                }
-                tokio::select! {
-                    _ = conn.cancelled() => false,
-                    ok = self.flush_ack() => ok,
-                }
+                self.pending_ack = self.pending_ack.max(capped);
+                // coalesced into the one in flight, if any: handed over when it is answered
+                // (an ack at or below what is written changes nothing; one repeated after a
+                // failed write hands the pending one over again)
+                self.submit_ack();
+                true
             }
             Ok(ClientFrame::Sync { after }) => {
                 until_cancelled(conn, self.sync_tx.send(after)).await

@@ -79,6 +79,62 @@ impl MailboxStore {
         parse_ack(&v)
     }
 
+    /// [`MailboxStore::ack_mailbox`] for many mailboxes at once (`(shard, user, seq)` each),
+    /// in one pipeline (on a cluster, one per shard): one answer per ack, in order. Each ack
+    /// stands alone: one that fails (a seq above u48, a script error) fails only itself.
+    /// NOSCRIPT anywhere reloads the scripts and repeats the pipeline (an ack is idempotent).
+    /// The outer `Err` is the call itself failing (connection).
+    pub async fn ack_mailboxes(&mut self, acks: &[(u32, &str, u64)]) -> Result<Vec<Result<u64>>> {
+        let mut out: Vec<Option<Result<u64>>> = Vec::with_capacity(acks.len());
+        let mut cmds = Vec::with_capacity(acks.len());
+        for &(shard, user, seq) in acks {
+            if let Err(e) = check_u48("seq", seq) {
+                out.push(Some(Err(e)));
+                continue;
+            }
+            let a = keys::acks(shard);
+            let mb = keys::mailbox(shard, user);
+            let s = seq.to_string();
+            cmds.push((
+                shard,
+                Self::evalsha(
+                    &self.set.ack_mailbox,
+                    &[a.as_bytes(), mb.as_bytes()],
+                    &[user.as_bytes(), s.as_bytes()],
+                ),
+            ));
+            out.push(None);
+        }
+        let mut replies = Vec::new();
+        for attempt in 0..2 {
+            replies = self.conn.exec_each(&cmds).await?;
+            let noscript = replies
+                .iter()
+                .any(|r| matches!(r, Err(e) if e.code() == Some("NOSCRIPT")));
+            if !noscript {
+                break;
+            }
+            if attempt == 0 {
+                self.load_scripts().await?;
+            }
+        }
+        let mut replies = replies.into_iter();
+        Ok(out
+            .into_iter()
+            .map(|slot| match slot {
+                Some(refused) => refused,
+                None => match replies.next() {
+                    Some(Ok(v)) => parse_ack(&v),
+                    Some(Err(e)) => Err(e.into()),
+                    None => Err(Error::UnexpectedReply {
+                        script: "ack_mailbox",
+                        detail: "fewer replies than acks".into(),
+                    }),
+                },
+            })
+            .collect())
+    }
+
     /// `user`'s acked seq (0 when never acked).
     pub async fn acked(&mut self, shard: u32, user: &str) -> Result<u64> {
         let v: Option<u64> = redis::cmd("HGET")

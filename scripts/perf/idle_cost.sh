@@ -9,14 +9,9 @@
 set -euo pipefail
 CLIENTS=${1:?clients} SECS=${2:?seconds}
 BIN=$(readlink -f "${3:-$(dirname "$0")/../../target/release/tidemark}")
-DIR=$(mktemp -d /tmp/tm-idle.XXXXXX)
-PORT=$((7900 + RANDOM % 300))
-"$BIN" up --dev-auth --data-dir "$DIR/data" --listen "127.0.0.1:$PORT" >"$DIR/up.log" 2>&1 &
-UP=$!
-trap 'kill $UP $LOAD 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$DIR"' EXIT
-LOAD=
-for _ in $(seq 100); do grep -q '^gateway ' "$DIR/up.log" 2>/dev/null && break; sleep 0.2; done
-export REDISCLI_AUTH=$(cat "$DIR/data/redis.pass")
+# shellcheck source=up.sh
+. "$(dirname "$0")/up.sh"
+export REDISCLI_AUTH=$PASS
 PORTS=$(grep -E '^(core|mailbox) ' "$DIR/up.log" | sed -E 's#.*:([0-9]+)/$#\1#')
 "$BIN" bench load --target "ws://127.0.0.1:$PORT/v1/ws" --clients "$CLIENTS" --rate 0.2 \
   --duration $((SECS + 60)) --no-progress >"$DIR/load.log" 2>&1 &

@@ -11,15 +11,8 @@ set -euo pipefail
 RATE=${1:?rate} SECS=${2:?seconds} OUT=${3:?output prefix} CLIENTS=${4:-1000}
 BIN=${5:-$(dirname "$0")/../../target/release/tidemark}
 BIN=$(readlink -f "$BIN")
-DIR=$(mktemp -d /tmp/tm-profile.XXXXXX)
-PORT=$((7600 + RANDOM % 300))
-"$BIN" up --dev-auth --data-dir "$DIR/data" --listen "127.0.0.1:$PORT" >"$DIR/up.log" 2>&1 &
-UP=$!
-trap 'kill $UP 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$DIR"' EXIT
-for _ in $(seq 100); do grep -q '^gateway ' "$DIR/up.log" 2>/dev/null && break; sleep 0.2; done
-PASS=$(cat "$DIR/data/redis.pass")
-url() { grep -E "^$1 " "$DIR/up.log" | sed -E "s#redis://#redis://:$PASS@#; s#^$1 +[0-9]+ ##" | paste -sd, -; }
-CORE=$(url core) MAILBOX=$(url mailbox)
+# shellcheck source=up.sh
+. "$(dirname "$0")/up.sh"
 ticks() { awk '{print $14+$15}' "/proc/$UP/stat"; }
 "$BIN" bench load --target "ws://127.0.0.1:$PORT/v1/ws" --core-urls "$CORE" --mailbox-urls "$MAILBOX" \
   --clients "$CLIENTS" --rate "$RATE" --duration "$SECS" --no-progress --json "$OUT.json" >"$OUT.txt" 2>&1 &

@@ -14,14 +14,8 @@
 set -euo pipefail
 BIN=$(readlink -f "${1:-$(dirname "$0")/../../target/release/tidemark}")
 OUT=${2:-/tmp/tm-syscalls}; RATE=${RATE:-5000}
-DIR=$(mktemp -d /tmp/tm-sys.XXXXXX); PORT=$((7600 + RANDOM % 300))
-"$BIN" up --dev-auth --data-dir "$DIR/data" --listen "127.0.0.1:$PORT" >"$DIR/up.log" 2>&1 &
-UP=$!
-trap 'kill $UP 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$DIR"' EXIT
-for _ in $(seq 100); do grep -q '^gateway ' "$DIR/up.log" 2>/dev/null && break; sleep 0.2; done
-PASS=$(cat "$DIR/data/redis.pass")
-url() { grep -E "^$1 " "$DIR/up.log" | sed -E "s#redis://#redis://:$PASS@#; s#^$1 +[0-9]+ ##" | paste -sd, -; }
-CORE=$(url core) MAILBOX=$(url mailbox)
+# shellcheck source=up.sh
+. "$(dirname "$0")/up.sh"
 port_of() { echo "$1" | sed -E 's#.*:([0-9]+)/?$#\1#'; }
 cpid=$(pgrep -f "redis-server.*:$(port_of "$CORE")" | head -1)
 mpid=$(pgrep -f "redis-server.*:$(port_of "$MAILBOX")" | head -1)

@@ -14,13 +14,14 @@
 //! queue order, each message answered as if committed alone at that point (its offset, or
 //! duplicate, id reused, log exhausted — also against a message earlier in the same group).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tidemark_store::redis::dlog::{CommitRequest, Committed, LogStore};
 use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
-use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
+
+use super::batch::{answer, Queues};
 
 /// Most messages in one `commit_dispatch` call (the script runs ~6 µs per message, so a full
 /// group holds its core instance for well under a millisecond).
@@ -38,24 +39,12 @@ pub(crate) struct Pending {
     pub claim_home: Option<u32>,
 }
 
-struct Waiting {
-    msg: Pending,
-    tx: oneshot::Sender<Result<Committed, StoreError>>,
-}
-
-#[derive(Default)]
-struct Queue {
-    waiting: Vec<Waiting>,
-    /// A flush task runs for this shard.
-    running: bool,
-}
-
 struct Inner {
     map: ShardMap,
     /// One per core instance (index = instance).
     cores: Vec<LogStore>,
     dedupe_ttl_s: u64,
-    shards: Vec<Mutex<Queue>>,
+    shards: Queues<Pending, Result<Committed, StoreError>>,
     tracker: TaskTracker,
 }
 
@@ -72,7 +61,7 @@ impl GroupCommit {
         dedupe_ttl_s: u64,
         tracker: TaskTracker,
     ) -> GroupCommit {
-        let shards = (0..map.shards()).map(|_| Mutex::default()).collect();
+        let shards = Queues::new(map.shards() as usize);
         GroupCommit {
             inner: Arc::new(Inner {
                 map,
@@ -86,14 +75,7 @@ impl GroupCommit {
 
     /// Commits `msg` to `shard` with the next call for that shard; its own answer.
     pub(crate) async fn commit(&self, shard: u32, msg: Pending) -> Result<Committed, StoreError> {
-        let (tx, rx) = oneshot::channel();
-        let start = {
-            let mut q = self.inner.shards[shard as usize]
-                .lock()
-                .expect("not poisoned");
-            q.waiting.push(Waiting { msg, tx });
-            !std::mem::replace(&mut q.running, true)
-        };
+        let (rx, start) = self.inner.shards.push(shard as usize, msg);
         if start {
             let inner = self.inner.clone();
             self.inner.tracker.spawn(flush(inner, shard));
@@ -108,68 +90,35 @@ impl GroupCommit {
     }
 }
 
-/// Ends a flush: the shard is free for the next one. On a panic, the messages still queued
-/// are dropped (their senders get an error and may retry: dedupe holds).
-struct Running<'a> {
-    queue: &'a Mutex<Queue>,
-}
-
-impl Drop for Running<'_> {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-            q.waiting.clear();
-            q.running = false;
-        }
-    }
-}
-
 /// Commits the shard's queue, one group per call, until it is empty.
 async fn flush(inner: Arc<Inner>, shard: u32) {
-    let queue = &inner.shards[shard as usize];
-    let _running = Running { queue };
+    let _running = inner.shards.running(shard as usize);
     let mut core = inner.cores[inner.map.core_of(shard)].clone();
     loop {
-        let group: Vec<Waiting> = {
-            let mut q = queue.lock().expect("not poisoned");
-            if q.waiting.is_empty() {
-                q.running = false;
-                return;
-            }
-            let n = q.waiting.len().min(MAX_GROUP);
-            q.waiting.drain(..n).collect()
+        let Some(group) = inner.shards.next_batch(shard as usize, MAX_GROUP) else {
+            return;
         };
         let recipients: Vec<Vec<&str>> = group
             .iter()
-            .map(|w| w.msg.recipients.iter().map(String::as_str).collect())
+            .map(|w| w.item.recipients.iter().map(String::as_str).collect())
             .collect();
         let reqs: Vec<CommitRequest<'_>> = group
             .iter()
             .zip(&recipients)
             .map(|(w, rs)| CommitRequest {
-                sender: &w.msg.sender,
-                client_id: &w.msg.client_id,
+                sender: &w.item.sender,
+                client_id: &w.item.client_id,
                 recipients: rs,
-                body: &w.msg.body,
-                sent_at_us: w.msg.sent_at_us,
-                digest: &w.msg.digest,
-                claim_home: w.msg.claim_home,
+                body: &w.item.body,
+                sent_at_us: w.item.sent_at_us,
+                digest: &w.item.digest,
+                claim_home: w.item.claim_home,
             })
             .collect();
         metrics::histogram!("tidemark_commit_group_size").record(reqs.len() as f64);
         let results = core.commit_group(shard, &reqs, inner.dedupe_ttl_s).await;
         drop(reqs);
-        match results {
-            Ok(results) => {
-                for (w, r) in group.into_iter().zip(results) {
-                    let _ = w.tx.send(r);
-                }
-            }
-            Err(e) => {
-                for w in group {
-                    let _ = w.tx.send(Err(e.clone()));
-                }
-            }
-        }
+        drop(recipients);
+        answer(group, results);
     }
 }

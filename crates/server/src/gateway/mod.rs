@@ -59,6 +59,7 @@ use tidemark_store::topology::ShardMap;
 mod acks;
 mod admin;
 mod auth;
+mod batch;
 mod commit;
 mod group_commit;
 mod http;

@@ -156,3 +156,33 @@ async fn a_resend_racing_its_first_send_gets_the_same_offset() {
     // each message once in bob's mailbox, at the offset both were answered with
     assert_eq!(delivered(&d, bob, N).await, offsets);
 }
+
+/// A send whose connection closes while its commit is in flight is dropped by its send loop:
+/// the send queued behind it on the same shard must still be committed, and the shard must
+/// take later sends. (A variant where the first send made the call in its own task, tried
+/// and not kept — docs/performance.md — needed a guard for exactly this.) Core Redis holds every write for a
+/// while (`CLIENT PAUSE … WRITE`), so the first call is surely in flight when the second
+/// send queues.
+#[tokio::test]
+async fn a_send_dropped_mid_commit_leaves_no_send_behind_it_waiting() {
+    let d = start().await;
+    let mut alice = d.ready("alice").await;
+    let mut carol = d.ready("carol").await;
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1500)
+        .arg("WRITE")
+        .query_async(&mut d.core().await)
+        .await
+        .unwrap();
+    alice.send_only("lead", &["bob"], "from alice").await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    carol.send_only("behind", &["bob"], "from carol").await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    alice.close().await; // her send's commit is dropped mid-call
+    let a = answer(&mut carol).await;
+    assert_eq!(a["type"], "send_ack", "{a}");
+    assert_eq!(a["id"], "behind");
+    let later = carol.send_ok("later", &["bob"], "again").await;
+    assert!(offset_of(&later, "bob") > offset_of(a["offsets"].as_object().unwrap(), "bob"));
+}

@@ -285,8 +285,9 @@ fn console_ops_and_client_in_chromium() {
         let (status, page) = http_get(port, "/v1/mailbox?user=bob&limit=1");
         assert_eq!(status, 200, "{page}");
         let v: Value = serde_json::from_str(&page).unwrap();
-        if v["next_after"].as_u64().unwrap() >= seq1 {
-            assert_eq!(v["entries"], json!([]), "{page}");
+        // the ack is written within ~10 ms (grouped acks, ADR-0038): until then the page
+        // still holds the entry (and its next_after is that entry's seq)
+        if v["next_after"].as_u64().unwrap() >= seq1 && v["entries"] == json!([]) {
             break;
         }
         assert!(

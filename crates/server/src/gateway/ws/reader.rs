@@ -119,17 +119,24 @@ impl Reader<'_> {
         }
     }
 
-    /// Writes the pending ack, if any (after the one in flight): for a closing connection.
+    /// Writes the pending ack, if any, for a closing connection: straight to Redis, not
+    /// through the ack queue's linger, so that a client that acks, closes and reconnects
+    /// right away finds its cursor moved (an ack is a max: the one still in flight, if any,
+    /// cannot move it back).
     pub(super) async fn flush_ack(&mut self) -> bool {
-        if let Some(rx) = self.ack_in_flight.take() {
-            if !self.on_ack_answer(rx.await).await {
-                return false;
-            }
+        if self.pending_ack <= self.last_ack {
+            return true;
         }
-        self.submit_ack();
-        match self.ack_in_flight.take() {
-            Some(rx) => self.on_ack_answer(rx.await).await,
-            None => true,
+        match self.mailbox.ack(self.pending_ack).await {
+            Ok(cursor) => {
+                self.last_ack = self.last_ack.max(cursor);
+                metrics::counter!("tidemark_acks_total").increment(1);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(user = %self.mailbox.user, error = %e, "ack on close failed");
+                false
+            }
         }
     }
 

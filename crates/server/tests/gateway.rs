@@ -213,6 +213,44 @@ async fn acks_of_many_connections_land_by_themselves_each_on_its_own_mailbox() {
     d.shutdown().await;
 }
 
+/// The quiet path of a failed ack: mailbox Redis refuses writes (a replica of nothing) when
+/// bob acks, so the ack fails and bob gets the `internal` error; Redis takes writes again and
+/// nothing more happens: no frame from bob, no close. The gateway writes the pending ack again
+/// by itself (200 ms, doubling).
+#[tokio::test]
+async fn a_failed_ack_is_written_again_by_itself() {
+    let (d, _alice, mut bob, seqs) =
+        start_exchange("alice", "bob", 1, |i| (format!("q{i}"), format!("b{i}"))).await;
+    let mut mb = redis_at(&d.mailbox_url).await;
+    let nobody = tidemark_redis_proc::free_port().unwrap().to_string();
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(&nobody)
+        .query_async(&mut mb)
+        .await
+        .unwrap();
+    bob.ack(seqs[0]).await;
+    let e = bob
+        .recv_where(|v| v["type"] == "error" && v["code"] == "internal")
+        .await;
+    assert!(e["message"].as_str().unwrap().contains("ack failed"), "{e}");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut mb)
+        .await
+        .unwrap();
+    let path = "/v1/mailbox?user=bob";
+    poll("bob's ack never landed by itself", || async {
+        let (status, page) = d.get(path).await;
+        assert_eq!(status, 200, "{page}");
+        (page == json!({"entries":[],"next_after":seqs[0]})).then_some(())
+    })
+    .await;
+    drop(bob);
+    d.shutdown().await;
+}
+
 #[tokio::test]
 async fn sync_restarts_the_stream_exactly_after_the_seq() {
     let (d, mut alice, mut bob, seqs) =

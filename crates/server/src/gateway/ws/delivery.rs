@@ -15,9 +15,10 @@ use crate::gateway::http::largest_entry;
 use crate::gateway::mailbox::{Mailbox, PageSizer};
 use crate::gateway::state::Shared;
 
-/// A failed mailbox read is retried after this, doubling up to [`READ_RETRY_MAX`].
-const READ_RETRY_FIRST: Duration = Duration::from_millis(200);
-const READ_RETRY_MAX: Duration = Duration::from_secs(5);
+/// A failed mailbox read (or ack write, `reader.rs`) is retried after this, doubling up to
+/// [`READ_RETRY_MAX`].
+pub(super) const READ_RETRY_FIRST: Duration = Duration::from_millis(200);
+pub(super) const READ_RETRY_MAX: Duration = Duration::from_secs(5);
 
 pub(super) fn now_us() -> u64 {
     SystemTime::now()

@@ -255,6 +255,8 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         last_ack: acked,
         pending_ack: acked,
         ack_in_flight: None,
+        ack_retry_at: None,
+        ack_backoff: delivery::READ_RETRY_FIRST,
         conn: conn.clone(),
         died,
         expires_at: expires_at_unix.map(|s| UNIX_EPOCH + Duration::from_secs(s)),

@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::delivery::{READ_RETRY_FIRST, READ_RETRY_MAX};
 use super::outbox::{Out, Outbox};
 use super::{close_on_panic, error_frame, text, until_cancelled, EXPIRY_RECHECK, SEND_QUEUE};
 use crate::gateway::acks::AckAnswer;
@@ -41,6 +42,11 @@ pub(super) struct Reader<'a> {
     /// The ack being written (grouped with other connections' acks, ADR-0038): at most one
     /// per connection; acks that arrive meanwhile are coalesced into `pending_ack`.
     pub(super) ack_in_flight: Option<AckAnswer>,
+    /// After a failed ack write: when the pending ack is handed over again by itself (no
+    /// client frame may follow: the quiet path).
+    pub(super) ack_retry_at: Option<tokio::time::Instant>,
+    /// The wait before the next retry: 200 ms after a success, doubling to 5 s.
+    pub(super) ack_backoff: Duration,
     pub(super) conn: CancellationToken,
     /// Cancelled when the delivery or send loop panicked: the connection is closed.
     pub(super) died: CancellationToken,
@@ -97,6 +103,7 @@ impl Reader<'_> {
         match answer {
             Ok(Ok(cursor)) => {
                 self.last_ack = self.last_ack.max(cursor);
+                self.ack_backoff = READ_RETRY_FIRST;
                 metrics::counter!("tidemark_acks_total").increment(1);
                 self.submit_ack();
                 true
@@ -107,8 +114,10 @@ impl Reader<'_> {
                     _ => "the ack queue stopped before answering".to_string(),
                 };
                 tracing::warn!(user = %self.mailbox.user, error = %e, "ack failed");
-                // what was pending stays pending: handed over again with the client's next
-                // ack (the error asks for one) or when the connection closes
+                // what was pending stays pending: handed over again by itself after a backoff
+                // (200 ms doubling to 5 s), with the client's next ack, or on close
+                self.ack_retry_at = Some(tokio::time::Instant::now() + self.ack_backoff);
+                self.ack_backoff = (self.ack_backoff * 2).min(READ_RETRY_MAX);
                 self.reply(error_frame(
                     ErrorCode::Internal,
                     "ack failed; send it again",
@@ -186,6 +195,12 @@ impl Reader<'_> {
                         next = now + ping_every;
                     }
                     keepalive.as_mut().reset(next.min(idle_at));
+                    continue;
+                }
+                _ = tokio::time::sleep_until(self.ack_retry_at.unwrap_or(last_seen)),
+                    if self.ack_retry_at.is_some() => {
+                    self.ack_retry_at = None;
+                    self.submit_ack();
                     continue;
                 }
                 answer = async { self.ack_in_flight.as_mut().expect("only polled when set").await },

@@ -175,6 +175,11 @@ impl Watched {
         })
     }
 
+    /// The instance's URL (with its password: redact before printing).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// `INFO commandstats cpu stats`, parsed.
     pub async fn sample(&mut self) -> Result<Sample, Error> {
         let text: String = redis::cmd("INFO")

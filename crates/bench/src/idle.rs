@@ -45,6 +45,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
+
+use crate::engine::{Sample, Watched};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::WebSocketStream;
@@ -415,7 +417,11 @@ async fn measure(
     let mut redis = Vec::new();
     for (pool, urls) in [("mailbox", &setup.mailbox_urls), ("core", &setup.core_urls)] {
         for (index, url) in urls.iter().enumerate() {
-            redis.push(RedisWatch::connect(pool, index, url).await?);
+            redis.push(
+                Watched::connect(pool, index, url)
+                    .await
+                    .map_err(info_error)?,
+            );
         }
     }
     let mut missing: Vec<Vec<String>> = setup.servers.iter().map(|_| Vec::new()).collect();
@@ -886,106 +892,49 @@ fn parse_metrics(text: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// One Redis instance: `INFO commandstats`, `INFO cpu`, `INFO stats`.
-struct RedisWatch {
-    pool: &'static str,
-    index: usize,
-    url: String,
-    conn: redis::aio::MultiplexedConnection,
-}
-
-/// Counters of one instance at one instant.
+/// One instance's `INFO` counters ([`Watched::sample`]) and when they were read.
 struct RedisSample {
     at: Instant,
-    commands: u64,
-    cpu_s: f64,
-    calls: BTreeMap<String, u64>,
+    info: Sample,
 }
 
-impl RedisWatch {
-    async fn connect(pool: &'static str, index: usize, url: &str) -> Result<RedisWatch, Error> {
-        let err = |source| Error::Redis {
-            url: tidemark_store::redact_url(url),
-            source,
-        };
-        let client = redis::Client::open(url).map_err(err)?;
-        let conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(err)?;
-        Ok(RedisWatch {
-            pool,
-            index,
-            url: url.to_owned(),
-            conn,
+/// [`Watched`]'s error as this report's (it only fails on Redis).
+fn info_error(e: crate::engine::Error) -> Error {
+    match e {
+        crate::engine::Error::Redis { url, source } => Error::Redis { url, source },
+        other => Error::Unreadable(other.to_string()),
+    }
+}
+
+async fn sample_redis(watched: &mut [Watched]) -> Result<Vec<RedisSample>, Error> {
+    futures::future::join_all(watched.iter_mut().map(|w| async {
+        let info = w.sample().await.map_err(info_error)?;
+        Ok(RedisSample {
+            at: Instant::now(),
+            info,
         })
-    }
-
-    async fn sample(&mut self) -> Result<RedisSample, Error> {
-        let text: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .arg("cpu")
-            .arg("stats")
-            .query_async(&mut self.conn)
-            .await
-            .map_err(|source| Error::Redis {
-                url: tidemark_store::redact_url(&self.url),
-                source,
-            })?;
-        Ok(parse_info(&text, Instant::now()))
-    }
+    }))
+    .await
+    .into_iter()
+    .collect()
 }
 
-async fn sample_redis(watched: &mut [RedisWatch]) -> Result<Vec<RedisSample>, Error> {
-    futures::future::join_all(watched.iter_mut().map(RedisWatch::sample))
-        .await
-        .into_iter()
-        .collect()
-}
-
-fn parse_info(text: &str, at: Instant) -> RedisSample {
-    let mut s = RedisSample {
-        at,
-        commands: 0,
-        cpu_s: 0.0,
-        calls: BTreeMap::new(),
-    };
-    for line in text.lines() {
-        let Some((key, value)) = line.trim_end().split_once(':') else {
-            continue;
-        };
-        if let Some(cmd) = key.strip_prefix("cmdstat_") {
-            let calls = value
-                .split(',')
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            s.calls.insert(cmd.to_owned(), calls);
-            continue;
-        }
-        match key {
-            "used_cpu_sys" | "used_cpu_user" => s.cpu_s += value.parse::<f64>().unwrap_or(0.0),
-            "total_commands_processed" => s.commands = value.parse().unwrap_or(0),
-            _ => {}
-        }
-    }
-    s
-}
-
-fn redis_idle(w: &RedisWatch, a: &RedisSample, b: &RedisSample) -> RedisIdle {
+fn redis_idle(w: &Watched, a: &RedisSample, b: &RedisSample) -> RedisIdle {
     let wall = b.at.duration_since(a.at).as_secs_f64().max(1e-9);
+    let (a, b) = (&a.info, &b.info);
     let by_command_per_s = b
-        .calls
+        .by_command
         .iter()
-        .filter_map(|(cmd, &calls)| {
-            let d = calls.saturating_sub(a.calls.get(cmd).copied().unwrap_or(0));
+        .filter_map(|(cmd, &(calls, _))| {
+            let before = a.by_command.get(cmd).map_or(0, |&(c, _)| c);
+            let d = calls.saturating_sub(before);
             (d > 0).then(|| (cmd.clone(), d as f64 / wall))
         })
         .collect();
     RedisIdle {
         pool: w.pool.to_owned(),
         index: w.index,
-        url: tidemark_store::redact_url(&w.url),
+        url: tidemark_store::redact_url(w.url()),
         commands_per_s: b.commands.saturating_sub(a.commands) as f64 / wall,
         cpu_pct: (b.cpu_s - a.cpu_s).max(0.0) / wall * 100.0,
         by_command_per_s,
@@ -1091,10 +1040,10 @@ mod tests {
             "# Commandstats\r\ncmdstat_evalsha:calls=1000,usec=186510,usec_per_call=186.51\r\n\
                     cmdstat_client|setinfo:calls=2,usec=1\r\n# CPU\r\nused_cpu_sys:1.5\r\n\
                     used_cpu_user:2.25\r\n# Stats\r\ntotal_commands_processed:4242\r\n";
-        let s = parse_info(text, Instant::now());
+        let s = crate::engine::parse_info(text);
         assert_eq!(s.commands, 4242);
-        assert_eq!(s.calls["evalsha"], 1000);
-        assert_eq!(s.calls["client|setinfo"], 2);
+        assert_eq!(s.by_command["evalsha"].0, 1000);
+        assert_eq!(s.by_command["client|setinfo"].0, 2);
         assert!((s.cpu_s - 3.75).abs() < 1e-9);
 
         let m = parse_metrics(

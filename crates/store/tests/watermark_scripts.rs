@@ -6,7 +6,7 @@ use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use tidemark_store::keys;
 use tidemark_store::redis::store::{
-    Advance, AdvanceRecord, ChunkWritten, Gc, MailboxStore, Materialized, SingleItem,
+    Advance, AdvanceRecord, ChunkWritten, Gc, MailboxStore, Materialized, SingleItem, MAX_RUN,
 };
 use tidemark_store::redis::watermark::{
     decode_lane_watermarks, encode_packed_v1, encode_packed_v2, CorruptCode, LaneRecord,
@@ -450,6 +450,98 @@ async fn hot_path_writes_19_bytes_and_replays_write_nothing() {
         let n: usize = e.raw.zcard(keys::mailbox(0, "ann")).await.unwrap();
         assert_eq!(n, 1, "{what} writes no entry");
     }
+}
+
+/// `EVALSHA` calls mailbox Redis has served since the last `CONFIG RESETSTAT`.
+async fn evalsha_calls(raw: &mut ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .map(|r| r.split(',').next().unwrap().parse().unwrap())
+        .unwrap_or(0)
+}
+
+async fn entries(raw: &mut ConnectionManager, users: &[&str]) -> usize {
+    let mut n = 0;
+    for u in users {
+        let c: usize = raw.zcard(keys::mailbox(0, u)).await.unwrap();
+        n += c;
+    }
+    n
+}
+
+#[tokio::test]
+async fn a_run_of_records_is_one_call_that_stops_at_its_gap() {
+    // ADR-0039: the hot path takes a shard's consecutive records in runs of up to MAX_RUN
+    let users = ["u0", "u1", "u2", "u3", "u4"];
+    let to = |o: u64| users[(o % 5) as usize];
+    let run = |r: std::ops::RangeInclusive<u64>| -> Vec<SingleItem> {
+        r.map(|o| item(o, to(o))).collect()
+    };
+    let mut e = env_with(Layout::PackedV2, 4, 0).await;
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    let out = e.v2.materialize_batch(0, 4, &run(1..=300)).await.unwrap();
+    assert_eq!(
+        out,
+        (1..=300)
+            .map(|offset| Materialized::Applied { offset })
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        evalsha_calls(&mut e.raw).await,
+        300u64.div_ceil(MAX_RUN as u64),
+        "one call per run of at most {MAX_RUN}"
+    );
+    assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(300, 0)));
+    assert_eq!(entries(&mut e.raw, &users).await, 300);
+
+    // records at or below W are replays, the rest of the run applies
+    let out = e.v2.materialize_batch(0, 4, &run(298..=305)).await.unwrap();
+    let mut want = vec![Materialized::Replay { w: 305 }; 3];
+    want.extend((301..=305).map(|offset| Materialized::Applied { offset }));
+    assert_eq!(out, want);
+    assert_eq!(entries(&mut e.raw, &users).await, 305);
+
+    // a gap in the middle of a run: what comes before it is written, nothing after it
+    let mut items = run(306..=307);
+    items.extend(run(309..=310));
+    let out = e.v2.materialize_batch(0, 4, &items).await.unwrap();
+    assert_eq!(
+        out,
+        vec![
+            Materialized::Applied { offset: 306 },
+            Materialized::Applied { offset: 307 },
+            Materialized::Gap { w: 307 },
+            Materialized::Gap { w: 307 }
+        ]
+    );
+    assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(307, 0)));
+    assert_eq!(entries(&mut e.raw, &users).await, 307);
+
+    // a fenced run, and offsets that do not increase: nothing written
+    let before = snapshot(&mut e.raw, 0).await;
+    let out = e.v2.materialize_batch(0, 3, &run(308..=309)).await.unwrap();
+    let fenced = Materialized::Fenced {
+        current_epoch: Some(4),
+    };
+    assert_eq!(out, vec![fenced.clone(), fenced]);
+    let err =
+        e.v2.materialize_batch(0, 4, &[item(309, "u0"), item(308, "u1")])
+            .await;
+    assert!(
+        matches!(err, Err(tidemark_store::Error::InvalidArgument(_))),
+        "{err:?}"
+    );
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    assert_eq!(entries(&mut e.raw, &users).await, 307);
 }
 
 #[tokio::test]

@@ -47,7 +47,7 @@ use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 
 pub use mailbox::parse_withscores;
-pub use materialize::{AdvanceRecord, LaneChunk, SingleItem};
+pub use materialize::{AdvanceRecord, LaneChunk, SingleItem, MAX_RUN};
 pub use owner::OWNER_MARK_TTL_MS;
 pub use reply::{
     Advance, AdvanceCounts, ChunkWritten, Fence, Gc, Materialized, ScriptStatus, Verdict,

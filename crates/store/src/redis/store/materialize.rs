@@ -1,11 +1,11 @@
 //! Materialisation on [`MailboxStore`]: the hot path
-//! (`materialize_fresh_single_recipient.lua`: one record, a shard's batch, batches of several
-//! shards in one pipeline), the chunked path (`write_lane_chunk.lua`, then
+//! (`materialize_fresh_single_recipient.lua`: a shard's records in runs of up to [`MAX_RUN`],
+//! one call per run, the runs of several shards in one pipeline), the chunked path (`write_lane_chunk.lua`, then
 //! `advance_log_watermark(s).lua`) and the GC of staging state (`gc_completed_dispatch.lua`).
 //! The records handed in are typed here ([`SingleItem`], [`LaneChunk`], [`AdvanceRecord`]);
 //! the replies are decoded in [`super::reply`].
 
-use redis::Cmd;
+use redis::{Cmd, Value};
 
 use super::reply::{
     parse_advance, parse_chunk_written, parse_gc, parse_materialized, Advance, ChunkWritten, Gc,
@@ -15,6 +15,11 @@ use super::{check_u48, MailboxStore};
 use crate::error::{Error, Result};
 use crate::keys;
 use crate::redis::watermark::LANES;
+
+/// Most records of one shard in one call of the hot path (ADR-0039): enough to spread the
+/// call's fixed cost (the watermark read and checks, its write-back, the script call itself)
+/// thin, few enough that one call holds mailbox Redis for about half a millisecond.
+pub const MAX_RUN: usize = 128;
 
 /// One record for the hot path.
 #[derive(Debug, Clone)]
@@ -63,15 +68,63 @@ impl AdvanceRecord {
 impl MailboxStore {
     // ---- materialize_fresh_single_recipient.lua ----
 
-    fn materialize_cmd(&self, shard: u32, epoch: &str, item: &SingleItem) -> Cmd {
-        let wm = keys::wm(shard);
-        let mb = keys::mailbox(shard, &item.recipient);
-        let (o, p) = (item.offset.to_string(), item.prev.to_string());
-        Self::evalsha(
-            &self.set.materialize_fresh_single_recipient,
-            &[wm.as_bytes(), mb.as_bytes()],
-            &[epoch.as_bytes(), o.as_bytes(), p.as_bytes(), &item.entry],
-        )
+    /// One call of the hot path for a run of records of one shard (ADR-0039).
+    fn materialize_cmd(&self, shard: u32, epoch: &str, run: &[SingleItem]) -> Cmd {
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(&self.set.materialize_fresh_single_recipient.sha)
+            .arg(run.len() + 1)
+            .arg(keys::wm(shard));
+        for it in run {
+            c.arg(keys::mailbox(shard, &it.recipient));
+        }
+        c.arg(epoch);
+        for it in run {
+            c.arg(it.offset).arg(it.prev).arg(&it.entry[..]);
+        }
+        c
+    }
+
+    /// Checks a shard's hot items (u48 offsets, strictly increasing: a run's replies count
+    /// records in order) and adds one command per run of at most [`MAX_RUN`] to `cmds`.
+    fn push_runs(
+        &self,
+        cmds: &mut Vec<(u32, Cmd)>,
+        shard: u32,
+        epoch: u64,
+        items: &[SingleItem],
+    ) -> Result<()> {
+        let mut last = None;
+        for it in items {
+            check_u48("offset", it.offset)?;
+            if last.is_some_and(|l| it.offset <= l) {
+                return Err(Error::InvalidArgument(format!(
+                    "hot-path offsets of shard {shard} not increasing: {} after {}",
+                    it.offset,
+                    last.unwrap_or_default()
+                )));
+            }
+            last = Some(it.offset);
+        }
+        let e = epoch.to_string();
+        for run in items.chunks(MAX_RUN) {
+            cmds.push((shard, self.materialize_cmd(shard, &e, run)));
+        }
+        Ok(())
+    }
+
+    /// The outcomes of a shard's items from the replies of its runs.
+    fn run_outcomes<'a>(
+        shard: u32,
+        items: &[SingleItem],
+        replies: &mut impl Iterator<Item = &'a Value>,
+    ) -> Result<Vec<Materialized>> {
+        let mut out = Vec::with_capacity(items.len());
+        for run in items.chunks(MAX_RUN) {
+            let r = replies.next().expect("one reply per run");
+            let offsets: Vec<u64> = run.iter().map(|it| it.offset).collect();
+            out.extend(parse_materialized(r, &offsets)?.ok_or(Error::NoWatermark { shard })?);
+        }
+        Ok(out)
     }
 
     /// The hot path for one record.
@@ -88,25 +141,20 @@ impl MailboxStore {
             .expect("one item"))
     }
 
-    /// The hot path for consecutive records of one shard, pipelined in log order. Each
-    /// command CASes on W, so after the first non-applied outcome the rest report gaps.
+    /// The hot path for consecutive records of one shard, in log order: runs of at most
+    /// [`MAX_RUN`] records, one script call each, pipelined. One outcome per record; after
+    /// the first record neither applied nor a replay, the rest report gaps (or the same
+    /// watermark outcome).
     pub async fn materialize_batch(
         &mut self,
         shard: u32,
         epoch: u64,
         items: &[SingleItem],
     ) -> Result<Vec<Materialized>> {
-        let e = epoch.to_string();
-        let mut cmds = Vec::with_capacity(items.len());
-        for it in items {
-            check_u48("offset", it.offset)?;
-            cmds.push((shard, self.materialize_cmd(shard, &e, it)));
-        }
+        let mut cmds = Vec::new();
+        self.push_runs(&mut cmds, shard, epoch, items)?;
         let replies = self.invoke_pipeline(&cmds).await?;
-        replies
-            .iter()
-            .map(|v| parse_materialized(v)?.ok_or(Error::NoWatermark { shard }))
-            .collect()
+        Self::run_outcomes(shard, items, &mut replies.iter())
     }
 
     /// Hot-path batches of several shards (all on this instance) in one pipeline; each
@@ -117,24 +165,14 @@ impl MailboxStore {
     ) -> Result<Vec<Vec<Materialized>>> {
         let mut cmds = Vec::new();
         for (shard, epoch, items) in batches {
-            let e = epoch.to_string();
-            for it in items {
-                check_u48("offset", it.offset)?;
-                cmds.push((*shard, self.materialize_cmd(*shard, &e, it)));
-            }
+            self.push_runs(&mut cmds, *shard, *epoch, items)?;
         }
         let replies = self.invoke_pipeline(&cmds).await?;
         let mut it = replies.iter();
-        let mut out = Vec::with_capacity(batches.len());
-        for (shard, _, items) in batches {
-            let mut v = Vec::with_capacity(items.len());
-            for _ in items {
-                let r = it.next().expect("one reply per command");
-                v.push(parse_materialized(r)?.ok_or(Error::NoWatermark { shard: *shard })?);
-            }
-            out.push(v);
-        }
-        Ok(out)
+        batches
+            .iter()
+            .map(|(shard, _, items)| Self::run_outcomes(*shard, items, &mut it))
+            .collect()
     }
 
     // ---- write_lane_chunk.lua ----

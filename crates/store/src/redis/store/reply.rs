@@ -313,25 +313,59 @@ pub(super) fn parse_fence(shard: u32, new: u64, v: &Value) -> Result<Fence> {
 
 // ---- materialize_fresh_single_recipient.lua ----
 
-pub(super) fn parse_materialized(v: &Value) -> Result<Option<Materialized>> {
-    // applied is a bare integer (the offset): the cheapest reply for the hot path
-    if let Value::Int(off) = v {
-        return Ok(Some(Materialized::Applied {
-            offset: *off as u64,
-        }));
+/// The reply of one run of `n` records ([`MailboxStore::materialize_batch`]
+/// (super::MailboxStore::materialize_batch)): one outcome per record, in order; `None` when
+/// the watermark is missing. `W` alone: every record applied; `{1|2, W, replayed, applied}`:
+/// the first `replayed` replays, then `applied` applied, then (status 2) a gap for the record
+/// after them and, as the run stopped there, for every later one; the other statuses are
+/// about the watermark and so the same for every record.
+pub(super) fn parse_materialized(v: &Value, offsets: &[u64]) -> Result<Option<Vec<Materialized>>> {
+    let n = offsets.len();
+    // every record applied is a bare integer (W): the cheapest reply for the hot path
+    if let Value::Int(w) = v {
+        if offsets.last().copied() != u64::try_from(*w).ok() {
+            return Err(Error::UnexpectedReply {
+                script: "materialize_fresh_single_recipient",
+                detail: format!("applied up to {w}, the run ends at {:?}", offsets.last()),
+            });
+        }
+        return Ok(Some(
+            offsets
+                .iter()
+                .map(|&offset| Materialized::Applied { offset })
+                .collect(),
+        ));
     }
     let r = Reply::new("materialize_fresh_single_recipient", v)?;
-    Ok(Some(match r.status()? {
-        ScriptStatus::Replay => Materialized::Replay { w: r.u64_at(1)? },
-        ScriptStatus::Gap => Materialized::Gap { w: r.u64_at(1)? },
-        ScriptStatus::Fenced => Materialized::Fenced {
+    let same = |m: Materialized| Ok(Some(vec![m; n]));
+    match r.status()? {
+        s @ (ScriptStatus::Replay | ScriptStatus::Gap) => {
+            let w = r.u64_at(1)?;
+            let replayed = usize::try_from(r.u64_at(2)?).map_err(|_| r.bad())?;
+            let applied = usize::try_from(r.u64_at(3)?).map_err(|_| r.bad())?;
+            let taken = replayed.checked_add(applied).ok_or_else(|| r.bad())?;
+            let whole = s == ScriptStatus::Replay;
+            if taken > n || (whole && taken != n) || (!whole && taken == n) {
+                return Err(r.bad());
+            }
+            let mut out = Vec::with_capacity(n);
+            out.extend((0..replayed).map(|_| Materialized::Replay { w }));
+            out.extend(
+                offsets[replayed..taken]
+                    .iter()
+                    .map(|&offset| Materialized::Applied { offset }),
+            );
+            out.extend((taken..n).map(|_| Materialized::Gap { w }));
+            Ok(Some(out))
+        }
+        ScriptStatus::Fenced => same(Materialized::Fenced {
             current_epoch: r.epoch(),
-        },
-        ScriptStatus::NotUniform => Materialized::NotUniform,
-        ScriptStatus::Missing => return Ok(None),
-        ScriptStatus::Corrupt => Materialized::Corrupt(r.verdict()?),
-        _ => return Err(r.bad()),
-    }))
+        }),
+        ScriptStatus::NotUniform => same(Materialized::NotUniform),
+        ScriptStatus::Missing => Ok(None),
+        ScriptStatus::Corrupt => same(Materialized::Corrupt(r.verdict()?)),
+        _ => Err(r.bad()),
+    }
 }
 
 // ---- write_lane_chunk.lua ----

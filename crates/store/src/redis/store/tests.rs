@@ -139,17 +139,18 @@ fn unexpected<T: std::fmt::Debug>(r: Result<T>) -> bool {
 
 #[test]
 fn hot_path_replies_decode() {
-    let p = parse_materialized;
+    // one record: the replies ADR-0015's one-record call gives
+    let p = |v: &Value| parse_materialized(v, &[9]).map(|o| o.map(|mut v| v.pop().unwrap()));
     assert_eq!(
         p(&int(9)).unwrap(),
         Some(Materialized::Applied { offset: 9 })
     );
     assert_eq!(
-        p(&arr(vec![int(1), int(5)])).unwrap(),
+        p(&arr(vec![int(1), int(5), int(1), int(0)])).unwrap(),
         Some(Materialized::Replay { w: 5 })
     );
     assert_eq!(
-        p(&arr(vec![int(2), bulk("4")])).unwrap(),
+        p(&arr(vec![int(2), bulk("4"), int(0), int(0)])).unwrap(),
         Some(Materialized::Gap { w: 4 })
     );
     assert_eq!(
@@ -185,6 +186,56 @@ fn hot_path_replies_decode() {
     assert!(unexpected(p(&arr(vec![int(-1)]))));
     assert!(unexpected(p(&arr(vec![]))));
     assert!(unexpected(p(&bulk("OK"))));
+    // applied up to another offset than the record's; a replay or gap without its counts
+    assert!(unexpected(p(&int(8))));
+    assert!(unexpected(p(&arr(vec![int(1), int(5)]))));
+    assert!(unexpected(p(&arr(vec![int(2), int(5)]))));
+}
+
+#[test]
+fn hot_path_run_replies_decode() {
+    // a run of four records, offsets 7..=10: one outcome per record, in order
+    let offs = [7, 8, 9, 10];
+    let p = |v: Value| parse_materialized(&v, &offs);
+    let applied = |o: u64| Materialized::Applied { offset: o };
+    assert_eq!(
+        p(int(10)).unwrap().unwrap(),
+        vec![applied(7), applied(8), applied(9), applied(10)]
+    );
+    // two replays (W was 8), then two applied
+    assert_eq!(
+        p(arr(vec![int(1), int(10), int(2), int(2)]))
+            .unwrap()
+            .unwrap(),
+        vec![
+            Materialized::Replay { w: 10 },
+            Materialized::Replay { w: 10 },
+            applied(9),
+            applied(10)
+        ]
+    );
+    // one applied, then a gap: the gap and every record after it report it
+    assert_eq!(
+        p(arr(vec![int(2), int(7), int(0), int(1)]))
+            .unwrap()
+            .unwrap(),
+        vec![
+            applied(7),
+            Materialized::Gap { w: 7 },
+            Materialized::Gap { w: 7 },
+            Materialized::Gap { w: 7 }
+        ]
+    );
+    assert_eq!(
+        p(arr(vec![int(4)])).unwrap().unwrap(),
+        vec![Materialized::NotUniform; 4]
+    );
+    // counts that do not fit the run: never accepted as some outcome
+    assert!(unexpected(p(arr(vec![int(1), int(10), int(1), int(2)]))));
+    assert!(unexpected(p(arr(vec![int(1), int(10), int(3), int(2)]))));
+    assert!(unexpected(p(arr(vec![int(2), int(10), int(2), int(2)]))));
+    assert!(unexpected(p(arr(vec![int(2), int(10), int(4), int(1)]))));
+    assert!(unexpected(p(int(9))));
 }
 
 #[test]

@@ -5,15 +5,18 @@
 -- string.rep(record, 64) (1216 bytes written). Kept to prove old code fails closed on v2 data
 -- and for side-by-side benchmarks.
 --
--- KEYS[1]  wm:{s}              hash  the shard's watermark (layout must be packed-v1)
--- KEYS[2]  mb:{s}:<recipient>  zset  the recipient's mailbox (score = MailboxSeq)
--- ARGV[1]  epoch               decimal u64 (canonical), must equal wm_epoch
--- ARGV[2]  offset              decimal u48, the record's log offset (= MailboxSeq)
--- ARGV[3]  expected_previous   decimal u48, CAS against W
--- ARGV[4]  entry               bytes, the mailbox member
+-- Takes the same run of records as the packed-v2 script (ADR-0039), so that the two are
+-- compared on the same calls; the write-back happens once per run in both.
 --
--- Returns offset (integer) | {1, W} | {2, W} | {3, epoch} | {4} | {5} | {-1, cause, lane}.
--- Writes nothing unless it returns the offset. Publishes nothing.
+-- KEYS[1]      wm:{s}              hash  the shard's watermark (layout must be packed-v1)
+-- KEYS[1+i]    mb:{s}:<recipient>  zset  record i's recipient's mailbox (i = 1..#KEYS-1)
+-- ARGV[1]      epoch               decimal u64 (canonical), must equal wm_epoch
+-- ARGV[3i-1]   offset              decimal u48, record i's log offset (= MailboxSeq)
+-- ARGV[3i]     expected_previous   decimal u48, CAS against W
+-- ARGV[3i+1]   entry               bytes, the mailbox member
+--
+-- Returns W (integer) | {1, W, replayed, applied} | {2, W, replayed, applied} | {3, epoch}
+--   | {4} | {5} | {-1, cause, lane}, as the packed-v2 script. Publishes nothing.
 local raw = redis.call('HGETALL', KEYS[1])
 local n = #raw
 if n == 0 then return {5} end
@@ -65,16 +68,32 @@ if w < ((((f1 * 256 + f2) * 256 + f3) * 256 + f4) * 256 + f5) * 256 + f6 then
   return {-1, 'w_below_floor', 0}
 end
 if not same_epoch then return {3, epoch} end
-local off = tonumber(ARGV[2])
-if off <= w then return {1, w} end
-if tonumber(ARGV[3]) ~= w then return {2, w} end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4])
-local x = off
-local b6 = x % 256; x = (x - b6) / 256
-local b5 = x % 256; x = (x - b5) / 256
-local b4 = x % 256; x = (x - b4) / 256
-local b3 = x % 256; x = (x - b3) / 256
-local b2 = x % 256; x = (x - b2) / 256
-local os = string.char(x, b2, b3, b4, b5, b6)
-redis.call('HSET', KEYS[1], 'wm_blob', string.rep('\1' .. os .. string.sub(blob, 8, 13) .. os, 64))
-return off
+local n = #KEYS - 1
+local replayed, applied, status = 0, 0, 1
+for i = 1, n do
+  local a = 3 * i - 1
+  local off = tonumber(ARGV[a])
+  if off <= w then
+    replayed = replayed + 1
+  elseif tonumber(ARGV[a + 1]) ~= w then
+    status = 2
+    break
+  else
+    redis.call('ZADD', KEYS[i + 1], ARGV[a], ARGV[a + 2])
+    w = off
+    applied = applied + 1
+  end
+end
+if applied > 0 then
+  local x = w
+  local b6 = x % 256; x = (x - b6) / 256
+  local b5 = x % 256; x = (x - b5) / 256
+  local b4 = x % 256; x = (x - b4) / 256
+  local b3 = x % 256; x = (x - b3) / 256
+  local b2 = x % 256; x = (x - b2) / 256
+  local os = string.char(x, b2, b3, b4, b5, b6)
+  redis.call('HSET', KEYS[1], 'wm_blob',
+    string.rep('\1' .. os .. string.sub(blob, 8, 13) .. os, 64))
+  if applied == n then return w end
+end
+return {status, w, replayed, applied}

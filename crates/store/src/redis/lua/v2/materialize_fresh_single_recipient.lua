@@ -1,24 +1,36 @@
 -- materialize_fresh_single_recipient.lua (packed-v2) — the hot path [ADR-0015].
--- One log record, one recipient, uniform watermark: writes the mailbox entry and advances all
--- 64 lanes to the record's offset in one atomic step (19 bytes written).
+-- A run of one-recipient log records of one shard, in log order, on a uniform watermark:
+-- writes each record's mailbox entry and advances all 64 lanes past it, in one atomic step
+-- (ADR-0039: a run of n records reads the watermark once and writes its 19 bytes once; a
+-- run of one record is the call ADR-0015 describes, with the same arguments and replies).
 --
 -- Self-contained (no shared prelude): straight-line code, no closures built per call. Rules
 -- and codes are those of common/_lanes.lua and redis/watermark.rs.
 --
--- KEYS[1]  wm:{s}              hash  the shard's watermark
--- KEYS[2]  mb:{s}:<recipient>  zset  the recipient's mailbox (score = MailboxSeq)
--- ARGV[1]  epoch               decimal u64 (canonical), must equal wm_epoch
--- ARGV[2]  offset              decimal u48, the record's log offset (= MailboxSeq)
--- ARGV[3]  expected_previous   decimal u48, the record's prev offset; CAS against W
--- ARGV[4]  entry               bytes, the mailbox member (starts with the seq, so unique)
+-- n = #KEYS - 1 >= 1 records; record i (1..n):
+-- KEYS[1]      wm:{s}              hash  the shard's watermark
+-- KEYS[1+i]    mb:{s}:<recipient>  zset  record i's recipient's mailbox (score = MailboxSeq)
+-- ARGV[1]      epoch               decimal u64 (canonical), must equal wm_epoch
+-- ARGV[3i-1]   offset              decimal u48, record i's log offset (= MailboxSeq);
+--                                  strictly increasing along the run (the caller checks)
+-- ARGV[3i]     expected_previous   decimal u48, record i's prev offset; CAS against W
+-- ARGV[3i+1]   entry               bytes, the mailbox member (starts with the seq, so unique)
 --
--- Returns offset (integer) applied | {1, W} replay | {2, W} gap | {3, epoch} fenced
---   | {4} not uniform: the blob is 1216 bytes or packed-v1, or the lane is empty (the
---     chunked path, which validates every lane, takes over) | {5} missing
+-- Records are taken in order, each as its own call would: at or below W it is a replay
+-- (nothing written), with expected_previous == W it is applied (its entry written, W = its
+-- offset), otherwise it is a gap and the run stops there (it and the records after it are
+-- not looked at).
+--
+-- Returns W (integer): every record applied, W = the last one's offset
+--   | {1, W, replayed, applied}: every record taken, the first `replayed` were replays
+--   | {2, W, replayed, applied}: record replayed + applied + 1 is a gap (W: after the
+--     records taken before it, which stay written)
+--   | {3, epoch} fenced | {4} not uniform: the blob is 1216 bytes or packed-v1, or the lane
+--     is empty (the chunked path, which validates every lane, takes over) | {5} missing
 --   | {-1, cause, lane} corrupt: header checks (field count, fields, layout, length, epoch)
 --     always; lane checks on the 19-byte record.
--- Writes nothing unless it returns the offset. Publishes nothing (the materializer publishes
--- one wake-up per batch).
+-- The checks of the watermark come before any record, so {3}, {4}, {5} and {-1} write
+-- nothing. Publishes nothing (the materializer publishes one wake-up per batch).
 local raw = redis.call('HGETALL', KEYS[1])
 local n = #raw
 if n == 0 then return {5} end
@@ -76,16 +88,31 @@ if w < ((((f1 * 256 + f2) * 256 + f3) * 256 + f4) * 256 + f5) * 256 + f6 then
   return {-1, 'w_below_floor', 0}
 end
 if not same_epoch then return {3, epoch} end
-local off = tonumber(ARGV[2])
-if off <= w then return {1, w} end
-if tonumber(ARGV[3]) ~= w then return {2, w} end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4])
-local x = off
-local b6 = x % 256; x = (x - b6) / 256
-local b5 = x % 256; x = (x - b5) / 256
-local b4 = x % 256; x = (x - b4) / 256
-local b3 = x % 256; x = (x - b3) / 256
-local b2 = x % 256; x = (x - b2) / 256
-local os = string.char(x, b2, b3, b4, b5, b6)
-redis.call('HSET', KEYS[1], 'wm_blob', '\1' .. os .. string.sub(blob, 8, 13) .. os)
-return off
+local n = #KEYS - 1
+local replayed, applied, status = 0, 0, 1
+for i = 1, n do
+  local a = 3 * i - 1
+  local off = tonumber(ARGV[a])
+  if off <= w then
+    replayed = replayed + 1
+  elseif tonumber(ARGV[a + 1]) ~= w then
+    status = 2
+    break
+  else
+    redis.call('ZADD', KEYS[i + 1], ARGV[a], ARGV[a + 2])
+    w = off
+    applied = applied + 1
+  end
+end
+if applied > 0 then
+  local x = w
+  local b6 = x % 256; x = (x - b6) / 256
+  local b5 = x % 256; x = (x - b5) / 256
+  local b4 = x % 256; x = (x - b4) / 256
+  local b3 = x % 256; x = (x - b3) / 256
+  local b2 = x % 256; x = (x - b2) / 256
+  local os = string.char(x, b2, b3, b4, b5, b6)
+  redis.call('HSET', KEYS[1], 'wm_blob', '\1' .. os .. string.sub(blob, 8, 13) .. os)
+  if applied == n then return w end
+end
+return {status, w, replayed, applied}

@@ -336,6 +336,7 @@ async fn trace_lost_record_and_wrong_shard_count() {
 
     // the mailbox instance records a 4-shard deployment: --shards 8 is refused
     let id = tidemark_store::deployment::Identity {
+        version: tidemark_store::deployment::VERSION_CURRENT,
         shards: SHARDS,
         role: tidemark_store::deployment::Role::Mailbox,
         index: 0,

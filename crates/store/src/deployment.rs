@@ -3,7 +3,9 @@
 //!
 //! ```text
 //! tidemark:deployment   hash, one per instance (core and mailbox), written once
-//!   version   "1"
+//!   version   "1" | "2"          2: created by code that claims every message id, so that a
+//!                                one-shard send's claim may be its only dedupe record
+//!                                (ADR-0040); code that knows only "1" refuses "2"
 //!   shards    decimal u32        S, fixed when the deployment is created
 //!   role      "core" | "mailbox" which pool this instance belongs to
 //!   index     decimal            its position in that pool
@@ -40,7 +42,10 @@ pub fn key(url: &str, role: Role) -> String {
         KEY.to_string()
     }
 }
-const VERSION: &str = "1";
+/// The identity version new deployments are created with (ADR-0040): one-key claims.
+pub const VERSION_CURRENT: u32 = 2;
+/// The versions this code reads: 1 (before ADR-0040) and 2.
+const VERSIONS: [u32; 2] = [1, 2];
 
 /// Which pool an instance belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +69,9 @@ impl Role {
 /// What one instance records about the deployment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
+    /// The identity's version: [`VERSION_CURRENT`] for a deployment this code creates; an
+    /// older one keeps its own (it says which records may exist in it, ADR-0040).
+    pub version: u32,
     /// Shard count S.
     pub shards: u32,
     /// The pool of this instance.
@@ -133,7 +141,7 @@ pub fn parse_ranges(s: &str) -> Option<Vec<u32>> {
 impl Identity {
     fn fields(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("version", VERSION.to_string()),
+            ("version", self.version.to_string()),
             ("shards", self.shards.to_string()),
             ("role", self.role.as_str().to_string()),
             ("index", self.index.to_string()),
@@ -143,10 +151,12 @@ impl Identity {
     }
 
     fn from_fields(m: &BTreeMap<String, String>) -> Option<Identity> {
-        if m.get("version")? != VERSION {
+        let version: u32 = m.get("version")?.parse().ok()?;
+        if !VERSIONS.contains(&version) || m.get("version")? != &version.to_string() {
             return None;
         }
         Some(Identity {
+            version,
             shards: m.get("shards")?.parse().ok()?,
             role: match m.get("role")?.as_str() {
                 "core" => Role::Core,
@@ -159,8 +169,15 @@ impl Identity {
         })
     }
 
+    /// Whether a one-shard send's id claim may also be its dedupe record (ADR-0040): only in a
+    /// deployment created by code that claims every id (version 2), where no dedupe record
+    /// without a claim can exist and no process that knows only version 1 runs.
+    pub fn one_key_claims(&self) -> bool {
+        self.version >= 2
+    }
+
     /// What differs between `self` (recorded) and `want` (this process), in words; empty when
-    /// they agree.
+    /// they agree. The version is not compared: it belongs to the deployment.
     pub fn differences(&self, want: &Identity) -> Vec<String> {
         let mut d = Vec::new();
         if self.shards != want.shards {
@@ -284,5 +301,41 @@ mod tests {
         assert_eq!(a.len(), 16);
         assert_ne!(a, tables_fingerprint(&[0, 1, 0, 1], &[0, 0, 0, 0]));
         assert_ne!(a, tables_fingerprint(&[0, 0, 0, 0], &[0, 0, 1, 1]));
+    }
+
+    #[test]
+    fn versions_1_and_2_are_read_and_others_refused() {
+        let m = |v: &str| -> BTreeMap<String, String> {
+            [
+                ("version", v),
+                ("shards", "4"),
+                ("role", "core"),
+                ("index", "0"),
+                ("holds", "0-3"),
+                ("tables", "0000000000000000"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+        };
+        let one = Identity::from_fields(&m("1")).unwrap();
+        assert_eq!(one.version, 1);
+        assert!(!one.one_key_claims());
+        let two = Identity::from_fields(&m("2")).unwrap();
+        assert!(two.one_key_claims());
+        assert!(
+            one.differences(&two).is_empty(),
+            "the version is the deployment's"
+        );
+        for bad in ["3", "0", "02", "", "x"] {
+            assert!(Identity::from_fields(&m(bad)).is_none(), "{bad:?}");
+        }
+        // what is written is read back the same
+        let written: BTreeMap<String, String> = two
+            .fields()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        assert_eq!(Identity::from_fields(&written), Some(two));
     }
 }

@@ -6,7 +6,8 @@
 //!   wm:{s}           hash  watermark [ADR]    dlog:{s}           stream  dispatch log, ids "<offset>-0"
 //!   mb:{s}:<user>    zset  mailbox entries    head:{s}           string  last assigned offset
 //!   ack:{s}          hash  user -> acked seq  dd:{s}:<n>:<sender><client id>  string  "<offset>:<digest>" (dedupe, TTL)
-//!                                             msgid:{h}:<n>:<sender><client id>  string  digest (h: sender's shard, TTL)
+//!                                             msgid:{h}:<n>:<sender><client id>  string  digest, or "<offset>:<digest>"
+//!                                                                 (h: sender's shard, TTL; ADR-0040)
 //!   stg:{s}:<o>      hash  lanes durable of o             dlogwake:{s}  sharded channel: commit hint (cluster only)
 //!   stgidx:{s}       zset  offsets with staging
 //!   owner:{s}        string epoch of the live owner (PX, refreshed every second)
@@ -22,6 +23,11 @@
 //! key unambiguous, no two (sender, client id) pairs share one. The earlier form
 //! `dd:{s}:<sender>\0<client id>` was ambiguous (`a\0b`+`c` and `a`+`b\0c` met); it is still
 //! read, never written, for the 24 h its records live (ADR-0022).
+//!
+//! In a deployment of identity version 2 (ADR-0040), a one-shard send whose commit claims its
+//! id writes no `dd:` record: its claim `msgid:` holds `"<offset>:<digest>"` and is the
+//! dedupe record. A send to several shards still claims the bare digest first and writes a
+//! `dd:` record per shard.
 
 /// `wm:{s}`.
 pub fn wm(shard: u32) -> String {
@@ -76,7 +82,8 @@ pub fn head(shard: u32) -> String {
 
 /// `msgid:{h}:<n>:<sender><client id>`: which message (request digest) a sender's client id
 /// names, kept on the sender's own shard `h` so that every send with that id meets it,
-/// whatever shards its recipients fall in.
+/// whatever shards its recipients fall in. A one-shard send's claim made inside its commit
+/// holds `"<offset>:<digest>"` in a deployment of identity version 2 (ADR-0040).
 pub fn message_id(shard: u32, sender: &str, client_id: &str) -> String {
     format!("msgid:{{{shard}}}:{}:{sender}{client_id}", sender.len())
 }

@@ -515,3 +515,141 @@ async fn a_commit_that_carries_its_claim_binds_the_id_and_refuses_another_messag
     let d: Option<String> = e.raw.get(keys::dedupe(s, "alice", "m2")).await.unwrap();
     assert_eq!(d, None, "the refused message left no dedupe record");
 }
+
+/// ADR-0040: in a deployment of identity version 2, a one-shard send's claim made inside the
+/// commit is its only dedupe record ("<offset>:<digest>"): a first send writes the log entry
+/// and that one key; a resend is answered from it, another message under the id is refused
+/// with the first one's offset; a bare claim (a send to several shards) still goes through
+/// the dedupe record; `claim_message_id` reads both forms.
+#[tokio::test]
+async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send() {
+    use tidemark_store::deployment::{self, Identity, Role};
+    use tidemark_store::redis::dlog::{request_digest, CommitRequest, IdClaim};
+    let mut e = env().await;
+    assert!(
+        !e.core.one_key_claims(),
+        "no identity recorded: both records, as before ADR-0040"
+    );
+    e.core.set_one_key_claims(true);
+    let (s, home) = (3u32, 9u32);
+    let d1: &'static str = request_digest(&["bob"], "one").leak();
+    let d2: &'static str = request_digest(&["bob"], "two").leak();
+    let req = |id: &'static str, body: &'static str, d: &'static str| CommitRequest {
+        sender: "alice",
+        client_id: id,
+        recipients: &["bob"],
+        body,
+        sent_at_us: 1,
+        digest: d,
+        claim_home: Some(home),
+    };
+    let store = e.core.clone();
+    let mut core = e.core.clone();
+    let group = |reqs: Vec<CommitRequest<'static>>| {
+        let mut core = store.clone();
+        async move {
+            core.commit_group(s, &reqs, TTL)
+                .await
+                .expect("the call")
+                .into_iter()
+                .map(|r| r.map(|c| (c.offset, c.duplicate)))
+                .collect::<Vec<_>>()
+        }
+    };
+    // a first send, and the same message again in the same call
+    let out = group(vec![req("m1", "one", d1), req("m1", "one", d1)]).await;
+    assert_eq!(out[0].as_ref().unwrap(), &(1, false));
+    assert_eq!(out[1].as_ref().unwrap(), &(1, true));
+    let claim: Option<String> = e
+        .raw
+        .get(keys::message_id(home, "alice", "m1"))
+        .await
+        .unwrap();
+    assert_eq!(claim, Some(format!("1:{d1}")));
+    let mut want = vec![
+        keys::dlog(s).into_bytes(),
+        keys::head(s).into_bytes(),
+        keys::message_id(home, "alice", "m1").into_bytes(),
+    ];
+    want.sort();
+    assert_eq!(
+        all_keys(&mut e.raw).await,
+        want,
+        "one key per send besides the log"
+    );
+    let ttl: i64 = e
+        .raw
+        .ttl(keys::message_id(home, "alice", "m1"))
+        .await
+        .unwrap();
+    assert!(ttl > 0 && ttl <= TTL as i64, "TTL {ttl}");
+    // a resend; another message under the id: refused with the first one's offset
+    let out = group(vec![req("m1", "one", d1), req("m1", "two", d2)]).await;
+    assert_eq!(out[0].as_ref().unwrap(), &(1, true));
+    assert!(
+        matches!(
+            out[1],
+            Err(Error::IdReused {
+                shard: 3,
+                offset: 1
+            })
+        ),
+        "{:?}",
+        out[1]
+    );
+    // the claim of a send to several shards meets the one-key claim
+    assert_eq!(
+        core.claim_message_id(home, "alice", "m1", d1, TTL)
+            .await
+            .unwrap(),
+        IdClaim::SameMessage
+    );
+    assert_eq!(
+        core.claim_message_id(home, "alice", "m1", d2, TTL)
+            .await
+            .unwrap(),
+        IdClaim::OtherMessage
+    );
+    // a bare claim (made by claim_message_id) of this message: the dedupe record decides
+    assert_eq!(
+        core.claim_message_id(home, "alice", "m2", d1, TTL)
+            .await
+            .unwrap(),
+        IdClaim::New
+    );
+    let out = group(vec![req("m2", "one", d1)]).await;
+    assert_eq!(out[0].as_ref().unwrap(), &(2, false));
+    let dd: Option<String> = e.raw.get(keys::dedupe(s, "alice", "m2")).await.unwrap();
+    assert_eq!(dd, Some(format!("2:{d1}")));
+    let out = group(vec![req("m2", "one", d1), req("m2", "two", d2)]).await;
+    assert_eq!(out[0].as_ref().unwrap(), &(2, true));
+    assert!(
+        matches!(out[1], Err(Error::IdReused { offset: 0, .. })),
+        "{:?}",
+        out[1]
+    );
+    assert_eq!(e.core.head(s).await.unwrap(), 2, "two messages committed");
+
+    // the form follows the identity recorded on the instance: version 2 one key, version 1
+    // both records, an unknown version refused
+    let id = Identity {
+        version: deployment::VERSION_CURRENT,
+        shards: 16,
+        role: Role::Core,
+        index: 0,
+        holds: (0..16).collect(),
+        tables: "0".repeat(16),
+    };
+    deployment::record_if_absent(&mut e.raw, &id).await.unwrap();
+    assert!(LogStore::connect(&e.redis.url())
+        .await
+        .unwrap()
+        .one_key_claims());
+    let () = e.raw.hset(deployment::KEY, "version", "1").await.unwrap();
+    assert!(!LogStore::connect(&e.redis.url())
+        .await
+        .unwrap()
+        .one_key_claims());
+    let () = e.raw.hset(deployment::KEY, "version", "3").await.unwrap();
+    assert!(LogStore::connect(&e.redis.url()).await.is_err());
+}

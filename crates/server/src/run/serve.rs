@@ -127,6 +127,7 @@ pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
     ] {
         for (index, url) in urls.iter().enumerate() {
             let want = Identity {
+                version: deployment::VERSION_CURRENT,
                 shards: map.shards(),
                 role,
                 index,

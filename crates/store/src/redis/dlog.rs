@@ -2,7 +2,8 @@
 //!
 //! A message is committed to every shard it touches by `commit_dispatch.lua` (several
 //! messages of one shard per call: group commit, ADR-0036, [`LogStore::commit_group`]): dedupe on
-//! (sender, client id) (key `dd:{s}:<len(sender)>:<sender><client id>`, see [`keys::dedupe`]),
+//! (sender, client id) (key `dd:{s}:<len(sender)>:<sender><client id>`, see [`keys::dedupe`];
+//! in a deployment of identity version 2, a one-shard send's id claim instead, ADR-0040),
 //! next contiguous u48 offset, one stream entry with id `<offset>-0`:
 //!
 //! ```text
@@ -151,6 +152,9 @@ pub struct LogStore {
     wait: Option<ReplicaWait>,
     /// The grouped `WAIT`s of the commits (shared by the clones).
     confirm: ReplicaConfirm,
+    /// A claim made inside the commit is the message's only dedupe record (ADR-0040): set
+    /// for a deployment whose identity allows it ([`crate::deployment::Identity::one_key_claims`]).
+    one_key_claims: bool,
 }
 
 fn offset_of_id(id: &str) -> Option<u64> {
@@ -224,7 +228,10 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
 }
 
 impl LogStore {
-    /// Connects to a core Redis and loads the commit script.
+    /// Connects to a core Redis and loads the commit script. Reads the deployment identity
+    /// recorded there: in a deployment of version 2 a claim made inside the commit is the
+    /// message's only dedupe record (ADR-0040); one of another or no identity keeps both
+    /// records. An identity this code cannot read (a newer version) is refused.
     pub async fn connect(url: &str) -> Result<LogStore> {
         let mut conn = endpoint::connect(url, endpoint::ConnectOptions::default()).await?;
         let _: String = redis::cmd("SCRIPT")
@@ -232,12 +239,28 @@ impl LogStore {
             .arg(&COMMIT_DISPATCH.source)
             .query_async(&mut conn)
             .await?;
+        let key = crate::deployment::key(url, crate::deployment::Role::Core);
+        let one_key_claims = crate::deployment::read_at(&mut conn, &key)
+            .await?
+            .is_some_and(|id| id.one_key_claims());
         Ok(LogStore {
             conn,
             url: url.to_string(),
             wait: None,
             confirm: ReplicaConfirm::default(),
+            one_key_claims,
         })
+    }
+
+    /// Whether a claim made inside the commit is the message's only dedupe record (ADR-0040).
+    pub fn one_key_claims(&self) -> bool {
+        self.one_key_claims
+    }
+
+    /// Overrides what [`LogStore::connect`] read from the identity (tests of both forms on one
+    /// instance).
+    pub fn set_one_key_claims(&mut self, on: bool) {
+        self.one_key_claims = on;
     }
 
     /// From now on every commit waits for `wait` (`None` or 0 replicas: no wait).
@@ -404,7 +427,11 @@ impl LogStore {
                 .arg(r.body)
                 .arg(r.sent_at_us)
                 .arg(r.digest)
-                .arg(if r.claim_home.is_some() { "1" } else { "0" });
+                .arg(match r.claim_home {
+                    Some(_) if self.one_key_claims => "2",
+                    Some(_) => "1",
+                    None => "0",
+                });
         }
         let v = self.eval_commit(&cmd).await?;
         let bad = || Error::UnexpectedReply {
@@ -484,9 +511,10 @@ impl LogStore {
             .arg(ttl_s.max(1))
             .query_async(&mut self.conn)
             .await?;
+        // a claim made inside a commit may hold "<offset>:<digest>" (ADR-0040)
         Ok(match old {
             None => IdClaim::New,
-            Some(d) if d == digest => IdClaim::SameMessage,
+            Some(d) if d.rsplit(':').next() == Some(digest) => IdClaim::SameMessage,
             Some(_) => IdClaim::OtherMessage,
         })
     }

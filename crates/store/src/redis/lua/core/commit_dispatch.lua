@@ -28,6 +28,15 @@
 -- reused, nothing written); a claim holding this digest is a resend (the dedupe answers).
 -- With the flag '0' KEYS[3i+2] is not touched (callers pass the dedupe key again).
 --
+-- With the flag '2' (ADR-0040, deployments of identity version 2 only) the claim is also
+-- the message's only dedupe record: a fresh claim is written once the message is
+-- committed, as "<offset>:<digest>" (the dedupe record's form), and no dedupe record is
+-- written or read. A claim found as "<offset>:<digest>" answers the message (duplicate, or
+-- id reused with that offset); a bare digest (the claim of a send to several shards, or of
+-- one committed without the flag) is compared as with '1' and, when it is this message's,
+-- the dedupe records decide as with '1'. Such deployments were created by code that claims
+-- every id, so no dedupe record without a claim, and no legacy record, can exist in them.
+--
 -- n = ARGV[1] messages; message i (1..n) has keys 3i .. 3i + 2 and arguments
 -- 3 + 7(i-1) + 1 .. 3 + 7i:
 --
@@ -49,7 +58,8 @@
 -- ARGV[7i]     body          bytes
 -- ARGV[7i+1]   sent_at_us    decimal u64
 -- ARGV[7i+2]   digest        hex string, digest of the whole request (no ':')
--- ARGV[7i+3]   claim         '1': claim the id on KEYS[3i+2] first; '0': no claim
+-- ARGV[7i+3]   claim         '1': claim the id on KEYS[3i+2] first; '2': the same as one key
+--                            (ADR-0040); '0': no claim
 --
 -- An XADD that fails (a log whose last id is at or above head + 1) fails the call; what the
 -- group committed before it (nothing, in that case: it is the group's first XADD) stays
@@ -60,7 +70,8 @@
 -- | {1, offset} duplicate (nothing written)
 -- | {2, head}   log exhausted: head is already 2^48-1 (nothing written)
 -- | {3, offset} id reused: the id was committed with another request (nothing written);
---               offset 0 when the claim (ARGV[7i+3]) named another request
+--               offset 0 when the claim (ARGV[7i+3]) named another request (a bare
+--               digest)
 -- Publishes, only when ARGV[3] is not empty and something was committed: one SPUBLISH
 -- ARGV[3] <last offset>, a hint for materializers on a Redis Cluster, where one blocking
 -- XREAD cannot wait on the logs of several shards (several slots). On one instance nothing
@@ -75,36 +86,50 @@ for i = 1, n do
   local digest = ARGV[a + 5]
   local st, v
   local claimed = nil
-  if ARGV[a + 6] == '1' then
+  local flag = ARGV[a + 6]
+  if flag == '1' then
     claimed = redis.call('SET', KEYS[k + 2], digest, 'NX', 'GET', 'EX', ttl)
+  elseif flag == '2' then
+    claimed = redis.call('GET', KEYS[k + 2])
   end
-  if claimed and claimed ~= digest then
+  -- the key the message's dedupe record goes to when it is committed; nil: answered
+  local record = nil
+  local off, d
+  if claimed then off, d = string.match(claimed, '^(%d+):(.*)$') end
+  if off then
+    -- a one-key claim (ADR-0040) answers the message
+    if d == digest then st, v = 1, tonumber(off) else st, v = 3, tonumber(off) end
+  elseif claimed and claimed ~= digest then
     st, v = 3, 0
+  elseif flag == '2' and not claimed then
+    record = KEYS[k + 2] -- a fresh one-key claim: the claim is the dedupe record
   else
     local dup = redis.call('GET', KEYS[k])
     if dup then
-      local off, d = string.match(dup, '^(%d+):(.*)$')
+      off, d = string.match(dup, '^(%d+):(.*)$')
       if not off then st, v = 1, tonumber(dup)
       elseif d ~= digest then st, v = 3, tonumber(off)
       else st, v = 1, tonumber(off) end
     else
       dup = redis.call('GET', KEYS[k + 1])
-      if dup then st, v = 1, tonumber(dup)
-      elseif head >= 281474976710655 then st, v = 2, head
-      else
-        local o = string.format('%d', head + 1)
-        local r = redis.pcall('XADD', KEYS[1], o .. '-0', 'p', string.format('%d', head),
-          'f', ARGV[a], 'c', ARGV[a + 1], 'r', ARGV[a + 2], 'b', ARGV[a + 3], 't', ARGV[a + 4])
-        if type(r) == 'table' and r.err then
-          -- (a log ahead of its head): what the group committed so far stays committed and
-          -- counted in the head; the call fails (the callers retry; their dedupe holds)
-          if head ~= first then redis.call('SET', KEYS[2], string.format('%d', head)) end
-          return r
-        end
-        head = head + 1
-        redis.call('SET', KEYS[k], o .. ':' .. digest, 'EX', ttl)
-        st, v = 0, head
+      if dup then st, v = 1, tonumber(dup) else record = KEYS[k] end
+    end
+  end
+  if record then
+    if head >= 281474976710655 then st, v = 2, head
+    else
+      local o = string.format('%d', head + 1)
+      local r = redis.pcall('XADD', KEYS[1], o .. '-0', 'p', string.format('%d', head),
+        'f', ARGV[a], 'c', ARGV[a + 1], 'r', ARGV[a + 2], 'b', ARGV[a + 3], 't', ARGV[a + 4])
+      if type(r) == 'table' and r.err then
+        -- (a log ahead of its head): what the group committed so far stays committed and
+        -- counted in the head; the call fails (the callers retry; their dedupe holds)
+        if head ~= first then redis.call('SET', KEYS[2], string.format('%d', head)) end
+        return r
       end
+      head = head + 1
+      redis.call('SET', record, o .. ':' .. digest, 'EX', ttl)
+      st, v = 0, head
     end
   end
   out[2 * i - 1] = st

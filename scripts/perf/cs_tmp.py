@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Drives one redis-server with EVALSHA calls of the commit script (or a comparison script)
+and prints the server-side usec_per_call from INFO commandstats.
+
+usage: commit_script.py PORT {commit|group:K|plain|noop} N [FIRST_ID] [--wait]
+  commit  crates/store/src/redis/lua/core/commit_dispatch.lua, real arguments, one message
+          per call
+  group:K the same script with K messages per call (group commit, ADR-0036): N calls of K
+          messages each; also prints the server-side usec per message
+  plain   SET NX EX + INCR + XADD with the same fields (the issue's comparison script)
+  noop    `return 1`
+With --wait, it warms up with 1000 calls, then waits for a line on stdin before the measured
+calls (used by commit_callgrind.sh to zero callgrind's counters in between).
+"""
+import os, re, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resp import R
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+port, variant, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+group = 1
+if variant.startswith("group:"):
+    variant, group = "commit", int(variant.split(":", 1)[1])
+first = int(sys.argv[4]) if len(sys.argv) > 4 and not sys.argv[4].startswith("--") else 0
+wait = "--wait" in sys.argv
+r = R(port)
+src = {
+    "commit": open(os.environ.get("SCRIPT", os.path.join(ROOT, "crates/store/src/redis/lua/core/commit_dispatch.lua"))).read(),
+    "plain": """
+local ok = redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[6])
+local off = redis.call('INCR', KEYS[2])
+redis.call('XADD', KEYS[1], off .. '-0', 'p', off - 1, 'f', ARGV[1], 'c', ARGV[2], 'r', ARGV[3],
+  'b', ARGV[4], 't', ARGV[5])
+return {0, off}
+""",
+    "noop": "return 1",
+}[variant]
+sha = r.cmd("SCRIPT", "LOAD", src).decode()
+rec = bytes([8]) + b"user-042"
+body = "x" * 64
+
+
+def call(i):
+    s = i % 64
+    if variant != "commit":
+        return ["EVALSHA", sha, 4, "dlog:{%d}" % s, "head:{%d}" % s,
+                "dd:{%d}:8:user-007cli-%016d" % (s, i), "dd:{%d}:user-007\0cli-%016d" % (s, i),
+                "user-007", "cli-%016d" % i, rec, body, "1796000000000000", 86400,
+                "0123456789abcdef0123456789abcdef"]
+    # commit_dispatch.lua: KEYS dlog, head, then (dedupe, legacy dedupe, id claim) per
+    # message; ARGV n, ttl, wake channel ('' = none), then 7 per message (the last: claim the
+    # id in the call, ADR-0037: the gateway does for a one-shard send on one instance)
+    ids = ["cli-%016d-%03d" % (i, k) for k in range(group)]
+    keys, args = ["dlog:{%d}" % s, "head:{%d}" % s], [group, 86400, ""]
+    for c in ids:
+        keys += ["dd:{%d}:8:user-007%s" % (s, c), "dd:{%d}:user-007\0%s" % (s, c),
+                 "msgid:{%d}:8:user-007%s" % (s, c)]
+        args += ["user-007", c, rec, body, "1796000000000000",
+                 "0123456789abcdef0123456789abcdef", "1"]
+    return ["EVALSHA", sha, len(keys)] + keys + args
+
+
+if wait:
+    r.pipe([call(i) for i in range(first, first + 1000)])
+    first += 1000
+    sys.stdin.readline()
+r.cmd("CONFIG", "RESETSTAT")
+for k in range(first, first + n, 200):
+    r.pipe([call(i) for i in range(k, k + 200)])
+info = r.cmd("INFO", "commandstats").decode()
+m = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+),usec_per_call=([\d.]+)", info)
+per_msg = f" usec_per_message={int(m.group(2)) / (int(m.group(1)) * group):.2f}" if group > 1 else ""
+print(f"{variant} calls={m.group(1)} usec_per_call={m.group(3)}{per_msg} "
+      f"keys={r.cmd('DBSIZE').decode()}", flush=True)

@@ -9,6 +9,9 @@ usage: commit_script.py PORT {commit|group:K|plain|noop} N [FIRST_ID] [--wait]
           messages each; also prints the server-side usec per message
   plain   SET NX EX + INCR + XADD with the same fields (the issue's comparison script)
   noop    `return 1`
+Environment: SCRIPT=path runs that file instead of commit_dispatch.lua (a variant of it, to
+time one change of the script); FLAG=0|1|2 is the claim flag of every message (default 1;
+2 is ADR-0040's one-key claim).
 With --wait, it warms up with 1000 calls, then waits for a line on stdin before the measured
 calls (used by commit_callgrind.sh to zero callgrind's counters in between).
 """
@@ -25,7 +28,7 @@ first = int(sys.argv[4]) if len(sys.argv) > 4 and not sys.argv[4].startswith("--
 wait = "--wait" in sys.argv
 r = R(port)
 src = {
-    "commit": open(os.path.join(ROOT, "crates/store/src/redis/lua/core/commit_dispatch.lua")).read(),
+    "commit": open(os.environ.get("SCRIPT") or os.path.join(ROOT, "crates/store/src/redis/lua/core/commit_dispatch.lua")).read(),
     "plain": """
 local ok = redis.call('SET', KEYS[3], '1', 'NX', 'EX', ARGV[6])
 local off = redis.call('INCR', KEYS[2])
@@ -56,7 +59,7 @@ def call(i):
         keys += ["dd:{%d}:8:user-007%s" % (s, c), "dd:{%d}:user-007\0%s" % (s, c),
                  "msgid:{%d}:8:user-007%s" % (s, c)]
         args += ["user-007", c, rec, body, "1796000000000000",
-                 "0123456789abcdef0123456789abcdef", "1"]
+                 "0123456789abcdef0123456789abcdef", os.environ.get("FLAG", "1")]
     return ["EVALSHA", sha, len(keys)] + keys + args
 
 

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use gateway_support::{
     assert_error, bodies, encode, json_reply, now_unix, offset_of, poll, redis_at, seq_in,
     shard_of, start, start_as, start_exchange, start_full, start_with, token_for, until,
-    users_in_distinct_shards, Deployment, SECRET,
+    users_in_distinct_shards, Deployment, Service, SECRET,
 };
 use serde_json::{json, Value};
 use tidemark_protocol::token;
@@ -109,6 +109,58 @@ async fn a_resent_id_returns_the_same_offsets_and_is_delivered_once() {
     bob.expect_message(offset_of(&next, "bob"), "twice?").await;
 
     d.shutdown().await;
+}
+
+/// ADR-0040: in a deployment the service created (identity version 2), a one-shard send
+/// leaves one key on core Redis besides the log: its id claim, holding "<offset>:<digest>".
+/// Its resend and a reuse of its id are answered from that key.
+#[tokio::test]
+async fn a_one_shard_send_of_a_new_deployment_dedupes_on_its_claim_alone() {
+    use tidemark_store::keys;
+    let gateway = tidemark_server::gateway::GatewayOptions {
+        dev_auth: true,
+        ..Default::default()
+    };
+    let svc = Service::start(gateway, MaterializerOptions::default()).await;
+    let path = "/v1/messages?user=alice";
+    let msg = r#"{"id":"k-1","to":["bob"],"body":"hi"}"#;
+    let (status, first) = svc.post_json(path, msg).await;
+    assert_eq!(status, 200, "{first}");
+    let shard = shard_of("bob");
+    let offset = first["offsets"][shard.to_string()]
+        .as_u64()
+        .expect("bob's offset");
+    let (status, again) = svc.post_json(path, msg).await;
+    assert_eq!(
+        (status, &again["offsets"]),
+        (200, &first["offsets"]),
+        "a resend"
+    );
+    let other = r#"{"id":"k-1","to":["bob"],"body":"another"}"#;
+    let r = svc.post_json(path, other).await;
+    assert_error(&r, 422, "id_reused");
+    let client = redis::Client::open(svc.core_url.as_str()).unwrap();
+    let mut core = client.get_multiplexed_async_connection().await.unwrap();
+    let claim: Option<String> = redis::cmd("GET")
+        .arg(keys::message_id(shard_of("alice"), "alice", "k-1"))
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let claim = claim.expect("the claim");
+    assert!(claim.starts_with(&format!("{offset}:")), "{claim}");
+    let dd: Option<String> = redis::cmd("GET")
+        .arg(keys::dedupe(shard, "alice", "k-1"))
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    assert_eq!(dd, None, "no second dedupe record");
+    let head: u64 = redis::cmd("GET")
+        .arg(keys::head(shard))
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    assert_eq!(head, offset, "one message committed");
+    svc.stop().await;
 }
 
 /// Issue 10, item 5: idempotency is per message. A resend with the same id and the same

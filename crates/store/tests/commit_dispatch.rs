@@ -446,6 +446,25 @@ async fn a_failed_xadd_fails_the_group_and_writes_nothing() {
     assert_eq!(e.commit(s, ("a", "1"), "x", 1).await, (1, true));
 }
 
+/// alice's message `id` to bob (`body`, request digest `d`), claiming its id on shard `home`
+/// inside the commit (ADR-0037).
+fn claiming(
+    home: u32,
+    id: &'static str,
+    body: &'static str,
+    d: &'static str,
+) -> tidemark_store::redis::dlog::CommitRequest<'static> {
+    tidemark_store::redis::dlog::CommitRequest {
+        sender: "alice",
+        client_id: id,
+        recipients: &["bob"],
+        body,
+        sent_at_us: 1,
+        digest: d,
+        claim_home: Some(home),
+    }
+}
+
 /// ADR-0037: a commit that carries its id claim binds the id like `claim_message_id` would,
 /// in the same call: a first send claims and commits, a resend is a duplicate, the same id
 /// with another message is refused with nothing written (also when the claim was made by a
@@ -457,15 +476,7 @@ async fn a_commit_that_carries_its_claim_binds_the_id_and_refuses_another_messag
     let (s, home) = (3u32, 9u32);
     let d1 = request_digest(&["bob"], "one");
     let d2 = request_digest(&["bob"], "two");
-    let req = |id: &'static str, body: &'static str, d: &'static str| CommitRequest {
-        sender: "alice",
-        client_id: id,
-        recipients: &["bob"],
-        body,
-        sent_at_us: 1,
-        digest: d,
-        claim_home: Some(home),
-    };
+    let req = |id, body, d| claiming(home, id, body, d);
     let (d1, d2): (&'static str, &'static str) = (d1.leak(), d2.leak());
     let store = e.core.clone();
     let one = |r: CommitRequest<'static>| {
@@ -534,15 +545,7 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send() {
     let (s, home) = (3u32, 9u32);
     let d1: &'static str = request_digest(&["bob"], "one").leak();
     let d2: &'static str = request_digest(&["bob"], "two").leak();
-    let req = |id: &'static str, body: &'static str, d: &'static str| CommitRequest {
-        sender: "alice",
-        client_id: id,
-        recipients: &["bob"],
-        body,
-        sent_at_us: 1,
-        digest: d,
-        claim_home: Some(home),
-    };
+    let req = |id, body, d| claiming(home, id, body, d);
     let store = e.core.clone();
     let mut core = e.core.clone();
     let group = |reqs: Vec<CommitRequest<'static>>| {

@@ -224,6 +224,20 @@ impl Service {
         http_at(self.running().addr, "GET", path, &[], None).await
     }
 
+    /// `POST path` on the gateway over plain HTTP with a JSON body: status and parsed reply.
+    pub async fn post_json(&self, path: &str, body: &str) -> (u16, Value) {
+        let (status, text) = http_at(
+            self.running().addr,
+            "POST",
+            path,
+            &[("content-type", "application/json")],
+            Some(body.as_bytes()),
+        )
+        .await;
+        let v = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text));
+        (status, v)
+    }
+
     /// Shuts the service down and checks it stopped cleanly, in time.
     pub async fn stop(mut self) {
         let running = self.running.take().unwrap();

@@ -234,8 +234,10 @@ impl Service {
             Some(body.as_bytes()),
         )
         .await;
-        let v = serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text));
-        (status, v)
+        match serde_json::from_str(&text) {
+            Ok(v) => (status, v),
+            Err(_) => (status, Value::String(text)),
+        }
     }
 
     /// Shuts the service down and checks it stopped cleanly, in time.

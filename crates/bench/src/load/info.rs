@@ -189,43 +189,27 @@ async fn connect(
 }
 
 /// Parses the fields used from an `INFO` reply (missing fields read as 0: e.g. no
-/// `cmdstat_evalsha` line before the first call).
+/// `cmdstat_evalsha` line before the first call), with [`crate::engine::parse_info`], the
+/// one parser of the crate, and stamps it with `at`.
 pub(crate) fn parse_info(text: &str, at: Instant) -> Sample {
-    let mut s = Sample {
+    let parsed = crate::engine::parse_info(text);
+    let (evalsha_calls, evalsha_usec) = parsed
+        .by_command
+        .get("evalsha")
+        .copied()
+        .unwrap_or_default();
+    Sample {
         at,
-        evalsha_calls: 0,
-        evalsha_usec: 0,
-        cpu_s: 0.0,
-        commands: 0,
-        by_command: BTreeMap::new(),
-    };
-    for line in text.lines() {
-        let Some((key, value)) = line.trim_end().split_once(':') else {
-            continue;
-        };
-        if let Some(name) = key.strip_prefix("cmdstat_") {
-            let mut c = CmdCounter::default();
-            for kv in value.split(',') {
-                match kv.split_once('=') {
-                    Some(("calls", v)) => c.calls = v.parse().unwrap_or(0),
-                    Some(("usec", v)) => c.usec = v.parse().unwrap_or(0),
-                    _ => {}
-                }
-            }
-            if name == "evalsha" {
-                s.evalsha_calls = c.calls;
-                s.evalsha_usec = c.usec;
-            }
-            s.by_command.insert(name.to_owned(), c);
-            continue;
-        }
-        match key {
-            "used_cpu_sys" | "used_cpu_user" => s.cpu_s += value.parse::<f64>().unwrap_or(0.0),
-            "total_commands_processed" => s.commands = value.parse().unwrap_or(0),
-            _ => {}
-        }
+        evalsha_calls,
+        evalsha_usec,
+        cpu_s: parsed.cpu_s,
+        commands: parsed.commands,
+        by_command: parsed
+            .by_command
+            .into_iter()
+            .map(|(name, (calls, usec))| (name, CmdCounter { calls, usec }))
+            .collect(),
     }
-    s
 }
 
 /// Differences between two samples of one instance.

@@ -75,3 +75,31 @@ pub struct LocalSizeArgs {
     #[arg(long, default_value_t = 64)]
     pub shards: u32,
 }
+
+/// Where the report of an engine benchmark (`bench catchup`, `bench commit`) goes.
+#[derive(Args)]
+pub struct EngineReportArgs {
+    /// A label kept in the JSON report.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Write the JSON report (`{"runs":[…]}`) here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// With --json: add the run to the file's runs instead of replacing the file.
+    #[arg(long, requires = "json")]
+    pub append: bool,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+impl EngineReportArgs {
+    /// Writes `report` to `--json` (added to its runs with `--append`), if given.
+    pub fn write<T: serde::Serialize>(&self, report: &T) -> anyhow::Result<()> {
+        if let Some(path) = &self.json {
+            tidemark_bench::engine::write_runs(path, report, self.append)?;
+            eprintln!("wrote {}", path.display());
+        }
+        Ok(())
+    }
+}

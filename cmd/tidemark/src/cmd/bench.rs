@@ -9,7 +9,7 @@ use tidemark_bench::idle;
 use tidemark_bench::load::{self, LoadOptions, Target};
 use tidemark_store::redis::watermark::Layout;
 
-use super::args::LocalSizeArgs;
+use super::args::{EngineReportArgs, LocalSizeArgs};
 
 #[derive(Subcommand)]
 pub enum BenchCmd {
@@ -54,18 +54,8 @@ pub struct CatchupArgs {
     /// Body bytes of each record.
     #[arg(long, default_value_t = 64)]
     body_bytes: usize,
-    /// A label kept in the JSON report.
-    #[arg(long)]
-    label: Option<String>,
-    /// Write the JSON report (`{"runs":[…]}`) here.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
-    /// With --json: add the run to the file's runs instead of replacing the file.
-    #[arg(long, requires = "json")]
-    append: bool,
-    /// No progress bar.
-    #[arg(long)]
-    no_progress: bool,
+    #[command(flatten)]
+    out: EngineReportArgs,
 }
 
 #[derive(Args)]
@@ -101,18 +91,8 @@ pub struct CommitArgs {
     /// RNG seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// A label kept in the JSON report.
-    #[arg(long)]
-    label: Option<String>,
-    /// Write the JSON report (`{"runs":[…]}`) here.
-    #[arg(long)]
-    json: Option<std::path::PathBuf>,
-    /// With --json: add the run to the file's runs instead of replacing the file.
-    #[arg(long, requires = "json")]
-    append: bool,
-    /// No progress bar.
-    #[arg(long)]
-    no_progress: bool,
+    #[command(flatten)]
+    out: EngineReportArgs,
 }
 
 #[derive(Args)]
@@ -445,15 +425,12 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
                 appendfsync: a.appendfsync,
                 batch: a.batch,
                 body_bytes: a.body_bytes,
-                label: a.label,
-                progress: !a.no_progress,
+                label: a.out.label.clone(),
+                progress: !a.out.no_progress,
             };
             let report = tidemark_bench::catchup::run_catchup(&opts).await?;
             print!("{}", tidemark_bench::catchup::render(&report));
-            if let Some(path) = &a.json {
-                tidemark_bench::engine::write_runs(path, &report, a.append)?;
-                eprintln!("wrote {}", path.display());
-            }
+            a.out.write(&report)?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCmd::Commit(a) => {
@@ -475,15 +452,12 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
                 appendfsync: a.appendfsync,
                 body_bytes: a.body_bytes,
                 seed: a.seed,
-                label: a.label,
-                progress: !a.no_progress,
+                label: a.out.label.clone(),
+                progress: !a.out.no_progress,
             };
             let report = tidemark_bench::commit::run_commit(&opts).await?;
             print!("{}", tidemark_bench::commit::render(&report));
-            if let Some(path) = &a.json {
-                tidemark_bench::engine::write_runs(path, &report, a.append)?;
-                eprintln!("wrote {}", path.display());
-            }
+            a.out.write(&report)?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCmd::Lua(a) => {

@@ -88,9 +88,9 @@ if w < ((((f1 * 256 + f2) * 256 + f3) * 256 + f4) * 256 + f5) * 256 + f6 then
   return {-1, 'w_below_floor', 0}
 end
 if not same_epoch then return {3, epoch} end
-local n = #KEYS - 1
+local records = #KEYS - 1
 local replayed, applied, status = 0, 0, 1
-for i = 1, n do
+for i = 1, records do
   local a = 3 * i - 1
   local off = tonumber(ARGV[a])
   if off <= w then
@@ -113,6 +113,6 @@ if applied > 0 then
   local b2 = x % 256; x = (x - b2) / 256
   local os = string.char(x, b2, b3, b4, b5, b6)
   redis.call('HSET', KEYS[1], 'wm_blob', '\1' .. os .. string.sub(blob, 8, 13) .. os)
-  if applied == n then return w end
+  if applied == records then return w end
 end
 return {status, w, replayed, applied}

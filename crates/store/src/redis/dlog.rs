@@ -161,6 +161,9 @@ fn offset_of_id(id: &str) -> Option<u64> {
     id.strip_suffix("-0")?.parse().ok()
 }
 
+/// The fields of a log entry (the table at the top of this module).
+const FIELDS: [&[u8]; 6] = [b"p", b"f", b"c", b"r", b"b", b"t"];
+
 fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
     let bad = |detail: String| Error::BadRecord {
         shard,
@@ -188,19 +191,24 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
                 detail: "offset above 2^48-1".to_string(),
             });
         }
-        let mut fields: HashMap<&[u8], &[u8]> = HashMap::with_capacity(6);
+        // the six fields by name (others are ignored; a repeated one counts last), without
+        // a map per record: this runs for every record a materializer reads
+        let mut fields: [Option<&[u8]>; FIELDS.len()] = [None; FIELDS.len()];
         for f in kv.chunks(2) {
             if let [Value::BulkString(k), Value::BulkString(v)] = f {
-                fields.insert(k, v);
+                if let Some(i) = FIELDS.iter().position(|n| *n == k.as_slice()) {
+                    fields[i] = Some(v);
+                }
             }
         }
+        let field = |k: &[u8]| FIELDS.iter().position(|n| *n == k).and_then(|i| fields[i]);
         let rb = |detail: &str| Error::BadRecord {
             shard,
             offset,
             detail: detail.to_string(),
         };
         let text = |k: &[u8]| -> Result<String> {
-            let v = fields.get(k).ok_or_else(|| rb("missing field"))?;
+            let v = field(k).ok_or_else(|| rb("missing field"))?;
             String::from_utf8(v.to_vec()).map_err(|_| rb("field is not UTF-8"))
         };
         let num = |k: &[u8]| -> Result<u64> {
@@ -218,7 +226,7 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
             prev: num(b"p")?,
             sender,
             client_id: text(b"c")?,
-            recipients: decode_recipients(fields.get(b"r".as_slice()).ok_or_else(|| rb("no r"))?)
+            recipients: decode_recipients(field(b"r").ok_or_else(|| rb("no r"))?)
                 .ok_or_else(|| rb("bad recipients"))?,
             body: text(b"b")?,
             sent_at_us: num(b"t")?,

@@ -139,8 +139,7 @@ async fn a_one_shard_send_of_a_new_deployment_dedupes_on_its_claim_alone() {
     let other = r#"{"id":"k-1","to":["bob"],"body":"another"}"#;
     let r = svc.post_json(path, other).await;
     assert_error(&r, 422, "id_reused");
-    let client = redis::Client::open(svc.core_url.as_str()).unwrap();
-    let mut core = client.get_multiplexed_async_connection().await.unwrap();
+    let mut core = redis_at(&svc.core_url).await;
     let claim: Option<String> = redis::cmd("GET")
         .arg(keys::message_id(shard_of("alice"), "alice", "k-1"))
         .query_async(&mut core)

@@ -224,20 +224,18 @@ impl Service {
         http_at(self.running().addr, "GET", path, &[], None).await
     }
 
-    /// `POST path` on the gateway over plain HTTP with a JSON body: status and parsed reply.
+    /// `POST path` on the gateway over plain HTTP: status and JSON reply ([`json_reply`]).
     pub async fn post_json(&self, path: &str, body: &str) -> (u16, Value) {
-        let (status, text) = http_at(
-            self.running().addr,
-            "POST",
-            path,
-            &[("content-type", "application/json")],
-            Some(body.as_bytes()),
+        json_reply(
+            http_at(
+                self.running().addr,
+                "POST",
+                path,
+                &[],
+                Some(body.as_bytes()),
+            )
+            .await,
         )
-        .await;
-        match serde_json::from_str(&text) {
-            Ok(v) => (status, v),
-            Err(_) => (status, Value::String(text)),
-        }
     }
 
     /// Shuts the service down and checks it stopped cleanly, in time.

@@ -161,7 +161,8 @@ fn offset_of_id(id: &str) -> Option<u64> {
     id.strip_suffix("-0")?.parse().ok()
 }
 
-/// The fields of a log entry (the table at the top of this module).
+/// The fields of a log entry (the table at the top of this module), in the order
+/// `parse_entries` takes them apart.
 const FIELDS: [&[u8]; 6] = [b"p", b"f", b"c", b"r", b"b", b"t"];
 
 fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
@@ -201,35 +202,37 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
                 }
             }
         }
-        let field = |k: &[u8]| FIELDS.iter().position(|n| *n == k).and_then(|i| fields[i]);
+        let [p, f, c, r, b, t] = fields;
         let rb = |detail: &str| Error::BadRecord {
             shard,
             offset,
             detail: detail.to_string(),
         };
-        let text = |k: &[u8]| -> Result<String> {
-            let v = field(k).ok_or_else(|| rb("missing field"))?;
+        let text = |v: Option<&[u8]>| -> Result<String> {
+            let v = v.ok_or_else(|| rb("missing field"))?;
             String::from_utf8(v.to_vec()).map_err(|_| rb("field is not UTF-8"))
         };
-        let num = |k: &[u8]| -> Result<u64> {
-            text(k)?
+        let num = |v: Option<&[u8]>| -> Result<u64> {
+            let v = v.ok_or_else(|| rb("missing field"))?;
+            std::str::from_utf8(v)
+                .map_err(|_| rb("field is not UTF-8"))?
                 .parse::<u64>()
                 .map_err(|_| rb("field is not a number"))
         };
-        let sender = text(b"f")?;
+        let sender = text(f)?;
         if sender.is_empty() || sender.len() > 128 {
             // a mailbox entry stores the sender's length in one byte (1..=128)
             return Err(rb("sender is not 1..=128 bytes"));
         }
         out.push(DispatchRecord {
             offset,
-            prev: num(b"p")?,
+            prev: num(p)?,
             sender,
-            client_id: text(b"c")?,
-            recipients: decode_recipients(field(b"r").ok_or_else(|| rb("no r"))?)
+            client_id: text(c)?,
+            recipients: decode_recipients(r.ok_or_else(|| rb("no r"))?)
                 .ok_or_else(|| rb("bad recipients"))?,
-            body: text(b"b")?,
-            sent_at_us: num(b"t")?,
+            body: text(b)?,
+            sent_at_us: num(t)?,
         });
     }
     Ok(out)

@@ -673,13 +673,129 @@ async fn metrics_healthz_and_shutdown_closes_sockets() {
 
 #[tokio::test]
 async fn live_delivery_is_woken_by_hints_not_the_recheck() {
-    // A re-check far beyond the wait: only a wake hint can deliver in time.
-    let d = start_with(|o| o.recheck_interval = None).await;
+    // No re-check and no local runs (as on a gateway-only node): only a wake hint can deliver.
+    let d = start_with(|o| {
+        o.recheck_interval = None;
+        o.local_delivery = false;
+    })
+    .await;
     let (mut bob, mut alice) = d.pair("bob", "alice").await;
     for i in 0..5 {
         let o = alice.send_ok(&format!("w{i}"), &["bob"], "ping").await;
         bob.expect_seqs(&[offset_of(&o, "bob")]).await;
     }
+    d.shutdown().await;
+}
+
+/// `ZRANGEBYSCORE` calls (mailbox reads) served by the mailbox Redis so far.
+async fn mailbox_reads(d: &Deployment) -> u64 {
+    let mut c = gateway_support::redis_at(&d.mailbox_url).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_zrangebyscore:calls="))
+        .and_then(|v| v.split(',').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// ADR-0041: in one process, a connection that is caught up gets what the materializer just
+/// wrote for it without reading its mailbox back. Twenty live messages, one at a time, cost
+/// (almost) no mailbox read; with the local runs off each costs one.
+#[tokio::test]
+async fn a_caught_up_connection_gets_fresh_entries_without_reading_its_mailbox() {
+    for local in [true, false] {
+        let d = start_with(|o| {
+            o.recheck_interval = None;
+            o.local_delivery = local;
+        })
+        .await;
+        let (mut bob, mut alice) = d.pair("bob", "alice").await;
+        let o = alice.send_ok("l-warm", &["bob"], "warm up").await;
+        bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+        let before = mailbox_reads(&d).await;
+        for i in 0..20 {
+            let o = alice.send_ok(&format!("l{i}"), &["bob"], "live").await;
+            let got = bob.deliver().await;
+            assert_eq!(got["seq"].as_u64(), Some(offset_of(&o, "bob")));
+            assert_eq!(got["body"], "live");
+            assert_eq!(got["from"], "alice");
+        }
+        let reads = mailbox_reads(&d).await - before;
+        if local {
+            assert!(reads < 5, "{reads} mailbox reads for 20 local deliveries");
+        } else {
+            assert!(reads >= 20, "{reads} mailbox reads for 20 read deliveries");
+        }
+        d.shutdown().await;
+    }
+}
+
+/// ADR-0041: a client that stops reading makes its connection drop the local runs it cannot
+/// queue; while it reads again, more runs arrive and are queued after the lost ones. The lost
+/// runs must not be skipped: everything arrives, in order, once (and, the quiet path, with
+/// no traffic after the last send).
+#[tokio::test]
+async fn a_connection_that_drops_local_runs_reads_them_back_in_order() {
+    let d = start_with(|o| {
+        o.recheck_interval = None;
+        // bob stops reading for a while: not a slow client to close
+        o.slow_client_grace = Duration::from_secs(300);
+    })
+    .await;
+    let mut bob = d.ready("bob").await;
+    let mut alice = d.ready("alice").await;
+    // enough to fill bob's socket buffers, his frame queue and his local run queue
+    let body = "y".repeat(16_000);
+    async fn send_all(
+        alice: &mut gateway_support::Ws,
+        from: usize,
+        n: usize,
+        body: &str,
+    ) -> Vec<u64> {
+        for i in from..from + n {
+            alice.send_only(&format!("d{i}"), &["bob"], body).await;
+            if i % 50 == 49 {
+                alice.barrier().await;
+            }
+        }
+        let mut seqs = Vec::new();
+        for _ in 0..n {
+            seqs.push(seq_in(&alice.recv_type("send_ack").await, "bob"));
+        }
+        seqs
+    }
+    let mut seqs = send_all(&mut alice, 0, 700, &body).await;
+    d.wait_visible("bob", *seqs.iter().max().unwrap()).await;
+    let (_, metrics) = d.get_text("/metrics").await;
+    let dropped: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("tidemark_local_runs_dropped_total "))
+        .map_or(0.0, |v| v.parse().unwrap());
+    assert!(
+        dropped > 0.0,
+        "no local run was dropped: the test proves nothing"
+    );
+    // bob reads a little: his connection takes a few queued runs, which makes room in the
+    // queue for new ones, queued behind the lost ones
+    seqs.sort_unstable();
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        got.push(bob.deliver().await["seq"].as_u64().unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..10 {
+        let o = alice.send_ok(&format!("late{i}"), &["bob"], "late").await;
+        seqs.push(offset_of(&o, "bob"));
+    }
+    d.wait_visible("bob", *seqs.last().unwrap()).await;
+    while got.len() < seqs.len() {
+        got.push(bob.deliver().await["seq"].as_u64().unwrap());
+    }
+    assert_eq!(got, seqs, "every entry, in order, once");
+    assert!(bob.quiet_for(Duration::from_millis(300)).await.is_empty());
     d.shutdown().await;
 }
 
@@ -1174,6 +1290,8 @@ async fn start_losing_hints(user: &str, sweep: Duration) -> (Deployment, Arc<Los
         |o| {
             o.recheck_interval = None;
             o.wake_sweep_interval = sweep;
+            // the hints alone (as on a gateway-only node): local runs would deliver anyway
+            o.local_delivery = false;
         },
         opts,
     )

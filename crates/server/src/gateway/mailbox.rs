@@ -24,6 +24,9 @@ pub(crate) struct Page {
     pub lane_present: bool,
     /// Stored bytes of the entries kept.
     pub bytes: usize,
+    /// When the page is the read's last (not `more`) and the lane was present: the seq up to
+    /// which the read saw every entry (the W it was bounded by).
+    pub complete_to: Option<u64>,
 }
 
 /// How many entries to ask Redis for so that a page holds about `target` bytes: first as if
@@ -146,11 +149,13 @@ impl Mailbox {
                 }
             });
         }
+        let more = capped || (full && all_visible);
         Page {
             entries,
-            more: capped || (full && all_visible),
+            more,
             lane_present: w.is_some(),
             bytes: total,
+            complete_to: if more { None } else { w },
         }
     }
 

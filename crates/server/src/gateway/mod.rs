@@ -75,6 +75,7 @@ mod ws;
 
 pub use commit::{CommitPath, SendFailure};
 pub use tls::{TlsConfig, TlsError};
+pub use wake::LocalDelivery;
 
 /// Most open connections on the admin listener (it serves scrapes and health checks only).
 const ADMIN_MAX_CONNECTIONS: usize = 64;
@@ -145,6 +146,13 @@ pub struct GatewayOptions {
     pub stuck_after: Duration,
     /// Replicas a commit must reach before `send_ack` (`WAIT` after the commit; ADR-0032).
     pub core_wait: tidemark_store::redis::dlog::WaitPolicy,
+    /// Whether `run::serve`, in a process that also materializes, lets its materializers
+    /// hand fresh hot-path entries straight to the connections (ADR-0041). Off: every
+    /// delivery is read from the mailbox after its wake hint (as a gateway-only node does).
+    pub local_delivery: bool,
+    /// The handle `run::serve` shares between this gateway and its materializers when
+    /// `local_delivery` applies; `None`: every delivery is read.
+    pub local: Option<LocalDelivery>,
 }
 
 impl Default for GatewayOptions {
@@ -173,6 +181,8 @@ impl Default for GatewayOptions {
             tls: None,
             admin_listen: None,
             stuck_after: Duration::from_secs(10),
+            local_delivery: true,
+            local: None,
         }
     }
 }

@@ -75,6 +75,11 @@ impl Shared {
             f64::from(opts.send_burst_per_user),
         ));
         let acks = AckQueue::new(mailboxes.clone(), tracker.clone());
+        let hub = opts
+            .local
+            .as_ref()
+            .map(|l| l.hub.clone())
+            .unwrap_or_default();
         Ok(Arc::new(Shared {
             map,
             opts,
@@ -84,7 +89,7 @@ impl Shared {
             acks,
             commits: Arc::new(Semaphore::new(permits)),
             users,
-            hub: Arc::new(WakeHub::default()),
+            hub,
             stop,
             tracker,
             metrics,

@@ -23,14 +23,15 @@
 //! so a hint is never lost between reads.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tidemark_store::redis::store::MailboxStore;
+use tidemark_protocol::entry::{decode_entry, Entry};
+use tidemark_store::redis::store::{MailboxStore, SingleItem};
 use tidemark_store::redis::watermark::ShardWatermark;
 use tidemark_store::wake::{HintSeq, WakeHint, WakeSubscriber};
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
 /// Wait before a failed or ended subscription is made again.
@@ -39,8 +40,75 @@ const RECONNECT_AFTER: Duration = Duration::from_millis(500);
 /// How often the subscriber sweeps its instance's watermarks for moves no hint announced.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
-/// The registered connections of one user: (registration id, shard, its notifier).
-type Waiters = Vec<(u64, u32, Arc<Notify>)>;
+/// One registered connection.
+struct Waiter {
+    /// Registration id (to unregister).
+    id: u64,
+    /// The shard its mailbox is on.
+    shard: u32,
+    /// Wakes its delivery loop.
+    notify: Arc<Notify>,
+    /// Where this process's materializer hands it fresh entries (ADR-0041); `None`: hints only.
+    local: Option<LocalTx>,
+}
+
+/// The registered connections of one user.
+type Waiters = Vec<Waiter>;
+
+/// How many local runs a connection may have queued; beyond, a run is dropped and the
+/// connection reads its mailbox instead (its `lost` flag).
+const LOCAL_QUEUE: usize = 64;
+
+/// Fresh entries of one shard handed to one connection by this process's materializer
+/// (ADR-0041): every entry of its user with a seq in `(chain_from, to]` that this process
+/// has materialised is in this run or in an earlier run the connection was handed.
+pub(crate) struct LocalRun {
+    /// Where the unbroken chain of local runs of the shard, that this run ends, starts: W
+    /// before the first run of the chain.
+    pub chain_from: u64,
+    /// The shard's W after this run (every lane: the hot path runs on uniform watermarks).
+    pub to: u64,
+    /// The user's entries of this run, ascending.
+    pub entries: Vec<Entry>,
+}
+
+/// The hub's end of a connection's local runs.
+#[derive(Clone)]
+struct LocalTx {
+    tx: mpsc::Sender<LocalRun>,
+    lost: Arc<AtomicBool>,
+}
+
+/// The connection's end of its local runs.
+pub(crate) struct LocalRuns {
+    pub rx: mpsc::Receiver<LocalRun>,
+    /// Set when a run for this connection was dropped (its queue was full): the connection
+    /// must read its mailbox before it trusts a local run again.
+    pub lost: Arc<AtomicBool>,
+}
+
+/// This process's materializers hand freshly materialised hot-path entries to its gateway's
+/// connections through this (ADR-0041), so that a connection that is caught up delivers them
+/// without reading its mailbox back. Wake hints still go through Redis, for every gateway.
+#[derive(Clone, Default)]
+pub struct LocalDelivery {
+    pub(crate) hub: Arc<WakeHub>,
+}
+
+impl std::fmt::Debug for LocalDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LocalDelivery")
+    }
+}
+
+impl LocalDelivery {
+    /// Hands a run of hot-path records of `shard`, every one of them applied (W went from
+    /// the first one's `prev` to the last one's offset), to the connections of their
+    /// recipients.
+    pub(crate) fn deliver(&self, shard: u32, items: &[SingleItem]) {
+        self.hub.deliver_local(shard, items);
+    }
+}
 
 /// What the hub knows of one shard's hints.
 #[derive(Default, Clone, Copy)]
@@ -62,6 +130,12 @@ pub(crate) struct WakeHub {
     /// lane, so a hinted reader may read up to it without reading `wm:{s}`; and where the
     /// shard's hint sequence stands.
     hinted: Mutex<HashMap<u32, ShardHints>>,
+    /// Per shard, the unbroken chain of local runs handed out (ADR-0041): (W where it
+    /// starts, W where it ends).
+    chains: Mutex<HashMap<u32, (u64, u64)>>,
+    /// How many times every connection was woken ([`WakeHub::wake_all`]): a connection
+    /// that sees it change reads its mailbox whatever its local runs covered.
+    woke_all: AtomicU64,
 }
 
 /// A connection's registration; unregisters when dropped.
@@ -75,7 +149,7 @@ impl Drop for Registration {
     fn drop(&mut self) {
         let mut users = self.hub.users.lock().expect("wake hub lock");
         if let Some(list) = users.get_mut(&self.user) {
-            list.retain(|(id, _, _)| *id != self.id);
+            list.retain(|w| w.id != self.id);
             if list.is_empty() {
                 users.remove(&self.user);
             }
@@ -85,11 +159,42 @@ impl Drop for Registration {
 
 impl WakeHub {
     /// Registers `notify` to be woken by hints naming `user`, whose mailbox is on `shard`.
+    #[cfg(test)]
     pub(crate) fn register(
         self: &Arc<Self>,
         user: &str,
         shard: u32,
         notify: Arc<Notify>,
+    ) -> Registration {
+        self.add(user, shard, notify, None)
+    }
+
+    /// [`WakeHub::register`], and the connection is also handed the fresh entries of its
+    /// user that this process's materializer writes (ADR-0041).
+    pub(crate) fn register_local(
+        self: &Arc<Self>,
+        user: &str,
+        shard: u32,
+        notify: Arc<Notify>,
+    ) -> (Registration, LocalRuns) {
+        let (tx, rx) = mpsc::channel(LOCAL_QUEUE);
+        let lost = Arc::new(AtomicBool::new(false));
+        let local = LocalTx {
+            tx,
+            lost: lost.clone(),
+        };
+        (
+            self.add(user, shard, notify, Some(local)),
+            LocalRuns { rx, lost },
+        )
+    }
+
+    fn add(
+        self: &Arc<Self>,
+        user: &str,
+        shard: u32,
+        notify: Arc<Notify>,
+        local: Option<LocalTx>,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.users
@@ -97,11 +202,79 @@ impl WakeHub {
             .expect("wake hub lock")
             .entry(user.to_string())
             .or_default()
-            .push((id, shard, notify));
+            .push(Waiter {
+                id,
+                shard,
+                notify,
+                local,
+            });
         Registration {
             hub: Arc::clone(self),
             user: user.to_string(),
             id,
+        }
+    }
+
+    /// Hands a run of applied hot-path records of `shard` (contiguous: W went from the first
+    /// one's `prev` to the last one's offset) to the local connections of their recipients.
+    /// A connection whose queue is full loses the run: its `lost` flag is set and it is
+    /// woken, so it reads its mailbox.
+    fn deliver_local(&self, shard: u32, items: &[SingleItem]) {
+        let (Some(first), Some(last)) = (items.first(), items.last()) else {
+            return;
+        };
+        let (from, to) = (first.prev, last.offset);
+        let chain_from = {
+            let mut chains = self.chains.lock().expect("wake hub lock");
+            let c = chains.entry(shard).or_insert((from, from));
+            if c.1 != from {
+                *c = (from, from); // a move this hub was not handed: a new chain
+            }
+            c.1 = to;
+            c.0
+        };
+        // (connection, its entries), in the order first met
+        let mut runs: Vec<(LocalTx, Arc<Notify>, Vec<Entry>)> = Vec::new();
+        let mut ids: Vec<u64> = Vec::new();
+        {
+            let users = self.users.lock().expect("wake hub lock");
+            for item in items {
+                let Some(list) = users.get(item.recipient.as_str()) else {
+                    continue;
+                };
+                for w in list.iter().filter(|w| w.shard == shard) {
+                    let Some(local) = &w.local else { continue };
+                    let at = match ids.iter().position(|&id| id == w.id) {
+                        Some(i) => i,
+                        None => {
+                            ids.push(w.id);
+                            runs.push((local.clone(), w.notify.clone(), Vec::new()));
+                            ids.len() - 1
+                        }
+                    };
+                    match decode_entry(&item.entry) {
+                        Ok(e) if e.seq == item.offset => runs[at].2.push(e),
+                        // the reader's own decoding reports it: make it read
+                        _ => runs[at].0.lost.store(true, Ordering::Release),
+                    }
+                }
+            }
+        }
+        for (local, notify, entries) in runs {
+            if local.lost.load(Ordering::Acquire) {
+                notify.notify_one();
+                continue;
+            }
+            let run = LocalRun {
+                chain_from,
+                to,
+                entries,
+            };
+            if local.tx.try_send(run).is_err() {
+                local.lost.store(true, Ordering::Release);
+                metrics::counter!("tidemark_local_runs_dropped_total").increment(1);
+                notify.notify_one();
+            }
         }
     }
 
@@ -150,13 +323,18 @@ impl WakeHub {
         }
         for user in &hint.recipients {
             if let Some(list) = users.get(user.as_str()) {
-                for (_, _, n) in list {
-                    n.notify_one();
+                for w in list {
+                    w.notify.notify_one();
                     woken += 1;
                 }
             }
         }
         woken
+    }
+
+    /// How many times every connection was woken so far.
+    pub(crate) fn woke_all_times(&self) -> u64 {
+        self.woke_all.load(Ordering::Acquire)
     }
 
     /// The highest lowest-present-W hinted for `shard` (0 before any hint).
@@ -168,6 +346,7 @@ impl WakeHub {
     /// Wakes every connection (after a subscriber (re)connects: hints may have been missed),
     /// and forgets every shard's sequence (the next hint starts it again).
     pub(crate) fn wake_all(&self) {
+        self.woke_all.fetch_add(1, Ordering::AcqRel);
         for e in self.hinted.lock().expect("wake hub lock").values_mut() {
             e.last = None;
         }
@@ -198,7 +377,7 @@ impl WakeHub {
     /// Whether any connection waits on `shard`.
     fn watched(&self, shard: u32) -> bool {
         let users = self.users.lock().expect("wake hub lock");
-        users.values().flatten().any(|(_, s, _)| *s == shard)
+        users.values().flatten().any(|w| w.shard == shard)
     }
 }
 
@@ -206,9 +385,9 @@ impl WakeHub {
 fn wake_where(users: &HashMap<String, Waiters>, pick: impl Fn(u32) -> bool) -> usize {
     let mut woken = 0;
     for list in users.values() {
-        for (_, s, n) in list {
-            if pick(*s) {
-                n.notify_one();
+        for w in list {
+            if pick(w.shard) {
+                w.notify.notify_one();
                 woken += 1;
             }
         }
@@ -357,6 +536,60 @@ mod tests {
             0
         );
         assert!(hub.users.lock().unwrap().get("alice").is_none());
+    }
+
+    fn item(prev: u64, offset: u64, to: &str) -> SingleItem {
+        SingleItem {
+            offset,
+            prev,
+            recipient: to.into(),
+            entry: tidemark_protocol::entry::encode_entry(offset, 7, "alice", "hi"),
+        }
+    }
+
+    /// ADR-0041: a run goes to the local connections of its recipients on its shard, with
+    /// the start of its shard's unbroken chain; a run whose start is not the last one's end
+    /// starts a new chain; a run that does not fit in a connection's queue is dropped, flags
+    /// the connection and wakes it.
+    #[tokio::test]
+    async fn local_runs_carry_their_chain_and_a_full_queue_flags_the_connection() {
+        let hub = Arc::new(WakeHub::default());
+        let local = LocalDelivery { hub: hub.clone() };
+        let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (_ra, mut la) = hub.register_local("alice", 3, a.clone());
+        let (_rb, mut lb) = hub.register_local("bob", 3, b.clone());
+        // bob's mailbox on another shard would not be handed shard 3's entries
+        let (_rc, mut lc) = hub.register_local("bob", 4, Arc::new(Notify::new()));
+        local.deliver(3, &[item(10, 11, "alice"), item(11, 12, "bob")]);
+        let r = la.rx.try_recv().unwrap();
+        assert_eq!((r.chain_from, r.to), (10, 12));
+        assert_eq!(r.entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [11]);
+        assert_eq!(lb.rx.try_recv().unwrap().entries[0].seq, 12);
+        assert!(lc.rx.try_recv().is_err());
+        // the chain goes on; only alice is named
+        local.deliver(3, &[item(12, 13, "alice")]);
+        assert_eq!(la.rx.try_recv().unwrap().chain_from, 10);
+        assert!(lb.rx.try_recv().is_err());
+        // W moved without a run (the chunked path): a new chain
+        local.deliver(3, &[item(20, 21, "alice")]);
+        assert_eq!(la.rx.try_recv().unwrap().chain_from, 20);
+        // bob stops taking runs: once his queue is full, the next is dropped and flags him
+        for i in 0..LOCAL_QUEUE as u64 {
+            local.deliver(3, &[item(21 + i, 22 + i, "bob")]);
+        }
+        assert!(!lb.lost.load(Ordering::Acquire));
+        assert!(!woken(&b).await);
+        local.deliver(
+            3,
+            &[item(
+                21 + LOCAL_QUEUE as u64,
+                22 + LOCAL_QUEUE as u64,
+                "bob",
+            )],
+        );
+        assert!(lb.lost.load(Ordering::Acquire));
+        assert!(woken(&b).await);
+        assert!(!woken(&a).await);
     }
 
     /// Whether `n` holds a wake permit (consumes it).

@@ -124,7 +124,11 @@ impl Worker {
         outs: Vec<Materialized>,
     ) -> Result<(), Error> {
         let mut applied = 0u64;
+        // every record applied, none replayed: W went from the first one's prev to the last
+        // one's offset, and the run can be handed to this process's connections (ADR-0041)
+        let mut fresh = outs.len() == items.len();
         for (i, out) in outs.into_iter().enumerate() {
+            fresh &= matches!(out, Materialized::Applied { .. });
             match out {
                 Materialized::Applied { .. } | Materialized::Replay { .. } => {
                     let sh = self.shard_mut(s);
@@ -169,6 +173,11 @@ impl Worker {
                     );
                     break;
                 }
+            }
+        }
+        if fresh {
+            if let Some(local) = &self.opts.local {
+                local.deliver(s, &items);
             }
         }
         metrics::counter!("tidemark_materialized_total", "path" => "hot").increment(applied);

@@ -93,6 +93,9 @@ pub struct MaterializerOptions {
     /// whose gate is closed is not read, written or garbage-collected. `None`: static
     /// ownership, always open.
     pub lease_gate: Option<Arc<crate::ownership::LeaseGate>>,
+    /// This process's gateway, when it serves clients: applied hot-path runs are handed to
+    /// its connections (ADR-0041) besides the wake hint published on Redis.
+    pub local: Option<crate::gateway::LocalDelivery>,
 }
 
 impl Default for MaterializerOptions {
@@ -105,6 +108,7 @@ impl Default for MaterializerOptions {
             gc_idle_interval: Duration::from_secs(10),
             fault: None,
             lease_gate: None,
+            local: None,
         }
     }
 }

@@ -253,6 +253,18 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     let map = opts.topology.validate()?;
     let leases = opts.node.as_ref().is_some_and(|n| n.leases);
     let materializes = opts.node.as_ref().is_none_or(|n| n.role.materializes());
+    // one process that materializes and serves clients: fresh entries go from the one to the
+    // other without a read back (ADR-0041)
+    let mut opts = opts;
+    if materializes
+        && opts.gateway.clients
+        && opts.gateway.local_delivery
+        && opts.gateway.local.is_none()
+    {
+        let local = crate::gateway::LocalDelivery::default();
+        opts.gateway.local = Some(local.clone());
+        opts.materializer.local = Some(local);
+    }
     let owned: Vec<u32> = match (&opts.owned_shards, map.owner_table(), &opts.node) {
         // leases mode takes its shards later, one lease at a time; a gateway takes none
         _ if leases || !materializes => Vec::new(),

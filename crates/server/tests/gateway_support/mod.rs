@@ -92,6 +92,20 @@ pub async fn start_full(
             .await
             .expect("init watermark");
     }
+    let mut opts = GatewayOptions {
+        token_secret: Some(SECRET.to_vec()),
+        dev_auth: true,
+        recheck_interval: None,
+        ..GatewayOptions::default()
+    };
+    tweak(&mut opts);
+    // one process, as `run::serve` wires it (ADR-0041)
+    let mut materializer = materializer;
+    if opts.local_delivery {
+        let local = tidemark_server::gateway::LocalDelivery::default();
+        opts.local = Some(local.clone());
+        materializer.local = Some(local);
+    }
     let cancel = CancellationToken::new();
     let health = Arc::new(HealthBoard::default());
     let owned: Vec<u32> = (0..SHARDS).collect();
@@ -113,13 +127,6 @@ pub async fn start_full(
         }
     });
 
-    let mut opts = GatewayOptions {
-        token_secret: Some(SECRET.to_vec()),
-        dev_auth: true,
-        recheck_interval: None,
-        ..GatewayOptions::default()
-    };
-    tweak(&mut opts);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -2,6 +2,7 @@
 //! seq order, then waits for a wake hint (or a wake of every connection of its shard, see
 //! `gateway::wake`), a `sync`, or the optional re-check tick.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,8 @@ use super::{error_frame, until_cancelled, PAGE};
 use crate::gateway::http::largest_entry;
 use crate::gateway::mailbox::{Mailbox, PageSizer};
 use crate::gateway::state::Shared;
+use crate::gateway::wake::{LocalRun, LocalRuns};
+use tidemark_protocol::entry::Entry;
 
 /// A failed mailbox read (or ack write, `reader.rs`) is retried after this, doubling up to
 /// [`READ_RETRY_MAX`].
@@ -35,6 +38,7 @@ pub(super) async fn delivery_loop(
     mut mailbox: Mailbox,
     mut cursor: u64,
     notify: Arc<Notify>,
+    mut local: LocalRuns,
     mut sync_rx: mpsc::Receiver<u64>,
     tx: Outbox,
     conn: CancellationToken,
@@ -52,6 +56,13 @@ pub(super) async fn delivery_loop(
     };
     // Highest seq pushed so far (latency is measured once per entry and connection).
     let mut highest = cursor;
+    // Every entry of the mailbox at or below `seen` has been pushed (or acked): the end of
+    // the last complete read, or of the last local run taken (ADR-0041). `cursor <= seen`.
+    let mut seen = cursor;
+    // `seen` was last moved by a local run: a hint up to it needs no read.
+    let mut seen_local = false;
+    // The hub's count of wakes of every connection, as last looked at.
+    let mut woke_all_seen = shared.hub.woke_all_times();
     let mut failing = false;
     let mut retry_after = READ_RETRY_FIRST;
     // Woken by a hint: read up to the hinted lowest W without reading the watermark (one
@@ -66,14 +77,33 @@ pub(super) async fn delivery_loop(
         .min(shared.opts.max_queued_bytes)
         .max(1);
     let mut sizer = PageSizer::new(PAGE, target, largest_entry(&shared.opts.limits));
+    // false after local runs alone: nothing to read
+    let mut need_read = true;
     loop {
         // Read until caught up with what is visible.
         'read: loop {
+            if !need_read {
+                break 'read;
+            }
             if let Some(after) = latest_sync(&mut sync_rx) {
                 cursor = after;
+                (seen, seen_local) = (after, false);
             }
             let bound = shared.hub.hinted_w(mailbox.route.shard);
-            let use_hint = hinted && lane_present && bound > cursor;
+            // a wake of every connection (a subscriber came back: hints were lost) is never
+            // taken as covered
+            let woke_all = shared.hub.woke_all_times();
+            let all_woken = woke_all != woke_all_seen;
+            woke_all_seen = woke_all;
+            // a local run already took this connection past the hinted W: nothing to read
+            if hinted && lane_present && seen_local && !all_woken && bound <= seen {
+                break 'read;
+            }
+            // A run lost before here is covered by a full read (the lane's W is at or past
+            // the end of every run handed out, which were applied before); one lost from
+            // here on sets the flag again.
+            let lost = local.lost.swap(false, Ordering::AcqRel);
+            let use_hint = hinted && lane_present && !lost && bound > cursor;
             let page = tokio::select! {
                 _ = conn.cancelled() => return,
                 p = async {
@@ -91,6 +121,10 @@ pub(super) async fn delivery_loop(
                     sizer.observe(p.entries.len(), p.bytes);
                     if !use_hint {
                         lane_present = p.lane_present;
+                    }
+                    if let Some(upto) = p.complete_to {
+                        seen = seen.max(upto);
+                        seen_local = false;
                     }
                     p
                 }
@@ -113,28 +147,7 @@ pub(super) async fn delivery_loop(
             };
             for entry in page.entries {
                 let out = match entry {
-                    Ok(e) => {
-                        let seq = e.seq;
-                        // latency of live deliveries only: an entry committed before this
-                        // connection opened is a replay (a reconnect, a late reader), whose
-                        // age says nothing about the delivery path
-                        if seq > highest {
-                            highest = seq;
-                            if e.sent_at_us >= connected_at_us {
-                                let lat = now_us().saturating_sub(e.sent_at_us) as f64 / 1e6;
-                                metrics::histogram!("tidemark_delivery_latency_seconds")
-                                    .record(lat);
-                            }
-                        }
-                        metrics::counter!("tidemark_deliveries_total").increment(1);
-                        (
-                            seq,
-                            Out::Deliver {
-                                seq,
-                                text: ServerFrame::Deliver(e).to_json(),
-                            },
-                        )
-                    }
+                    Ok(e) => (e.seq, deliver(e, &mut highest, connected_at_us)),
                     Err(seq) => (
                         seq,
                         error_frame(
@@ -148,6 +161,7 @@ pub(super) async fn delivery_loop(
                     return;
                 }
                 cursor = out.0;
+                seen = seen.max(cursor);
                 if !sync_rx.is_empty() {
                     continue 'read; // restart after the seq the client named
                 }
@@ -157,8 +171,31 @@ pub(super) async fn delivery_loop(
             }
         }
         hinted = false;
+        need_read = true;
         tokio::select! {
+            // local runs first: a hint that follows a run then finds nothing to read
+            biased;
             _ = conn.cancelled() => return,
+            Some(run) = local.rx.recv() => {
+                // runs that continue what this connection has seen are pushed as they are;
+                // otherwise (a run lost, a move not handed here) the mailbox is read
+                let mut next = Some(run);
+                need_read = false;
+                while let Some(run) = next.take() {
+                    let lost = local.lost.load(Ordering::Acquire);
+                    let Some(entries) = take_run(&mut seen, &mut seen_local, run, lost) else {
+                        need_read = true;
+                        break;
+                    };
+                    for e in entries {
+                        cursor = e.seq;
+                        if !push(deliver(e, &mut highest, connected_at_us)).await {
+                            return;
+                        }
+                    }
+                    next = local.rx.try_recv().ok();
+                }
+            }
             _ = notify.notified() => hinted = true,
             _ = async { tick.as_mut().expect("only polled with a tick").tick().await }, if tick.is_some() => {}
             // a failed read is retried by itself (no hint may come: the quiet path)
@@ -166,10 +203,47 @@ pub(super) async fn delivery_loop(
                 retry_after = (retry_after * 2).min(READ_RETRY_MAX);
             }
             s = sync_rx.recv() => match s {
-                Some(after) => cursor = latest_sync(&mut sync_rx).unwrap_or(after),
+                Some(after) => {
+                    cursor = latest_sync(&mut sync_rx).unwrap_or(after);
+                    (seen, seen_local) = (cursor, false);
+                }
                 None => return,
             },
         }
+    }
+}
+
+/// Takes a local run (ADR-0041) on a connection that has seen every entry up to `seen`:
+/// the entries to push (those above `seen`; `seen` moves to the run's end), or `None` when
+/// the run cannot be trusted and the mailbox must be read: a run was lost (`lost`), or the
+/// run's chain starts above `seen` (a move this connection was not handed).
+fn take_run(seen: &mut u64, by_run: &mut bool, run: LocalRun, lost: bool) -> Option<Vec<Entry>> {
+    if lost || run.chain_from > *seen {
+        return None;
+    }
+    let from = *seen;
+    if run.to > *seen {
+        (*seen, *by_run) = (run.to, true);
+    }
+    Some(run.entries.into_iter().filter(|e| e.seq > from).collect())
+}
+
+/// The deliver frame of `e`, counted, its latency measured when it is live.
+fn deliver(e: Entry, highest: &mut u64, connected_at_us: u64) -> Out {
+    let seq = e.seq;
+    // latency of live deliveries only: an entry committed before this connection opened is
+    // a replay (a reconnect, a late reader), whose age says nothing about the delivery path
+    if seq > *highest {
+        *highest = seq;
+        if e.sent_at_us >= connected_at_us {
+            let lat = now_us().saturating_sub(e.sent_at_us) as f64 / 1e6;
+            metrics::histogram!("tidemark_delivery_latency_seconds").record(lat);
+        }
+    }
+    metrics::counter!("tidemark_deliveries_total").increment(1);
+    Out::Deliver {
+        seq,
+        text: ServerFrame::Deliver(e).to_json(),
     }
 }
 
@@ -180,4 +254,64 @@ fn latest_sync(rx: &mut mpsc::Receiver<u64>) -> Option<u64> {
         last = Some(a);
     }
     last
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64) -> Entry {
+        Entry {
+            seq,
+            from: "alice".into(),
+            body: format!("m{seq}"),
+            sent_at_us: 1,
+        }
+    }
+
+    fn run(chain_from: u64, to: u64, seqs: &[u64]) -> LocalRun {
+        LocalRun {
+            chain_from,
+            to,
+            entries: seqs.iter().map(|&s| entry(s)).collect(),
+        }
+    }
+
+    fn seqs(v: Option<Vec<Entry>>) -> Option<Vec<u64>> {
+        v.map(|v| v.into_iter().map(|e| e.seq).collect())
+    }
+
+    #[test]
+    fn runs_are_taken_only_where_they_continue_what_was_seen() {
+        let (mut seen, mut by_run) = (10, false);
+        // a chain that starts at or below what was seen: its entries above it
+        assert_eq!(
+            seqs(take_run(
+                &mut seen,
+                &mut by_run,
+                run(4, 14, &[9, 12, 14]),
+                false
+            )),
+            Some(vec![12, 14])
+        );
+        assert_eq!((seen, by_run), (14, true));
+        // a run wholly seen: nothing, nothing moves back
+        assert_eq!(
+            seqs(take_run(&mut seen, &mut by_run, run(4, 12, &[12]), false)),
+            Some(vec![])
+        );
+        assert_eq!(seen, 14);
+        // a chain that starts above what was seen (a move not handed here): read instead
+        assert_eq!(
+            seqs(take_run(&mut seen, &mut by_run, run(15, 20, &[20]), false)),
+            None
+        );
+        assert_eq!(seen, 14);
+        // a lost run: even a run of the same chain is not trusted until a read
+        assert_eq!(
+            seqs(take_run(&mut seen, &mut by_run, run(4, 20, &[20]), true)),
+            None
+        );
+        assert_eq!(seen, 14);
+    }
 }

@@ -193,9 +193,10 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     // Register before the first read, so no hint falls between the read and the wait.
     let notify = Arc::new(Notify::new());
     let mut mailbox = shared.mailbox(&user);
-    let _registration = shared
-        .hub
-        .register(&user, mailbox.route.shard, notify.clone());
+    let (_registration, local) =
+        shared
+            .hub
+            .register_local(&user, mailbox.route.shard, notify.clone());
     tracing::debug!(%user, shard = mailbox.route.shard, "client connected");
 
     let acked = tokio::select! {
@@ -239,6 +240,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
             shared.mailbox(&user),
             acked,
             notify,
+            local,
             sync_rx,
             tx.clone(),
             conn.clone(),

@@ -193,6 +193,10 @@ pub(super) async fn delivery_loop(
                             return;
                         }
                     }
+                    if !sync_rx.is_empty() {
+                        need_read = true; // restart after the seq the client named
+                        break;
+                    }
                     next = local.rx.try_recv().ok();
                 }
             }

@@ -950,3 +950,65 @@ async fn the_hot_path_hands_a_not_uniform_batch_to_the_chunked_path() {
     assert_eq!(mailbox(&e, &us[0]).await.len(), 2);
     w.stop().await;
 }
+
+/// `XREAD` calls served by the core Redis so far.
+async fn log_reads(e: &Env) -> u64 {
+    let mut c = e.core_store.connection();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xread:calls="))
+        .and_then(|v| v.split(',').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
+/// ADR-0042: without a backlog, two log reads start at least `read_linger` apart, so live
+/// records are read in fewer, larger batches; a backlog (a read that filled its COUNT) is
+/// read on at once. Both halves fail without the rule: a linger on every read makes the
+/// backlog take about 8 s, and no linger makes one read (or two) per live record.
+#[tokio::test]
+async fn live_reads_linger_and_a_backlog_is_read_at_once() {
+    for linger in [Duration::from_millis(400), Duration::ZERO] {
+        let mut e = env().await;
+        for i in 0..2000 {
+            send(&mut e, "alice", &format!("b{i}"), &["bob"], "backlog").await;
+        }
+        let opts = MaterializerOptions {
+            read_linger: linger,
+            batch: 100,
+            ..fast_opts()
+        };
+        let started = Instant::now();
+        let w = start_worker(&e, opts).await;
+        wait_until("the backlog is drained", || all_caught_up(&e)).await;
+        // 20 reads of 100 records: with a linger on each, 20 x 400 ms
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "backlog drained in {:?} (linger {linger:?})",
+            started.elapsed()
+        );
+        let before = log_reads(&e).await;
+        for i in 0..20 {
+            send(&mut e, "alice", &format!("l{i}"), &["bob"], "live").await;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        wait_until("the live records are applied", || all_caught_up(&e)).await;
+        let reads = log_reads(&e).await - before;
+        if linger.is_zero() {
+            assert!(
+                reads >= 15,
+                "{reads} log reads for 20 live records, no linger"
+            );
+        } else {
+            assert!(
+                reads <= 10,
+                "{reads} log reads for 20 live records, linger {linger:?}"
+            );
+        }
+        assert_eq!(mailbox(&e, "bob").await.len(), 2020);
+        w.stop().await;
+    }
+}

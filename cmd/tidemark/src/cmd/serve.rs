@@ -58,6 +58,8 @@ pub struct UpArgs {
     #[command(flatten)]
     replication: ReplicationArgs,
     #[command(flatten)]
+    materializer: MaterializerArgs,
+    #[command(flatten)]
     listeners: ListenerArgs,
     #[command(flatten)]
     limits: GatewayLimitArgs,
@@ -113,6 +115,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     replication: ReplicationArgs,
     #[command(flatten)]
+    materializer: MaterializerArgs,
+    #[command(flatten)]
     listeners: ListenerArgs,
     #[command(flatten)]
     limits: GatewayLimitArgs,
@@ -149,6 +153,16 @@ impl ReplicationArgs {
             timeout: self.wait_timeout,
         }
     }
+}
+
+/// Materializer tuning (`serve` and `up`).
+#[derive(Args)]
+struct MaterializerArgs {
+    /// Shortest time, in milliseconds, between two log reads of a materializer when the last
+    /// one found no backlog (ADR-0042): fewer, larger reads of live traffic for at most this
+    /// much more latency. 0: read again at once.
+    #[arg(long, default_value_t = 2)]
+    read_linger_ms: u64,
 }
 
 /// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
@@ -374,6 +388,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             },
             materializer: MaterializerOptions {
                 mailbox_wait: a.replication.mailbox_policy(),
+                read_linger: std::time::Duration::from_millis(a.materializer.read_linger_ms),
                 ..Default::default()
             },
             cluster: a.cluster,
@@ -578,6 +593,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
             materializer: MaterializerOptions {
                 mailbox_wait: a.replication.mailbox_policy(),
+                read_linger: std::time::Duration::from_millis(a.materializer.read_linger_ms),
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {
                     Arc::new(RandomChunkFault {
                         percent: a.fault_chunk_fail_pct,

@@ -81,6 +81,11 @@ pub struct MaterializerOptions {
     pub batch: usize,
     /// XREAD BLOCK time when idle.
     pub block: Duration,
+    /// Shortest time between the starts of two log reads when the last one found no backlog
+    /// (ADR-0042): live traffic is read in fewer, larger batches (fewer `XREAD`s, hot-path
+    /// pipelines and hints per message) for at most this much added latency. Zero: read
+    /// again at once.
+    pub read_linger: Duration,
     /// How often each shard is garbage-collected (staging state, core log).
     pub gc_interval: Duration,
     /// How often a quiet shard (caught up, nothing pending, held or retrying) is: the GC is
@@ -104,6 +109,7 @@ impl Default for MaterializerOptions {
             mailbox_wait: Default::default(),
             batch: 512,
             block: Duration::from_millis(500),
+            read_linger: Duration::from_millis(2),
             gc_interval: Duration::from_secs(1),
             gc_idle_interval: Duration::from_secs(10),
             fault: None,

@@ -273,6 +273,10 @@ impl Worker {
     }
 
     pub(super) async fn run_loop(&mut self, cancel: &CancellationToken) -> Result<(), Error> {
+        // When the last log read started, and whether it found a backlog (a log that filled
+        // its COUNT): without one, the next read waits for `read_linger` after it (ADR-0042)
+        let mut last_read: Option<Instant> = None;
+        let mut backlog = true;
         loop {
             if cancel.is_cancelled() {
                 return Ok(());
@@ -325,6 +329,13 @@ impl Worker {
             let batches = match self.take_ahead(&positions) {
                 Some(b) => b,
                 None => {
+                    if let Some(due) = self.linger_until(last_read, backlog) {
+                        tokio::select! {
+                            _ = cancel.cancelled() => return Ok(()),
+                            _ = tokio::time::sleep_until(due.into()) => {}
+                        }
+                    }
+                    last_read = Some(Instant::now());
                     let any_pending = self.owned.values().any(|sh| !sh.pending.is_empty());
                     let mut block = if any_pending {
                         Duration::from_millis(20)
@@ -358,6 +369,7 @@ impl Worker {
                 }
             };
             self.log_read_ok();
+            backlog = batches.iter().any(|(_, r)| r.len() >= self.opts.batch);
             let stepped: Vec<u32> = positions.iter().map(|p| p.0).collect();
             let busy = !batches.is_empty();
             let routed = self.route(batches);
@@ -367,9 +379,16 @@ impl Worker {
             let ahead_from: Vec<(u32, u64)> = if busy { self.readable() } else { Vec::new() };
             let mut reader = self.reader.take().expect("the reader is here");
             let count = self.opts.batch;
+            let linger = self.linger_until(last_read, backlog);
+            if !ahead_from.is_empty() {
+                last_read = Some(linger.unwrap_or_else(Instant::now));
+            }
             let (applied, ahead) = tokio::join!(self.apply(routed), async {
                 if ahead_from.is_empty() {
                     return None;
+                }
+                if let Some(due) = linger {
+                    tokio::time::sleep_until(due.into()).await;
                 }
                 let r = tokio::time::timeout(
                     READ_GRACE,
@@ -406,6 +425,17 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// When the next log read may start: `read_linger` after the last one started, unless
+    /// that one found a backlog (or there is no linger); `None`: now.
+    fn linger_until(&self, last_read: Option<Instant>, backlog: bool) -> Option<Instant> {
+        let linger = self.opts.read_linger;
+        if backlog || linger.is_zero() {
+            return None;
+        }
+        let due = last_read? + linger;
+        (due > Instant::now()).then_some(due)
     }
 
     /// The shards the loop reads now and where from: running, not waiting for a retry, lease

@@ -687,20 +687,6 @@ async fn live_delivery_is_woken_by_hints_not_the_recheck() {
     d.shutdown().await;
 }
 
-/// `ZRANGEBYSCORE` calls (mailbox reads) served by the mailbox Redis so far.
-async fn mailbox_reads(d: &Deployment) -> u64 {
-    let mut c = gateway_support::redis_at(&d.mailbox_url).await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_zrangebyscore:calls="))
-        .and_then(|v| v.split(',').next())
-        .map_or(0, |v| v.parse().unwrap())
-}
-
 /// ADR-0041: in one process, a connection that is caught up gets what the materializer just
 /// wrote for it without reading its mailbox back. Twenty live messages, one at a time, cost
 /// (almost) no mailbox read; with the local runs off each costs one.
@@ -727,7 +713,7 @@ async fn a_caught_up_connection_gets_fresh_entries_without_reading_its_mailbox()
         // the wake subscription comes up on its own and wakes every connection once (each
         // then reads): let that pass before counting
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let before = mailbox_reads(&d).await;
+        let before = gateway_support::command_calls(&d.mailbox_url, "zrangebyscore").await;
         for i in 0..20 {
             let o = alice.send_ok(&format!("l{i}"), &["bob"], "live").await;
             let got = bob.deliver().await;
@@ -735,7 +721,7 @@ async fn a_caught_up_connection_gets_fresh_entries_without_reading_its_mailbox()
             assert_eq!(got["body"], "live");
             assert_eq!(got["from"], "alice");
         }
-        let reads = mailbox_reads(&d).await - before;
+        let reads = gateway_support::command_calls(&d.mailbox_url, "zrangebyscore").await - before;
         if local {
             assert!(reads < 5, "{reads} mailbox reads for 20 local deliveries");
         } else {

@@ -951,20 +951,6 @@ async fn the_hot_path_hands_a_not_uniform_batch_to_the_chunked_path() {
     w.stop().await;
 }
 
-/// `XREAD` calls served by the core Redis so far.
-async fn log_reads(e: &Env) -> u64 {
-    let mut c = e.core_store.connection();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_xread:calls="))
-        .and_then(|v| v.split(',').next())
-        .map_or(0, |v| v.parse().unwrap())
-}
-
 /// ADR-0042: without a backlog, two log reads start at least `read_linger` apart, so live
 /// records are read in fewer, larger batches; a backlog (a read that filled its COUNT) is
 /// read on at once. Both halves fail without the rule: a linger on every read makes the
@@ -990,13 +976,13 @@ async fn live_reads_linger_and_a_backlog_is_read_at_once() {
             "backlog drained in {:?} (linger {linger:?})",
             started.elapsed()
         );
-        let before = log_reads(&e).await;
+        let before = gateway_support::command_calls(&e.core.url(), "xread").await;
         for i in 0..20 {
             send(&mut e, "alice", &format!("l{i}"), &["bob"], "live").await;
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         wait_until("the live records are applied", || all_caught_up(&e)).await;
-        let reads = log_reads(&e).await - before;
+        let reads = gateway_support::command_calls(&e.core.url(), "xread").await - before;
         if linger.is_zero() {
             assert!(
                 reads >= 15,

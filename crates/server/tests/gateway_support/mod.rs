@@ -367,6 +367,22 @@ where
     .await
 }
 
+/// How many calls of `command` (lower case, as `INFO commandstats` names it) the Redis at `url`
+/// has served so far (scripts' own calls included).
+pub async fn command_calls(url: &str, command: &str) -> u64 {
+    let mut c = redis_at(url).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|v| v.split(',').next())
+        .map_or(0, |v| v.parse().unwrap())
+}
+
 /// A connection to the Redis at `url`.
 pub async fn redis_at(url: &str) -> redis::aio::MultiplexedConnection {
     let client = redis::Client::open(url).expect("redis URL");

@@ -1,4 +1,4 @@
-# Sourced by the scripts in scripts/perf/: starts `tidemark up --dev-auth` ($BIN) under a
+# Sourced by the scripts in scripts/perf/: starts `tidemark up --dev-auth ${UP_ARGS}` ($BIN) under a
 # temporary data dir and waits for its gateway. Sets DIR (the temporary dir, removed on exit),
 # PORT (the gateway's), UP (its pid), PASS (the Redis password), CORE and MAILBOX (the
 # instances' URLs with the password, comma-separated), and an EXIT trap that stops `up`
@@ -6,7 +6,8 @@
 # shellcheck shell=bash
 DIR=$(mktemp -d /tmp/tm-perf.XXXXXX)
 PORT=$((7600 + RANDOM % 600))
-"$BIN" up --dev-auth --data-dir "$DIR/data" --listen "127.0.0.1:$PORT" >"$DIR/up.log" 2>&1 &
+# shellcheck disable=SC2086 # UP_ARGS: extra flags, split on spaces (e.g. --read-linger-ms 5)
+"$BIN" up --dev-auth --data-dir "$DIR/data" --listen "127.0.0.1:$PORT" ${UP_ARGS:-} >"$DIR/up.log" 2>&1 &
 UP=$!
 LOAD=
 trap 'kill $UP ${LOAD:-} 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$DIR"' EXIT

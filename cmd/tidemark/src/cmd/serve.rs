@@ -155,7 +155,7 @@ impl ReplicationArgs {
     }
 }
 
-/// Materializer tuning (`serve` and `up`).
+/// Materializer tuning and its hand-over to the gateway (`serve` and `up`).
 #[derive(Args)]
 struct MaterializerArgs {
     /// Shortest time, in milliseconds, between two log reads of a materializer when the last
@@ -163,6 +163,11 @@ struct MaterializerArgs {
     /// much more latency. 0: read again at once.
     #[arg(long, default_value_t = 2)]
     read_linger_ms: u64,
+    /// Do not hand fresh entries from this process's materializers straight to its
+    /// connections (ADR-0041): every delivery is read from the mailbox after its wake hint,
+    /// as on a gateway-only node.
+    #[arg(long)]
+    no_local_delivery: bool,
 }
 
 /// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
@@ -378,6 +383,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             data_dir: a.data_dir.clone(),
             gateway: GatewayOptions {
                 core_wait: a.replication.core_policy(),
+                local_delivery: !a.materializer.no_local_delivery,
                 ..gateway_options(
                     &a.listeners,
                     &a.limits,
@@ -589,6 +595,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             gateway: GatewayOptions {
                 clients: a.role != "materializer",
                 core_wait: a.replication.core_policy(),
+                local_delivery: !a.materializer.no_local_delivery,
                 ..gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls)
             },
             materializer: MaterializerOptions {

@@ -102,6 +102,19 @@ impl std::fmt::Debug for LocalDelivery {
 }
 
 impl LocalDelivery {
+    /// Wires one handle into a process's gateway and materializer options when the gateway
+    /// serves clients and `local_delivery` is on (and nothing is wired yet).
+    pub fn wire(
+        gateway: &mut super::GatewayOptions,
+        materializer: &mut crate::materializer::MaterializerOptions,
+    ) {
+        if gateway.clients && gateway.local_delivery && gateway.local.is_none() {
+            let local = LocalDelivery::default();
+            gateway.local = Some(local.clone());
+            materializer.local = Some(local);
+        }
+    }
+
     /// Hands a run of hot-path records of `shard`, every one of them applied (W went from
     /// the first one's `prev` to the last one's offset), to the connections of their
     /// recipients.
@@ -233,34 +246,43 @@ impl WakeHub {
             c.1 = to;
             c.0
         };
-        // (connection, its entries), in the order first met
-        let mut runs: Vec<(LocalTx, Arc<Notify>, Vec<Entry>)> = Vec::new();
-        let mut ids: Vec<u64> = Vec::new();
+        // per connection (registration id): its queue, its notifier, its entries
+        let mut runs: Vec<(u64, LocalTx, Arc<Notify>, Vec<Entry>)> = Vec::new();
         {
             let users = self.users.lock().expect("wake hub lock");
             for item in items {
                 let Some(list) = users.get(item.recipient.as_str()) else {
                     continue;
                 };
-                for w in list.iter().filter(|w| w.shard == shard) {
-                    let Some(local) = &w.local else { continue };
-                    let at = match ids.iter().position(|&id| id == w.id) {
+                let mut local = list
+                    .iter()
+                    .filter(|w| w.shard == shard)
+                    .filter_map(|w| w.local.as_ref().map(|l| (w, l)))
+                    .peekable();
+                if local.peek().is_none() {
+                    continue;
+                }
+                // decoded once per entry, as a reader would decode it; one that does not
+                // decode makes its connections read (their own decoding reports it)
+                let entry = decode_entry(&item.entry)
+                    .ok()
+                    .filter(|e| e.seq == item.offset);
+                for (w, l) in local {
+                    let at = match runs.iter().position(|r| r.0 == w.id) {
                         Some(i) => i,
                         None => {
-                            ids.push(w.id);
-                            runs.push((local.clone(), w.notify.clone(), Vec::new()));
-                            ids.len() - 1
+                            runs.push((w.id, l.clone(), w.notify.clone(), Vec::new()));
+                            runs.len() - 1
                         }
                     };
-                    match decode_entry(&item.entry) {
-                        Ok(e) if e.seq == item.offset => runs[at].2.push(e),
-                        // the reader's own decoding reports it: make it read
-                        _ => runs[at].0.lost.store(true, Ordering::Release),
+                    match &entry {
+                        Some(e) => runs[at].3.push(e.clone()),
+                        None => runs[at].1.lost.store(true, Ordering::Release),
                     }
                 }
             }
         }
-        for (local, notify, entries) in runs {
+        for (_, local, notify, entries) in runs {
             if local.lost.load(Ordering::Acquire) {
                 notify.notify_one();
                 continue;

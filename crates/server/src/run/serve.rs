@@ -256,14 +256,8 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     // one process that materializes and serves clients: fresh entries go from the one to the
     // other without a read back (ADR-0041)
     let mut opts = opts;
-    if materializes
-        && opts.gateway.clients
-        && opts.gateway.local_delivery
-        && opts.gateway.local.is_none()
-    {
-        let local = crate::gateway::LocalDelivery::default();
-        opts.gateway.local = Some(local.clone());
-        opts.materializer.local = Some(local);
+    if materializes {
+        crate::gateway::LocalDelivery::wire(&mut opts.gateway, &mut opts.materializer);
     }
     let owned: Vec<u32> = match (&opts.owned_shards, map.owner_table(), &opts.node) {
         // leases mode takes its shards later, one lease at a time; a gateway takes none

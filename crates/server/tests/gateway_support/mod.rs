@@ -101,11 +101,7 @@ pub async fn start_full(
     tweak(&mut opts);
     // one process, as `run::serve` wires it (ADR-0041)
     let mut materializer = materializer;
-    if opts.local_delivery {
-        let local = tidemark_server::gateway::LocalDelivery::default();
-        opts.local = Some(local.clone());
-        materializer.local = Some(local);
-    }
+    tidemark_server::gateway::LocalDelivery::wire(&mut opts, &mut materializer);
     let cancel = CancellationToken::new();
     let health = Arc::new(HealthBoard::default());
     let owned: Vec<u32> = (0..SHARDS).collect();

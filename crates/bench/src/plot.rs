@@ -8,6 +8,10 @@
 //!   ([`RunReport::e2e_curve`](crate::load::RunReport)). The x axis is in "nines"
 //!   (`−log10(1 − p)`: 50 %, 90 %, 99 %, 99.9 % … equally spaced) and ends with the maximum;
 //!   the y axis is milliseconds on a log scale.
+//! - for runs that are not a ladder's, `e2e_timeline.png` / `.svg`: the P99 and the maximum
+//!   end-to-end latency of the messages intended in each second of sending
+//!   ([`RunReport::e2e_timeline`](crate::load::RunReport)), so that a tail shows whether it
+//!   is spread over the run or made of a few stalls (drawn when a run has a timeline).
 //! - for a ladder, `ladder.png` / `.svg`: left, the rate of each step against its
 //!   end-to-end P99 (log scale); right, the rate against mailbox and core Redis CPU %
 //!   (mean per instance), with the ρ = 0.65 line. Each point is labelled with its
@@ -98,6 +102,8 @@ pub fn write_plots(dir: &Path, runs: &[RunReport], ladder: bool) -> Result<Vec<P
     write_figure(dir, &Latency { runs, ladder }, &mut written)?;
     if ladder {
         write_figure(dir, &Ladder { runs }, &mut written)?;
+    } else if runs.iter().any(|r| !r.e2e_timeline.is_empty()) {
+        write_figure(dir, &Timeline { runs }, &mut written)?;
     }
     Ok(written)
 }
@@ -145,6 +151,19 @@ impl Figure for Latency<'_> {
 
     fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
         draw_latency(root, self.runs, self.ladder)
+    }
+}
+
+/// Each run's per-second P99 and maximum end-to-end latency.
+struct Timeline<'a> {
+    runs: &'a [RunReport],
+}
+
+impl Figure for Timeline<'_> {
+    const STEM: &'static str = "e2e_timeline";
+
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        draw_timeline(root, self.runs)
     }
 }
 
@@ -344,6 +363,74 @@ fn draw_latency<DB: DrawingBackend>(
         draw_line(&mut chart, &points, color, series_label(r, ladder, runs))?;
     }
     if runs.iter().any(|r| !r.e2e_curve.is_empty()) {
+        draw_legend(&mut chart, 16)?;
+    }
+    root.present().map_err(e)?;
+    Ok(())
+}
+
+fn draw_timeline<DB: DrawingBackend>(
+    root: DrawingArea<DB, Shift>,
+    runs: &[RunReport],
+) -> Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    root.fill(&WHITE).map_err(e)?;
+    let (lo, hi) = log_bounds(
+        runs.iter()
+            .flat_map(|r| r.e2e_timeline.iter().flat_map(|s| [s.p99, s.max])),
+    );
+    let seconds = runs
+        .iter()
+        .map(|r| r.e2e_timeline.len())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let caption = match runs.first() {
+        Some(r) => format!(
+            "End-to-end latency by second of sending: {} clients, {}/s",
+            r.clients,
+            crate::load::group_thousands(r.rate, 0),
+        ),
+        None => "End-to-end latency by second of sending".into(),
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 26))
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..seconds, (lo..hi).log_scale())
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("second of sending (intended send time)")
+        .y_desc("milliseconds (intended send → deliver)")
+        .y_label_formatter(&|y| ms_label(*y))
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .draw()
+        .map_err(e)?;
+    for (k, r) in runs.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        let label = series_label(r, false, runs);
+        let at = |f: fn(&crate::load::SecondLatency) -> f64| -> Vec<(f64, f64)> {
+            r.e2e_timeline
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.delivered > 0)
+                .map(|(i, s)| (i as f64 + 0.5, f(s).max(lo)))
+                .collect()
+        };
+        let pale = color.mix(0.45);
+        chart
+            .draw_series(LineSeries::new(at(|s| s.max), pale.stroke_width(1)))
+            .map_err(e)?
+            .label(format!("{label}, max"))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], pale.stroke_width(1))
+            });
+        draw_line(&mut chart, &at(|s| s.p99), color, format!("{label}, P99"))?;
+    }
+    if runs.iter().any(|r| !r.e2e_timeline.is_empty()) {
         draw_legend(&mut chart, 16)?;
     }
     root.present().map_err(e)?;

@@ -73,6 +73,15 @@ fn check_run(r: &RunReport, layout: Layout) {
     let per_s = r.acked_per_s_while_sending.expect("a new report has it");
     assert_eq!(per_s, while_sending as f64 / 2.0);
     assert!(per_s <= 200.0, "{per_s}");
+    // The timeline: one entry per second of sending, 200 messages intended in each, every
+    // one delivered; each second's figures are within the run's.
+    let counts: Vec<u64> = r.e2e_timeline.iter().map(|s| s.delivered).collect();
+    assert_eq!(counts, [200, 200], "{:?}", r.e2e_timeline);
+    for s in &r.e2e_timeline {
+        assert!(s.p50 > 0.0 && s.p50 <= s.p99 && s.p99 <= s.max, "{s:?}");
+        // two significant digits: a second's maximum may round up by 1 %
+        assert!(s.max <= r.e2e_ms.max * 1.01 + 0.01, "{s:?} {:?}", r.e2e_ms);
+    }
     check_percentiles(&r.e2e_ms, "e2e");
     check_percentiles(&r.send_ack_ms, "send_ack");
     for curve in [&r.e2e_curve, &r.send_ack_curve] {
@@ -260,7 +269,15 @@ async fn tiny_run_both_layouts() {
 
     let dir = tempfile::tempdir().unwrap();
     let files = write_plots(dir.path(), &runs, false).unwrap();
-    assert_image_files(&files, &["e2e_latency.png", "e2e_latency.svg"]);
+    assert_image_files(
+        &files,
+        &[
+            "e2e_latency.png",
+            "e2e_latency.svg",
+            "e2e_timeline.png",
+            "e2e_timeline.svg",
+        ],
+    );
 }
 
 #[test]
@@ -394,6 +411,7 @@ fn synthetic(layout: Layout, mailbox: usize, rate: f64, p99: f64, cpu: f64) -> R
         send_ack_ms: Percentiles::default(),
         e2e_curve: curve,
         send_ack_curve: Vec::new(),
+        e2e_timeline: Vec::new(),
         evalsha_us: PoolPair::default(),
         redis_cpu_pct: PoolPair {
             mailbox: Some(cpu),

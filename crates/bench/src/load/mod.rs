@@ -74,7 +74,7 @@ pub use procs::metrics_url_of;
 pub use report::{
     cpu_table, from_json, group_thousands, has_cpu_table, ladder_table, markdown_table,
     parse_steps, to_json, CommandStats, InstanceStats, LadderStep, Percentiles, PoolPair,
-    ProcessStats, RunReport, CURVE_PERCENTILES,
+    ProcessStats, RunReport, SecondLatency, CURVE_PERCENTILES,
 };
 
 /// ρ the ladder sizes pools for (ADR-0014: instance count from ρ ≤ 0.65).

@@ -29,6 +29,20 @@ pub struct Percentiles {
     pub max: f64,
 }
 
+/// The e2e latency of the messages intended in one second of a run, ms (two significant
+/// digits); `delivered` counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct SecondLatency {
+    /// Messages of that second delivered in the window.
+    pub delivered: u64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest value.
+    pub max: f64,
+}
+
 /// One figure for each pool of Redis instances; `None` (`null`) when it could not be read
 /// (an `INFO` of one of the pool's instances failed at a sampling point it needs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize)]
@@ -157,6 +171,11 @@ pub struct RunReport {
     pub e2e_curve: Vec<(f64, f64)>,
     /// Same for SEND_ACK.
     pub send_ack_curve: Vec<(f64, f64)>,
+    /// The e2e latency of the messages intended in each second of the run, in order (the
+    /// first is second 0 of sending): when the slow ones were sent. Empty in reports
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub e2e_timeline: Vec<SecondLatency>,
     /// Server-side µs per `EVALSHA`, per pool (A→C).
     pub evalsha_us: PoolPair,
     /// Redis CPU %, mean over the pool's instances (A→B).

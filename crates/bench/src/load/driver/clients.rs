@@ -140,10 +140,7 @@ pub(super) async fn receive(
                     .filter(|&n| n < shared.total)
                 {
                     Some(i) if now <= shared.deadline => {
-                        record(
-                            &shared.e2e,
-                            now.saturating_duration_since(shared.intended(i)),
-                        );
+                        shared.record_e2e(i, now.saturating_duration_since(shared.intended(i)));
                         shared.delivered.fetch_add(1, Ordering::Relaxed);
                     }
                     Some(_) => {} // after the window

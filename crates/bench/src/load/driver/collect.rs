@@ -19,7 +19,8 @@ use super::Setup;
 use crate::load::info::{CmdCounter, Delta, ReadPolicy, Sample, Watched};
 use crate::load::procs::{self_sample, MetricsSource, ProcSample};
 use crate::load::report::{
-    CommandStats, InstanceStats, Percentiles, PoolPair, ProcessStats, RunReport, CURVE_PERCENTILES,
+    CommandStats, InstanceStats, Percentiles, PoolPair, ProcessStats, RunReport, SecondLatency,
+    CURVE_PERCENTILES,
 };
 use crate::load::{bump, Error, LoadOptions};
 
@@ -163,6 +164,11 @@ pub(super) fn run_report(
     let delivered = shared.delivered.load(Ordering::Relaxed);
     let e2e = lock(&shared.e2e).clone();
     let send_ack = lock(&shared.send_ack).clone();
+    let e2e_timeline = shared
+        .e2e_by_second
+        .iter()
+        .map(|h| second_latency(&lock(h)))
+        .collect();
     let duration_s = opts.duration.as_secs_f64();
     let (acked, acked_while_sending, acked_per_s_while_sending) = shared.acks.report(duration_s);
 
@@ -275,6 +281,7 @@ pub(super) fn run_report(
         send_ack_ms: percentiles(&send_ack),
         e2e_curve: curve(&e2e),
         send_ack_curve: curve(&send_ack),
+        e2e_timeline,
         evalsha_us: PoolPair {
             mailbox: mb.whole().map(|w| w.evalsha_us()),
             core: core.whole().map(|w| w.evalsha_us()),
@@ -391,6 +398,16 @@ fn percentiles(h: &Histogram<u64>) -> Percentiles {
         p99: ms(h.value_at_quantile(0.99)),
         p999: ms(h.value_at_quantile(0.999)),
         max: ms(h.max()),
+    }
+}
+
+fn second_latency(h: &Histogram<u64>) -> SecondLatency {
+    let p = percentiles(h);
+    SecondLatency {
+        delivered: h.len(),
+        p50: p.p50,
+        p99: p.p99,
+        max: p.max,
     }
 }
 

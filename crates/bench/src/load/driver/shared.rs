@@ -76,6 +76,9 @@ pub(super) struct Shared {
     /// The same, per client (the sender): a connection that closes fails its own.
     pending: Vec<AtomicU64>,
     pub(super) e2e: Mutex<Histogram<u64>>,
+    /// The e2e latencies again, one histogram per second of intended send time (the
+    /// timeline: when in the run the slow deliveries were sent).
+    pub(super) e2e_by_second: Vec<Mutex<Histogram<u64>>>,
     pub(super) send_ack: Mutex<Histogram<u64>>,
     pub(super) errors: Mutex<BTreeMap<String, u64>>,
     /// Set when the run is over: a connection closing now is not an error.
@@ -99,6 +102,9 @@ impl Shared {
             outstanding: AtomicU64::new(0),
             pending: (0..opts.clients).map(|_| AtomicU64::new(0)).collect(),
             e2e: Mutex::new(new_histogram()),
+            e2e_by_second: (0..opts.duration.as_secs_f64().ceil().max(1.0) as usize)
+                .map(|_| Mutex::new(coarse_histogram()))
+                .collect(),
             send_ack: Mutex::new(new_histogram()),
             errors: Mutex::new(BTreeMap::new()),
             stopping: AtomicBool::new(false),
@@ -108,6 +114,16 @@ impl Shared {
     /// The intended send time of message `i` (the one clock every latency is measured on).
     pub(super) fn intended(&self, i: u64) -> Instant {
         self.t0 + Duration::from_secs_f64(i as f64 / self.rate)
+    }
+
+    /// Records the e2e latency `d` of message `i`, in the whole run's histogram and in its
+    /// second's.
+    pub(super) fn record_e2e(&self, i: u64, d: Duration) {
+        record(&self.e2e, d);
+        let second = (i as f64 / self.rate) as usize;
+        if let Some(h) = self.e2e_by_second.get(second) {
+            record(h, d);
+        }
     }
 
     /// The index of a message of this run from its send id (`m<index>`).
@@ -153,6 +169,11 @@ impl Shared {
 
 fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, HIST_MAX_US, 3).expect("valid histogram bounds")
+}
+
+/// Two significant digits: a second's P99 and maximum, at a tenth of the memory.
+fn coarse_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, HIST_MAX_US, 2).expect("valid histogram bounds")
 }
 
 /// Records one latency (clamped to 1 µs ..= [`HIST_MAX_US`]).

@@ -10,8 +10,8 @@ usage: commit_script.py PORT {commit|group:K|plain|noop} N [FIRST_ID] [--wait]
   plain   SET NX EX + INCR + XADD with the same fields (the issue's comparison script)
   noop    `return 1`
 Environment: SCRIPT=path runs that file instead of commit_dispatch.lua (a variant of it, to
-time one change of the script); FLAG=0|1|2 is the claim flag of every message (default 1;
-2 is ADR-0040's one-key claim).
+time one change of the script); FLAG=0|1|2|3 is the claim flag of every message (default 1;
+2 is ADR-0040's one-key claim, 3 the same with only the claim's key passed, ADR-0043).
 With --wait, it warms up with 1000 calls, then waits for a line on stdin before the measured
 calls (used by commit_callgrind.sh to zero callgrind's counters in between).
 """
@@ -56,8 +56,12 @@ def call(i):
     ids = ["cli-%016d-%03d" % (i, k) for k in range(group)]
     keys, args = ["dlog:{%d}" % s, "head:{%d}" % s], [group, 86400, ""]
     for c in ids:
-        keys += ["dd:{%d}:8:user-007%s" % (s, c), "dd:{%d}:user-007\0%s" % (s, c),
-                 "msgid:{%d}:8:user-007%s" % (s, c)]
+        if os.environ.get("FLAG") == "3":
+            # ADR-0043's one-key form: only the claim's key
+            keys += ["msgid:{%d}:8:user-007%s" % (s, c)]
+        else:
+            keys += ["dd:{%d}:8:user-007%s" % (s, c), "dd:{%d}:user-007\0%s" % (s, c),
+                     "msgid:{%d}:8:user-007%s" % (s, c)]
         args += ["user-007", c, rec, body, "1796000000000000",
                  "0123456789abcdef0123456789abcdef", os.environ.get("FLAG", "1")]
     return ["EVALSHA", sha, len(keys)] + keys + args

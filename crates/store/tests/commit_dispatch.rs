@@ -632,6 +632,29 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send() {
         out[1]
     );
     assert_eq!(e.core.head(s).await.unwrap(), 2, "two messages committed");
+    // ADR-0043: one-key messages pass only their claim's key; one that meets a bare claim
+    // of its own is answered "needs its keys" by the script and committed by a second call
+    // with them, after the rest of its group (whose messages are other senders' sends)
+    assert_eq!(
+        core.claim_message_id(home, "alice", "m4", d1, TTL)
+            .await
+            .unwrap(),
+        IdClaim::New
+    );
+    let out = group(vec![
+        req("m3", "one", d1),
+        req("m4", "one", d1),
+        req("m5", "one", d1),
+    ])
+    .await;
+    let out: Vec<(u64, bool)> = out.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(out, [(3, false), (5, false), (4, false)]);
+    let dd: Option<String> = e.raw.get(keys::dedupe(s, "alice", "m4")).await.unwrap();
+    assert_eq!(dd, Some(format!("5:{d1}")), "m4's dedupe record decides");
+    let out = group(vec![req("m4", "one", d1), req("m5", "one", d1)]).await;
+    let out: Vec<(u64, bool)> = out.into_iter().map(|r| r.unwrap()).collect();
+    assert_eq!(out, [(5, true), (4, true)], "resends: duplicates");
+    assert_eq!(e.core.head(s).await.unwrap(), 5);
 
     // the form follows the identity recorded on the instance: version 2 one key, version 1
     // both records, an unknown version refused

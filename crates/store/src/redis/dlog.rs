@@ -410,12 +410,67 @@ impl LogStore {
                 )));
             }
         }
+        let all: Vec<&CommitRequest<'_>> = reqs.iter().collect();
+        let mut out = self.commit_call(shard, &all, dedupe_ttl_s, true).await?;
+        // one-key messages whose claim is a bare digest of theirs: again, with their dedupe
+        // keys (ADR-0043; rare: a claim written before ADR-0040, or by a two-step claim)
+        let again: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
+        if !again.is_empty() {
+            let retry: Vec<&CommitRequest<'_>> = again.iter().map(|&i| &reqs[i]).collect();
+            let answers = self.commit_call(shard, &retry, dedupe_ttl_s, false).await?;
+            for (i, a) in again.into_iter().zip(answers) {
+                out[i] = a;
+            }
+        }
+        // (the call with every key answers every message)
+        let mut out: Vec<Result<Committed>> = out
+            .into_iter()
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(Error::UnexpectedReply {
+                        script: "commit_dispatch",
+                        detail: "a message left unanswered".into(),
+                    })
+                })
+            })
+            .collect();
+        let acked = out.iter().any(|r| r.is_ok());
+        // a refusal (exhausted log, id reused) wrote nothing: no replica needed
+        if let (Some(w), true) = (self.wait, acked) {
+            if let Err(e) = self.confirm.confirm(&self.conn, shard, w).await {
+                for r in out.iter_mut().filter(|r| r.is_ok()) {
+                    *r = Err(e.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One `commit_dispatch.lua` call of `reqs`: each message's answer, `None` for a
+    /// one-key message (flag '3', sent only when `one_key` and the deployment claims with
+    /// one key) that needs its dedupe keys (the script's `{4, 0}`: nothing was written for
+    /// it). With `one_key` false every claiming message is sent with its three keys.
+    async fn commit_call(
+        &mut self,
+        shard: u32,
+        reqs: &[&CommitRequest<'_>],
+        dedupe_ttl_s: u64,
+        one_key: bool,
+    ) -> Result<Vec<Option<Result<Committed>>>> {
+        // ADR-0043: a one-key claim passes only its claim's key
+        let one_key = one_key && self.one_key_claims;
+        let compact = |r: &CommitRequest<'_>| one_key && r.claim_home.is_some();
+        let n_keys: usize = reqs.iter().map(|r| if compact(r) { 1 } else { 3 }).sum();
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&COMMIT_DISPATCH.sha)
-            .arg(2 + 3 * reqs.len())
+            .arg(2 + n_keys)
             .arg(keys::dlog(shard))
             .arg(keys::head(shard));
         for r in reqs {
+            if let (true, Some(home)) = (compact(r), r.claim_home) {
+                cmd.arg(keys::message_id(home, r.sender, r.client_id));
+                continue;
+            }
             let dedupe = keys::dedupe(shard, r.sender, r.client_id);
             let claim = match r.claim_home {
                 Some(home) => keys::message_id(home, r.sender, r.client_id),
@@ -439,6 +494,7 @@ impl LogStore {
                 .arg(r.sent_at_us)
                 .arg(r.digest)
                 .arg(match r.claim_home {
+                    Some(_) if compact(r) => "3",
                     Some(_) if self.one_key_claims => "2",
                     Some(_) => "1",
                     None => "0",
@@ -456,32 +512,20 @@ impl LogStore {
             return Err(bad());
         }
         let mut out = Vec::with_capacity(reqs.len());
-        let mut acked = false;
-        for pair in a.chunks(2) {
+        for (pair, r) in a.chunks(2).zip(reqs) {
             out.push(match (&pair[0], &pair[1]) {
-                (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => {
-                    // a duplicate too: the first commit may not have reached the replicas yet
-                    acked = true;
-                    Ok(Committed {
-                        offset: *o as u64,
-                        duplicate: *s == 1,
-                    })
-                }
-                (Value::Int(2), Value::Int(_)) => Err(Error::LogExhausted { shard }),
-                (Value::Int(3), Value::Int(o)) => Err(Error::IdReused {
+                (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => Some(Ok(Committed {
+                    offset: *o as u64,
+                    duplicate: *s == 1,
+                })),
+                (Value::Int(2), Value::Int(_)) => Some(Err(Error::LogExhausted { shard })),
+                (Value::Int(3), Value::Int(o)) => Some(Err(Error::IdReused {
                     shard,
                     offset: *o as u64,
-                }),
+                })),
+                (Value::Int(4), Value::Int(0)) if compact(r) => None,
                 _ => return Err(bad()),
             });
-        }
-        // a refusal (exhausted log, id reused) wrote nothing: no replica needed
-        if let (Some(w), true) = (self.wait, acked) {
-            if let Err(e) = self.confirm.confirm(&self.conn, shard, w).await {
-                for r in out.iter_mut().filter(|r| r.is_ok()) {
-                    *r = Err(e.clone());
-                }
-            }
         }
         Ok(out)
     }

@@ -22,11 +22,11 @@
 --
 -- A message may carry its id claim (ADR-0037; ADR-0026's binding of (sender, id) to the
 -- request digest, otherwise one `SET NX GET EX` the gateway sends before the commits): when
--- its claim flag is '1', the script makes that SET first, on KEYS[3i+2] (the sender's home
+-- its claim flag is '1', the script makes that SET first, on KEYS[k+2] (the sender's home
 -- shard's key: the caller passes it only where the key is on this instance, and on a Redis
 -- Cluster only in this slot); a claim holding another digest refuses the message (id
 -- reused, nothing written); a claim holding this digest is a resend (the dedupe answers).
--- With the flag '0' KEYS[3i+2] is not touched (callers pass the dedupe key again).
+-- With the flag '0' KEYS[k+2] is not touched (callers pass the dedupe key again).
 --
 -- With the flag '2' (ADR-0040, deployments of identity version 2 only) the claim is also
 -- the message's only dedupe record: a fresh claim is written once the message is
@@ -37,17 +37,26 @@
 -- the dedupe records decide as with '1'. Such deployments were created by code that claims
 -- every id, so no dedupe record without a claim, and no legacy record, can exist in them.
 --
--- n = ARGV[1] messages; message i (1..n) has keys 3i .. 3i + 2 and arguments
--- 3 + 7(i-1) + 1 .. 3 + 7i:
+-- With the flag '3' (ADR-0043) a message is the same as with '2' but passes only its claim's
+-- key: the dedupe keys of a one-key claim are read only when the claim is a bare digest
+-- equal to this message's (one committed by a gateway before ADR-0040, or a claim left by
+-- the two-step claim of ADR-0026). Such a message is answered {4, 0} and nothing is written
+-- for it; the caller sends it again with the flag '2' and its three keys.
+--
+-- n = ARGV[1] messages; message i (1..n) has arguments 3 + 7(i-1) + 1 .. 3 + 7i, and its
+-- keys follow those of message i - 1: three (k = the first) for the flags '0', '1' and '2',
+-- one (its claim: KEYS[k+2] below is that key) for the flag '3'. Message 1's keys start at
+-- KEYS[3].
 --
 -- KEYS[1]      dlog:{s}                          stream  the dispatch log
 -- KEYS[2]      head:{s}                          string  last assigned offset
--- KEYS[3i]     dd:{s}:<n>:<sender><client id>    string  dedupe record "<offset>:<digest>";
---                                                        n = #sender
--- KEYS[3i+1]   dd:{s}:<sender>\0<client id>      string  legacy dedupe record -> offset
---                                                        (read only)
--- KEYS[3i+2]   msgid:{h}:<n>:<sender><client id> string  id claim -> digest (h: the sender's
---                                                        home shard); only with flag '1'
+-- KEYS[k]      dd:{s}:<n>:<sender><client id>    string  dedupe record "<offset>:<digest>";
+--                                                        n = #sender (not with flag '3')
+-- KEYS[k+1]    dd:{s}:<sender>\0<client id>      string  legacy dedupe record -> offset
+--                                                        (read only; not with flag '3')
+-- KEYS[k+2]    msgid:{h}:<n>:<sender><client id> string  id claim -> digest (h: the sender's
+--                                                        home shard); with flag '1', '2' or
+--                                                        '3' (then the message's only key)
 -- ARGV[1]      n             decimal, messages in the group (>= 1)
 -- ARGV[2]      dedupe_ttl_s  decimal, seconds the dedupe records (and claims) live
 -- ARGV[3]      wake channel  '' for none; on a Redis Cluster `dlogwake:{s}` (same slot as
@@ -58,8 +67,8 @@
 -- ARGV[7i]     body          bytes
 -- ARGV[7i+1]   sent_at_us    decimal u64
 -- ARGV[7i+2]   digest        hex string, digest of the whole request (no ':')
--- ARGV[7i+3]   claim         '1': claim the id on KEYS[3i+2] first; '2': the same as one key
---                            (ADR-0040); '0': no claim
+-- ARGV[7i+3]   claim         '1': claim the id on KEYS[k+2] first; '2': the same as one key
+--                            (ADR-0040); '3': '2' with one key (ADR-0043); '0': no claim
 --
 -- An XADD that fails (a log whose last id is at or above head + 1) fails the call; what the
 -- group committed before it (nothing, in that case: it is the group's first XADD) stays
@@ -72,6 +81,8 @@
 -- | {3, offset} id reused: the id was committed with another request (nothing written);
 --               offset 0 when the claim (ARGV[7i+3]) named another request (a bare
 --               digest)
+-- | {4, 0}      flag '3' only: this message needs its dedupe keys; send it again with the
+--               flag '2' (nothing written for it)
 -- Publishes, only when ARGV[3] is not empty and something was committed: one SPUBLISH
 -- ARGV[3] <last offset>, a hint for materializers on a Redis Cluster, where one blocking
 -- XREAD cannot wait on the logs of several shards (several slots). On one instance nothing
@@ -81,12 +92,22 @@ local ttl = ARGV[2]
 local head = tonumber(redis.call('GET', KEYS[2]) or '0')
 local first = head
 local out = {}
+-- the first key of the next message
+local next_key = 3
 for i = 1, n do
-  local k, a = 3 * i, 7 * i - 3
+  local a = 7 * i - 3
   local digest = ARGV[a + 5]
   local st, v
   local claimed = nil
   local flag = ARGV[a + 6]
+  local k = next_key
+  local one_key = flag == '3'
+  if one_key then
+    -- its only key is read as KEYS[k + 2], like the claim of the other forms
+    k, next_key, flag = next_key - 2, next_key + 1, '2'
+  else
+    next_key = next_key + 3
+  end
   if flag == '1' then
     claimed = redis.call('SET', KEYS[k + 2], digest, 'NX', 'GET', 'EX', ttl)
   elseif flag == '2' then
@@ -103,6 +124,8 @@ for i = 1, n do
     st, v = 3, 0
   elseif flag == '2' and not claimed then
     record = KEYS[k + 2] -- a fresh one-key claim: the claim is the dedupe record
+  elseif one_key then
+    st, v = 4, 0 -- a bare digest of this message: its dedupe records decide; not passed
   else
     local dup = redis.call('GET', KEYS[k])
     if dup then

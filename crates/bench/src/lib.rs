@@ -10,6 +10,8 @@
 //! - [`idle`]: what connected clients that send nothing cost (server CPU and RSS, Redis
 //!   commands/s by command), up to tens of thousands of connections from one machine.
 //! - [`plot`]: PNG and SVG figures of those runs, drawn with an embedded font.
+//! - [`relay`]: a yardstick, not a server: a WebSocket relay of the client protocol without
+//!   Redis, whose CPU per message under `bench load --target` is the floor of the socket work.
 //! - [`catchup`] and [`commit`]: the engine's own ceilings without WebSockets — how fast the
 //!   materializers drain a backlog, and how many commits per second the gateway's commit path
 //!   reaches ([`engine`] holds what they share).
@@ -21,5 +23,6 @@ pub mod idle;
 pub mod load;
 pub mod lua;
 pub mod plot;
+pub mod relay;
 
 pub use lua::{LuaBenchOptions, LuaBenchReport};

@@ -30,6 +30,17 @@ pub enum BenchCmd {
     Catchup(CatchupArgs),
     /// Commits/s through the gateway's commit path (no WebSockets), per core instance.
     Commit(CommitArgs),
+    /// A yardstick, not a server: a WebSocket relay of the client protocol with no Redis
+    /// (nothing is stored), for `bench load --target`: the floor of the socket work per
+    /// message. Runs until Ctrl-C.
+    Relay(RelayArgs),
+}
+
+#[derive(Args)]
+pub struct RelayArgs {
+    /// Address to listen on (`/v1/ws` with `?user=`, and `/metrics`).
+    #[arg(long, default_value = "127.0.0.1:8091")]
+    listen: std::net::SocketAddr,
 }
 
 #[derive(Args)]
@@ -412,6 +423,21 @@ pub async fn run(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
                 load::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", a.json.display()))?;
             let text = load::render(&runs, a.ladder, None, a.plot.as_deref())?;
             print!("{text}");
+            Ok(ExitCode::SUCCESS)
+        }
+        BenchCmd::Relay(a) => {
+            tidemark_bench::relay::run_relay(
+                a.listen,
+                |addr| {
+                    println!(
+                        "relay (not a Tidemark server: nothing is stored) on ws://{addr}/v1/ws"
+                    )
+                },
+                async {
+                    let _ = tokio::signal::ctrl_c().await;
+                },
+            )
+            .await?;
             Ok(ExitCode::SUCCESS)
         }
         BenchCmd::Catchup(a) => {

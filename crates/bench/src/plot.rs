@@ -284,7 +284,14 @@ fn series_label(r: &RunReport, ladder: bool, all: &[RunReport]) -> String {
             r.layout
         )
     } else if all.iter().filter(|o| o.layout == r.layout).count() > 1 {
-        format!("{} {} @ {}/s", r.layout, r.instances_label(), r.rate)
+        let label = |o: &RunReport| format!("{} {} @ {}/s", o.layout, o.instances_label(), o.rate);
+        let mine = label(r);
+        let same: Vec<&RunReport> = all.iter().filter(|o| label(o) == mine).collect();
+        match same.iter().position(|o| std::ptr::eq(*o, r)) {
+            // runs alike in all of that: numbered as the tables number them
+            Some(k) if same.len() > 1 => format!("{mine} #{}", k + 1),
+            _ => mine,
+        }
     } else {
         r.layout.to_string()
     }

@@ -26,6 +26,7 @@ use std::sync::OnceLock;
 use std::ops::Range;
 
 use plotters::coord::ranged1d::{KeyPointHint, NoDefaultFormatting, ValueFormatter};
+use plotters::coord::types::RangedCoordf64;
 use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 use plotters::style::register_font;
@@ -325,6 +326,39 @@ fn ms_label(y: f64) -> String {
     }
 }
 
+/// A chart of e2e latency: `x` along the bottom (described by `x_desc`), milliseconds from
+/// `lo` to `hi` on a log scale up the side, the mesh drawn.
+fn ms_chart<'a, DB, X>(
+    root: &'a DrawingArea<DB, Shift>,
+    caption: String,
+    x: X,
+    (lo, hi): (f64, f64),
+    x_desc: &str,
+) -> Result<ChartContext<'a, DB, Cartesian2d<X, LogCoord<f64>>>, String>
+where
+    DB: DrawingBackend + 'a,
+    X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    let mut chart = ChartBuilder::on(root)
+        .caption(caption, ("sans-serif", 26))
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(80)
+        .build_cartesian_2d(x, (lo..hi).log_scale())
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("milliseconds (intended send → deliver)")
+        .y_label_formatter(&|y| ms_label(*y))
+        .label_style(("sans-serif", 16))
+        .axis_desc_style(("sans-serif", 18))
+        .draw()
+        .map_err(e)?;
+    Ok(chart)
+}
+
 fn draw_latency<DB: DrawingBackend>(
     root: DrawingArea<DB, Shift>,
     runs: &[RunReport],
@@ -344,22 +378,13 @@ fn draw_latency<DB: DrawingBackend>(
         ),
         _ => "End-to-end latency by percentile".into(),
     };
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, ("sans-serif", 26))
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(80)
-        .build_cartesian_2d(NinesAxis(0.0..MAX_X + 0.3), (lo..hi).log_scale())
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc("percentile")
-        .y_desc("milliseconds (intended send → deliver)")
-        .y_label_formatter(&|y| ms_label(*y))
-        .label_style(("sans-serif", 16))
-        .axis_desc_style(("sans-serif", 18))
-        .draw()
-        .map_err(e)?;
+    let mut chart = ms_chart(
+        &root,
+        caption,
+        NinesAxis(0.0..MAX_X + 0.3),
+        (lo, hi),
+        "percentile",
+    )?;
     for (k, r) in runs.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
         let points: Vec<(f64, f64)> = r
@@ -400,22 +425,13 @@ fn draw_timeline<DB: DrawingBackend>(
         ),
         None => "End-to-end latency by second of sending".into(),
     };
-    let mut chart = ChartBuilder::on(&root)
-        .caption(caption, ("sans-serif", 26))
-        .margin(20)
-        .x_label_area_size(50)
-        .y_label_area_size(80)
-        .build_cartesian_2d(0.0..seconds, (lo..hi).log_scale())
-        .map_err(e)?;
-    chart
-        .configure_mesh()
-        .x_desc("second of sending (intended send time)")
-        .y_desc("milliseconds (intended send → deliver)")
-        .y_label_formatter(&|y| ms_label(*y))
-        .label_style(("sans-serif", 16))
-        .axis_desc_style(("sans-serif", 18))
-        .draw()
-        .map_err(e)?;
+    let mut chart = ms_chart(
+        &root,
+        caption,
+        RangedCoordf64::from(0.0..seconds),
+        (lo, hi),
+        "second of sending (intended send time)",
+    )?;
     for (k, r) in runs.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
         let label = series_label(r, false, runs);

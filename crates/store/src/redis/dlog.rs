@@ -434,8 +434,9 @@ impl LogStore {
                 })
             })
             .collect();
+        // a duplicate waits too: the first commit may not have reached the replicas yet; a
+        // refusal (exhausted log, id reused) wrote nothing: no replica needed
         let acked = out.iter().any(|r| r.is_ok());
-        // a refusal (exhausted log, id reused) wrote nothing: no replica needed
         if let (Some(w), true) = (self.wait, acked) {
             if let Err(e) = self.confirm.confirm(&self.conn, shard, w).await {
                 for r in out.iter_mut().filter(|r| r.is_ok()) {

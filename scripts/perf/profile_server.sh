@@ -32,6 +32,12 @@ fi
 T1=$(ticks); W1=$(date +%s.%N)
 C1=$(curl -s "http://127.0.0.1:$PORT/metrics" | awk '/^tidemark_commits_total/ {print $2}')
 wait $LOAD || true
+# messages per commit call and per round of an instance (group commit), over the whole run
+curl -s "http://127.0.0.1:$PORT/metrics" | awk '
+  /^tidemark_commit_(group|round)_size_(sum|count)/ { split($1, k, "_size_"); v[k[1] "," k[2]] = $2 }
+  END { for (n in v) if (n ~ /,count$/) { b = substr(n, 1, length(n) - 6);
+          if (v[n] > 0) printf "%s: %.2f messages on average\n", b "_size", v[b ",sum"] / v[n] } }' \
+  | sort | tee -a "$OUT.txt"
 HZ=$(getconf CLK_TCK)
 awk -v t0="$T0" -v t1="$T1" -v c0="$C0" -v c1="$C1" -v w0="$W0" -v w1="$W1" -v hz="$HZ" 'BEGIN {
   cpu = (t1 - t0) / hz; n = c1 - c0;

@@ -31,6 +31,7 @@ fn tiny(layouts: Vec<Layout>) -> LoadOptions {
         layouts,
         progress: false,
         read_policy: ReadPolicy::default(),
+        commit_linger: None,
     }
 }
 

@@ -146,6 +146,10 @@ pub struct LoadArgs {
     /// Local deployment: appendfsync.
     #[arg(long, default_value = "everysec")]
     appendfsync: String,
+    /// Local deployment: the gateway's commit linger in microseconds (`serve
+    /// --commit-linger-us`, ADR-0045); default: the gateway's.
+    #[arg(long)]
+    commit_linger_us: Option<u64>,
     /// A running deployment's gateways instead (ws://…/v1/ws, comma-separated: clients are
     /// spread over them round-robin). The generator then runs on one thread.
     #[arg(long, value_delimiter = ',')]
@@ -224,6 +228,7 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
         layouts: a.layouts.clone(),
         progress: !a.no_progress,
         read_policy: load::ReadPolicy::default(),
+        commit_linger: a.commit_linger_us.map(std::time::Duration::from_micros),
     })
 }
 
@@ -243,6 +248,10 @@ pub struct IdleArgs {
     /// Local deployment: appendfsync.
     #[arg(long, default_value = "everysec")]
     appendfsync: String,
+    /// Local deployment: the gateway's commit linger in microseconds (`serve
+    /// --commit-linger-us`, ADR-0045); default: the gateway's.
+    #[arg(long)]
+    commit_linger_us: Option<u64>,
     /// A running deployment's gateways instead (ws://…/v1/ws, comma-separated: clients are
     /// spread over them round-robin).
     #[arg(long, value_delimiter = ',')]

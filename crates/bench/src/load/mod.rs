@@ -104,6 +104,8 @@ pub struct LoadOptions {
     /// How each server-side reading (`INFO`, `/metrics`) is tried at each sampling point; a
     /// reading that still fails leaves its figures missing (`None`), never fails the run.
     pub read_policy: ReadPolicy,
+    /// A local deployment's commit linger (ADR-0045); `None`: the gateway's default.
+    pub commit_linger: Option<Duration>,
 }
 
 impl Default for LoadOptions {
@@ -120,6 +122,7 @@ impl Default for LoadOptions {
             layouts: vec![Layout::PackedV2],
             progress: false,
             read_policy: ReadPolicy::default(),
+            commit_linger: None,
         }
     }
 }

@@ -41,7 +41,7 @@ pub(crate) fn group_by_shard<'a>(to: &'a [String], map: &ShardMap) -> BTreeMap<u
     by
 }
 
-/// The commit side of the gateway: one connection per core instance and the per-shard group
+/// The commit side of the gateway: one connection per core instance and the per-instance group
 /// commit queues ([`GroupCommit`]). Cheap to clone (shared).
 #[derive(Clone)]
 pub struct CommitPath {
@@ -61,14 +61,16 @@ impl CommitPath {
         core_wait: &WaitPolicy,
         health: Arc<HealthBoard>,
     ) -> Result<CommitPath, GatewayError> {
-        Self::connect_tracked(map, core_wait, health, TaskTracker::new()).await
+        Self::connect_tracked(map, core_wait, Duration::ZERO, health, TaskTracker::new()).await
     }
 
     /// [`CommitPath::connect`] with the group commit's flush tasks spawned on `tracker` (the
-    /// gateway joins them with its other tasks).
+    /// gateway joins them with its other tasks), and rounds of an instance at least
+    /// `commit_linger` apart (ADR-0045; zero: none).
     pub async fn connect_tracked(
         map: ShardMap,
         core_wait: &WaitPolicy,
+        commit_linger: Duration,
         health: Arc<HealthBoard>,
         tracker: TaskTracker,
     ) -> Result<CommitPath, GatewayError> {
@@ -87,7 +89,13 @@ impl CommitPath {
             core.set_replica_wait(wait);
             cores.push(core);
         }
-        let groups = GroupCommit::new(map.clone(), cores.clone(), DEFAULT_DEDUPE_TTL_S, tracker);
+        let groups = GroupCommit::new(
+            map.clone(),
+            cores.clone(),
+            DEFAULT_DEDUPE_TTL_S,
+            commit_linger,
+            tracker,
+        );
         Ok(CommitPath {
             map,
             cores,
@@ -165,6 +173,7 @@ impl CommitPath {
         // each shard's commit joins that shard's next group call
         let commits = groups.iter().map(|(&shard, rcpts)| {
             let msg = Pending {
+                shard,
                 sender: sender.to_string(),
                 client_id: req.id.clone(),
                 recipients: rcpts.iter().map(|r| r.to_string()).collect(),
@@ -174,7 +183,7 @@ impl CommitPath {
                 claim_home: folded.then_some(home),
             };
             let groups = &self.groups;
-            async move { (shard, groups.commit(shard, msg).await) }
+            async move { (shard, groups.commit(msg).await) }
         });
         let results = tokio::time::timeout(COMMIT_TIMEOUT, futures::future::join_all(commits))
             .await

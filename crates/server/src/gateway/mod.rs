@@ -146,6 +146,11 @@ pub struct GatewayOptions {
     pub stuck_after: Duration,
     /// Replicas a commit must reach before `send_ack` (`WAIT` after the commit; ADR-0032).
     pub core_wait: tidemark_store::redis::dlog::WaitPolicy,
+    /// Shortest time from one commit round of a core instance to the next (group commit,
+    /// ADR-0045): under steady traffic each round carries more sends, so core Redis makes
+    /// fewer passes (and `fdatasync`s) per message; a send never waits longer than this for
+    /// its round. Zero: a round starts as soon as the previous one is answered.
+    pub commit_linger: Duration,
     /// Whether `run::serve`, in a process that also materializes, lets its materializers
     /// hand fresh hot-path entries straight to the connections (ADR-0041). Off: every
     /// delivery is read from the mailbox after its wake hint (as a gateway-only node does).
@@ -155,10 +160,14 @@ pub struct GatewayOptions {
     pub local: Option<LocalDelivery>,
 }
 
+/// [`GatewayOptions::commit_linger`]'s default (ADR-0045).
+pub const DEFAULT_COMMIT_LINGER: Duration = Duration::from_millis(1);
+
 impl Default for GatewayOptions {
     fn default() -> Self {
         GatewayOptions {
             core_wait: Default::default(),
+            commit_linger: DEFAULT_COMMIT_LINGER,
             clients: true,
             limits: Limits::default(),
             token_secret: None,

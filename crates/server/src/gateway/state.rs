@@ -58,6 +58,7 @@ impl Shared {
         let commit = CommitPath::connect_tracked(
             map.clone(),
             &opts.core_wait,
+            opts.commit_linger,
             health.clone(),
             tracker.clone(),
         )

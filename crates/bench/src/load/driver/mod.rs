@@ -82,6 +82,9 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
         data_dir: dir.path().join("data"),
         gateway: GatewayOptions {
             dev_auth: true,
+            commit_linger: opts
+                .commit_linger
+                .unwrap_or(tidemark_server::gateway::DEFAULT_COMMIT_LINGER),
             ..GatewayOptions::default()
         },
         materializer: MaterializerOptions::default(),

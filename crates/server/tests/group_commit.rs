@@ -186,3 +186,57 @@ async fn a_send_dropped_mid_commit_leaves_no_send_behind_it_waiting() {
     let later = carol.send_ok("later", &["bob"], "again").await;
     assert!(offset_of(&later, "bob") > offset_of(a["offsets"].as_object().unwrap(), "bob"));
 }
+
+/// ADR-0045: the rounds are per core instance, not per shard, and the linger spaces them.
+/// With a linger of one second: a send to a quiet instance goes at once; six sends to the
+/// instance's three other shards made right after it all wait for the next round (their
+/// shards were quiet, so a per-shard queue would have sent them at once), and all go in that
+/// one round (a third
+/// round could not start before two lingers had passed). After a quiet spell longer than
+/// the linger, a lone send goes at once again.
+#[tokio::test]
+async fn a_round_carries_every_shard_of_its_instance_and_rounds_keep_the_linger_apart() {
+    use std::time::{Duration, Instant};
+    const LINGER: Duration = Duration::from_secs(1);
+    let d = gateway_support::start_with(|o| o.commit_linger = LINGER).await;
+    let rcpts = gateway_support::users_in_distinct_shards("r", 4);
+    let senders: Vec<String> = (0..6).map(|i| format!("s{i}")).collect();
+    let mut socks = d.ready_all(&senders).await;
+    let mut lead = d.ready("lead").await;
+
+    let t0 = Instant::now();
+    lead.send_ok("first", &[rcpts[3].as_str()], "lead").await;
+    assert!(
+        t0.elapsed() < LINGER,
+        "a send to a quiet instance waited {:?}",
+        t0.elapsed()
+    );
+    for (i, ws) in socks.iter_mut().enumerate() {
+        ws.send_only("m", &[rcpts[i % 3].as_str()], &format!("from {i}"))
+            .await;
+    }
+    for (i, ws) in socks.iter_mut().enumerate() {
+        let a = answer(ws).await;
+        assert_eq!(a["type"], "send_ack", "{a}");
+        let at = t0.elapsed();
+        // the first round started after t0, the next one a linger after it
+        assert!(
+            at >= LINGER,
+            "send {i} answered after {at:?}, inside the linger"
+        );
+        assert!(
+            at < 2 * LINGER,
+            "send {i} answered after {at:?}: not in the round after the first"
+        );
+    }
+
+    tokio::time::sleep(LINGER + Duration::from_millis(200)).await;
+    let t1 = Instant::now();
+    lead.send_ok("after quiet", &[rcpts[0].as_str()], "again")
+        .await;
+    assert!(
+        t1.elapsed() < LINGER,
+        "a send after a quiet spell waited {:?}",
+        t1.elapsed()
+    );
+}

@@ -443,6 +443,14 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         // its endpoint lines would repeat ours (and outlive a reader of our stdout); its logs
         // go to our stderr
         cmd.stdout(std::process::Stdio::null());
+        // the same batching against latency as this node
+        cmd.arg("--read-linger-ms")
+            .arg(a.materializer.read_linger_ms.to_string())
+            .arg("--commit-linger-us")
+            .arg(a.materializer.commit_linger_us.to_string());
+        if a.materializer.no_local_delivery {
+            cmd.arg("--no-local-delivery");
+        }
         if a.dev_auth {
             cmd.arg("--dev-auth");
         }

@@ -54,14 +54,15 @@ pub struct CommitPath {
 
 impl CommitPath {
     /// Connects to every core instance of `map`; each waits for the replicas `core_wait`
-    /// resolves to before a commit counts (ADR-0032). The group commit's flush tasks are
-    /// spawned on a tracker of its own ([`CommitPath::connect_tracked`] takes the caller's).
+    /// resolves to before a commit counts (ADR-0032). The group commit has the gateway's
+    /// default linger (ADR-0045); its flush tasks are spawned on a tracker of its own ([`CommitPath::connect_tracked`] takes the caller's).
     pub async fn connect(
         map: ShardMap,
         core_wait: &WaitPolicy,
         health: Arc<HealthBoard>,
     ) -> Result<CommitPath, GatewayError> {
-        Self::connect_tracked(map, core_wait, Duration::ZERO, health, TaskTracker::new()).await
+        let linger = super::DEFAULT_COMMIT_LINGER;
+        Self::connect_tracked(map, core_wait, linger, health, TaskTracker::new()).await
     }
 
     /// [`CommitPath::connect`] with the group commit's flush tasks spawned on `tracker` (the

@@ -1,16 +1,18 @@
 //! Group commit (ADR-0036, ADR-0045): the batching stage between the sends and
 //! `commit_dispatch.lua`.
 //!
-//! Every core instance has a queue. A commit joins the queue of its shard's instance; if no
-//! round for that instance is in flight, a flush task is started, which takes everything
-//! queued (at most [`MAX_ROUND`] messages), splits it by shard, and commits each shard's part
-//! in one script call (at most [`MAX_GROUP`] messages; a larger part takes several calls, one
-//! after another), all shards of the round concurrently, so that their calls leave in one
-//! write and core Redis runs them in one pass of its event loop: one `fdatasync`, one read
-//! and one reply write for the whole round. It hands each message its own answer and repeats
-//! until the queue is empty. So a send waits for no timer: alone, it goes at once; under
-//! load, whatever queued while the previous round of its instance was in flight goes in the
-//! next round. At most one round per instance is in flight, so at most one call per shard.
+//! Every core instance has a queue. A commit joins the queue of its shard's instance; if
+//! fewer than [`FLUSHERS`] flush tasks run for that instance, one is started. A flush task
+//! takes everything queued (at most [`MAX_ROUND`] messages: a round), splits it by shard, and
+//! commits each shard's part in one script call (at most [`MAX_GROUP`] messages; a larger
+//! part takes several calls, one after another), all shards of the round concurrently, so
+//! that their calls leave in one write and core Redis runs them in one pass of its event
+//! loop: one `fdatasync`, one read and one reply write for the whole round. It hands each
+//! message its own answer and repeats until the queue is empty. So a send waits for no timer
+//! beyond the linger (below): alone, it goes at once; under load, whatever queued while the
+//! previous round was being taken goes in the next round. Two flush tasks keep core Redis
+//! busy at full load: while the gateway answers one round, Redis runs the next (with one, it
+//! waited idle for the gateway: `bench commit` fell by a quarter, docs/performance.md).
 //!
 //! The linger (`commit_linger`, ADR-0045): a round starts at least that long after the
 //! previous round of its instance started. A send that finds the instance quiet for longer
@@ -19,8 +21,9 @@
 //! at most the linger of added latency.
 //!
 //! Order: a WebSocket connection commits its sends one after another (the next one only
-//! after the answer to the last), so no round holds two sends of one connection, and its
-//! sends to a shard get increasing offsets as before. Within a shard's call the script commits
+//! after the answer to the last), so no two rounds in flight hold sends of one connection,
+//! and its sends to a shard get increasing offsets as before. The calls of the two rounds
+//! share the instance's connection, so Redis runs them in the order they were taken. Within a shard's call the script commits
 //! in queue order, each message answered as if committed alone at that point (its offset,
 //! duplicate, id reused, log exhausted — also against a message earlier in the same group).
 
@@ -35,7 +38,7 @@ use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
 use tokio_util::task::TaskTracker;
 
-use super::batch::{answer, Queues, Waiting};
+use super::batch::{answer, Waiting};
 
 /// Most messages in one `commit_dispatch` call (the script runs ~6 µs per message, so a full
 /// group holds its core instance for well under a millisecond).
@@ -44,6 +47,9 @@ pub const MAX_GROUP: usize = 128;
 /// Most messages in one round of an instance (all its shards together): a full round holds
 /// core Redis for a few milliseconds at most, and bounds what one failed round fails.
 pub const MAX_ROUND: usize = 1024;
+
+/// Flush tasks (rounds in flight) per core instance.
+pub const FLUSHERS: usize = 2;
 
 /// One message waiting in an instance's queue: an owned copy of what the script needs.
 pub(crate) struct Pending {
@@ -67,12 +73,27 @@ struct Inner {
     cores: Vec<LogStore>,
     dedupe_ttl_s: u64,
     /// One queue per core instance.
-    instances: Queues<Pending, Answer>,
+    instances: Vec<Mutex<Queue>>,
     /// Shortest time from one round of an instance to the next (zero: none).
     linger: Duration,
-    /// When the last round of each instance started (the linger counts from it).
-    last_round: Vec<Mutex<Option<Instant>>>,
     tracker: TaskTracker,
+}
+
+/// A core instance's queue.
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Waiting<Pending, Answer>>,
+    /// Flush tasks running for the instance (at most [`FLUSHERS`]).
+    flushers: usize,
+    /// When the last round started (the linger counts from it).
+    last_round: Option<Instant>,
+}
+
+/// What a flush task does next.
+enum Next {
+    Round(Vec<Waiting<Pending, Answer>>),
+    Wait(Instant),
+    Stop,
 }
 
 /// The per-instance queues (cheap to clone).
@@ -89,8 +110,7 @@ impl GroupCommit {
         linger: Duration,
         tracker: TaskTracker,
     ) -> GroupCommit {
-        let instances = Queues::new(cores.len());
-        let last_round = cores.iter().map(|_| Mutex::new(None)).collect();
+        let instances = cores.iter().map(|_| Mutex::default()).collect();
         GroupCommit {
             inner: Arc::new(Inner {
                 map,
@@ -98,7 +118,6 @@ impl GroupCommit {
                 dedupe_ttl_s,
                 instances,
                 linger,
-                last_round,
                 tracker,
             }),
         }
@@ -108,7 +127,15 @@ impl GroupCommit {
     /// answer.
     pub(crate) async fn commit(&self, msg: Pending) -> Answer {
         let instance = self.inner.map.core_of(msg.shard);
-        let (rx, start) = self.inner.instances.push(instance, msg);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut q = self.inner.instances[instance].lock().expect("not poisoned");
+            q.waiting.push(Waiting { item: msg, tx });
+            q.flushers < FLUSHERS && {
+                q.flushers += 1;
+                true
+            }
+        };
         if start {
             let inner = self.inner.clone();
             self.inner.tracker.spawn(flush(inner, instance));
@@ -123,19 +150,59 @@ impl GroupCommit {
     }
 }
 
+impl Inner {
+    /// The next step of a flush task of `instance`: a round to commit (its start is the
+    /// instance's last), a wait for the linger, or the end of the task (nothing queued).
+    fn next(&self, instance: usize) -> Next {
+        let mut q = self.instances[instance].lock().expect("not poisoned");
+        let now = Instant::now();
+        if let Some(due) = q.last_round.map(|t| t + self.linger) {
+            if due > now && !q.waiting.is_empty() {
+                return Next::Wait(due);
+            }
+        }
+        if q.waiting.is_empty() {
+            q.flushers -= 1;
+            return Next::Stop;
+        }
+        q.last_round = Some(now);
+        let n = q.waiting.len().min(MAX_ROUND);
+        Next::Round(q.waiting.drain(..n).collect())
+    }
+}
+
+/// Ends a flush task's claim on its instance if it panics: what is still queued is dropped
+/// (those callers get an error; a retry is safe, commits dedupe), and the next commit starts
+/// a flush task again.
+struct Flusher<'a> {
+    queue: &'a Mutex<Queue>,
+}
+
+impl Drop for Flusher<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            q.waiting.clear();
+            q.flushers -= 1;
+        }
+    }
+}
+
 /// Commits the instance's queue, one round at a time, until it is empty.
 async fn flush(inner: Arc<Inner>, instance: usize) {
-    let _running = inner.instances.running(instance);
+    let _flusher = Flusher {
+        queue: &inner.instances[instance],
+    };
     loop {
-        let last = *inner.last_round[instance].lock().expect("not poisoned");
-        if let Some(last) = last.filter(|_| !inner.linger.is_zero()) {
-            // what queues meanwhile joins this round
-            tokio::time::sleep_until(last + inner.linger).await;
-        }
-        let Some(round) = inner.instances.next_batch(instance, MAX_ROUND) else {
-            return;
+        let round = match inner.next(instance) {
+            Next::Round(round) => round,
+            // what queues meanwhile joins the round
+            Next::Wait(due) => {
+                tokio::time::sleep_until(due).await;
+                continue;
+            }
+            Next::Stop => return,
         };
-        *inner.last_round[instance].lock().expect("not poisoned") = Some(Instant::now());
         metrics::histogram!("tidemark_commit_round_size").record(round.len() as f64);
         // by shard, each in queue order
         let mut by_shard: BTreeMap<u32, Vec<Waiting<Pending, Answer>>> = BTreeMap::new();

@@ -1,8 +1,9 @@
-//! The queue shape that group commit ([`super::group_commit`], per shard) and grouped acks
-//! ([`super::acks`], per mailbox instance) share: items wait in a keyed queue with their
-//! answer channel; the first item into an idle queue makes its caller start one flush task
-//! for that key, which takes batches ([`Queues::next_batch`]) until the queue is empty, and
-//! answers every item ([`answer`]). At most one flush runs per key.
+//! The queue shape of grouped acks ([`super::acks`], per mailbox instance): items wait in a
+//! keyed queue with their answer channel; the first item into an idle queue makes its caller
+//! start one flush task for that key, which takes batches ([`Queues::next_batch`]) until the
+//! queue is empty, and answers every item ([`answer`]). At most one flush runs per key.
+//! (Group commit, [`super::group_commit`], used it too until ADR-0045 gave it two flush
+//! tasks per core instance and a linger; it shares [`Waiting`] and [`answer`].)
 
 use std::sync::Mutex;
 

@@ -998,3 +998,37 @@ async fn live_reads_linger_and_a_backlog_is_read_at_once() {
         w.stop().await;
     }
 }
+
+/// ADR-0046, the quiet path of a fence: a second owner claims the shards, and no record
+/// comes after it. The first owner never applies anything again, so no script answers it
+/// `fenced`; its garbage collection sees the newer epoch and stops the shard as `Fenced`
+/// by itself, without writing (W stays where it was).
+#[tokio::test]
+async fn an_owner_fenced_while_no_records_come_learns_it_by_itself() {
+    let mut e = env().await;
+    let opts = || MaterializerOptions {
+        gc_idle_interval: Duration::from_millis(300),
+        ..fast_opts()
+    };
+    let w1 = start_worker(&e, opts()).await;
+    send(&mut e, "s", "q1", &["quiet"], "one").await;
+    wait_until("first delivered", || async {
+        mailbox(&e, "quiet").await.len() == 1
+    })
+    .await;
+    let s = route("quiet").shard;
+    let before = min_w(&e, s).await;
+    let w2 = start_worker(&e, opts()).await;
+    let new_epoch = w2.health.snapshot()[&s].epoch;
+    wait_until("the old owner fenced with no traffic", || async {
+        matches!(
+            w1.health.snapshot().get(&s).map(|h| h.status.clone()),
+            Some(ShardStatus::Fenced { current_epoch: Some(ep) }) if ep == new_epoch
+        )
+    })
+    .await;
+    assert_eq!(min_w(&e, s).await, before);
+    assert_eq!(w2.health.snapshot()[&s].status, ShardStatus::Running);
+    w1.stop().await;
+    w2.stop().await;
+}

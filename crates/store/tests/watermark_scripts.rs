@@ -615,7 +615,8 @@ async fn held_lane_diverges_to_1216_and_converges_to_19() {
         e.v2.gc_completed(0, 100).await.unwrap(),
         Gc::Done {
             min_w: Some(2),
-            deleted: 1
+            deleted: 1,
+            epoch: Some(1)
         }
     );
     let left: Vec<u64> = e.raw.zrange(keys::staging_index(0), 0, -1).await.unwrap();

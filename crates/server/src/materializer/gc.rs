@@ -119,7 +119,27 @@ impl Worker {
             return Ok(());
         }
         match self.mailboxes[mb].gc_completed(s, 1000).await? {
-            Gc::Done { min_w, .. } => {
+            Gc::Done { min_w, epoch, .. } => {
+                if let Some(current) = epoch.filter(|&e| e != self.owned[&s].epoch) {
+                    // another owner claimed the shard (ADR-0046): an owner whose shard gets no
+                    // more records (or whose records the new owner applied and trimmed
+                    // first) learns it here, not never (the quiet path); nothing more is
+                    // written, not even the log's trim
+                    // (an epoch below ours is a watermark that went back: `stop` retries it)
+                    tracing::warn!(
+                        shard = s,
+                        epoch = self.owned[&s].epoch,
+                        current,
+                        "gc found another epoch on the shard's watermark"
+                    );
+                    self.stop(
+                        s,
+                        ShardStatus::Fenced {
+                            current_epoch: Some(current),
+                        },
+                    );
+                    return Ok(());
+                }
                 let min_w = min_w.unwrap_or(0);
                 if min_w < self.owned[&s].min_w {
                     // W went backwards under us (a promoted mailbox replica that lacked our

@@ -155,8 +155,14 @@ pub enum ChunkWritten {
 /// Outcome of `gc_completed_dispatch`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gc {
-    /// Staging state of `deleted` records at or below `min_w` removed.
-    Done { min_w: Option<u64>, deleted: u32 },
+    /// Staging state of `deleted` records at or below `min_w` removed. `epoch`: the
+    /// watermark's epoch (ADR-0046: an owner whose epoch it no longer is has been fenced,
+    /// even if no record ever tells it so); `None` when the reply has none.
+    Done {
+        min_w: Option<u64>,
+        deleted: u32,
+        epoch: Option<u64>,
+    },
     /// Corrupt watermark: nothing deleted.
     Corrupt(Verdict),
 }
@@ -222,8 +228,11 @@ impl<'a> Reply<'a> {
         opt_u64(self.items.get(i))
     }
     fn epoch(&self) -> Option<u64> {
+        self.epoch_at(1)
+    }
+    fn epoch_at(&self, i: usize) -> Option<u64> {
         self.items
-            .get(1)
+            .get(i)
             .and_then(as_string)
             .and_then(|s| parse_epoch(s.as_bytes()))
     }
@@ -415,6 +424,7 @@ pub(super) fn parse_gc(shard: u32, v: &Value) -> Result<Gc> {
         ScriptStatus::Applied => Ok(Gc::Done {
             min_w: r.opt_w(1),
             deleted: r.u64_at(2)? as u32,
+            epoch: r.epoch_at(3),
         }),
         ScriptStatus::Missing => Err(Error::NoWatermark { shard }),
         ScriptStatus::Corrupt => Ok(Gc::Corrupt(r.verdict()?)),

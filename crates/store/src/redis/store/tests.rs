@@ -323,14 +323,24 @@ fn chunk_gc_and_fence_replies_decode() {
         parse_gc(2, &arr(vec![int(0), int(-1), int(0)])).unwrap(),
         Gc::Done {
             min_w: None,
-            deleted: 0
+            deleted: 0,
+            epoch: None
         }
     );
     assert_eq!(
         parse_gc(2, &arr(vec![int(0), int(10), int(4)])).unwrap(),
         Gc::Done {
             min_w: Some(10),
-            deleted: 4
+            deleted: 4,
+            epoch: None
+        }
+    );
+    assert_eq!(
+        parse_gc(2, &arr(vec![int(0), int(10), int(4), bulk("7")])).unwrap(),
+        Gc::Done {
+            min_w: Some(10),
+            deleted: 4,
+            epoch: Some(7)
         }
     );
     assert_eq!(

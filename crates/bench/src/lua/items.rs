@@ -246,8 +246,8 @@ impl Item {
                 )
             }
             Kind::Gc => (
-                ints(v) == Some(vec![0, BASE as i64, 0]),
-                format!("{{0, {BASE}, 0}} (validated, nothing staged)"),
+                gc_reply(v) == Some((vec![0, BASE as i64, 0], EPOCH.to_string())),
+                format!("{{0, {BASE}, 0, \"{EPOCH}\"}} (validated, nothing staged; the epoch)"),
             ),
         };
         if ok {
@@ -282,6 +282,21 @@ fn ints(v: &Value) -> Option<Vec<i64>> {
         Value::Array(items) => items.iter().map(int).collect(),
         _ => None,
     }
+}
+
+/// `gc_completed_dispatch`'s `{0, W, deleted, epoch}`: the three integers and the epoch.
+fn gc_reply(v: &Value) -> Option<(Vec<i64>, String)> {
+    let Value::Array(items) = v else {
+        return None;
+    };
+    let [status, w, deleted, Value::BulkString(epoch)] = items.as_slice() else {
+        return None;
+    };
+    let nums = [status, w, deleted]
+        .into_iter()
+        .map(int)
+        .collect::<Option<Vec<_>>>()?;
+    Some((nums, String::from_utf8(epoch.clone()).ok()?))
 }
 
 /// `read_log_watermarks` of one key: `[[f, v, f, v, f, v]]`; the length of `wm_blob`.

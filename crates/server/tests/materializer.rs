@@ -77,6 +77,11 @@ struct Running {
 }
 
 impl Running {
+    /// Shard `s`'s status on this worker's health board.
+    fn status(&self, s: u32) -> Option<ShardStatus> {
+        self.health.snapshot().get(&s).map(|h| h.status.clone())
+    }
+
     /// Cancels the worker and waits for it to return.
     async fn stop(self) {
         self.cancel.cancel();
@@ -331,10 +336,7 @@ async fn older_owner_is_fenced_and_writes_nothing() {
     .await;
     let s = route("zed").shard;
     wait_until("zombie fenced", || async {
-        matches!(
-            w1.health.snapshot().get(&s).map(|h| h.status.clone()),
-            Some(ShardStatus::Fenced { .. })
-        )
+        matches!(w1.status(s), Some(ShardStatus::Fenced { .. }))
     })
     .await;
     assert_eq!(
@@ -1022,7 +1024,7 @@ async fn an_owner_fenced_while_no_records_come_learns_it_by_itself() {
     let new_epoch = w2.health.snapshot()[&s].epoch;
     wait_until("the old owner fenced with no traffic", || async {
         matches!(
-            w1.health.snapshot().get(&s).map(|h| h.status.clone()),
+            w1.status(s),
             Some(ShardStatus::Fenced { current_epoch: Some(ep) }) if ep == new_epoch
         )
     })

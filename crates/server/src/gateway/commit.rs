@@ -41,8 +41,8 @@ pub(crate) fn group_by_shard<'a>(to: &'a [String], map: &ShardMap) -> BTreeMap<u
     by
 }
 
-/// The commit side of the gateway: one connection per core instance and the per-instance group
-/// commit queues ([`GroupCommit`]). Cheap to clone (shared).
+/// The commit side of the gateway: one connection per core instance and the per-instance
+/// group commit queues ([`GroupCommit`]). Cheap to clone (shared).
 #[derive(Clone)]
 pub struct CommitPath {
     map: ShardMap,
@@ -55,7 +55,8 @@ pub struct CommitPath {
 impl CommitPath {
     /// Connects to every core instance of `map`; each waits for the replicas `core_wait`
     /// resolves to before a commit counts (ADR-0032). The group commit has the gateway's
-    /// default linger (ADR-0045); its flush tasks are spawned on a tracker of its own ([`CommitPath::connect_tracked`] takes the caller's).
+    /// default linger (ADR-0045); its flush tasks are spawned on a tracker of its own
+    /// ([`CommitPath::connect_tracked`] takes the caller's).
     pub async fn connect(
         map: ShardMap,
         core_wait: &WaitPolicy,

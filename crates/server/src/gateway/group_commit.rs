@@ -10,11 +10,11 @@
 //! and core Redis reads and runs them in one pass of its event loop: one `fdatasync`, one
 //! read and one reply write for the whole round (measured: about one Redis read per round,
 //! `docs/perf/profile-core-redis-5000.txt`). On a Redis Cluster the calls go to the nodes
-//! of their shards, concurrently, as before. It hands each
-//! message its own answer and repeats until the queue is empty. So a send waits for no timer
-//! beyond the linger (below): alone, it goes at once; under load, whatever queued while the
-//! previous round was being taken goes in the next round. Two flush tasks keep core Redis
-//! busy at full load: while the gateway answers one round, Redis runs the next (with one, it
+//! of their shards, concurrently, as before. It hands each message its own answer and
+//! repeats until the queue is empty. So a send waits for no timer beyond the linger
+//! (below): alone, it goes at once; under load, whatever queued while the previous round
+//! was being taken goes in the next round. Two flush tasks keep core Redis busy at full
+//! load: while the gateway answers one round, Redis runs the next (with one, it
 //! waited idle for the gateway: `bench commit` fell by a quarter, docs/performance.md).
 //!
 //! The linger (`commit_linger`, ADR-0045): a round starts at least that long after the

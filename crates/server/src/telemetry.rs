@@ -124,6 +124,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_wake_reconnects_total", Kind::Counter, "Wake-up subscriptions re-established."),
     ("tidemark_wake_sequence_gaps_total", Kind::Counter, "Wake-up hints out of their shard's sequence (a new owner, a claim, a number skipped): every connection of the shard re-read its mailbox."),
     ("tidemark_local_runs_dropped_total", Kind::Counter, "Runs of fresh entries the materializer could not hand to a connection of this process (its queue was full, ADR-0041): that connection read its mailbox instead."),
+    ("tidemark_wake_hints_deferred_total", Kind::Counter, "Wake-up hints held back for the flush (ADR-0047): their moves were handed to this process's connections as local runs and no other gateway listened; counted once per shard and step."),
     ("tidemark_wake_sweep_wakes_total", Kind::Counter, "Shards whose connections the watermark sweep woke (a move no hint announced)."),
     ("tidemark_shard_min_w", Kind::Gauge, "Lowest present W of each owned shard."),
     ("tidemark_shard_head", Kind::Gauge, "Log head of each owned shard (kept live for stopped shards)."),

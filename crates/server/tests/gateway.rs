@@ -1357,3 +1357,63 @@ async fn a_lost_last_hint_is_found_by_the_sweep_with_no_more_traffic() {
     assert!(fault.lost.load(Ordering::SeqCst) > 0, "the hint was lost");
     d.shutdown().await;
 }
+
+/// ADR-0047: in one process with local runs, while no other gateway listens, the hints of
+/// moves handed as local runs wait (here up to 4 s) and are merged, one per shard. A gateway
+/// that subscribes meanwhile hears of every move at the flush, with no more traffic (the
+/// quiet path); once one listens, each hint goes out with its step again.
+#[tokio::test]
+async fn hints_of_handed_moves_wait_until_another_gateway_listens() {
+    use futures::StreamExt;
+    use tidemark_store::wake::WakeHint;
+    let linger = Duration::from_secs(4);
+    let opts = MaterializerOptions {
+        hint_linger: linger,
+        // an idle read that blocks longer than the test waits: the flush must not depend on
+        // the read timing out
+        block: Duration::from_secs(60),
+        gc_interval: Duration::from_secs(3600),
+        gc_idle_interval: Duration::from_secs(3600),
+        ..MaterializerOptions::default()
+    };
+    let d = start_full(|o| o.recheck_interval = None, opts).await;
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let o = alice.send_ok("h-warm", &["bob"], "warm up").await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+    // the wake subscription comes up and the hints of the start go out: let that pass
+    tokio::time::sleep(linger + Duration::from_millis(500)).await;
+    let before = gateway_support::command_calls(&d.mailbox_url, "publish").await;
+    let mut last = 0;
+    for i in 0..20 {
+        let o = alice.send_ok(&format!("h{i}"), &["bob"], "live").await;
+        last = offset_of(&o, "bob");
+        assert_eq!(bob.deliver().await["seq"].as_u64(), Some(last));
+    }
+    let published = gateway_support::command_calls(&d.mailbox_url, "publish").await - before;
+    assert!(published <= 2, "{published} hints published for 20 sends");
+
+    // another gateway subscribes; no more traffic: the flush tells it of every move
+    let client = redis::Client::open(d.mailbox_url.as_str()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.psubscribe("wake:*").await.unwrap();
+    let mut hints = pubsub.on_message();
+    let msg = tokio::time::timeout(linger * 3, hints.next())
+        .await
+        .expect("the waiting hint is published with no more traffic")
+        .unwrap();
+    let hint = WakeHint::decode(msg.get_payload_bytes()).unwrap();
+    assert_eq!(hint.min_w, last, "the flush announces the last move");
+    assert_eq!(hint.recipients, vec!["bob".to_string()]);
+
+    // that publish reached two subscribers: the next hint goes out with its step
+    let o = alice.send_ok("h-next", &["bob"], "live").await;
+    let next = offset_of(&o, "bob");
+    assert_eq!(bob.deliver().await["seq"].as_u64(), Some(next));
+    let msg = tokio::time::timeout(linger / 2, hints.next())
+        .await
+        .expect("a hint with its step once another gateway listens")
+        .unwrap();
+    let hint = WakeHint::decode(msg.get_payload_bytes()).unwrap();
+    assert_eq!(hint.min_w, next);
+    d.shutdown().await;
+}

@@ -137,7 +137,11 @@ impl WakeHint {
 /// `store`, as one pipeline of PUBLISH (not one round trip per shard). On a Redis Cluster,
 /// sharded `SPUBLISH` (Redis 7): the hint stays on the nodes serving the shard's slot instead
 /// of being broadcast over the cluster bus.
-pub async fn publish_wake(store: &MailboxStore, hints: &[(u32, WakeHint)]) -> Result<()> {
+///
+/// Returns the most subscribers any one hint reached (PUBLISH's reply): a materializer that
+/// sees no more than its own process's gateway may let hints that process's connections were
+/// handed as local runs wait for a flush (ADR-0047).
+pub async fn publish_wake(store: &MailboxStore, hints: &[(u32, WakeHint)]) -> Result<u64> {
     let mut conn = store.connection();
     let verb = if conn.is_cluster() {
         "SPUBLISH"
@@ -152,10 +156,13 @@ pub async fn publish_wake(store: &MailboxStore, hints: &[(u32, WakeHint)]) -> Re
             (*shard, c)
         })
         .collect();
+    let mut most = 0;
     for r in conn.exec_each(&cmds).await? {
-        r?;
+        if let redis::Value::Int(n) = r? {
+            most = most.max(u64::try_from(n).unwrap_or(0));
+        }
     }
-    Ok(())
+    Ok(most)
 }
 
 /// One message received on [`PATTERN`].

@@ -312,9 +312,21 @@ impl WakeHub {
     /// Wakes the connections of every user a hint names (and records its lowest W and its
     /// place in the sequence for `shard`); a hint out of sequence wakes every connection of
     /// the shard. Returns how many were woken.
+    ///
+    /// A hint in sequence whose moves this hub handed out whole as local runs (an unbroken
+    /// chain from at or below the W hinted before to at or past this one's) wakes only the
+    /// connections that take no runs (ADR-0047): the others were handed every entry it
+    /// announces before it was published, or flagged lost and woken then.
     pub(crate) fn wake(&self, shard: Option<u32>, hint: &WakeHint) -> usize {
         let mut whole_shard = None;
+        let mut handed = false;
         if let Some(shard) = shard {
+            let chain = self
+                .chains
+                .lock()
+                .expect("wake hub lock")
+                .get(&shard)
+                .copied();
             let mut h = self.hinted.lock().expect("wake hub lock");
             let e = h.entry(shard).or_default();
             match hint.seq {
@@ -326,6 +338,9 @@ impl WakeHub {
                         whole_shard = Some(shard);
                         metrics::counter!("tidemark_wake_sequence_gaps_total").increment(1);
                     }
+                    handed = in_sequence
+                        && e.last.is_some()
+                        && chain.is_some_and(|(from, to)| from <= e.min_w && hint.min_w <= to);
                     if e.last.is_some_and(|l| l.epoch != q.epoch) {
                         // a new owner or a re-fence (W may have gone back): start over
                         e.min_w = hint.min_w;
@@ -345,7 +360,7 @@ impl WakeHub {
         }
         for user in &hint.recipients {
             if let Some(list) = users.get(user.as_str()) {
-                for w in list {
+                for w in list.iter().filter(|w| !(handed && w.local.is_some())) {
                     w.notify.notify_one();
                     woken += 1;
                 }
@@ -380,10 +395,20 @@ impl WakeHub {
     /// since the previous sweep: wakes every connection of the shard when the hints may have
     /// missed a move. Returns how many were woken.
     fn swept(&self, shard: u32, min_w: u64, changed: bool) -> usize {
+        // Moves up to the end of an unbroken chain of local runs that starts at or below the
+        // hinted W were handed to this gateway's connections (ADR-0041): their hint may still
+        // be waiting for the materializer's flush (ADR-0047), which is not a missed one.
+        let chain = self
+            .chains
+            .lock()
+            .expect("wake hub lock")
+            .get(&shard)
+            .copied();
         let missed = {
             let mut h = self.hinted.lock().expect("wake hub lock");
             let e = h.entry(shard).or_default();
-            let missed = min_w > e.min_w || (changed && !e.since_sweep);
+            let handed = chain.is_some_and(|(from, to)| from <= e.min_w && min_w <= to);
+            let missed = (min_w > e.min_w && !handed) || (changed && !e.since_sweep);
             e.min_w = e.min_w.max(min_w);
             e.since_sweep = false;
             missed
@@ -693,5 +718,39 @@ mod tests {
             },
         );
         assert_eq!(hub.swept(3, 12, true), 1);
+    }
+
+    #[tokio::test]
+    async fn a_hint_of_moves_handed_as_runs_wakes_only_connections_without_runs() {
+        // ADR-0047: such a hint may come late (the materializer's flush); the connections
+        // that take runs were handed its entries already
+        let hub = Arc::new(WakeHub::default());
+        let local = LocalDelivery { hub: hub.clone() };
+        let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (_ra, mut la) = hub.register_local("alice", 3, a.clone());
+        // bob's connection takes no runs: hints are its only wake
+        let _rb = hub.register("bob", 3, b.clone());
+        hub.wake(Some(3), &hint(1, 1, 10, &[]));
+        local.deliver(3, &[item(10, 11, "alice"), item(11, 12, "bob")]);
+        local.deliver(3, &[item(12, 13, "alice")]);
+        assert_eq!(la.rx.try_recv().unwrap().to, 12);
+        assert_eq!(la.rx.try_recv().unwrap().to, 13);
+        // the flush: one hint for both runs, in sequence, W inside the chain
+        assert_eq!(hub.wake(Some(3), &hint(1, 2, 13, &["alice", "bob"])), 1);
+        assert!(woken(&b).await && !woken(&a).await);
+        assert_eq!(hub.hinted_w(3), 13);
+        // nor does the sweep count those moves as missed
+        assert_eq!(hub.swept(3, 13, false), 0);
+        // a move not handed here (the chunked path), then a run: the chain restarts above
+        // the hinted W, so the next hint wakes everyone it names, and the sweep too
+        local.deliver(3, &[item(15, 16, "alice")]);
+        assert_eq!(hub.wake(Some(3), &hint(1, 3, 16, &["alice", "bob"])), 2);
+        assert!(woken(&a).await && woken(&b).await);
+        local.deliver(3, &[item(16, 17, "alice"), item(17, 18, "alice")]);
+        assert_eq!(hub.swept(3, 18, false), 0, "hinted 16, chain from 15 to 18");
+        local.deliver(3, &[item(20, 21, "alice")]);
+        assert_eq!(hub.swept(3, 21, false), 2, "18..20 was not handed here");
+        // a hint out of sequence is never taken as handed (the whole shard, then alice)
+        assert_eq!(hub.wake(Some(3), &hint(1, 9, 21, &["alice"])), 3);
     }
 }

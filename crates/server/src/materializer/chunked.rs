@@ -225,6 +225,7 @@ impl Worker {
         let min_w = c.min_w.unwrap_or(0);
         if adv.moved {
             sh.moved = true;
+            sh.unhanded = true;
             // recipients in lanes that moved may have new entries: hint them all
             for p in &sh.pending {
                 sh.touched.extend(p.rec.recipients.iter().cloned());

@@ -20,14 +20,40 @@ impl Worker {
         // one pipeline of PUBLISH per mailbox instance, not one round trip per shard
         let mut pubs: BTreeMap<usize, Vec<(u32, WakeHint)>> = BTreeMap::new();
         let mut gc_due = Vec::new();
+        // per mailbox instance: every hint goes out now (ADR-0047: anything but a process
+        // whose own gateway was handed the moves as local runs, alone on the instance's
+        // channels, between two flushes)
+        let local = self.opts.local.is_some();
+        let linger = self.opts.hint_linger;
+        let flush: Vec<bool> = self
+            .hint_pace
+            .iter()
+            .map(|p| {
+                !local
+                    || p.others
+                    || linger.is_zero()
+                    || p.waiting_since.is_some_and(|t| now >= t + linger)
+            })
+            .collect();
+        let mut deferred = 0u64;
         for sh in self.owned.values_mut() {
             // a shard with nothing going on is collected slowly (the idle cost, issue 15)
             if sh.moved || !sh.pending.is_empty() || sh.retry.is_some() || sh.held.is_some() {
                 sh.quiet = false;
             }
             // a shard stopped in this step may still have moved before: hint it
-            if sh.moved {
+            if sh.moved && !sh.unhanded && !flush[sh.mb] {
+                // handed to this process's connections; no one else listens: at the flush
+                deferred += 1;
+                self.hint_pace[sh.mb].waiting_since.get_or_insert(now);
+                let min_w = sh.min_w;
+                self.health.update(sh.shard, |h| {
+                    h.min_w = min_w;
+                    h.last_progress = now;
+                });
+            } else if sh.moved {
                 sh.moved = false;
+                sh.unhanded = false;
                 let touched = std::mem::take(&mut sh.touched);
                 // numbered per shard (ADR-0035): a gateway that sees a number skipped, another
                 // epoch or a 0 (a new claim) re-checks every connection of the shard
@@ -82,8 +108,21 @@ impl Worker {
                 sh.last_gc = now;
             }
         }
+        if deferred > 0 {
+            metrics::counter!("tidemark_wake_hints_deferred_total").increment(deferred);
+        }
+        for (pace, due) in self.hint_pace.iter_mut().zip(&flush) {
+            if *due {
+                pace.waiting_since = None;
+            }
+        }
         for (mb, hints) in pubs {
-            if let Err(e) = publish_wake(&self.mailboxes[mb], &hints).await {
+            let published = publish_wake(&self.mailboxes[mb], &hints).await;
+            if let Ok(reached) = published {
+                // more than this process's own gateway (one subscription per instance)
+                self.hint_pace[mb].others = reached > u64::from(local);
+            }
+            if let Err(e) = published {
                 // not published: merged into the next hint of each shard (its recipients are
                 // kept, the next loop publishes again), so no recipient goes unnamed; the
                 // numbers already spent show the gateways a gap, which is safe either way
@@ -92,6 +131,7 @@ impl Worker {
                 for (s, hint) in hints {
                     if let Some(sh) = self.owned.get_mut(&s) {
                         sh.moved = true;
+                        sh.unhanded = true;
                         sh.touched.extend(hint.recipients);
                     }
                 }

@@ -175,10 +175,15 @@ impl Worker {
                 }
             }
         }
-        if fresh {
-            if let Some(local) = &self.opts.local {
+        let handed = match &self.opts.local {
+            Some(local) if fresh => {
                 local.deliver(s, &items);
+                true
             }
+            _ => false,
+        };
+        if applied > 0 && !handed {
+            self.shard_mut(s).unhanded = true;
         }
         metrics::counter!("tidemark_materialized_total", "path" => "hot").increment(applied);
         if applied > 0 {

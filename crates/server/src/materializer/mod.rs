@@ -53,6 +53,11 @@ pub use worker::Worker;
 /// Most shards garbage-collected in one loop iteration.
 const GC_SHARDS_PER_LOOP: usize = 4;
 
+/// [`MaterializerOptions::hint_linger`]'s default: how late a gateway that has just subscribed
+/// may hear of moves this process's connections were handed, and about how often each
+/// moving shard is hinted meanwhile (ADR-0047).
+pub const DEFAULT_HINT_LINGER: Duration = Duration::from_millis(100);
+
 /// First retry delay of a shard whose writes or reads failed.
 pub const RETRY_MIN: Duration = Duration::from_millis(50);
 /// Longest retry delay (the backoff doubles up to this).
@@ -86,6 +91,10 @@ pub struct MaterializerOptions {
     /// pipelines and hints per message) for at most this much added latency. Zero: read
     /// again at once.
     pub read_linger: Duration,
+    /// Longest a wake hint may wait when it only announces moves this process's gateway was
+    /// handed as local runs and no other gateway listens on the instance (ADR-0047): such
+    /// hints are merged, one per shard per flush. Zero: every hint goes out with its step.
+    pub hint_linger: Duration,
     /// How often each shard is garbage-collected (staging state, core log).
     pub gc_interval: Duration,
     /// How often a quiet shard (caught up, nothing pending, held or retrying) is: the GC is
@@ -110,6 +119,7 @@ impl Default for MaterializerOptions {
             batch: 512,
             block: Duration::from_millis(500),
             read_linger: Duration::from_millis(2),
+            hint_linger: DEFAULT_HINT_LINGER,
             gc_interval: Duration::from_secs(1),
             gc_idle_interval: Duration::from_secs(10),
             fault: None,

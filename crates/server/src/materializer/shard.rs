@@ -33,6 +33,11 @@ pub(super) struct OwnedShard {
     pub(super) moved: bool,
     /// The number of the shard's next wake hint (ADR-0035): 0 is the hint of the claim.
     pub(super) hint_seq: u64,
+    /// Since the last published hint, something was due that this process's connections were
+    /// not handed as a local run (a replay, the chunked path, the claim, a failed publish): the
+    /// hint goes out with this step. Otherwise it may wait for its instance's next flush
+    /// (ADR-0047).
+    pub(super) unhanded: bool,
     /// The last GC found the shard caught up with nothing pending, and nothing happened since:
     /// it is collected every `gc_idle_interval` instead of every `gc_interval`.
     pub(super) quiet: bool,
@@ -57,6 +62,7 @@ impl OwnedShard {
             touched: BTreeSet::new(),
             moved: false,
             hint_seq: 0,
+            unhanded: false,
             quiet: false,
             min_w: 0,
             last_gc: Instant::now(),

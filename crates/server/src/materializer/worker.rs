@@ -41,6 +41,31 @@ pub struct Worker {
     pub(super) marks_at: Option<Instant>,
     /// When the health board was last told which shards the loop goes through.
     pub(super) served_at: Option<Instant>,
+    /// Per mailbox instance: how its wake hints are paced (ADR-0047).
+    pub(super) hint_pace: Vec<HintPace>,
+}
+
+/// How one mailbox instance's wake hints are paced (ADR-0047). A hint that only announces
+/// moves this process's connections were handed as local runs is needed by no one else
+/// when no other gateway listens: it may wait, at most `hint_linger` after the first such
+/// hint, and is merged meanwhile with the shard's later moves (one hint per shard at the
+/// flush). It is never dropped: a gateway that subscribes meanwhile learns of every move
+/// at the flush.
+pub(super) struct HintPace {
+    /// The last publish reached a subscriber besides this process's gateway (or none has
+    /// been made yet): every hint goes out with its step.
+    pub(super) others: bool,
+    /// Since when a hint of this instance has been waiting for the flush; `None`: none.
+    pub(super) waiting_since: Option<Instant>,
+}
+
+impl HintPace {
+    fn new() -> HintPace {
+        HintPace {
+            others: true,
+            waiting_since: None,
+        }
+    }
 }
 
 /// A read of the logs made while a step was applied: where each shard was read from, and
@@ -89,7 +114,9 @@ impl Worker {
             read_backoff: None,
             marks_at: None,
             served_at: None,
+            hint_pace: Vec::new(),
         };
+        w.hint_pace = w.mailboxes.iter().map(|_| HintPace::new()).collect();
         let mut corrupt = Vec::new();
         for &s in shards {
             let mb = w.map.mailbox_of(s);
@@ -140,6 +167,7 @@ impl Worker {
                     // a move the previous owner made but never hinted is not missed
                     moved: true,
                     hint_seq: 0,
+                    unhanded: true,
                     quiet: false,
                     min_w,
                     last_gc: Instant::now() - Duration::from_secs(3600),
@@ -345,6 +373,10 @@ impl Worker {
                     if let Some(due) = next_retry {
                         block = block.min(due.saturating_duration_since(Instant::now()));
                     }
+                    // a hint waiting for its flush is published even if no record comes
+                    if let Some(due) = self.hint_flush_due() {
+                        block = block.min(due.saturating_duration_since(Instant::now()));
+                    }
                     // XREAD BLOCK 0 would block for ever
                     let block = block.max(Duration::from_millis(1));
                     let reader = self.reader.as_mut().expect("the reader is back");
@@ -425,6 +457,15 @@ impl Worker {
                 }
             }
         }
+    }
+
+    /// When the earliest hint that waits for its instance's flush is due (ADR-0047).
+    fn hint_flush_due(&self) -> Option<Instant> {
+        self.hint_pace
+            .iter()
+            .filter_map(|p| p.waiting_since)
+            .min()
+            .map(|t| t + self.opts.hint_linger)
     }
 
     /// When the next log read may start: `read_linger` after the last one started, unless

@@ -19,6 +19,11 @@
 //!   or whose watermark changed with no sequenced hint since the last sweep (a publisher that
 //!   predates sequencing, or any loss not foreseen above).
 //!
+//! In one process (ADR-0041, ADR-0047) a hint in sequence whose moves the hub itself handed
+//! out as an unbroken chain of local runs wakes only the connections that take no runs, and
+//! the sweep does not count those moves as missed: such a hint may come up to the
+//! materializer's `hint_linger` late, and the connections that take runs already have them.
+//!
 //! Waking uses `Notify::notify_one`, which stores a permit when the connection is busy reading,
 //! so a hint is never lost between reads.
 

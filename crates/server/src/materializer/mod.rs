@@ -15,7 +15,9 @@
 //!    moves each lane whose chunk is durable and whose CAS holds. A failed chunk holds its lane
 //!    back (the blob diverges to 1216 bytes) and is retried until it lands; then the lanes meet
 //!    and the blob is written back as 19 bytes, and the hot path resumes;
-//! 4. a wake-up hint is published per shard that moved (`wake:{s}`, a hint only);
+//! 4. a wake-up hint is published per shard that moved (`wake:{s}`, a hint only); in one
+//!    process, while no other gateway listens, the hint of moves all handed to this process's
+//!    connections as local runs waits for a flush, at most `hint_linger` (ADR-0047);
 //! 5. once a second per shard: `gc_completed_dispatch` and the core log trimmed to the lowest W.
 //!
 //! Replays are no-ops, a gap makes the owner re-read from W, a fenced or corrupt shard is

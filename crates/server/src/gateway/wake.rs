@@ -326,12 +326,7 @@ impl WakeHub {
         let mut whole_shard = None;
         let mut handed = false;
         if let Some(shard) = shard {
-            let chain = self
-                .chains
-                .lock()
-                .expect("wake hub lock")
-                .get(&shard)
-                .copied();
+            let chain = self.chain(shard);
             let mut h = self.hinted.lock().expect("wake hub lock");
             let e = h.entry(shard).or_default();
             match hint.seq {
@@ -343,9 +338,7 @@ impl WakeHub {
                         whole_shard = Some(shard);
                         metrics::counter!("tidemark_wake_sequence_gaps_total").increment(1);
                     }
-                    handed = in_sequence
-                        && e.last.is_some()
-                        && chain.is_some_and(|(from, to)| from <= e.min_w && hint.min_w <= to);
+                    handed = in_sequence && e.last.is_some() && hands(chain, e.min_w, hint.min_w);
                     if e.last.is_some_and(|l| l.epoch != q.epoch) {
                         // a new owner or a re-fence (W may have gone back): start over
                         e.min_w = hint.min_w;
@@ -372,6 +365,16 @@ impl WakeHub {
             }
         }
         woken
+    }
+
+    /// The shard's unbroken chain of local runs handed out: (W where it starts, W where it
+    /// ends).
+    fn chain(&self, shard: u32) -> Option<(u64, u64)> {
+        self.chains
+            .lock()
+            .expect("wake hub lock")
+            .get(&shard)
+            .copied()
     }
 
     /// How many times every connection was woken so far.
@@ -403,16 +406,11 @@ impl WakeHub {
         // Moves up to the end of an unbroken chain of local runs that starts at or below the
         // hinted W were handed to this gateway's connections (ADR-0041): their hint may still
         // be waiting for the materializer's flush (ADR-0047), which is not a missed one.
-        let chain = self
-            .chains
-            .lock()
-            .expect("wake hub lock")
-            .get(&shard)
-            .copied();
+        let chain = self.chain(shard);
         let missed = {
             let mut h = self.hinted.lock().expect("wake hub lock");
             let e = h.entry(shard).or_default();
-            let handed = chain.is_some_and(|(from, to)| from <= e.min_w && min_w <= to);
+            let handed = hands(chain, e.min_w, min_w);
             let missed = (min_w > e.min_w && !handed) || (changed && !e.since_sweep);
             e.min_w = e.min_w.max(min_w);
             e.since_sweep = false;
@@ -434,6 +432,12 @@ impl WakeHub {
 }
 
 /// Wakes every registered connection whose shard passes `pick`. Returns how many.
+/// Whether `chain` (a shard's unbroken chain of local runs) handed out every move from the W
+/// hinted before (`hinted`) up to `w` (ADR-0047).
+fn hands(chain: Option<(u64, u64)>, hinted: u64, w: u64) -> bool {
+    chain.is_some_and(|(from, to)| from <= hinted && w <= to)
+}
+
 fn wake_where(users: &HashMap<String, Waiters>, pick: impl Fn(u32) -> bool) -> usize {
     let mut woken = 0;
     for list in users.values() {
@@ -599,14 +603,19 @@ mod tests {
         }
     }
 
+    /// A hub and the materializer's handle on it, as one process wires them (ADR-0041).
+    fn local_hub() -> (Arc<WakeHub>, LocalDelivery) {
+        let hub = Arc::new(WakeHub::default());
+        (hub.clone(), LocalDelivery { hub })
+    }
+
     /// ADR-0041: a run goes to the local connections of its recipients on its shard, with
     /// the start of its shard's unbroken chain; a run whose start is not the last one's end
     /// starts a new chain; a run that does not fit in a connection's queue is dropped, flags
     /// the connection and wakes it.
     #[tokio::test]
     async fn local_runs_carry_their_chain_and_a_full_queue_flags_the_connection() {
-        let hub = Arc::new(WakeHub::default());
-        let local = LocalDelivery { hub: hub.clone() };
+        let (hub, local) = local_hub();
         let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let (_ra, mut la) = hub.register_local("alice", 3, a.clone());
         let (_rb, mut lb) = hub.register_local("bob", 3, b.clone());
@@ -729,8 +738,7 @@ mod tests {
     async fn a_hint_of_moves_handed_as_runs_wakes_only_connections_without_runs() {
         // ADR-0047: such a hint may come late (the materializer's flush); the connections
         // that take runs were handed its entries already
-        let hub = Arc::new(WakeHub::default());
-        let local = LocalDelivery { hub: hub.clone() };
+        let (hub, local) = local_hub();
         let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let (_ra, mut la) = hub.register_local("alice", 3, a.clone());
         // bob's connection takes no runs: hints are its only wake

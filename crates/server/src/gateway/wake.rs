@@ -431,13 +431,13 @@ impl WakeHub {
     }
 }
 
-/// Wakes every registered connection whose shard passes `pick`. Returns how many.
 /// Whether `chain` (a shard's unbroken chain of local runs) handed out every move from the W
 /// hinted before (`hinted`) up to `w` (ADR-0047).
 fn hands(chain: Option<(u64, u64)>, hinted: u64, w: u64) -> bool {
     chain.is_some_and(|(from, to)| from <= hinted && w <= to)
 }
 
+/// Wakes every registered connection whose shard passes `pick`. Returns how many.
 fn wake_where(users: &HashMap<String, Waiters>, pick: impl Fn(u32) -> bool) -> usize {
     let mut woken = 0;
     for list in users.values() {

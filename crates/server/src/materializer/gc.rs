@@ -42,15 +42,17 @@ impl Worker {
                 sh.quiet = false;
             }
             // a shard stopped in this step may still have moved before: hint it
-            if sh.moved && !sh.unhanded && !flush[sh.mb] {
-                // handed to this process's connections; no one else listens: at the flush
-                deferred += 1;
-                self.hint_pace[sh.mb].waiting_since.get_or_insert(now);
+            if sh.moved {
                 let min_w = sh.min_w;
                 self.health.update(sh.shard, |h| {
                     h.min_w = min_w;
                     h.last_progress = now;
                 });
+            }
+            if sh.moved && !sh.unhanded && !flush[sh.mb] {
+                // handed to this process's connections; no one else listens: at the flush
+                deferred += 1;
+                self.hint_pace[sh.mb].waiting_since.get_or_insert(now);
             } else if sh.moved {
                 sh.moved = false;
                 sh.unhanded = false;
@@ -77,11 +79,6 @@ impl Worker {
                         },
                     ));
                 }
-                let min_w = sh.min_w;
-                self.health.update(sh.shard, |h| {
-                    h.min_w = min_w;
-                    h.last_progress = now;
-                });
             }
             // stopped shards too: their head and lag stay live (messages still wait there)
             // (never a shard whose lease is no longer ours: trimming writes the core log)

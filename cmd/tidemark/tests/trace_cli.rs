@@ -89,7 +89,7 @@ async fn trace_delivered_pending_trimmed_above_head() {
             &SingleItem {
                 offset: 1,
                 prev: 0,
-                recipient: bob.clone(),
+                recipients: vec![bob.clone()],
                 entry: encode_entry(1, SENT_AT, "alice", "hello"),
             },
         )
@@ -277,7 +277,7 @@ async fn trace_delivered_pending_trimmed_above_head() {
             &SingleItem {
                 offset: c3.offset,
                 prev: c3.offset - 1,
-                recipient: carol.clone(),
+                recipients: vec![carol.clone()],
                 entry: encode_entry(c3.offset, SENT_AT + 2, "alice", "three"),
             },
         )

@@ -241,6 +241,69 @@ async fn single_and_multi_recipient_exactly_once_in_log_order() {
     w.stop().await;
 }
 
+/// Counts the lane chunk writes the chunked path makes (fails none).
+#[derive(Default)]
+struct CountChunks(AtomicU32);
+
+impl ChunkFault for CountChunks {
+    fn fail(&self, _shard: u32, _offset: u64, _lane: usize, _attempt: u32) -> bool {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        false
+    }
+}
+
+/// ADR-0048: records of up to `hot_recipients` recipients are applied in one call of the hot
+/// path, with no lane chunk written; with `hot_recipients: 1`, and for a record of more than
+/// `MAX_HOT_RECIPIENTS`, the chunked path writes their chunks.
+#[tokio::test]
+async fn records_of_a_few_recipients_take_the_hot_path_without_staging() {
+    use tidemark_store::redis::store::MAX_HOT_RECIPIENTS;
+    let in_shard_0: Vec<String> = (0..2000)
+        .map(|i| format!("member-{i}"))
+        .filter(|u| route(u).shard == 0)
+        .take(MAX_HOT_RECIPIENTS + 1)
+        .collect();
+    assert_eq!(in_shard_0.len(), MAX_HOT_RECIPIENTS + 1);
+    let group: Vec<&str> = in_shard_0.iter().take(5).map(String::as_str).collect();
+    let crowd: Vec<&str> = in_shard_0.iter().map(String::as_str).collect();
+    for (hot_recipients, sends, staging) in [
+        (MAX_HOT_RECIPIENTS, vec![&group[..]; 10], false),
+        (1, vec![&group[..]; 10], true),
+        (MAX_HOT_RECIPIENTS, vec![&crowd[..]], true),
+    ] {
+        let mut e = env().await;
+        let chunks = Arc::new(CountChunks::default());
+        let opts = MaterializerOptions {
+            hot_recipients,
+            fault: Some(chunks.clone()),
+            ..fast_opts()
+        };
+        let w = start_worker(&e, opts).await;
+        let mut seqs = Vec::new();
+        for (i, to) in sends.iter().enumerate() {
+            let offs = send(&mut e, "sender", &format!("g{i}"), to, "hello").await;
+            seqs.push(offs[&0]);
+        }
+        wait_until("caught up", || all_caught_up(&e)).await;
+        let to = sends[0];
+        for u in to {
+            let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
+            assert_eq!(got, seqs, "{u}'s mailbox (hot_recipients {hot_recipients})");
+        }
+        let written = chunks.0.load(Ordering::SeqCst);
+        assert_eq!(
+            written > 0,
+            staging,
+            "{written} chunks written with hot_recipients {hot_recipients}, {} recipients",
+            to.len()
+        );
+        let mut c = e.mb_store.connection();
+        let b: Vec<u8> = c.hget(keys::wm(0), "wm_blob").await.unwrap();
+        assert_eq!(b.len(), 19, "uniform again");
+        w.stop().await;
+    }
+}
+
 struct FailLaneOnce {
     lane: usize,
     shard: u32,
@@ -283,6 +346,9 @@ async fn failed_chunk_holds_only_its_lane_and_converges() {
     let on = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let opts = MaterializerOptions {
         fault: Some(Arc::new(Switch(fault.clone(), on.clone()))),
+        // chunk faults are injected on the chunked path: records of two or more recipients
+        // take it (ADR-0048 would write them in one call)
+        hot_recipients: 1,
         ..fast_opts()
     };
     let w = start_worker(&e, opts).await;
@@ -505,6 +571,9 @@ async fn gc_while_lanes_differ_keeps_what_the_lowest_lane_needs() {
     });
     let opts = MaterializerOptions {
         fault: Some(fault.clone()),
+        // chunk faults are injected on the chunked path: records of two or more recipients
+        // take it (ADR-0048 would write them in one call)
+        hot_recipients: 1,
         ..fast_opts()
     };
     let w = start_worker(&e, opts).await;
@@ -714,6 +783,9 @@ async fn a_hint_is_published_when_an_early_batch_of_a_backlog_moved() {
     });
     let opts = MaterializerOptions {
         fault: Some(fault.clone()),
+        // chunk faults are injected on the chunked path: records of two or more recipients
+        // take it (ADR-0048 would write them in one call)
+        hot_recipients: 1,
         batch: 1000,
         ..fast_opts()
     };

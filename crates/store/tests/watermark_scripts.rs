@@ -6,7 +6,8 @@ use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 use tidemark_store::keys;
 use tidemark_store::redis::store::{
-    Advance, AdvanceRecord, ChunkWritten, Gc, MailboxStore, Materialized, SingleItem, MAX_RUN,
+    Advance, AdvanceRecord, ChunkWritten, Gc, MailboxStore, Materialized, SingleItem,
+    MAX_HOT_RECIPIENTS, MAX_RUN, MAX_RUN_ENTRIES,
 };
 use tidemark_store::redis::watermark::{
     decode_lane_watermarks, encode_packed_v1, encode_packed_v2, CorruptCode, LaneRecord,
@@ -167,7 +168,7 @@ async fn lua_verdicts(store: &mut MailboxStore, epoch: u64) -> Vec<(&'static str
             &SingleItem {
                 offset: 1,
                 prev: 0,
-                recipient: "x".into(),
+                recipients: vec!["x".into()],
                 entry: b"e".to_vec(),
             },
         )
@@ -405,7 +406,7 @@ fn item(offset: u64, to: &str) -> SingleItem {
     SingleItem {
         offset,
         prev: offset - 1,
-        recipient: to.into(),
+        recipients: vec![to.into()],
         entry: format!("{offset}:{to}").into_bytes(),
     }
 }
@@ -542,6 +543,173 @@ async fn a_run_of_records_is_one_call_that_stops_at_its_gap() {
     );
     assert_eq!(snapshot(&mut e.raw, 0).await, before);
     assert_eq!(entries(&mut e.raw, &users).await, 307);
+}
+
+/// Record `offset` to every one of `to`, one member for all of them.
+fn item_to(offset: u64, to: &[&str]) -> SingleItem {
+    SingleItem {
+        offset,
+        prev: offset - 1,
+        recipients: to.iter().map(|t| t.to_string()).collect(),
+        entry: format!("{offset}:m").into_bytes(),
+    }
+}
+
+#[tokio::test]
+async fn records_of_many_recipients_apply_whole_in_one_call() {
+    // ADR-0048: a record of up to MAX_HOT_RECIPIENTS recipients is written to every mailbox
+    // and W moves past it in one atomic step; no staging state is written
+    let users: Vec<String> = (0..MAX_HOT_RECIPIENTS).map(|i| format!("u{i}")).collect();
+    let all: Vec<&str> = users.iter().map(String::as_str).collect();
+    let mut e = env_with(Layout::PackedV2, 4, 0).await;
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    // one-recipient records and many-recipient ones mixed in one run
+    let items = vec![
+        item(1, "u0"),
+        item_to(2, &["u1", "u2", "u3"]),
+        item(3, "u1"),
+        item_to(4, &all[..8]),
+    ];
+    let out = e.v2.materialize_batch(0, 4, &items).await.unwrap();
+    assert_eq!(
+        out,
+        (1..=4)
+            .map(|offset| Materialized::Applied { offset })
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(evalsha_calls(&mut e.raw).await, 1, "one call for the run");
+    assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(4, 0)));
+    assert_eq!(entries(&mut e.raw, &all).await, 1 + 3 + 1 + 8);
+    let mb: Vec<(Vec<u8>, f64)> = e
+        .raw
+        .zrange_withscores(keys::mailbox(0, "u1"), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(
+        mb,
+        vec![
+            (b"2:m".to_vec(), 2.0),
+            (b"3:u1".to_vec(), 3.0),
+            (b"4:m".to_vec(), 4.0)
+        ]
+    );
+    let staged: Vec<String> = e.raw.keys("stg*").await.unwrap();
+    assert!(staged.is_empty(), "no staging state: {staged:?}");
+
+    // a replay, then records up to a gap: what comes before the gap is written whole
+    let out =
+        e.v2.materialize_batch(
+            0,
+            4,
+            &[
+                item_to(4, &all[..8]),
+                item_to(5, &all[..2]),
+                item_to(7, &all[..2]),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![
+            Materialized::Replay { w: 5 },
+            Materialized::Applied { offset: 5 },
+            Materialized::Gap { w: 5 }
+        ]
+    );
+    assert_eq!(entries(&mut e.raw, &all).await, 13 + 2);
+
+    // runs end at MAX_RUN_ENTRIES entries: 5 records of 64 recipients are two calls
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    let big: Vec<SingleItem> = (6..=10).map(|o| item_to(o, &all)).collect();
+    let out = e.v2.materialize_batch(0, 4, &big).await.unwrap();
+    assert_eq!(
+        out,
+        (6..=10)
+            .map(|offset| Materialized::Applied { offset })
+            .collect::<Vec<_>>()
+    );
+    let calls = (5 * MAX_HOT_RECIPIENTS).div_ceil(MAX_RUN_ENTRIES) as u64;
+    assert_eq!(evalsha_calls(&mut e.raw).await, calls);
+    assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(10, 0)));
+    assert_eq!(entries(&mut e.raw, &all).await, 15 + 5 * MAX_HOT_RECIPIENTS);
+
+    // too many recipients, and more than one on packed-v1 code: refused before any call
+    let before = snapshot(&mut e.raw, 0).await;
+    let mut many = all.clone();
+    many.push("one-too-many");
+    let err = e.v2.materialize_batch(0, 4, &[item_to(11, &many)]).await;
+    assert!(
+        matches!(err, Err(tidemark_store::Error::InvalidArgument(_))),
+        "{err:?}"
+    );
+    let err =
+        e.v1.materialize_batch(0, 4, &[item_to(11, &all[..2])])
+            .await;
+    assert!(
+        matches!(err, Err(tidemark_store::Error::InvalidArgument(_))),
+        "{err:?}"
+    );
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+}
+
+#[tokio::test]
+async fn the_many_recipient_form_refuses_counts_that_do_not_add_up() {
+    // the script's own guard, called by hand: nothing is written on bad counts
+    let mut e = env_with(Layout::PackedV2, 4, 0).await;
+    let before = snapshot(&mut e.raw, 0).await;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(include_str!(
+            "../src/redis/lua/v2/materialize_fresh_single_recipient.lua"
+        ))
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    let (wm, a, b) = (keys::wm(0), keys::mailbox(0, "a"), keys::mailbox(0, "b"));
+    for (what, ks, counts) in [
+        ("a count above the keys", vec![&a], "2"),
+        ("a count below the keys", vec![&a, &b], "1"),
+        ("a zero count", vec![&a], "0"),
+        ("a negative count", vec![&a], "-1"),
+        ("a count that is not a number", vec![&a], "x"),
+    ] {
+        let mut c = redis::cmd("EVALSHA");
+        c.arg(&sha).arg(ks.len() + 1).arg(&wm);
+        for k in &ks {
+            c.arg(k.as_str());
+        }
+        c.arg("4").arg("m").arg("1").arg("0").arg(counts).arg("1:m");
+        let r: redis::RedisResult<redis::Value> = c.query_async(&mut e.raw).await;
+        let err = r.expect_err(what);
+        assert!(err.to_string().contains("bad_arguments"), "{what}: {err}");
+        assert_eq!(snapshot(&mut e.raw, 0).await, before, "{what}");
+    }
+    // a record split over two calls' worth of arguments (not a multiple of four)
+    let r: redis::RedisResult<redis::Value> = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(2)
+        .arg(&wm)
+        .arg(&a)
+        .arg("4")
+        .arg("m")
+        .arg("1")
+        .arg("0")
+        .arg("1")
+        .query_async(&mut e.raw)
+        .await;
+    assert!(r.is_err());
+    assert_eq!(snapshot(&mut e.raw, 0).await, before);
+    let n: usize = e.raw.zcard(&a).await.unwrap();
+    assert_eq!(n, 0);
 }
 
 #[tokio::test]

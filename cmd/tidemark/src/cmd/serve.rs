@@ -175,6 +175,23 @@ struct MaterializerArgs {
     /// as on a gateway-only node.
     #[arg(long)]
     no_local_delivery: bool,
+    /// Most recipients (in one shard) of a message whose mailbox entries and watermark move
+    /// in one atomic call on packed-v2 (ADR-0048), 1..=64; a record of more takes the
+    /// chunked path. 1: only one-recipient records (ADR-0015's hot path). Default: 64, or 1
+    /// with `--fault-chunk-fail-pct` (chunk faults are injected on the chunked path).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    hot_recipients: Option<u16>,
+}
+
+impl MaterializerArgs {
+    /// `--hot-recipients`, or its default (1 when chunk faults are injected).
+    fn hot_recipients(&self, fault_chunk_fail_pct: u8) -> usize {
+        match self.hot_recipients {
+            Some(n) => usize::from(n),
+            None if fault_chunk_fail_pct > 0 => 1,
+            None => tidemark_store::redis::store::MAX_HOT_RECIPIENTS,
+        }
+    }
 }
 
 /// TLS and the admin listener (`serve` and `up`; docs/operations.md, ADR-0027).
@@ -403,6 +420,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             materializer: MaterializerOptions {
                 mailbox_wait: a.replication.mailbox_policy(),
                 read_linger: std::time::Duration::from_millis(a.materializer.read_linger_ms),
+                hot_recipients: a.materializer.hot_recipients(0),
                 ..Default::default()
             },
             cluster: a.cluster,
@@ -450,6 +468,9 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             .arg(a.materializer.commit_linger_us.to_string());
         if a.materializer.no_local_delivery {
             cmd.arg("--no-local-delivery");
+        }
+        if let Some(n) = a.materializer.hot_recipients {
+            cmd.arg("--hot-recipients").arg(n.to_string());
         }
         if a.dev_auth {
             cmd.arg("--dev-auth");
@@ -618,6 +639,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             materializer: MaterializerOptions {
                 mailbox_wait: a.replication.mailbox_policy(),
                 read_linger: std::time::Duration::from_millis(a.materializer.read_linger_ms),
+                hot_recipients: a.materializer.hot_recipients(a.fault_chunk_fail_pct),
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {
                     Arc::new(RandomChunkFault {
                         percent: a.fault_chunk_fail_pct,

@@ -256,33 +256,41 @@ impl WakeHub {
         {
             let users = self.users.lock().expect("wake hub lock");
             for item in items {
-                let Some(list) = users.get(item.recipient.as_str()) else {
-                    continue;
-                };
-                let mut local = list
-                    .iter()
-                    .filter(|w| w.shard == shard)
-                    .filter_map(|w| w.local.as_ref().map(|l| (w, l)))
-                    .peekable();
-                if local.peek().is_none() {
-                    continue;
-                }
-                // decoded once per entry, as a reader would decode it; one that does not
-                // decode makes its connections read (their own decoding reports it)
-                let entry = decode_entry(&item.entry)
-                    .ok()
-                    .filter(|e| e.seq == item.offset);
-                for (w, l) in local {
-                    let at = match runs.iter().position(|r| r.0 == w.id) {
-                        Some(i) => i,
-                        None => {
-                            runs.push((w.id, l.clone(), w.notify.clone(), Vec::new()));
-                            runs.len() - 1
-                        }
+                // decoded once per entry (not per recipient), as a reader would decode it;
+                // one that does not decode makes its connections read (their own decoding
+                // reports it)
+                let mut entry: Option<Option<Entry>> = None;
+                for recipient in &item.recipients {
+                    let Some(list) = users.get(recipient.as_str()) else {
+                        continue;
                     };
-                    match &entry {
-                        Some(e) => runs[at].3.push(e.clone()),
-                        None => runs[at].1.lost.store(true, Ordering::Release),
+                    let mut local = list
+                        .iter()
+                        .filter(|w| w.shard == shard)
+                        .filter_map(|w| w.local.as_ref().map(|l| (w, l)))
+                        .peekable();
+                    if local.peek().is_none() {
+                        continue;
+                    }
+                    let entry = entry.get_or_insert_with(|| {
+                        decode_entry(&item.entry)
+                            .ok()
+                            .filter(|e| e.seq == item.offset)
+                    });
+                    for (w, l) in local {
+                        let at = match runs.iter().position(|r| r.0 == w.id) {
+                            Some(i) => i,
+                            None => {
+                                runs.push((w.id, l.clone(), w.notify.clone(), Vec::new()));
+                                runs.len() - 1
+                            }
+                        };
+                        match entry {
+                            // a recipient named twice in a record gets its entry once
+                            Some(e) if runs[at].3.last().is_some_and(|x| x.seq == e.seq) => {}
+                            Some(e) => runs[at].3.push(e.clone()),
+                            None => runs[at].1.lost.store(true, Ordering::Release),
+                        }
                     }
                 }
             }
@@ -598,7 +606,7 @@ mod tests {
         SingleItem {
             offset,
             prev,
-            recipient: to.into(),
+            recipients: vec![to.into()],
             entry: tidemark_protocol::entry::encode_entry(offset, 7, "alice", "hi"),
         }
     }
@@ -651,6 +659,37 @@ mod tests {
         assert!(lb.lost.load(Ordering::Acquire));
         assert!(woken(&b).await);
         assert!(!woken(&a).await);
+    }
+
+    /// ADR-0048: a record of several recipients is handed to each recipient's connections,
+    /// decoded once, and to a connection once however its user is named.
+    #[tokio::test]
+    async fn a_run_of_many_recipients_goes_to_each_of_their_connections() {
+        let (hub, local) = local_hub();
+        let n = || Arc::new(Notify::new());
+        let (_ra, mut la) = hub.register_local("alice", 3, n());
+        let (_rb, mut lb) = hub.register_local("bob", 3, n());
+        let (_rb2, mut lb2) = hub.register_local("bob", 3, n());
+        let (_rc, mut lc) = hub.register_local("carol", 3, n());
+        let mut to_three = item(10, 11, "alice");
+        to_three.recipients = vec!["alice".into(), "bob".into(), "dave".into()];
+        let mut twice = item(11, 12, "bob");
+        twice.recipients = vec!["bob".into(), "bob".into()];
+        local.deliver(3, &[to_three, twice, item(12, 13, "carol")]);
+        let seqs = |r: LocalRun| -> (u64, u64, Vec<u64>) {
+            (
+                r.chain_from,
+                r.to,
+                r.entries.iter().map(|e| e.seq).collect(),
+            )
+        };
+        assert_eq!(seqs(la.rx.try_recv().unwrap()), (10, 13, vec![11]));
+        assert_eq!(seqs(lb.rx.try_recv().unwrap()), (10, 13, vec![11, 12]));
+        assert_eq!(seqs(lb2.rx.try_recv().unwrap()), (10, 13, vec![11, 12]));
+        assert_eq!(seqs(lc.rx.try_recv().unwrap()), (10, 13, vec![13]));
+        for rx in [&mut la, &mut lb, &mut lb2, &mut lc] {
+            assert!(rx.rx.try_recv().is_err(), "one run per connection");
+        }
     }
 
     /// Whether `n` holds a wake permit (consumes it).

@@ -1,11 +1,13 @@
 //! Routing a read batch (hot items per mailbox instance, the rest to the chunked path) and
-//! the hot path: one-recipient records on a uniform watermark, pipelined across shards.
+//! the hot path: records of one recipient (of up to [`MAX_HOT_RECIPIENTS`] on packed-v2,
+//! ADR-0048) on a uniform watermark, pipelined across shards.
 
 use std::collections::BTreeMap;
 
 use tidemark_protocol::entry::encode_entry;
 use tidemark_store::redis::dlog::DispatchRecord;
-use tidemark_store::redis::store::{Materialized, SingleItem};
+use tidemark_store::redis::store::{Materialized, SingleItem, MAX_HOT_RECIPIENTS};
+use tidemark_store::redis::watermark::Layout;
 
 use super::chunked::Pending;
 use super::worker::Worker;
@@ -16,7 +18,7 @@ pub(super) fn single_item(rec: &DispatchRecord) -> SingleItem {
     SingleItem {
         offset: rec.offset,
         prev: rec.prev,
-        recipient: rec.recipients[0].clone(),
+        recipients: rec.recipients.clone(),
         entry: encode_entry(rec.offset, rec.sent_at_us, &rec.sender, &rec.body),
     }
 }
@@ -48,6 +50,11 @@ impl Worker {
             if sh.stopped || gate.as_ref().is_some_and(|g| !g.may_write(s)) {
                 continue;
             }
+            // ADR-0048: on packed-v2 a record of a few recipients is as hot as one of one
+            let most = match self.mailboxes[sh.mb].layout() {
+                Layout::PackedV2 => self.opts.hot_recipients.clamp(1, MAX_HOT_RECIPIENTS),
+                Layout::PackedV1 => 1,
+            };
             let mut items = Vec::new();
             let mut recs_of_items = Vec::new();
             let mut hole = None;
@@ -69,7 +76,8 @@ impl Worker {
                     break;
                 }
                 sh.read_pos = rec.offset;
-                if sh.pending.is_empty() && sh.uniform && rec.recipients.len() == 1 {
+                if sh.pending.is_empty() && sh.uniform && (1..=most).contains(&rec.recipients.len())
+                {
                     items.push(single_item(&rec));
                     recs_of_items.push(rec);
                 } else {
@@ -132,7 +140,7 @@ impl Worker {
             match out {
                 Materialized::Applied { .. } | Materialized::Replay { .. } => {
                     let sh = self.shard_mut(s);
-                    sh.touched.insert(items[i].recipient.clone());
+                    sh.touched.extend(items[i].recipients.iter().cloned());
                     sh.moved = true;
                     sh.min_w = sh.min_w.max(items[i].offset);
                     applied += 1;

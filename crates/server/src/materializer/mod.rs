@@ -103,6 +103,12 @@ pub struct MaterializerOptions {
     /// also where a quiet shard notices that its W went backwards (a promoted mailbox
     /// replica), so this bounds that detection when no traffic comes.
     pub gc_idle_interval: Duration,
+    /// Most recipients of a record the hot path takes on packed-v2 (ADR-0048): its entries
+    /// and W's move in one atomic script call, no staging. Capped at
+    /// [`MAX_HOT_RECIPIENTS`](tidemark_store::redis::store::MAX_HOT_RECIPIENTS); 1 is
+    /// ADR-0015's hot path alone (every record of more recipients takes the chunked path,
+    /// which is where chunk faults are injected).
+    pub hot_recipients: usize,
     /// Fault injection for chunk writes.
     pub fault: Option<Arc<dyn ChunkFault>>,
     /// In leases mode, the node's per-shard write permission ([`crate::ownership`]): a shard
@@ -124,6 +130,7 @@ impl Default for MaterializerOptions {
             hint_linger: DEFAULT_HINT_LINGER,
             gc_interval: Duration::from_secs(1),
             gc_idle_interval: Duration::from_secs(10),
+            hot_recipients: tidemark_store::redis::store::MAX_HOT_RECIPIENTS,
             fault: None,
             lease_gate: None,
             local: None,

@@ -47,7 +47,9 @@ use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 
 pub use mailbox::parse_withscores;
-pub use materialize::{AdvanceRecord, LaneChunk, SingleItem, MAX_RUN};
+pub use materialize::{
+    AdvanceRecord, LaneChunk, SingleItem, MAX_HOT_RECIPIENTS, MAX_RUN, MAX_RUN_ENTRIES,
+};
 pub use owner::OWNER_MARK_TTL_MS;
 pub use reply::{
     Advance, AdvanceCounts, ChunkWritten, Fence, Gc, Materialized, ScriptStatus, Verdict,

@@ -15,24 +15,53 @@ use super::reply::{
 use super::{check_u48, MailboxStore};
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::redis::watermark::LANES;
+use crate::redis::watermark::{Layout, LANES};
 
 /// Most records of one shard in one call of the hot path (ADR-0039): enough to spread the
 /// call's fixed cost (the watermark read and checks, its write-back, the script call itself)
 /// thin, few enough that one call holds mailbox Redis for about half a millisecond.
 pub const MAX_RUN: usize = 128;
 
-/// One record for the hot path.
+/// Most recipients of one record on the hot path (ADR-0048): a record of more goes to the
+/// chunked path, whose calls are bounded per lane, so that no one call holds mailbox Redis
+/// for long.
+pub const MAX_HOT_RECIPIENTS: usize = 64;
+
+/// Most mailbox entries written by one call of the hot path (ADR-0048): a run ends before
+/// the record that would pass it (a run of one-recipient records ends at [`MAX_RUN`] first).
+pub const MAX_RUN_ENTRIES: usize = 256;
+
+/// One record for the hot path: its entry is written to each recipient's mailbox and W
+/// moves past it in one atomic step.
 #[derive(Debug, Clone)]
 pub struct SingleItem {
     /// Log offset (= MailboxSeq).
     pub offset: u64,
     /// The record's prev offset.
     pub prev: u64,
-    /// Recipient id.
-    pub recipient: String,
-    /// Encoded mailbox entry.
+    /// Recipient ids: one (ADR-0015's hot path) up to [`MAX_HOT_RECIPIENTS`] (ADR-0048).
+    pub recipients: Vec<String>,
+    /// Encoded mailbox entry (the same member in every recipient's mailbox).
     pub entry: Vec<u8>,
+}
+
+/// Splits a shard's hot items into runs of one call each: at most [`MAX_RUN`] records and
+/// [`MAX_RUN_ENTRIES`] entries (each item holds 1..=[`MAX_HOT_RECIPIENTS`], checked before).
+fn runs(items: &[SingleItem]) -> Vec<&[SingleItem]> {
+    let mut out = Vec::new();
+    let (mut start, mut entries) = (0, 0);
+    for (i, it) in items.iter().enumerate() {
+        let k = it.recipients.len();
+        if i > start && (i - start == MAX_RUN || entries + k > MAX_RUN_ENTRIES) {
+            out.push(&items[start..i]);
+            (start, entries) = (i, 0);
+        }
+        entries += k;
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
 }
 
 /// One lane's chunk of a record: its recipients in that lane and their entries.
@@ -69,24 +98,40 @@ impl AdvanceRecord {
 impl MailboxStore {
     // ---- materialize_fresh_single_recipient.lua ----
 
-    /// One call of the hot path for a run of records of one shard (ADR-0039).
+    /// One call of the hot path for a run of records of one shard (ADR-0039): ADR-0015's
+    /// form when every record has one recipient, else the many-recipient form (ADR-0048).
     fn materialize_cmd(&self, shard: u32, epoch: &str, run: &[SingleItem]) -> Cmd {
+        let single = run.iter().all(|it| it.recipients.len() == 1);
+        let keys: usize = run.iter().map(|it| it.recipients.len()).sum();
         let mut c = redis::cmd("EVALSHA");
         c.arg(&self.set.materialize_fresh_single_recipient.sha)
-            .arg(run.len() + 1)
+            .arg(keys + 1)
             .arg(keys::wm(shard));
         for it in run {
-            c.arg(keys::mailbox(shard, &it.recipient));
+            for r in &it.recipients {
+                c.arg(keys::mailbox(shard, r));
+            }
         }
         c.arg(epoch);
-        for it in run {
-            c.arg(it.offset).arg(it.prev).arg(&it.entry[..]);
+        if single {
+            for it in run {
+                c.arg(it.offset).arg(it.prev).arg(&it.entry[..]);
+            }
+        } else {
+            c.arg("m");
+            for it in run {
+                c.arg(it.offset)
+                    .arg(it.prev)
+                    .arg(it.recipients.len())
+                    .arg(&it.entry[..]);
+            }
         }
         c
     }
 
     /// Checks a shard's hot items (u48 offsets, strictly increasing: a run's replies count
-    /// records in order) and adds one command per run of at most [`MAX_RUN`] to `cmds`.
+    /// records in order; 1..=[`MAX_HOT_RECIPIENTS`] recipients, and more than one only on
+    /// packed-v2, whose script has that form) and adds one command per run to `cmds`.
     fn push_runs(
         &self,
         cmds: &mut Vec<(u32, Cmd)>,
@@ -105,9 +150,21 @@ impl MailboxStore {
                 )));
             }
             last = Some(it.offset);
+            let k = it.recipients.len();
+            let most = match self.layout() {
+                Layout::PackedV2 => MAX_HOT_RECIPIENTS,
+                Layout::PackedV1 => 1,
+            };
+            if k == 0 || k > most {
+                return Err(Error::InvalidArgument(format!(
+                    "hot-path record {} of shard {shard} has {k} recipients (1..={most} on {})",
+                    it.offset,
+                    self.layout()
+                )));
+            }
         }
         let e = epoch.to_string();
-        for run in items.chunks(MAX_RUN) {
+        for run in runs(items) {
             cmds.push((shard, self.materialize_cmd(shard, &e, run)));
         }
         Ok(())
@@ -120,7 +177,7 @@ impl MailboxStore {
         replies: &mut impl Iterator<Item = &'a Value>,
     ) -> Result<Vec<Materialized>> {
         let mut out = Vec::with_capacity(items.len());
-        for run in items.chunks(MAX_RUN) {
+        for run in runs(items) {
             let r = replies.next().expect("one reply per run");
             let offsets: Vec<u64> = run.iter().map(|it| it.offset).collect();
             out.extend(parse_materialized(r, &offsets)?.ok_or(Error::NoWatermark { shard })?);

@@ -16,6 +16,21 @@
 -- ARGV[3i]     expected_previous   decimal u48, record i's prev offset; CAS against W
 -- ARGV[3i+1]   entry               bytes, the mailbox member (starts with the seq, so unique)
 --
+-- The many-recipient form (ADR-0048), told apart by ARGV[2] == 'm' (an offset is never 'm'):
+-- n = (#ARGV - 2) / 4 >= 1 records, record i (1..n) with k_i >= 1 recipients:
+-- KEYS[2..]    mb:{s}:<recipient>  zset  the k_1 mailboxes of record 1, then record 2's, ...
+--                                        (#KEYS == 1 + the sum of the k_i)
+-- ARGV[2]      'm'
+-- ARGV[4i-1]   offset              decimal u48, as above
+-- ARGV[4i]     expected_previous   decimal u48, as above
+-- ARGV[4i+1]   k_i                 decimal, how many of the KEYS are record i's
+-- ARGV[4i+2]   entry               bytes, the member written to each of its k_i mailboxes
+-- A record is applied whole (every entry and W in this one atomic step), so no staging
+-- state is written: nothing of it is ever half durable. The caller bounds a call's entries.
+-- A k_i that is not a whole number >= 1, or counts that do not add up to #KEYS - 1, are an
+-- error reply 'ERR bad_arguments' (after the watermark's checks, before any write). Only
+-- this packed-v2 script has the form: packed-v1 code sends such records to the chunked path.
+--
 -- Records are taken in order, each as its own call would: at or below W it is a replay
 -- (nothing written), with expected_previous == W it is applied (its entry written, W = its
 -- offset), otherwise it is a gap and the run stops there (it and the records after it are
@@ -88,20 +103,53 @@ if w < ((((f1 * 256 + f2) * 256 + f3) * 256 + f4) * 256 + f5) * 256 + f6 then
   return {-1, 'w_below_floor', 0}
 end
 if not same_epoch then return {3, epoch} end
-local records = #KEYS - 1
 local replayed, applied, status = 0, 0, 1
-for i = 1, records do
-  local a = 3 * i - 1
-  local off = tonumber(ARGV[a])
-  if off <= w then
-    replayed = replayed + 1
-  elseif tonumber(ARGV[a + 1]) ~= w then
-    status = 2
-    break
-  else
-    redis.call('ZADD', KEYS[i + 1], ARGV[a], ARGV[a + 2])
-    w = off
-    applied = applied + 1
+local records
+if ARGV[2] ~= 'm' then
+  records = #KEYS - 1
+  for i = 1, records do
+    local a = 3 * i - 1
+    local off = tonumber(ARGV[a])
+    if off <= w then
+      replayed = replayed + 1
+    elseif tonumber(ARGV[a + 1]) ~= w then
+      status = 2
+      break
+    else
+      redis.call('ZADD', KEYS[i + 1], ARGV[a], ARGV[a + 2])
+      w = off
+      applied = applied + 1
+    end
+  end
+else
+  records = (#ARGV - 2) / 4
+  if records < 1 or records % 1 ~= 0 then return redis.error_reply('ERR bad_arguments') end
+  local sum = 0
+  for i = 1, records do
+    local k = tonumber(ARGV[4 * i + 1])
+    if not k or k < 1 or k % 1 ~= 0 then return redis.error_reply('ERR bad_arguments') end
+    sum = sum + k
+  end
+  if sum ~= #KEYS - 1 then return redis.error_reply('ERR bad_arguments') end
+  local key = 2
+  for i = 1, records do
+    local a = 4 * i - 1
+    local off = tonumber(ARGV[a])
+    local k = tonumber(ARGV[a + 2])
+    if off <= w then
+      replayed = replayed + 1
+    elseif tonumber(ARGV[a + 1]) ~= w then
+      status = 2
+      break
+    else
+      local entry = ARGV[a + 3]
+      for j = key, key + k - 1 do
+        redis.call('ZADD', KEYS[j], ARGV[a], entry)
+      end
+      w = off
+      applied = applied + 1
+    end
+    key = key + k
   end
 end
 if applied > 0 then

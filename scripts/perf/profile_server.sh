@@ -6,6 +6,7 @@
 # `perf record --call-graph dwarf` for the middle of the load, and writes OUT.svg (a flamegraph, inferno:
 # `cargo install inferno`), OUT.folded and OUT.txt (CPU µs per message of the server, from
 # /proc/<pid>/stat, and the generator's report). Needs perf and a release build with debug info.
+# LOAD_ARGS: more arguments for `bench load` (for example "--fanout 8").
 # PERF=0: only the CPU figure (no perf attached), for side-by-side comparisons of two binaries.
 set -euo pipefail
 RATE=${1:?rate} SECS=${2:?seconds} OUT=${3:?output prefix} CLIENTS=${4:-1000}
@@ -15,7 +16,7 @@ BIN=$(readlink -f "$BIN")
 . "$(dirname "$0")/up.sh"
 ticks() { awk '{print $14+$15}' "/proc/$UP/stat"; }
 "$BIN" bench load --target "ws://127.0.0.1:$PORT/v1/ws" --core-urls "$CORE" --mailbox-urls "$MAILBOX" \
-  --clients "$CLIENTS" --rate "$RATE" --duration "$SECS" --no-progress --json "$OUT.json" >"$OUT.txt" 2>&1 &
+  --clients "$CLIENTS" --rate "$RATE" --duration "$SECS" --no-progress --json "$OUT.json" ${LOAD_ARGS:-} >"$OUT.txt" 2>&1 &
 LOAD=$!
 # connecting takes a while: wait for the first commit, then sample the middle of the window
 for _ in $(seq 600); do

@@ -1,6 +1,7 @@
 //! Materialisation on [`MailboxStore`]: the hot path
-//! (`materialize_fresh_single_recipient.lua`: a shard's records in runs of up to [`MAX_RUN`],
-//! one call per run, the runs of several shards in one pipeline), the chunked path
+//! (`materialize_fresh_single_recipient.lua`: a shard's records of 1..=[`MAX_HOT_RECIPIENTS`]
+//! recipients each (ADR-0048) in runs of up to [`MAX_RUN`] records and [`MAX_RUN_ENTRIES`]
+//! entries, one call per run, the runs of several shards in one pipeline), the chunked path
 //! (`write_lane_chunk.lua`, then `advance_log_watermark(s).lua`) and the GC of staging state
 //! (`gc_completed_dispatch.lua`).
 //! The records handed in are typed here ([`SingleItem`], [`LaneChunk`], [`AdvanceRecord`]);

@@ -20,7 +20,9 @@
 //! (issue 13, ADR-0030) under traffic through all three gateways, with faults drawn at random
 //! from a printed seed (`TIDEMARK_CHAOS_SEED` replays it): kill -9, SIGSTOP and SIGTERM of a
 //! node, core and mailbox Redis restarts, `CLIENT KILL`; each node's `/healthz` must be 200 at
-//! the end, after a drain with no further traffic.
+//! the end, after a drain with no further traffic. Its nodes write records of several
+//! recipients on the hot path (ADR-0048, `--hot-recipients 128`), so its kills meet that path;
+//! the first test's chunk faults keep every such record on the chunked path.
 //!
 //! Size: `TIDEMARK_CHAOS_SECS` (default 25) seconds of faults, `TIDEMARK_CHAOS_USERS`
 //! (default 24) users. Larger: `TIDEMARK_CHAOS_SECS=300 TIDEMARK_CHAOS_USERS=200 cargo test
@@ -779,8 +781,10 @@ impl NodeFault {
 const NODE_IDS: [&str; 3] = ["n0", "n1", "n2"];
 const LEASE_TTL: Duration = Duration::from_secs(1);
 
-/// One node: `serve --ownership leases --lease-ttl 1s --node-id ID` on `port`, a share (10 %)
-/// of its lane chunk writes failing, its errors in a log file of its own.
+/// One node: `serve --ownership leases --lease-ttl 1s --node-id ID` on `port`, its errors in a
+/// log file of its own. Records of several recipients take the hot path (ADR-0048,
+/// `--hot-recipients 128`), so that the kills and fail-overs of this test meet it; the lane
+/// chunk faults of the chunked path are [`faults_lose_nothing_duplicate_nothing_reorder_nothing`]'s.
 fn lease_node(core: &str, mailbox: &str, id: &str, port: u16) -> Serve {
     static STARTS: AtomicU64 = AtomicU64::new(0);
     let n = STARTS.fetch_add(1, Ordering::SeqCst);
@@ -792,8 +796,8 @@ fn lease_node(core: &str, mailbox: &str, id: &str, port: u16) -> Serve {
         "1s",
         "--node-id",
         id,
-        "--fault-chunk-fail-pct",
-        "10",
+        "--hot-recipients",
+        "128",
     ];
     Serve::start((core, mailbox, SHARDS), port, &args, "error", log)
 }
@@ -944,7 +948,7 @@ async fn three_lease_nodes_under_random_faults() {
     let t = |f: NodeFault| summary(takeover.get(&f).map_or(&[][..], Vec::as_slice));
     println!(
         "chaos nodes: {} messages ({} deliveries, {} resends) through 3 gateways, {:.0?} of \
-         faults: {} + chunk_fail 10%; shards held again (median/max) after kill -9 {}, SIGSTOP {}, \
+         faults: {} + records of several recipients on the hot path; shards held again (median/max) after kill -9 {}, SIGSTOP {}, \
          SIGTERM {}, core restart {}, mailbox restart {}; rebalanced after a node's return {}; \
          lost {}, duplicated {}, reordered {}; seed {seed}",
         o.messages,

@@ -1017,6 +1017,9 @@ async fn start_holding(
     });
     let opts = MaterializerOptions {
         fault: Some(fault.clone()),
+        // the lane is held on the chunked path: records of several recipients take it
+        // (ADR-0048 would write them in one call)
+        hot_recipients: 1,
         ..MaterializerOptions::default()
     };
     (start_full(tweak, opts).await, fault)

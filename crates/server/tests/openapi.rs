@@ -1026,6 +1026,8 @@ async fn admin_status_shows_diverged_lanes() {
     });
     let opts = tidemark_server::materializer::MaterializerOptions {
         fault: Some(fault.clone()),
+        // lanes diverge on the chunked path only (ADR-0048)
+        hot_recipients: 1,
         ..Default::default()
     };
     let d = gateway_support::start_full(|_| {}, opts).await;

@@ -623,7 +623,8 @@ async fn records_of_many_recipients_apply_whole_in_one_call() {
     );
     assert_eq!(entries(&mut e.raw, &all).await, 13 + 2);
 
-    // runs end at MAX_RUN_ENTRIES entries: 5 records of 64 recipients are two calls
+    // runs end at MAX_RUN_ENTRIES entries: 5 records of MAX_HOT_RECIPIENTS recipients are
+    // ceil(5 × 128 / 256) = 3 calls
     let () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
         .query_async(&mut e.raw)

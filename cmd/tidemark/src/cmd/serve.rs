@@ -176,10 +176,10 @@ struct MaterializerArgs {
     #[arg(long)]
     no_local_delivery: bool,
     /// Most recipients (in one shard) of a message whose mailbox entries and watermark move
-    /// in one atomic call on packed-v2 (ADR-0048), 1..=64; a record of more takes the
-    /// chunked path. 1: only one-recipient records (ADR-0015's hot path). Default: 64, or 1
+    /// in one atomic call on packed-v2 (ADR-0048), 1..=128; a record of more takes the
+    /// chunked path. 1: only one-recipient records (ADR-0015's hot path). Default: 128, or 1
     /// with `--fault-chunk-fail-pct` (chunk faults are injected on the chunked path).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=128))]
     hot_recipients: Option<u16>,
 }
 

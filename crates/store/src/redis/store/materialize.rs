@@ -23,10 +23,11 @@ use crate::redis::watermark::{Layout, LANES};
 /// thin, few enough that one call holds mailbox Redis for about half a millisecond.
 pub const MAX_RUN: usize = 128;
 
-/// Most recipients of one record on the hot path (ADR-0048): a record of more goes to the
-/// chunked path, whose calls are bounded per lane, so that no one call holds mailbox Redis
-/// for long.
-pub const MAX_HOT_RECIPIENTS: usize = 64;
+/// Most recipients of one record on the hot path (ADR-0048): above the protocol's default
+/// `max_recipients` (100), so that with the default limits every record can take it; a
+/// record of more goes to the chunked path, whose calls are bounded per lane, so that no
+/// one call holds mailbox Redis for long.
+pub const MAX_HOT_RECIPIENTS: usize = 128;
 
 /// Most mailbox entries written by one call of the hot path (ADR-0048): a run ends before
 /// the record that would pass it (a run of one-recipient records ends at [`MAX_RUN`] first).

@@ -13,9 +13,11 @@ use redis::AsyncCommands;
 use tidemark_protocol::entry::decode_entry;
 use tidemark_redis_proc::RedisProcess;
 use tidemark_server::health::{HealthBoard, ShardStatus};
-use tidemark_server::materializer::{ChunkFault, MaterializerOptions, Worker};
+use tidemark_server::materializer::{
+    ChunkFault, CommitFeed, MaterializerOptions, Worker, FEED_POLL,
+};
 use tidemark_store::keys;
-use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::dlog::{DispatchRecord, LogStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::{encode_blob, LaneWatermarks, Layout};
 use tidemark_store::topology::Topology;
@@ -238,6 +240,134 @@ async fn single_and_multi_recipient_exactly_once_in_log_order() {
         let b: Vec<u8> = c.hget(keys::wm(s), "wm_blob").await.unwrap();
         assert_eq!(b.len(), 19, "shard {s}");
     }
+    w.stop().await;
+}
+
+/// Commits like [`send`] and hands each record to `feed` as this process's gateway would
+/// (ADR-0049), except the shards in `skip` (a record the feed does not carry).
+async fn send_fed(
+    e: &mut Env,
+    feed: &CommitFeed,
+    id: &str,
+    to: &[&str],
+    skip: &[u32],
+) -> BTreeMap<u32, u64> {
+    let offs = send(e, "sender", id, to, id).await;
+    for (&s, &offset) in &offs {
+        if skip.contains(&s) {
+            continue;
+        }
+        let recipients = to
+            .iter()
+            .filter(|r| route(r).shard == s)
+            .map(|r| r.to_string())
+            .collect();
+        let rec = DispatchRecord {
+            offset,
+            prev: offset - 1,
+            sender: "sender".into(),
+            client_id: id.into(),
+            recipients,
+            body: id.into(),
+            sent_at_us: 1,
+        };
+        feed.offer(s, rec);
+    }
+    offs
+}
+
+/// Zeroes core Redis's command statistics.
+async fn reset_core_stats(e: &Env) {
+    let mut c = e.core_store.connection();
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+}
+
+/// `XREAD` calls core Redis has served since [`reset_core_stats`].
+async fn xread_calls(e: &Env) -> u64 {
+    let mut c = e.core_store.connection();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xread:calls="))
+        .map(|r| r.split(',').next().unwrap().parse().unwrap())
+        .unwrap_or(0)
+}
+
+/// ADR-0049: once in feed mode, the worker takes the records handed over and polls the log
+/// only every FEED_POLL; a record the feed did not carry (another gateway's commit) is found
+/// by a poll with no more traffic, in order, and puts the worker back in log mode, where
+/// everything still arrives; with the feed offered again, it returns to feed mode.
+#[tokio::test]
+async fn handed_over_records_are_not_read_back_and_the_rest_is_found_by_itself() {
+    let mut e = env().await;
+    let feed = CommitFeed::default();
+    let opts = MaterializerOptions {
+        feed: Some(feed.clone()),
+        ..fast_opts()
+    };
+    let w = start_worker(&e, opts).await;
+    let us = users(8);
+    let to = |i: usize| vec![us[i % us.len()].as_str()];
+    // log mode first; the feed is tried after a second without a backlog
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    reset_core_stats(&e).await;
+    let started = Instant::now();
+    let mut expected: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for i in 0..200 {
+        let offs = send_fed(&mut e, &feed, &format!("f{i}"), &to(i), &[]).await;
+        expected
+            .entry(to(i)[0].to_string())
+            .or_default()
+            .extend(offs.values());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    wait_until("caught up", || all_caught_up(&e)).await;
+    let secs = started.elapsed().as_secs_f64();
+    let calls = xread_calls(&e).await;
+    // a poll every FEED_POLL (100 ms) and a few after holes; log mode reads about once per
+    // record at this pace (its linger is 2 ms)
+    let most = (secs / FEED_POLL.as_secs_f64()) as u64 * 2 + 10;
+    assert!(
+        calls <= most,
+        "{calls} XREADs in {secs:.2} s for 200 records handed over (at most {most})"
+    );
+    for (u, seqs) in &expected {
+        let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
+        assert_eq!(&got, seqs, "mailbox of {u}");
+    }
+
+    // a record handed over, one not (committed elsewhere), one handed over after it: then no
+    // more traffic; a poll finds the hole and all three arrive in log order
+    let u = us[0].as_str();
+    let s = route(u).shard;
+    let a = send_fed(&mut e, &feed, "h1", &[u], &[]).await[&s];
+    let b = send_fed(&mut e, &feed, "h2", &[u], &[s]).await[&s];
+    let c = send_fed(&mut e, &feed, "h3", &[u], &[]).await[&s];
+    let want: Vec<u64> = expected[u].iter().copied().chain([a, b, c]).collect();
+    until_within(
+        "the record the feed missed, quietly",
+        Duration::from_secs(3),
+        || async {
+            let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
+            got == want
+        },
+    )
+    .await;
+    // log mode now: records not handed over at all still arrive
+    let d = send_fed(&mut e, &feed, "h4", &[u], &[s]).await[&s];
+    let want: Vec<u64> = want.into_iter().chain([d]).collect();
+    until_within("log mode", Duration::from_secs(3), || async {
+        let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
+        got == want
+    })
+    .await;
     w.stop().await;
 }
 

@@ -175,6 +175,11 @@ struct MaterializerArgs {
     /// as on a gateway-only node.
     #[arg(long)]
     no_local_delivery: bool,
+    /// Do not hand the records this process's gateway commits to its materializers
+    /// (ADR-0049): they read every record back from the logs with `XREAD`, as a
+    /// materializer-only node does.
+    #[arg(long)]
+    no_commit_feed: bool,
     /// Most recipients (in one shard) of a message whose mailbox entries and watermark move
     /// in one atomic call on packed-v2 (ADR-0048), 1..=128; a record of more takes the
     /// chunked path. 1: only one-recipient records (ADR-0015's hot path). Default: 128, or 1
@@ -408,6 +413,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             gateway: GatewayOptions {
                 core_wait: a.replication.core_policy(),
                 local_delivery: !a.materializer.no_local_delivery,
+                commit_feed: !a.materializer.no_commit_feed,
                 commit_linger: std::time::Duration::from_micros(a.materializer.commit_linger_us),
                 ..gateway_options(
                     &a.listeners,
@@ -468,6 +474,9 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             .arg(a.materializer.commit_linger_us.to_string());
         if a.materializer.no_local_delivery {
             cmd.arg("--no-local-delivery");
+        }
+        if a.materializer.no_commit_feed {
+            cmd.arg("--no-commit-feed");
         }
         if let Some(n) = a.materializer.hot_recipients {
             cmd.arg("--hot-recipients").arg(n.to_string());
@@ -633,6 +642,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 clients: a.role != "materializer",
                 core_wait: a.replication.core_policy(),
                 local_delivery: !a.materializer.no_local_delivery,
+                commit_feed: !a.materializer.no_commit_feed,
                 commit_linger: std::time::Duration::from_micros(a.materializer.commit_linger_us),
                 ..gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls)
             },

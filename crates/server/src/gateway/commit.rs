@@ -63,18 +63,20 @@ impl CommitPath {
         health: Arc<HealthBoard>,
     ) -> Result<CommitPath, GatewayError> {
         let linger = super::DEFAULT_COMMIT_LINGER;
-        Self::connect_tracked(map, core_wait, linger, health, TaskTracker::new()).await
+        Self::connect_tracked(map, core_wait, linger, health, TaskTracker::new(), None).await
     }
 
     /// [`CommitPath::connect`] with the group commit's flush tasks spawned on `tracker` (the
     /// gateway joins them with its other tasks), and rounds of an instance at least
-    /// `commit_linger` apart (ADR-0045; zero: none).
+    /// `commit_linger` apart (ADR-0045; zero: none), and every record committed handed to
+    /// `feed` (this process's materializers, ADR-0049).
     pub async fn connect_tracked(
         map: ShardMap,
         core_wait: &WaitPolicy,
         commit_linger: Duration,
         health: Arc<HealthBoard>,
         tracker: TaskTracker,
+        feed: Option<crate::materializer::CommitFeed>,
     ) -> Result<CommitPath, GatewayError> {
         let mut cores = Vec::with_capacity(map.core_urls().len());
         for url in map.core_urls() {
@@ -97,6 +99,7 @@ impl CommitPath {
             DEFAULT_DEDUPE_TTL_S,
             commit_linger,
             tracker,
+            feed,
         );
         Ok(CommitPath {
             map,

@@ -37,12 +37,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use tidemark_store::redis::dlog::{CommitRequest, Committed, LogStore};
+use tidemark_store::redis::dlog::{CommitRequest, Committed, DispatchRecord, LogStore};
 use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
 use tokio_util::task::TaskTracker;
 
 use super::batch::{answer, Waiting};
+use crate::materializer::CommitFeed;
 
 /// Most messages in one `commit_dispatch` call (the script runs ~6 µs per message, so a full
 /// group holds its core instance for well under a millisecond).
@@ -81,6 +82,8 @@ struct Inner {
     /// Shortest time from one round of an instance to the next (zero: none).
     linger: Duration,
     tracker: TaskTracker,
+    /// This process's materializers, to which each record committed is handed (ADR-0049).
+    feed: Option<CommitFeed>,
 }
 
 /// A core instance's queue.
@@ -113,6 +116,7 @@ impl GroupCommit {
         dedupe_ttl_s: u64,
         linger: Duration,
         tracker: TaskTracker,
+        feed: Option<CommitFeed>,
     ) -> GroupCommit {
         let instances = cores.iter().map(|_| Mutex::default()).collect();
         GroupCommit {
@@ -123,6 +127,7 @@ impl GroupCommit {
                 instances,
                 linger,
                 tracker,
+                feed,
             }),
         }
     }
@@ -215,7 +220,8 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
         }
         let calls = by_shard.into_iter().map(|(shard, part)| {
             let core = inner.cores[instance].clone();
-            commit_shard(core, shard, part, inner.dedupe_ttl_s)
+            let feed = inner.feed.as_ref().filter(|f| f.wants(shard));
+            commit_shard(core, shard, part, inner.dedupe_ttl_s, feed)
         });
         futures::future::join_all(calls).await;
     }
@@ -227,6 +233,7 @@ async fn commit_shard(
     shard: u32,
     mut part: Vec<Waiting<Pending, Answer>>,
     dedupe_ttl_s: u64,
+    feed: Option<&CommitFeed>,
 ) {
     while !part.is_empty() {
         let rest = part.split_off(part.len().min(MAX_GROUP));
@@ -252,6 +259,35 @@ async fn commit_shard(
         let results = core.commit_group(shard, &reqs, dedupe_ttl_s).await;
         drop(reqs);
         drop(recipients);
+        if let (Some(feed), Ok(results)) = (feed, &results) {
+            offer(feed, shard, &group, results);
+        }
         answer(group, results);
+    }
+}
+
+/// Hands each record a group added to the log (not the duplicates) to this process's
+/// materializer of `shard` (ADR-0049): the record as the log holds it.
+fn offer(feed: &CommitFeed, shard: u32, group: &[Waiting<Pending, Answer>], results: &[Answer]) {
+    for (w, r) in group.iter().zip(results) {
+        if let Ok(Committed {
+            offset,
+            duplicate: false,
+        }) = r
+        {
+            let p = &w.item;
+            feed.offer(
+                shard,
+                DispatchRecord {
+                    offset: *offset,
+                    prev: offset - 1,
+                    sender: p.sender.clone(),
+                    client_id: p.client_id.clone(),
+                    recipients: p.recipients.clone(),
+                    body: p.body.clone(),
+                    sent_at_us: p.sent_at_us,
+                },
+            );
+        }
     }
 }

@@ -158,6 +158,13 @@ pub struct GatewayOptions {
     /// The handle `run::serve` shares between this gateway and its materializers when
     /// `local_delivery` applies; `None`: every delivery is read.
     pub local: Option<LocalDelivery>,
+    /// Whether `run::serve`, in a process that also materializes, hands the records this
+    /// gateway commits to its materializers (ADR-0049), so that they seldom read the logs.
+    /// Off: the materializers read every record back with `XREAD`.
+    pub commit_feed: bool,
+    /// The handle `run::serve` shares between this gateway and its materializers when
+    /// `commit_feed` applies; `None`: nothing is handed over.
+    pub feed: Option<crate::materializer::CommitFeed>,
 }
 
 /// [`GatewayOptions::commit_linger`]'s default (ADR-0045).
@@ -192,6 +199,8 @@ impl Default for GatewayOptions {
             stuck_after: Duration::from_secs(10),
             local_delivery: true,
             local: None,
+            commit_feed: true,
+            feed: None,
         }
     }
 }

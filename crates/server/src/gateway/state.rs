@@ -61,6 +61,7 @@ impl Shared {
             opts.commit_linger,
             health.clone(),
             tracker.clone(),
+            opts.feed.clone(),
         )
         .await?;
         let mut mailboxes = Vec::with_capacity(map.mailbox_urls().len());

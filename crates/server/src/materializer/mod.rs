@@ -44,12 +44,14 @@ use std::time::Duration;
 
 mod chunked;
 mod fault;
+mod feed;
 mod gc;
 mod hot;
 mod shard;
 mod worker;
 
 pub use fault::{ChunkFault, RandomChunkFault};
+pub use feed::{CommitFeed, FEED_POLL, FEED_QUEUE};
 pub use worker::Worker;
 
 /// Most shards garbage-collected in one loop iteration.
@@ -118,6 +120,9 @@ pub struct MaterializerOptions {
     /// This process's gateway, when it serves clients: applied hot-path runs are handed to
     /// its connections (ADR-0041) besides the wake hint published on Redis.
     pub local: Option<crate::gateway::LocalDelivery>,
+    /// The records this process's gateway commits, handed over so the logs need not be read
+    /// back (ADR-0049); `None`: every record is read from the log.
+    pub feed: Option<CommitFeed>,
 }
 
 impl Default for MaterializerOptions {
@@ -134,6 +139,7 @@ impl Default for MaterializerOptions {
             fault: None,
             lease_gate: None,
             local: None,
+            feed: None,
         }
     }
 }

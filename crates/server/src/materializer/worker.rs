@@ -12,6 +12,7 @@ use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
 
+use super::feed::{FeedRead, FeedState};
 use super::shard::OwnedShard;
 use super::{
     Error, MaterializerOptions, GATE_RECHECK, OWNER_MARK_REFRESH, READ_GRACE, RETRY_MAX, RETRY_MIN,
@@ -43,6 +44,9 @@ pub struct Worker {
     pub(super) served_at: Option<Instant>,
     /// Per mailbox instance: how its wake hints are paced (ADR-0047).
     pub(super) hint_pace: Vec<HintPace>,
+    /// The records this process's gateway commits to these shards, and whether the loop
+    /// takes them instead of reading the logs (ADR-0049).
+    pub(super) feed: Option<FeedState>,
 }
 
 /// How one mailbox instance's wake hints are paced (ADR-0047). A hint that only announces
@@ -100,6 +104,12 @@ impl Worker {
         for mb in &mut mailboxes {
             mb.set_replica_wait(&opts.mailbox_wait).await?;
         }
+        // before the shards' W are read: from then on every commit of this process is handed
+        // over (log mode reads what came before anyway)
+        let feed = opts
+            .feed
+            .as_ref()
+            .map(|f| FeedState::new(f.register(shards)));
         let mut w = Worker {
             map,
             core,
@@ -115,6 +125,7 @@ impl Worker {
             marks_at: None,
             served_at: None,
             hint_pace: Vec::new(),
+            feed,
         };
         w.hint_pace = w.mailboxes.iter().map(|_| HintPace::new()).collect();
         let mut corrupt = Vec::new();
@@ -379,36 +390,56 @@ impl Worker {
                     }
                     // XREAD BLOCK 0 would block for ever
                     let block = block.max(Duration::from_millis(1));
-                    let reader = self.reader.as_mut().expect("the reader is back");
-                    let read = tokio::select! {
-                        _ = cancel.cancelled() => return Ok(()),
-                        r = tokio::time::timeout(
-                            block + READ_GRACE,
-                            reader.read(&positions, self.opts.batch, block),
-                        ) => r,
-                    };
-                    match read {
-                        Ok(Ok(b)) => b,
-                        Ok(Err(e)) => {
-                            self.log_read_failed(&e.to_string(), cancel).await;
-                            continue;
+                    if self.feed_on() {
+                        // ADR-0049: what this process committed, the log only polled
+                        match self.feed_read(&positions, block, cancel).await {
+                            FeedRead::Batches(b) => b,
+                            FeedRead::Cancelled => return Ok(()),
+                            FeedRead::Failed(e) => {
+                                self.log_read_failed(&e, cancel).await;
+                                continue;
+                            }
                         }
-                        Err(_) => {
-                            self.log_read_failed("XREAD timed out", cancel).await;
-                            continue;
+                    } else {
+                        let reader = self.reader.as_mut().expect("the reader is back");
+                        let read = tokio::select! {
+                            _ = cancel.cancelled() => return Ok(()),
+                            r = tokio::time::timeout(
+                                block + READ_GRACE,
+                                reader.read(&positions, self.opts.batch, block),
+                            ) => r,
+                        };
+                        match read {
+                            Ok(Ok(b)) => b,
+                            Ok(Err(e)) => {
+                                self.log_read_failed(&e.to_string(), cancel).await;
+                                continue;
+                            }
+                            Err(_) => {
+                                self.log_read_failed("XREAD timed out", cancel).await;
+                                continue;
+                            }
                         }
                     }
                 }
             };
             self.log_read_ok();
             backlog = batches.iter().any(|(_, r)| r.len() >= self.opts.batch);
+            if !self.feed_on() {
+                self.feed_after_log_read(backlog);
+            }
             let stepped: Vec<u32> = positions.iter().map(|p| p.0).collect();
             let busy = !batches.is_empty();
             let routed = self.route(batches);
             // While the batch is applied (mailbox Redis), the next one is read (core Redis):
             // from the positions routing left, without blocking; used next time only where
             // they still hold ([`Worker::take_ahead`]).
-            let ahead_from: Vec<(u32, u64)> = if busy { self.readable() } else { Vec::new() };
+            // (not in feed mode: the feed fills while the batch is applied)
+            let ahead_from: Vec<(u32, u64)> = if busy && !self.feed_on() {
+                self.readable()
+            } else {
+                Vec::new()
+            };
             let mut reader = self.reader.take().expect("the reader is here");
             let count = self.opts.batch;
             let linger = self.linger_until(last_read, backlog);

@@ -258,6 +258,13 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
     let mut opts = opts;
     if materializes {
         crate::gateway::LocalDelivery::wire(&mut opts.gateway, &mut opts.materializer);
+        // and the records its gateway commits go to its materializers (ADR-0049)
+        let g = &mut opts.gateway;
+        if g.clients && g.commit_feed && g.feed.is_none() && opts.materializer.feed.is_none() {
+            let feed = crate::materializer::CommitFeed::default();
+            g.feed = Some(feed.clone());
+            opts.materializer.feed = Some(feed);
+        }
     }
     let owned: Vec<u32> = match (&opts.owned_shards, map.owner_table(), &opts.node) {
         // leases mode takes its shards later, one lease at a time; a gateway takes none

@@ -1,0 +1,366 @@
+//! The commit feed (ADR-0049): in a process that both serves clients and materializes, the
+//! records its own gateway commits are handed to the worker that owns their shard, so the
+//! worker need not read them back from the log with `XREAD`.
+//!
+//! ```text
+//!   gateway: commit_dispatch answered {0, offset} ──offer──▶ CommitFeed ──▶ worker of the shard
+//!                                                      (bounded queue; full: dropped, `lost`)
+//!   worker, feed mode:   takes each shard's records that continue its read position;
+//!                        reads the log (non-blocking XREAD) only every FEED_POLL, at once on
+//!                        a hole in what it was handed (a record committed elsewhere, or
+//!                        dropped), and when `lost` is set
+//!   worker, log mode:    XREAD BLOCK as before; the feed is drained and dropped
+//! ```
+//!
+//! The feed is a shortcut, never the source of truth: a record is taken only where its `prev`
+//! is the shard's read position, so nothing is skipped; the log is still read often enough
+//! to find what the feed did not carry. A read that finds records the feed never handed over
+//! (another gateway commits to these shards) puts the worker back in log mode; it tries the
+//! feed again after a backoff (1 s, doubling to 5 min).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tidemark_store::redis::dlog::DispatchRecord;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::worker::Worker;
+use super::READ_GRACE;
+
+/// Records queued for one worker before offers are dropped (the worker then reads the log).
+pub const FEED_QUEUE: usize = 8192;
+
+/// One worker's end of the feed.
+pub(crate) struct FeedRx {
+    pub(crate) rx: mpsc::Receiver<(u32, DispatchRecord)>,
+    /// Set when an offer found the queue full: a record was not handed over.
+    pub(crate) lost: Arc<AtomicBool>,
+}
+
+/// Where a shard's records go: its worker's queue.
+#[derive(Clone)]
+struct Route {
+    tx: mpsc::Sender<(u32, DispatchRecord)>,
+    lost: Arc<AtomicBool>,
+}
+
+/// The handle shared by a process's gateway (which offers) and materializer workers (which
+/// register their shards). Cheap to clone.
+#[derive(Clone, Default)]
+pub struct CommitFeed {
+    routes: Arc<Mutex<HashMap<u32, Route>>>,
+}
+
+impl std::fmt::Debug for CommitFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommitFeed").finish_non_exhaustive()
+    }
+}
+
+impl CommitFeed {
+    /// Registers a worker for `shards` (replacing a previous worker's registration of them);
+    /// its queue closes when the returned end is dropped.
+    pub(crate) fn register(&self, shards: &[u32]) -> FeedRx {
+        let (tx, rx) = mpsc::channel(FEED_QUEUE);
+        let lost = Arc::new(AtomicBool::new(false));
+        let mut routes = self.routes.lock().expect("feed lock");
+        for &s in shards {
+            routes.insert(
+                s,
+                Route {
+                    tx: tx.clone(),
+                    lost: lost.clone(),
+                },
+            );
+        }
+        FeedRx { rx, lost }
+    }
+
+    /// Whether a worker of this process takes `shard`'s records (so building one is worth it).
+    pub fn wants(&self, shard: u32) -> bool {
+        self.routes.lock().expect("feed lock").contains_key(&shard)
+    }
+
+    /// Hands a record just committed to `shard` to its worker, if this process has one. Never
+    /// waits: a full queue drops the record (and flags the worker, which reads the log).
+    pub fn offer(&self, shard: u32, rec: DispatchRecord) {
+        let route = self.routes.lock().expect("feed lock").get(&shard).cloned();
+        let Some(route) = route else {
+            return;
+        };
+        match route.tx.try_send((shard, rec)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                route.lost.store(true, Ordering::Release);
+                metrics::counter!("tidemark_commit_feed_dropped_total").increment(1);
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => {
+                // the worker is gone: forget its routes (a new worker registers its own)
+                let mut routes = self.routes.lock().expect("feed lock");
+                routes.retain(|_, r| !r.tx.is_closed());
+            }
+        }
+    }
+}
+
+/// In feed mode, how often the log is read anyway (records the feed did not carry: another
+/// gateway's commits, a dropped offer); also the longest such a record waits then.
+pub const FEED_POLL: Duration = Duration::from_millis(100);
+/// In feed mode, how soon the log is read after a hole shows in what was handed over.
+const HOLE_POLL: Duration = Duration::from_millis(5);
+/// The first wait in log mode before the feed is tried again; it doubles on every failed
+/// try, up to [`FEED_TRIAL_MAX`].
+const FEED_TRIAL_FIRST: Duration = Duration::from_secs(1);
+const FEED_TRIAL_MAX: Duration = Duration::from_secs(300);
+/// Records held for shards the loop does not read now (a closed lease gate) before the
+/// whole buffer is dropped (the log is read instead).
+const FED_HELD_MAX: usize = 2 * FEED_QUEUE;
+
+/// A worker's side of the feed: what it was handed and in which mode it reads.
+pub(crate) struct FeedState {
+    rx: FeedRx,
+    /// Records handed over and not yet taken, per shard, by offset (two flushes of one
+    /// core instance may answer out of order).
+    fed: BTreeMap<u32, BTreeMap<u64, DispatchRecord>>,
+    /// Feed mode (the log is only polled) or log mode (`XREAD BLOCK`).
+    on: bool,
+    /// Log mode: when the feed is tried again.
+    trial_at: Instant,
+    /// The wait before the next try after a failed one.
+    backoff: Duration,
+    /// Feed mode: when the log is polled next.
+    poll_at: Instant,
+    /// When the log was last polled in feed mode.
+    polled_at: Option<Instant>,
+}
+
+impl FeedState {
+    pub(crate) fn new(rx: FeedRx) -> FeedState {
+        let now = Instant::now();
+        FeedState {
+            rx,
+            fed: BTreeMap::new(),
+            on: false,
+            trial_at: now + FEED_TRIAL_FIRST,
+            backoff: FEED_TRIAL_FIRST,
+            poll_at: now,
+            polled_at: None,
+        }
+    }
+
+    fn held(&self) -> usize {
+        self.fed.values().map(BTreeMap::len).sum()
+    }
+}
+
+/// What a read in feed mode gave.
+pub(super) enum FeedRead {
+    Batches(Vec<(u32, Vec<DispatchRecord>)>),
+    Failed(String),
+    Cancelled,
+}
+
+impl Worker {
+    /// Whether the loop reads in feed mode now.
+    pub(super) fn feed_on(&self) -> bool {
+        self.feed.as_ref().is_some_and(|f| f.on)
+    }
+
+    /// Moves what was handed over into the per-shard buffers (records of shards this worker
+    /// does not run, or at or below their read position, are dropped).
+    fn drain_feed(&mut self) {
+        let Some(f) = self.feed.as_mut() else {
+            return;
+        };
+        while let Ok((s, rec)) = f.rx.rx.try_recv() {
+            let Some(sh) = self.owned.get(&s).filter(|sh| !sh.stopped) else {
+                continue;
+            };
+            if rec.offset > sh.read_pos {
+                f.fed.entry(s).or_default().insert(rec.offset, rec);
+            }
+        }
+        if f.held() > FED_HELD_MAX {
+            f.fed.clear();
+            f.rx.lost.store(true, Ordering::Release);
+        }
+    }
+
+    /// Drops what every shard's read position covers (log mode reads those records anyway).
+    pub(super) fn prune_feed(&mut self) {
+        self.drain_feed();
+        let Some(f) = self.feed.as_mut() else {
+            return;
+        };
+        for (s, m) in f.fed.iter_mut() {
+            match self.owned.get(s).filter(|sh| !sh.stopped) {
+                Some(sh) => *m = m.split_off(&(sh.read_pos + 1)),
+                None => m.clear(),
+            }
+        }
+        f.fed.retain(|_, m| !m.is_empty());
+    }
+
+    /// Each shard's handed-over records that continue its read position (at most a batch);
+    /// true when some shard holds records after a hole.
+    fn fed_batches(&mut self, positions: &[(u32, u64)]) -> (Vec<(u32, Vec<DispatchRecord>)>, bool) {
+        let batch = self.opts.batch;
+        let Some(f) = self.feed.as_mut() else {
+            return (Vec::new(), false);
+        };
+        let mut out = Vec::new();
+        let mut hole = false;
+        for &(s, pos) in positions {
+            let Some(m) = f.fed.get_mut(&s) else {
+                continue;
+            };
+            *m = m.split_off(&(pos + 1));
+            let mut run = Vec::new();
+            let mut at = pos;
+            while run.len() < batch {
+                match m.first_entry() {
+                    Some(e) if e.get().prev == at => {
+                        let rec = e.remove();
+                        at = rec.offset;
+                        run.push(rec);
+                    }
+                    _ => break,
+                }
+            }
+            hole |= !m.is_empty() && run.len() < batch;
+            if !run.is_empty() {
+                metrics::counter!("tidemark_commit_feed_records_total").increment(run.len() as u64);
+                out.push((s, run));
+            }
+        }
+        f.fed.retain(|_, m| !m.is_empty());
+        (out, hole)
+    }
+
+    /// In log mode, after a read: tries the feed again once its backoff has passed, unless
+    /// the read found a backlog (the log is the faster way through one).
+    pub(super) fn feed_after_log_read(&mut self, backlog: bool) {
+        self.prune_feed();
+        let Some(f) = self.feed.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        if !f.on && !backlog && now >= f.trial_at {
+            f.on = true;
+            f.poll_at = now + FEED_POLL;
+            metrics::counter!("tidemark_commit_feed_switches_total", "to" => "feed").increment(1);
+            tracing::debug!(core = %self.core_shown, "commit feed: feed mode");
+        }
+    }
+
+    /// A read in feed mode: the shards' handed-over records that continue their read
+    /// positions, as soon as there are any; the log (non-blocking) every [`FEED_POLL`], soon
+    /// after a hole, and at once after a dropped offer; otherwise nothing once `block` has
+    /// passed.
+    pub(super) async fn feed_read(
+        &mut self,
+        positions: &[(u32, u64)],
+        block: Duration,
+        cancel: &CancellationToken,
+    ) -> FeedRead {
+        let deadline = Instant::now() + block;
+        loop {
+            self.drain_feed();
+            let (batches, hole) = self.fed_batches(positions);
+            let f = self.feed.as_mut().expect("feed mode has a feed");
+            if hole {
+                let soon = f.polled_at.map_or(Instant::now(), |t| t + HOLE_POLL);
+                f.poll_at = f.poll_at.min(soon);
+            }
+            if !batches.is_empty() {
+                return FeedRead::Batches(batches);
+            }
+            let now = Instant::now();
+            if f.rx.lost.swap(false, Ordering::AcqRel) || now >= f.poll_at {
+                return self.feed_poll(positions).await;
+            }
+            let wake = deadline.min(f.poll_at);
+            let got = tokio::select! {
+                _ = cancel.cancelled() => return FeedRead::Cancelled,
+                rec = f.rx.rx.recv() => Some(rec),
+                _ = tokio::time::sleep_until(wake.into()) => None,
+            };
+            match got {
+                Some(Some((s, rec))) => {
+                    f.fed.entry(s).or_default().insert(rec.offset, rec);
+                }
+                // no sender left (the gateway is gone): the log is read from now on
+                Some(None) => {
+                    self.feed = None;
+                    return FeedRead::Batches(Vec::new());
+                }
+                None if Instant::now() < f.poll_at => return FeedRead::Batches(Vec::new()),
+                None => {} // the poll is due: next turn
+            }
+        }
+    }
+
+    /// Polls the log from `positions` (no blocking). Records in it that the feed never
+    /// handed over put the worker back in log mode: someone else commits to these shards.
+    async fn feed_poll(&mut self, positions: &[(u32, u64)]) -> FeedRead {
+        let reader = self.reader.as_mut().expect("the reader is here");
+        let read = tokio::time::timeout(
+            READ_GRACE,
+            reader.read(positions, self.opts.batch, Duration::ZERO),
+        )
+        .await;
+        let batches = match read {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => return FeedRead::Failed(e.to_string()),
+            Err(_) => return FeedRead::Failed("XREAD timed out".to_string()),
+        };
+        let now = Instant::now();
+        let mut foreign = self.unfed(positions, &batches);
+        if foreign > 0 {
+            // a commit of this process whose offer is still on its way is not foreign
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            foreign = self.unfed(positions, &batches);
+        }
+        let f = self.feed.as_mut().expect("feed mode has a feed");
+        f.polled_at = Some(now);
+        f.poll_at = now + FEED_POLL;
+        if foreign > 0 {
+            f.on = false;
+            f.trial_at = now + f.backoff;
+            f.backoff = (f.backoff * 2).min(FEED_TRIAL_MAX);
+            metrics::counter!("tidemark_commit_feed_switches_total", "to" => "log").increment(1);
+            tracing::debug!(
+                core = %self.core_shown,
+                foreign,
+                retry_in_ms = f.trial_at.saturating_duration_since(now).as_millis() as u64,
+                "commit feed: records the feed did not carry; log mode"
+            );
+        } else {
+            f.backoff = FEED_TRIAL_FIRST;
+        }
+        FeedRead::Batches(batches)
+    }
+
+    /// How many records of a read, above their shard's position, were never handed over.
+    fn unfed(&mut self, positions: &[(u32, u64)], batches: &[(u32, Vec<DispatchRecord>)]) -> usize {
+        self.drain_feed();
+        let Some(f) = self.feed.as_ref() else {
+            return 0;
+        };
+        let pos: BTreeMap<u32, u64> = positions.iter().copied().collect();
+        batches
+            .iter()
+            .map(|(s, recs)| {
+                let from = pos.get(s).copied().unwrap_or(0);
+                let fed = f.fed.get(s);
+                recs.iter()
+                    .filter(|r| r.offset > from)
+                    .filter(|r| !fed.is_some_and(|m| m.contains_key(&r.offset)))
+                    .count()
+            })
+            .sum()
+    }
+}

@@ -303,26 +303,44 @@ impl Worker {
         }
     }
 
-    /// Polls the log from `positions` (no blocking). Records in it that the feed never
-    /// handed over put the worker back in log mode: someone else commits to these shards.
+    /// Polls the log (no blocking) after what was handed over: each shard from the end of
+    /// its records that continue its position, which come first in its batch. Records in
+    /// the log that the feed never handed over put the worker back in log mode: someone
+    /// else commits to these shards.
     async fn feed_poll(&mut self, positions: &[(u32, u64)]) -> FeedRead {
+        self.drain_feed();
+        let (mut batches, _) = self.fed_batches(positions);
+        let ends: BTreeMap<u32, u64> = batches
+            .iter()
+            .filter_map(|(s, recs)| recs.last().map(|r| (*s, r.offset)))
+            .collect();
+        let from: Vec<(u32, u64)> = positions
+            .iter()
+            .map(|&(s, pos)| (s, ends.get(&s).copied().unwrap_or(pos)))
+            .collect();
         let reader = self.reader.as_mut().expect("the reader is here");
         let read = tokio::time::timeout(
             READ_GRACE,
-            reader.read(positions, self.opts.batch, Duration::ZERO),
+            reader.read(&from, self.opts.batch, Duration::ZERO),
         )
         .await;
-        let batches = match read {
+        let polled = match read {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => return FeedRead::Failed(e.to_string()),
             Err(_) => return FeedRead::Failed("XREAD timed out".to_string()),
         };
         let now = Instant::now();
-        let mut foreign = self.unfed(positions, &batches);
+        let mut foreign = self.unfed(&from, &polled);
         if foreign > 0 {
             // a commit of this process whose offer is still on its way is not foreign
             tokio::time::sleep(Duration::from_millis(1)).await;
-            foreign = self.unfed(positions, &batches);
+            foreign = self.unfed(&from, &polled);
+        }
+        for (s, recs) in polled {
+            match batches.iter_mut().find(|(b, _)| *b == s) {
+                Some((_, taken)) => taken.extend(recs),
+                None => batches.push((s, recs)),
+            }
         }
         let f = self.feed.as_mut().expect("feed mode has a feed");
         f.polled_at = Some(now);

@@ -109,8 +109,10 @@ impl CommitFeed {
 /// In feed mode, how often the log is read anyway (records the feed did not carry: another
 /// gateway's commits, a dropped offer); also the longest such a record waits then.
 pub const FEED_POLL: Duration = Duration::from_millis(100);
-/// In feed mode, how soon the log is read after a hole shows in what was handed over.
-const HOLE_POLL: Duration = Duration::from_millis(5);
+/// In feed mode, how soon the log is read after a hole shows in what was handed over (and
+/// is still there): two flushes of one core instance may answer out of order, so most holes
+/// close by themselves within a millisecond or two.
+const HOLE_POLL: Duration = Duration::from_millis(10);
 /// The first wait in log mode before the feed is tried again; it doubles on every failed
 /// try, up to [`FEED_TRIAL_MAX`].
 const FEED_TRIAL_FIRST: Duration = Duration::from_secs(1);
@@ -118,6 +120,12 @@ const FEED_TRIAL_MAX: Duration = Duration::from_secs(300);
 /// Records held for shards the loop does not read now (a closed lease gate) before the
 /// whole buffer is dropped (the log is read instead).
 const FED_HELD_MAX: usize = 2 * FEED_QUEUE;
+/// How long a record a poll found, and the feed had not handed over, may take to be offered
+/// before it counts as another process's commit: under load the gateway's offer can come
+/// some milliseconds after the log holds the record.
+const SUSPECT_GRACE: Duration = Duration::from_millis(50);
+/// Suspects held at most; more: another process commits here (log mode at once).
+const SUSPECTS_MAX: usize = 4096;
 
 /// A worker's side of the feed: what it was handed and in which mode it reads.
 pub(crate) struct FeedState {
@@ -133,8 +141,11 @@ pub(crate) struct FeedState {
     backoff: Duration,
     /// Feed mode: when the log is polled next.
     poll_at: Instant,
-    /// When the log was last polled in feed mode.
-    polled_at: Option<Instant>,
+    /// Since when some shard's handed-over records have had a hole (none: no hole).
+    hole_since: Option<Instant>,
+    /// Records a poll found that the feed had not handed over yet, and when: each is this
+    /// process's own commit if its offer follows within [`SUSPECT_GRACE`], else another's.
+    suspects: HashMap<(u32, u64), Instant>,
 }
 
 impl FeedState {
@@ -147,7 +158,8 @@ impl FeedState {
             trial_at: now + FEED_TRIAL_FIRST,
             backoff: FEED_TRIAL_FIRST,
             poll_at: now,
-            polled_at: None,
+            hole_since: None,
+            suspects: HashMap::new(),
         }
     }
 
@@ -176,6 +188,9 @@ impl Worker {
             return;
         };
         while let Ok((s, rec)) = f.rx.rx.try_recv() {
+            if !f.suspects.is_empty() {
+                f.suspects.remove(&(s, rec.offset));
+            }
             let Some(sh) = self.owned.get(&s).filter(|sh| !sh.stopped) else {
                 continue;
             };
@@ -269,20 +284,27 @@ impl Worker {
         let deadline = Instant::now() + block;
         loop {
             self.drain_feed();
+            if self.foreign_suspects() {
+                return FeedRead::Batches(Vec::new());
+            }
             let (batches, hole) = self.fed_batches(positions);
             let f = self.feed.as_mut().expect("feed mode has a feed");
-            if hole {
-                let soon = f.polled_at.map_or(Instant::now(), |t| t + HOLE_POLL);
-                f.poll_at = f.poll_at.min(soon);
-            }
+            // the periodic poll, or a hole's, whichever is first
+            let due = if hole {
+                let since = *f.hole_since.get_or_insert_with(Instant::now);
+                f.poll_at.min(since + HOLE_POLL)
+            } else {
+                f.hole_since = None;
+                f.poll_at
+            };
             if !batches.is_empty() {
                 return FeedRead::Batches(batches);
             }
             let now = Instant::now();
-            if f.rx.lost.swap(false, Ordering::AcqRel) || now >= f.poll_at {
+            if f.rx.lost.swap(false, Ordering::AcqRel) || now >= due {
                 return self.feed_poll(positions).await;
             }
-            let wake = deadline.min(f.poll_at);
+            let wake = deadline.min(due);
             let got = tokio::select! {
                 _ = cancel.cancelled() => return FeedRead::Cancelled,
                 rec = f.rx.rx.recv() => Some(rec),
@@ -290,6 +312,7 @@ impl Worker {
             };
             match got {
                 Some(Some((s, rec))) => {
+                    f.suspects.remove(&(s, rec.offset));
                     f.fed.entry(s).or_default().insert(rec.offset, rec);
                 }
                 // no sender left (the gateway is gone): the log is read from now on
@@ -297,7 +320,7 @@ impl Worker {
                     self.feed = None;
                     return FeedRead::Batches(Vec::new());
                 }
-                None if Instant::now() < f.poll_at => return FeedRead::Batches(Vec::new()),
+                None if Instant::now() < due => return FeedRead::Batches(Vec::new()),
                 None => {} // the poll is due: next turn
             }
         }
@@ -330,12 +353,7 @@ impl Worker {
             Err(_) => return FeedRead::Failed("XREAD timed out".to_string()),
         };
         let now = Instant::now();
-        let mut foreign = self.unfed(&from, &polled);
-        if foreign > 0 {
-            // a commit of this process whose offer is still on its way is not foreign
-            tokio::time::sleep(Duration::from_millis(1)).await;
-            foreign = self.unfed(&from, &polled);
-        }
+        self.suspect_unfed(&from, &polled, now);
         for (s, recs) in polled {
             match batches.iter_mut().find(|(b, _)| *b == s) {
                 Some((_, taken)) => taken.extend(recs),
@@ -343,42 +361,66 @@ impl Worker {
             }
         }
         let f = self.feed.as_mut().expect("feed mode has a feed");
-        f.polled_at = Some(now);
+        f.hole_since = None;
         f.poll_at = now + FEED_POLL;
-        if foreign > 0 {
-            f.on = false;
-            f.trial_at = now + f.backoff;
-            f.backoff = (f.backoff * 2).min(FEED_TRIAL_MAX);
-            metrics::counter!("tidemark_commit_feed_switches_total", "to" => "log").increment(1);
-            tracing::debug!(
-                core = %self.core_shown,
-                foreign,
-                retry_in_ms = f.trial_at.saturating_duration_since(now).as_millis() as u64,
-                "commit feed: records the feed did not carry; log mode"
-            );
-        } else {
+        if f.suspects.is_empty() {
             f.backoff = FEED_TRIAL_FIRST;
         }
         FeedRead::Batches(batches)
     }
 
-    /// How many records of a read, above their shard's position, were never handed over.
-    fn unfed(&mut self, positions: &[(u32, u64)], batches: &[(u32, Vec<DispatchRecord>)]) -> usize {
+    /// Notes the records of a poll, above where it read from, that were never handed over.
+    fn suspect_unfed(
+        &mut self,
+        from: &[(u32, u64)],
+        batches: &[(u32, Vec<DispatchRecord>)],
+        now: Instant,
+    ) {
         self.drain_feed();
-        let Some(f) = self.feed.as_ref() else {
-            return 0;
+        let Some(f) = self.feed.as_mut() else {
+            return;
         };
-        let pos: BTreeMap<u32, u64> = positions.iter().copied().collect();
-        batches
-            .iter()
-            .map(|(s, recs)| {
-                let from = pos.get(s).copied().unwrap_or(0);
-                let fed = f.fed.get(s);
-                recs.iter()
-                    .filter(|r| r.offset > from)
-                    .filter(|r| !fed.is_some_and(|m| m.contains_key(&r.offset)))
-                    .count()
-            })
-            .sum()
+        let pos: BTreeMap<u32, u64> = from.iter().copied().collect();
+        for (s, recs) in batches {
+            let at = pos.get(s).copied().unwrap_or(0);
+            let fed = f.fed.get(s);
+            for r in recs.iter().filter(|r| r.offset > at) {
+                if !fed.is_some_and(|m| m.contains_key(&r.offset)) {
+                    f.suspects.insert((*s, r.offset), now);
+                }
+            }
+        }
+    }
+
+    /// Whether a record a poll found was not offered within [`SUSPECT_GRACE`] (or too many
+    /// wait): another process commits to these shards, and the worker goes back to log mode.
+    fn foreign_suspects(&mut self) -> bool {
+        let Some(f) = self.feed.as_mut() else {
+            return false;
+        };
+        if f.suspects.is_empty() {
+            return false;
+        }
+        let now = Instant::now();
+        let late = f
+            .suspects
+            .values()
+            .filter(|&&t| now.saturating_duration_since(t) >= SUSPECT_GRACE)
+            .count();
+        if late == 0 && f.suspects.len() <= SUSPECTS_MAX {
+            return false;
+        }
+        f.suspects.clear();
+        f.on = false;
+        f.trial_at = now + f.backoff;
+        f.backoff = (f.backoff * 2).min(FEED_TRIAL_MAX);
+        metrics::counter!("tidemark_commit_feed_switches_total", "to" => "log").increment(1);
+        tracing::debug!(
+            core = %self.core_shown,
+            late,
+            retry_in_ms = f.trial_at.saturating_duration_since(now).as_millis() as u64,
+            "commit feed: the log holds records the feed did not carry; log mode"
+        );
+        true
     }
 }

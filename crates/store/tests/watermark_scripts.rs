@@ -411,6 +411,13 @@ fn item(offset: u64, to: &str) -> SingleItem {
     }
 }
 
+/// The outcome of a run whose records `offsets` were all applied.
+fn applied(offsets: std::ops::RangeInclusive<u64>) -> Vec<Materialized> {
+    offsets
+        .map(|offset| Materialized::Applied { offset })
+        .collect()
+}
+
 #[tokio::test]
 async fn hot_path_writes_19_bytes_and_replays_write_nothing() {
     let mut e = env_with(Layout::PackedV2, 4, 0).await;
@@ -490,12 +497,7 @@ async fn a_run_of_records_is_one_call_that_stops_at_its_gap() {
         .await
         .unwrap();
     let out = e.v2.materialize_batch(0, 4, &run(1..=300)).await.unwrap();
-    assert_eq!(
-        out,
-        (1..=300)
-            .map(|offset| Materialized::Applied { offset })
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(out, applied(1..=300));
     assert_eq!(
         evalsha_calls(&mut e.raw).await,
         300u64.div_ceil(MAX_RUN as u64),
@@ -507,7 +509,7 @@ async fn a_run_of_records_is_one_call_that_stops_at_its_gap() {
     // records at or below W are replays, the rest of the run applies
     let out = e.v2.materialize_batch(0, 4, &run(298..=305)).await.unwrap();
     let mut want = vec![Materialized::Replay { w: 305 }; 3];
-    want.extend((301..=305).map(|offset| Materialized::Applied { offset }));
+    want.extend(applied(301..=305));
     assert_eq!(out, want);
     assert_eq!(entries(&mut e.raw, &users).await, 305);
 
@@ -575,12 +577,7 @@ async fn records_of_many_recipients_apply_whole_in_one_call() {
         item_to(4, &all[..8]),
     ];
     let out = e.v2.materialize_batch(0, 4, &items).await.unwrap();
-    assert_eq!(
-        out,
-        (1..=4)
-            .map(|offset| Materialized::Applied { offset })
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(out, applied(1..=4));
     assert_eq!(evalsha_calls(&mut e.raw).await, 1, "one call for the run");
     assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(4, 0)));
     assert_eq!(entries(&mut e.raw, &all).await, 1 + 3 + 1 + 8);
@@ -632,12 +629,7 @@ async fn records_of_many_recipients_apply_whole_in_one_call() {
         .unwrap();
     let big: Vec<SingleItem> = (6..=10).map(|o| item_to(o, &all)).collect();
     let out = e.v2.materialize_batch(0, 4, &big).await.unwrap();
-    assert_eq!(
-        out,
-        (6..=10)
-            .map(|offset| Materialized::Applied { offset })
-            .collect::<Vec<_>>()
-    );
+    assert_eq!(out, applied(6..=10));
     let calls = (5 * MAX_HOT_RECIPIENTS).div_ceil(MAX_RUN_ENTRIES) as u64;
     assert_eq!(evalsha_calls(&mut e.raw).await, calls);
     assert_eq!(blob(&mut e.raw, 0).await, encode_packed_v2(&uni(10, 0)));

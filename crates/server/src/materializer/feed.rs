@@ -6,17 +6,19 @@
 //!   gateway: commit_dispatch answered {0, offset} ──offer──▶ CommitFeed ──▶ worker of the shard
 //!                                                      (bounded queue; full: dropped, `lost`)
 //!   worker, feed mode:   takes each shard's records that continue its read position;
-//!                        reads the log (non-blocking XREAD) only every FEED_POLL, at once on
-//!                        a hole in what it was handed (a record committed elsewhere, or
-//!                        dropped), and when `lost` is set
-//!   worker, log mode:    XREAD BLOCK as before; the feed is drained and dropped
+//!                        reads the log (non-blocking XREAD, after what it holds) only every
+//!                        FEED_POLL, 10 ms after a hole in what it was handed (a record
+//!                        committed elsewhere, dropped, or answered out of order) and at once
+//!                        when `lost` is set
+//!   worker, log mode:    XREAD BLOCK as before; what is handed over is kept above the read
+//!                        positions, for the next try of feed mode
 //! ```
 //!
 //! The feed is a shortcut, never the source of truth: a record is taken only where its `prev`
 //! is the shard's read position, so nothing is skipped; the log is still read often enough
-//! to find what the feed did not carry. A read that finds records the feed never handed over
-//! (another gateway commits to these shards) puts the worker back in log mode; it tries the
-//! feed again after a backoff (1 s, doubling to 5 min).
+//! to find what the feed did not carry. A record a poll finds that is not handed over within
+//! 50 ms (another gateway commits to these shards) puts the worker back in log mode; it tries
+//! the feed again after a backoff (1 s, doubling to 5 min).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};

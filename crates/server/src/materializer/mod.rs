@@ -6,11 +6,14 @@
 //! fences any older owner) and resumes from the lowest present W. Then it loops:
 //!
 //! 1. `XREAD BLOCK` over all its shards' logs (a connection of its own, no response timeout);
-//! 2. the steady state — a one-recipient record on a uniform watermark — goes through
-//!    `materialize_fresh_single_recipient` (hot path), one call per run of up to 128 of a
-//!    shard's records (ADR-0039), pipelined across all shards of a mailbox instance, each
-//!    shard's records in log order (each run CASes on W, so a failure cannot be overtaken);
-//! 3. every other record (many recipients, or a diverged watermark) is *pending*: its lane
+//!    in one process that also serves clients, once no other process commits to its shards,
+//!    it takes the records the gateway hands over and only polls the logs (ADR-0049);
+//! 2. the steady state — a record of up to 128 recipients (one before ADR-0048) on a uniform
+//!    watermark — goes through `materialize_fresh_single_recipient` (hot path), one call per
+//!    run of up to 128 of a shard's records and 256 entries (ADR-0039), pipelined across all
+//!    shards of a mailbox instance, each shard's records in log order (each run CASes on W,
+//!    so a failure cannot be overtaken);
+//! 3. every other record (more recipients, or a diverged watermark) is *pending*: its lane
 //!    chunks are written with `write_lane_chunk` (idempotent) and `advance_log_watermarks`
 //!    moves each lane whose chunk is durable and whose CAS holds. A failed chunk holds its lane
 //!    back (the blob diverges to 1216 bytes) and is retried until it lands; then the lanes meet

@@ -1,6 +1,7 @@
 //! The worker: one per core instance, owning this process's shards of it. Claims them,
-//! reads their logs with `XREAD BLOCK`, hands each batch to the hot and chunked paths, keeps
-//! the owner marks, and replaces a failed log connection.
+//! reads their logs with `XREAD BLOCK` (or, in feed mode, takes the records this process's
+//! gateway committed and polls the logs: `feed.rs`, ADR-0049), hands each batch to the hot
+//! and chunked paths, keeps the owner marks, and replaces a failed log connection.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;

@@ -271,7 +271,9 @@ async fn send_fed(
             body: id.into(),
             sent_at_us: 1,
         };
-        feed.offer(s, rec);
+        if let Some(f) = feed.shard(s) {
+            f.offer(rec);
+        }
     }
     offs
 }

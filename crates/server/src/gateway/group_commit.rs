@@ -43,7 +43,7 @@ use tidemark_store::Error as StoreError;
 use tokio_util::task::TaskTracker;
 
 use super::batch::{answer, Waiting};
-use crate::materializer::CommitFeed;
+use crate::materializer::{CommitFeed, ShardFeed};
 
 /// Most messages in one `commit_dispatch` call (the script runs ~6 µs per message, so a full
 /// group holds its core instance for well under a millisecond).
@@ -220,7 +220,7 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
         }
         let calls = by_shard.into_iter().map(|(shard, part)| {
             let core = inner.cores[instance].clone();
-            let feed = inner.feed.as_ref().filter(|f| f.wants(shard));
+            let feed = inner.feed.as_ref().and_then(|f| f.shard(shard));
             commit_shard(core, shard, part, inner.dedupe_ttl_s, feed)
         });
         futures::future::join_all(calls).await;
@@ -233,7 +233,7 @@ async fn commit_shard(
     shard: u32,
     mut part: Vec<Waiting<Pending, Answer>>,
     dedupe_ttl_s: u64,
-    feed: Option<&CommitFeed>,
+    feed: Option<ShardFeed<'_>>,
 ) {
     while !part.is_empty() {
         let rest = part.split_off(part.len().min(MAX_GROUP));
@@ -259,35 +259,40 @@ async fn commit_shard(
         let results = core.commit_group(shard, &reqs, dedupe_ttl_s).await;
         drop(reqs);
         drop(recipients);
-        if let (Some(feed), Ok(results)) = (feed, &results) {
-            offer(feed, shard, &group, results);
+        match (&feed, results) {
+            (Some(feed), Ok(results)) => answer_and_offer(feed, group, results),
+            (_, results) => answer(group, results),
         }
-        answer(group, results);
     }
 }
 
-/// Hands each record a group added to the log (not the duplicates) to this process's
-/// materializer of `shard` (ADR-0049): the record as the log holds it.
-fn offer(feed: &CommitFeed, shard: u32, group: &[Waiting<Pending, Answer>], results: &[Answer]) {
-    for (w, r) in group.iter().zip(results) {
-        if let Ok(Committed {
-            offset,
-            duplicate: false,
-        }) = r
-        {
-            let p = &w.item;
-            feed.offer(
-                shard,
-                DispatchRecord {
-                    offset: *offset,
-                    prev: offset - 1,
-                    sender: p.sender.clone(),
-                    client_id: p.client_id.clone(),
-                    recipients: p.recipients.clone(),
-                    body: p.body.clone(),
-                    sent_at_us: p.sent_at_us,
-                },
-            );
+/// Answers a group's sends and hands each record the group added to the log (not the
+/// duplicates) to this process's materializer of the shard (ADR-0049): the record as the log
+/// holds it, made of the send's own fields (moved, not copied).
+fn answer_and_offer(
+    feed: &ShardFeed<'_>,
+    group: Vec<Waiting<Pending, Answer>>,
+    results: Vec<Answer>,
+) {
+    for (Waiting { item, tx }, r) in group.into_iter().zip(results) {
+        let fresh = match &r {
+            Ok(Committed {
+                offset,
+                duplicate: false,
+            }) => Some(*offset),
+            _ => None,
+        };
+        let _ = tx.send(r);
+        if let Some(offset) = fresh {
+            feed.offer(DispatchRecord {
+                offset,
+                prev: offset - 1,
+                sender: item.sender,
+                client_id: item.client_id,
+                recipients: item.recipients,
+                body: item.body,
+                sent_at_us: item.sent_at_us,
+            });
         }
     }
 }

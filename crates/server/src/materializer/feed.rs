@@ -81,30 +81,56 @@ impl CommitFeed {
         FeedRx { rx, lost }
     }
 
-    /// Whether a worker of this process takes `shard`'s records (so building one is worth it).
-    pub fn wants(&self, shard: u32) -> bool {
-        self.routes.lock().expect("feed lock").contains_key(&shard)
+    /// Where `shard`'s records go, if a worker of this process takes them (so building one
+    /// is worth it): looked up once per commit call, not per record.
+    pub fn shard(&self, shard: u32) -> Option<ShardFeed<'_>> {
+        let route = self
+            .routes
+            .lock()
+            .expect("feed lock")
+            .get(&shard)
+            .cloned()?;
+        Some(ShardFeed {
+            feed: self,
+            shard,
+            route,
+        })
     }
+}
 
-    /// Hands a record just committed to `shard` to its worker, if this process has one. Never
-    /// waits: a full queue drops the record (and flags the worker, which reads the log).
-    pub fn offer(&self, shard: u32, rec: DispatchRecord) {
-        let route = self.routes.lock().expect("feed lock").get(&shard).cloned();
-        let Some(route) = route else {
-            return;
-        };
-        match route.tx.try_send((shard, rec)) {
+/// One shard's end of the feed, for the records of one commit call.
+pub struct ShardFeed<'a> {
+    feed: &'a CommitFeed,
+    shard: u32,
+    route: Route,
+}
+
+impl ShardFeed<'_> {
+    /// Hands a record just committed to the shard's worker. Never waits: a full queue drops
+    /// the record (and flags the worker, which reads the log).
+    pub fn offer(&self, rec: DispatchRecord) {
+        match self.route.tx.try_send((self.shard, rec)) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
-                route.lost.store(true, Ordering::Release);
+                self.route.lost.store(true, Ordering::Release);
                 metrics::counter!("tidemark_commit_feed_dropped_total").increment(1);
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
                 // the worker is gone: forget its routes (a new worker registers its own)
-                let mut routes = self.routes.lock().expect("feed lock");
+                let mut routes = self.feed.routes.lock().expect("feed lock");
                 routes.retain(|_, r| !r.tx.is_closed());
             }
         }
+    }
+}
+
+/// Drops the records at or below `pos` (the smallest first; no new map is built).
+fn drop_through(m: &mut BTreeMap<u64, DispatchRecord>, pos: u64) {
+    while let Some(e) = m.first_entry() {
+        if *e.key() > pos {
+            break;
+        }
+        e.remove();
     }
 }
 
@@ -214,7 +240,7 @@ impl Worker {
         };
         for (s, m) in f.fed.iter_mut() {
             match self.owned.get(s).filter(|sh| !sh.stopped) {
-                Some(sh) => *m = m.split_off(&(sh.read_pos + 1)),
+                Some(sh) => drop_through(m, sh.read_pos),
                 None => m.clear(),
             }
         }
@@ -234,7 +260,7 @@ impl Worker {
             let Some(m) = f.fed.get_mut(&s) else {
                 continue;
             };
-            *m = m.split_off(&(pos + 1));
+            drop_through(m, pos);
             let mut run = Vec::new();
             let mut at = pos;
             while run.len() < batch {

@@ -54,7 +54,7 @@ mod shard;
 mod worker;
 
 pub use fault::{ChunkFault, RandomChunkFault};
-pub use feed::{CommitFeed, FEED_POLL, FEED_QUEUE};
+pub use feed::{CommitFeed, ShardFeed, FEED_POLL, FEED_QUEUE};
 pub use worker::Worker;
 
 /// Most shards garbage-collected in one loop iteration.

@@ -1,14 +1,41 @@
 //! What parsing a client frame costs, in isolation: `parse_client_frame` on the two frames
 //! every message brings (the sender's `send`, the recipient's `ack`), as the load generator
 //! writes them. Issue 15 lists "fewer allocations in frame parsing (borrowed serde
-//! structs)" as an idea to weigh; this gives the figure to weigh it by.
+//! structs)" as an idea to weigh; this gives the figures it was weighed by (ADR-0050): the
+//! time per parse, and the heap allocations per parse (a count: the same on a busy machine).
 //!
 //! `cargo run --release -p tidemark-protocol --example parse_cost` (the binary's allocator is
-//! the system's here, not the server's mimalloc).
+//! the system's here, not the server's mimalloc, with a counter around it).
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use tidemark_protocol::{parse_client_frame, Limits};
+
+/// The system allocator, counting allocations (reallocations counted apart).
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static REALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        REALLOCS.fetch_add(1, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 fn main() {
     let limits = Limits::default();
@@ -23,13 +50,21 @@ fn main() {
     for round in 1..=3 {
         let mut line = format!("round {round}:");
         for (name, text) in frames {
+            let (a0, r0) = (
+                ALLOCS.load(Ordering::Relaxed),
+                REALLOCS.load(Ordering::Relaxed),
+            );
             let t = Instant::now();
             for _ in 0..n {
                 let frame = parse_client_frame(std::hint::black_box(text), &limits);
                 std::hint::black_box(frame.expect("a valid frame"));
             }
             let ns = t.elapsed().as_nanos() as f64 / f64::from(n);
-            line += &format!(" {name} {ns:.0} ns;");
+            let allocs = (ALLOCS.load(Ordering::Relaxed) - a0) as f64 / f64::from(n);
+            let reallocs = (REALLOCS.load(Ordering::Relaxed) - r0) as f64 / f64::from(n);
+            line += &format!(
+                " {name} {ns:.0} ns, {allocs:.1} allocations + {reallocs:.1} reallocations;"
+            );
         }
         println!("{line}");
     }

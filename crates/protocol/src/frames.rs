@@ -213,6 +213,16 @@ fn at_most(code: ErrorCode, what: &str, n: usize, unit: &str, limit: usize) -> R
 /// The returned error carries the client `id` whenever the object has a valid string `id`
 /// (1..=`max_id_bytes` bytes, no control character). Never panics.
 pub fn parse_client_frame(text: &str, limits: &Limits) -> Result<ClientFrame, FrameError> {
+    match fast::parse(text, limits) {
+        Some(frame) => Ok(frame),
+        None => parse_client_frame_in_full(text, limits),
+    }
+}
+
+/// The parse every frame the fast path does not take goes through (and the one that says
+/// what is wrong with a frame): the whole frame as a JSON value, then each field checked in
+/// the documented order.
+fn parse_client_frame_in_full(text: &str, limits: &Limits) -> Result<ClientFrame, FrameError> {
     let map = parse_object(text.as_bytes(), limits)?;
     let result = client_frame_from_map(&map, limits);
     result.map_err(|(code, message)| FrameError {
@@ -265,7 +275,7 @@ fn recover_id(map: &Map<String, Value>, limits: &Limits) -> Option<String> {
     }
 }
 
-fn valid_client_id(id: &str, limits: &Limits) -> bool {
+pub(crate) fn valid_client_id(id: &str, limits: &Limits) -> bool {
     !id.is_empty() && id.len() <= limits.max_id_bytes && !has_control_chars(id)
 }
 
@@ -406,6 +416,8 @@ pub(crate) fn check_seq(key: &str, v: u64) -> Result<u64, Reject> {
         Ok(v)
     }
 }
+
+mod fast;
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@
 # time: the same figures on a busy or an idle machine). Needs valgrind (apt-get install
 # valgrind). usage: scripts/perf/commit_callgrind.sh [N=2000]
 # VARIANTS="noop plain commit group:10" picks the variants (commit_script.py's names; for
-# group:K it also prints instructions per message); SCRIPT=variant.lua and FLAG=0|1|2 are
+# group:K and spread:K it also prints instructions per message); SCRIPT=variant.lua and FLAG=0|1|2|3 are
 # passed to commit_script.py (a variant of the commit script, the claim flag).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,7 +24,7 @@ for v in ${VARIANTS:-noop plain commit}; do
   callgrind_control -d "$vp" >/dev/null
   kill "$vp"; wait "$vp" 2>/dev/null || true
   total=$(callgrind_annotate "$out/cg.$v.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
-  k=1; case "$v" in group:*) k=${v#group:} ;; esac
+  k=1; case "$v" in group:*|spread:*) k=${v#*:} ;; esac
   echo "$v: $((total / n)) instructions per call, $((total / n / k)) per message ($line)"
 done
 rm -rf "$out"

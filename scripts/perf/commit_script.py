@@ -2,7 +2,7 @@
 """Drives one redis-server with EVALSHA calls of the commit script (or a comparison script)
 and prints the server-side usec_per_call from INFO commandstats.
 
-usage: commit_script.py PORT {commit|group:K|plain|noop} N [FIRST_ID] [--wait]
+usage: commit_script.py PORT {commit|group:K|spread:K|plain|noop} N [FIRST_ID] [--wait]
   commit  crates/store/src/redis/lua/core/commit_dispatch.lua, real arguments, one message
           per call
   group:K the same script with K messages per call (group commit, ADR-0036): N calls of K
@@ -21,8 +21,9 @@ from resp import R
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 port, variant, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-group = 1
-if variant.startswith("group:"):
+group, spread = 1, False
+if variant.startswith("group:") or variant.startswith("spread:"):
+    spread = variant.startswith("spread:")
     variant, group = "commit", int(variant.split(":", 1)[1])
 first = int(sys.argv[4]) if len(sys.argv) > 4 and not sys.argv[4].startswith("--") else 0
 wait = "--wait" in sys.argv
@@ -50,22 +51,27 @@ def call(i):
                 "dd:{%d}:8:user-007cli-%016d" % (s, i), "dd:{%d}:user-007\0cli-%016d" % (s, i),
                 "user-007", "cli-%016d" % i, rec, body, "1796000000000000", 86400,
                 "0123456789abcdef0123456789abcdef"]
-    # commit_dispatch.lua: KEYS dlog, head, then (dedupe, legacy dedupe, id claim) per
-    # message; ARGV n, ttl, wake channel ('' = none), then 7 per message (the last: claim the
-    # id in the call, ADR-0037: the gateway does for a one-shard send on one instance)
+    # commit_dispatch.lua (ADR-0051): ARGV ttl, parts; per part KEYS dlog, head, then
+    # (dedupe, legacy dedupe, id claim) per message, ARGV n, wake channel ('' = none), then 7
+    # per message (the last: claim the id in the call, ADR-0037: the gateway does for a
+    # one-shard send on one instance)
     ids = ["cli-%016d-%03d" % (i, k) for k in range(group)]
-    keys, args = ["dlog:{%d}" % s, "head:{%d}" % s], [group, 86400, ""]
-    for c in ids:
-        if os.environ.get("FLAG") == "3":
-            # ADR-0043's one-key form: only the claim's key
-            keys += ["msgid:{%d}:8:user-007%s" % (s, c)]
-        else:
-            keys += ["dd:{%d}:8:user-007%s" % (s, c), "dd:{%d}:user-007\0%s" % (s, c),
-                     "msgid:{%d}:8:user-007%s" % (s, c)]
-        args += ["user-007", c, rec, body, "1796000000000000",
-                 "0123456789abcdef0123456789abcdef", os.environ.get("FLAG", "1")]
+    parts = [(s + k) % 64 for k in range(group)] if spread else [s]
+    per_part = 1 if spread else group
+    keys, args = [], [86400, len(parts)]
+    for j, sh in enumerate(parts):
+        keys += ["dlog:{%d}" % sh, "head:{%d}" % sh]
+        args += [per_part, ""]
+        for c in ids[j * per_part:(j + 1) * per_part]:
+            if os.environ.get("FLAG") == "3":
+                # ADR-0043's one-key form: only the claim's key
+                keys += ["msgid:{%d}:8:user-007%s" % (sh, c)]
+            else:
+                keys += ["dd:{%d}:8:user-007%s" % (sh, c), "dd:{%d}:user-007\0%s" % (sh, c),
+                         "msgid:{%d}:8:user-007%s" % (sh, c)]
+            args += ["user-007", c, rec, body, "1796000000000000",
+                     "0123456789abcdef0123456789abcdef", os.environ.get("FLAG", "1")]
     return ["EVALSHA", sha, len(keys)] + keys + args
-
 
 if wait:
     r.pipe([call(i) for i in range(first, first + 1000)])

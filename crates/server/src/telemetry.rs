@@ -91,7 +91,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_build_info", Kind::Gauge, "Always 1; the label `version` is the build's version."),
     ("tidemark_commits_total", Kind::Counter, "Shard commits (a message to N shards counts N)."),
     ("tidemark_commit_duplicates_total", Kind::Counter, "Shard commits answered from dedupe (resends)."),
-    ("tidemark_commit_group_size", Kind::Histogram, "Messages per commit_dispatch call (one shard's part of a commit round, at most 128)."),
+    ("tidemark_commit_group_size", Kind::Histogram, "Messages per commit_dispatch call (on one core instance the parts of several shards of a commit round, on a Redis Cluster one shard's; at most 128)."),
     ("tidemark_commit_round_size", Kind::Histogram, "Messages per commit round of a core instance (group commit, ADR-0045: what queued for the instance since its previous round, rounds at least the commit linger apart; one write, one pass of core Redis)."),
     ("tidemark_ack_batch_size", Kind::Histogram, "WebSocket acks written per pipeline to one mailbox instance (grouped acks, ADR-0038)."),
     ("tidemark_send_ack_seconds", Kind::Histogram, "Time from receiving a send to its send_ack."),

@@ -46,6 +46,17 @@ pub enum Error {
     /// written. The shard takes no new message (operator action needed).
     #[error("dlog:{{{shard}}} is exhausted: its head is at 2^48-1, no offset is left")]
     LogExhausted { shard: u32 },
+    /// `dlog:{s}` holds a record at or above its head + 1 (a damaged core instance): the
+    /// commit's `XADD` failed and nothing was written for this message (ADR-0051: only the
+    /// shard's part of a commit call stops). A resend with the same id is deduplicated.
+    #[error("dlog:{{{shard}}} is ahead of its head; commit refused: {detail}")]
+    LogAheadOfHead { shard: u32, detail: String },
+    /// The commit script failed inside this shard's part of a call (a head that is not a
+    /// number, a key of another type): as for a failed call, what it wrote for the part's
+    /// messages is not known, and a resend of each is deduplicated. Since ADR-0051 a call
+    /// may hold several shards; the others are not affected.
+    #[error("shard {shard}: the commit failed: {detail}")]
+    CommitFailed { shard: u32, detail: String },
     /// The client id was already committed (within the dedupe lifetime) with another request:
     /// other recipients or another body. Nothing was written.
     #[error("shard {shard}: this id was already used for another message (committed at offset {offset})")]
@@ -72,6 +83,8 @@ impl Error {
             Error::BadRecord { .. } => "bad_record",
             Error::InvalidArgument(_) => "invalid_argument",
             Error::LogExhausted { .. } => "log_exhausted",
+            Error::LogAheadOfHead { .. } => "log_ahead_of_head",
+            Error::CommitFailed { .. } => "commit_failed",
             Error::IdReused { .. } => "id_reused",
             Error::NotReplicated { .. } => "not_replicated",
         }

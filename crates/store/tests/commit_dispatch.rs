@@ -389,9 +389,11 @@ async fn a_group_that_reaches_the_last_u48_offset_refuses_the_rest() {
 }
 
 /// A log whose last record is above its head (a damaged core instance): the group's XADD
-/// fails, the call fails, and nothing is written (no head moved, no dedupe record).
+/// fails, that message and the rest of the group are refused (`log_ahead_of_head`), and
+/// nothing is written for them (no head moved, no dedupe record); a resend before the
+/// failure is still answered.
 #[tokio::test]
-async fn a_failed_xadd_fails_the_group_and_writes_nothing() {
+async fn a_failed_xadd_refuses_the_rest_of_the_group_and_writes_nothing() {
     let mut e = env().await;
     let s = 0;
     assert_eq!(e.commit(s, ("a", "1"), "x", 1).await, (1, false));
@@ -435,8 +437,18 @@ async fn a_failed_xadd_fails_the_group_and_writes_nothing() {
             ..req("c")
         },
     ];
-    let r = e.core.commit_group(s, &reqs, TTL).await;
-    assert!(r.is_err(), "{r:?}");
+    let r = e.core.commit_group(s, &reqs, TTL).await.expect("the call");
+    assert_eq!(
+        r[0].as_ref().map(|c| (c.offset, c.duplicate)).ok(),
+        Some((1, true)),
+        "{r:?}"
+    );
+    for a in &r[1..] {
+        assert!(
+            matches!(a, Err(e @ Error::LogAheadOfHead { shard: 0, .. }) if e.code() == "log_ahead_of_head"),
+            "{a:?}"
+        );
+    }
     assert_eq!(e.core.head(s).await.unwrap(), 1);
     for f in ["b", "c"] {
         let d: Option<String> = e.raw.get(keys::dedupe(s, f, "1")).await.unwrap();
@@ -444,6 +456,149 @@ async fn a_failed_xadd_fails_the_group_and_writes_nothing() {
     }
     // the resend ahead of the failure was answered before it: still a duplicate
     assert_eq!(e.commit(s, ("a", "1"), "x", 1).await, (1, true));
+}
+
+/// ADR-0051: the parts of several shards in one call are each committed as their own call
+/// would commit them, in the call's order: shard 4's second part continues after its first
+/// (a resend of the first part's message is a duplicate there), and a damaged log (shard 6,
+/// a record above its head) or a part that fails in the script (shard 8, a head that is not
+/// a number; before ADR-0051 that failed the whole call) refuses only its own part; the
+/// parts after it commit. The logs and answers are those of separate calls.
+#[tokio::test]
+async fn the_parts_of_one_call_commit_as_separate_calls_and_fail_alone() {
+    use tidemark_store::redis::dlog::{request_digest, CommitRequest};
+    let mut e = env().await;
+    assert_eq!(e.commit(5, ("zoe", "z-1"), "before", 1).await, (1, false));
+    // shard 6: a record at offset 1 without the head knowing
+    let _: String = redis::cmd("XADD")
+        .arg(keys::dlog(6))
+        .arg("1-0")
+        .arg(&[
+            ("p", "0"),
+            ("f", "zz"),
+            ("c", "q"),
+            ("r", "\u{3}bob"),
+            ("b", "x"),
+            ("t", "1"),
+        ])
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    // shard 8: a head that is not a number (the script fails in that part)
+    let _: () = e.raw.set(keys::head(8), "not a number").await.unwrap();
+    let msgs: [(u32, &[Msg<'_>]); 5] = [
+        (
+            4,
+            &[
+                ("alice", "a-1", &["bob"], "one"),
+                ("carol", "c-1", &["bob", "dan"], "two"),
+            ],
+        ),
+        (
+            6,
+            &[
+                ("alice", "a-9", &["bob"], "lost"),
+                ("dan", "d-9", &["bob"], "lost too"),
+            ],
+        ),
+        (
+            5,
+            &[
+                ("zoe", "z-1", &["bob"], "before"), // a resend of the earlier commit
+                ("zoe", "z-2", &["bob"], "after"),
+            ],
+        ),
+        (8, &[("eve", "e-1", &["bob"], "unread")]),
+        (
+            4,
+            &[
+                ("alice", "a-1", &["bob"], "one"), // a resend of the first part's message
+                ("alice", "a-2", &["eve"], "three"),
+            ],
+        ),
+    ];
+    let digests: Vec<Vec<String>> = msgs
+        .iter()
+        .map(|(_, ms)| {
+            ms.iter()
+                .map(|(_, _, rs, b)| request_digest(rs, b))
+                .collect()
+        })
+        .collect();
+    let reqs: Vec<Vec<CommitRequest>> = msgs
+        .iter()
+        .zip(&digests)
+        .map(|((_, ms), ds)| {
+            ms.iter()
+                .zip(ds)
+                .map(|((f, c, rs, b), d)| CommitRequest {
+                    sender: f,
+                    client_id: c,
+                    recipients: rs,
+                    body: b,
+                    sent_at_us: 7,
+                    digest: d,
+                    claim_home: None,
+                })
+                .collect()
+        })
+        .collect();
+    let parts: Vec<(u32, &[CommitRequest])> = msgs
+        .iter()
+        .zip(&reqs)
+        .map(|((s, _), r)| (*s, r.as_slice()))
+        .collect();
+    let got = e.core.commit_parts(&parts, TTL).await.expect("the call");
+    let got: Vec<Vec<Result<(u64, bool), String>>> = got
+        .into_iter()
+        .map(|p| {
+            p.into_iter()
+                .map(|r| {
+                    r.map(|c| (c.offset, c.duplicate))
+                        .map_err(|e| e.code().to_string())
+                })
+                .collect()
+        })
+        .collect();
+    let ahead = || Err("log_ahead_of_head".to_string());
+    assert_eq!(
+        got,
+        [
+            vec![Ok((1, false)), Ok((2, false))],
+            vec![ahead(), ahead()],
+            vec![Ok((1, true)), Ok((2, false))],
+            vec![Err("commit_failed".to_string())],
+            vec![Ok((1, true)), Ok((3, false))],
+        ]
+    );
+    assert_eq!(
+        log_of(&mut e, 4).await,
+        [
+            "1 0 alice a-1 bob one",
+            "2 1 carol c-1 bob,dan two",
+            "3 2 alice a-2 eve three",
+        ]
+    );
+    assert_eq!(
+        log_of(&mut e, 5).await,
+        ["1 0 zoe z-1 bob before", "2 1 zoe z-2 bob after"]
+    );
+    assert_eq!(e.core.head(4).await.unwrap(), 3);
+    assert_eq!(e.core.head(5).await.unwrap(), 2);
+    assert_eq!(
+        e.core.head(6).await.unwrap(),
+        0,
+        "the damaged log's head did not move"
+    );
+    assert_eq!(
+        log_of(&mut e, 8).await.len(),
+        0,
+        "nothing committed to shard 8"
+    );
+    for (f, c) in [("alice", "a-9"), ("dan", "d-9")] {
+        let d: Option<String> = e.raw.get(keys::dedupe(6, f, c)).await.unwrap();
+        assert_eq!(d, None, "no dedupe record for {f} {c}");
+    }
 }
 
 /// alice's message `id` to bob (`body`, request digest `d`), claiming its id on shard `home`

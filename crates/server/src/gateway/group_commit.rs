@@ -3,15 +3,18 @@
 //!
 //! Every core instance has a queue. A commit joins the queue of its shard's instance; if
 //! fewer than [`FLUSHERS`] flush tasks run for that instance, one is started. A flush task
-//! takes everything queued (at most [`MAX_ROUND`] messages: a round), splits it by shard, and
-//! commits each shard's part in one script call (at most [`MAX_GROUP`] messages; a larger
-//! part takes several calls, one after another), all shards of the round concurrently. The
-//! calls are queued on the instance's connection together, so redis-rs writes them together
-//! and core Redis reads and runs them in one pass of its event loop: one `fdatasync`, one
-//! read and one reply write for the whole round (measured: about one Redis read per round,
-//! `docs/perf/profile-core-redis-5000.txt`). On a Redis Cluster the calls go to the nodes
-//! of their shards, concurrently, as before. It hands each message its own answer and
-//! repeats until the queue is empty. So a send waits for no timer beyond the linger
+//! takes everything queued (at most [`MAX_ROUND`] messages: a round) and splits it by shard.
+//! On one core instance it commits the round's shards together, one script call per
+//! [`MAX_GROUP`] messages, each call holding several shards' parts (ADR-0051: at 5,000
+//! msg/s over 64 shards a round holds ~10 messages of ~9 shards; one call instead of nine
+//! saves core Redis the fixed cost of each call). On a Redis Cluster a call holds one shard
+//! (one slot): each shard's part is committed in one script call (a larger part takes
+//! several, one after another), all shards of the round concurrently, each to the node of
+//! its slot. The calls are queued on the instance's connection together, so redis-rs writes
+//! them together and core Redis reads and runs them in one pass of its event loop: one
+//! `fdatasync`, one read and one reply write for the whole round (measured: about one Redis
+//! read per round, `docs/perf/profile-core-redis-5000.txt`). It hands each message its own
+//! answer and repeats until the queue is empty. So a send waits for no timer beyond the linger
 //! (below): alone, it goes at once; under load, whatever queued while the previous round
 //! was being taken goes in the next round. Two flush tasks keep core Redis busy at full
 //! load: while the gateway answers one round, Redis runs the next (with one, it
@@ -45,8 +48,8 @@ use tokio_util::task::TaskTracker;
 use super::batch::{answer, Waiting};
 use crate::materializer::{CommitFeed, ShardFeed};
 
-/// Most messages in one `commit_dispatch` call (the script runs ~6 µs per message, so a full
-/// group holds its core instance for well under a millisecond).
+/// Most messages in one `commit_dispatch` call, all its parts together (the script runs ~6
+/// µs per message, so a full call holds its core instance for well under a millisecond).
 pub const MAX_GROUP: usize = 128;
 
 /// Most messages in one round of an instance (all its shards together): a full round holds
@@ -218,12 +221,113 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
         for w in round {
             by_shard.entry(w.item.shard).or_default().push(w);
         }
-        let calls = by_shard.into_iter().map(|(shard, part)| {
-            let core = inner.cores[instance].clone();
-            let feed = inner.feed.as_ref().and_then(|f| f.shard(shard));
-            commit_shard(core, shard, part, inner.dedupe_ttl_s, feed)
-        });
-        futures::future::join_all(calls).await;
+        let core = &inner.cores[instance];
+        if core.is_cluster() {
+            // one slot per call: a call per shard, to the node of its slot
+            let calls = by_shard.into_iter().map(|(shard, part)| {
+                let feed = inner.feed.as_ref().and_then(|f| f.shard(shard));
+                commit_shard(core.clone(), shard, part, inner.dedupe_ttl_s, feed)
+            });
+            futures::future::join_all(calls).await;
+        } else {
+            // one instance: the round's shards together, [`MAX_GROUP`] messages per call
+            // (ADR-0051)
+            let calls = pack(by_shard).into_iter().map(|parts| {
+                commit_parts(core.clone(), parts, inner.dedupe_ttl_s, inner.feed.as_ref())
+            });
+            futures::future::join_all(calls).await;
+        }
+    }
+}
+
+/// The parts of one commit call: (shard, its messages in queue order).
+type Parts = Vec<(u32, Vec<Waiting<Pending, Answer>>)>;
+
+/// Packs a round's shards, in shard order, into calls of at most [`MAX_GROUP`] messages; a
+/// shard larger than what is left of a call continues in the next one (its messages still in
+/// queue order: each connection has one send in flight, so the calls' order within the round
+/// matters to no sender).
+fn pack(by_shard: BTreeMap<u32, Vec<Waiting<Pending, Answer>>>) -> Vec<Parts> {
+    let mut calls = Vec::new();
+    let mut call: Parts = Vec::new();
+    let mut held = 0;
+    for (shard, mut part) in by_shard {
+        while !part.is_empty() {
+            let rest = part.split_off(part.len().min(MAX_GROUP - held));
+            let take = std::mem::replace(&mut part, rest);
+            held += take.len();
+            call.push((shard, take));
+            if held == MAX_GROUP {
+                calls.push(std::mem::take(&mut call));
+                held = 0;
+            }
+        }
+    }
+    if !call.is_empty() {
+        calls.push(call);
+    }
+    calls
+}
+
+/// Commits the parts of several shards in one script call (ADR-0051) and answers them.
+async fn commit_parts(
+    mut core: LogStore,
+    parts: Parts,
+    dedupe_ttl_s: u64,
+    feed: Option<&CommitFeed>,
+) {
+    let recipients: Vec<Vec<Vec<&str>>> = parts
+        .iter()
+        .map(|(_, group)| {
+            group
+                .iter()
+                .map(|w| w.item.recipients.iter().map(String::as_str).collect())
+                .collect()
+        })
+        .collect();
+    let reqs: Vec<Vec<CommitRequest<'_>>> = parts
+        .iter()
+        .zip(&recipients)
+        .map(|((_, group), rs)| group.iter().zip(rs).map(|(w, rs)| request(w, rs)).collect())
+        .collect();
+    let refs: Vec<(u32, &[CommitRequest<'_>])> = parts
+        .iter()
+        .zip(&reqs)
+        .map(|((shard, _), reqs)| (*shard, reqs.as_slice()))
+        .collect();
+    let n: usize = reqs.iter().map(Vec::len).sum();
+    metrics::histogram!("tidemark_commit_group_size").record(n as f64);
+    let results = core.commit_parts(&refs, dedupe_ttl_s).await;
+    drop(refs);
+    drop(reqs);
+    drop(recipients);
+    match results {
+        Ok(results) => {
+            for ((shard, group), results) in parts.into_iter().zip(results) {
+                match feed.and_then(|f| f.shard(shard)) {
+                    Some(feed) => answer_and_offer(&feed, group, results),
+                    None => answer(group, Ok(results)),
+                }
+            }
+        }
+        Err(e) => {
+            for (_, group) in parts {
+                answer(group, Err(e.clone()));
+            }
+        }
+    }
+}
+
+/// What the script needs of a queued message.
+fn request<'a>(w: &'a Waiting<Pending, Answer>, recipients: &'a [&'a str]) -> CommitRequest<'a> {
+    CommitRequest {
+        sender: &w.item.sender,
+        client_id: &w.item.client_id,
+        recipients,
+        body: &w.item.body,
+        sent_at_us: w.item.sent_at_us,
+        digest: &w.item.digest,
+        claim_home: w.item.claim_home,
     }
 }
 
@@ -245,15 +349,7 @@ async fn commit_shard(
         let reqs: Vec<CommitRequest<'_>> = group
             .iter()
             .zip(&recipients)
-            .map(|(w, rs)| CommitRequest {
-                sender: &w.item.sender,
-                client_id: &w.item.client_id,
-                recipients: rs,
-                body: &w.item.body,
-                sent_at_us: w.item.sent_at_us,
-                digest: &w.item.digest,
-                claim_home: w.item.claim_home,
-            })
+            .map(|(w, rs)| request(w, rs))
             .collect();
         metrics::histogram!("tidemark_commit_group_size").record(reqs.len() as f64);
         let results = core.commit_group(shard, &reqs, dedupe_ttl_s).await;
@@ -294,5 +390,75 @@ fn answer_and_offer(
                 sent_at_us: item.sent_at_us,
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiting(shard: u32, client_id: usize) -> Waiting<Pending, Answer> {
+        let (tx, _rx) = tokio::sync::oneshot::channel();
+        Waiting {
+            item: Pending {
+                shard,
+                sender: "alice".into(),
+                client_id: client_id.to_string(),
+                recipients: vec!["bob".into()],
+                body: String::new(),
+                sent_at_us: 0,
+                digest: String::new(),
+                claim_home: None,
+            },
+            tx,
+        }
+    }
+
+    /// A round packs into calls of at most MAX_GROUP messages, shards in order, every message
+    /// once and each shard's in queue order, a large shard continuing in the next call.
+    #[test]
+    fn a_round_packs_into_full_calls_in_shard_and_queue_order() {
+        let sizes = [
+            (3u32, 5usize),
+            (1, 200),
+            (7, 1),
+            (2, MAX_GROUP - 5),
+            (9, 60),
+        ];
+        let mut by_shard: BTreeMap<u32, Vec<Waiting<Pending, Answer>>> = BTreeMap::new();
+        for (shard, n) in sizes {
+            by_shard.insert(shard, (0..n).map(|i| waiting(shard, i)).collect());
+        }
+        let total: usize = sizes.iter().map(|(_, n)| n).sum();
+        let calls = pack(by_shard);
+        let held: Vec<usize> = calls
+            .iter()
+            .map(|c| c.iter().map(|(_, p)| p.len()).sum())
+            .collect();
+        assert_eq!(held.iter().sum::<usize>(), total);
+        assert_eq!(calls.len(), total.div_ceil(MAX_GROUP), "{held:?}");
+        assert!(
+            held[..held.len() - 1].iter().all(|&n| n == MAX_GROUP),
+            "{held:?}"
+        );
+        // flattened: shards ascending, each shard's ids 0.. in order
+        let flat: Vec<(u32, usize)> = calls
+            .iter()
+            .flatten()
+            .flat_map(|(s, p)| {
+                p.iter()
+                    .map(move |w| (*s, w.item.client_id.parse().unwrap()))
+            })
+            .collect();
+        let mut want: Vec<(u32, usize)> = sizes
+            .iter()
+            .flat_map(|&(s, n)| (0..n).map(move |i| (s, i)))
+            .collect();
+        want.sort();
+        assert_eq!(flat, want);
+        assert!(calls
+            .iter()
+            .flatten()
+            .all(|(s, p)| p.iter().all(|w| w.item.shard == *s) && !p.is_empty()));
     }
 }

@@ -378,7 +378,10 @@ impl LogStore {
     /// committed alone at that point: its offset, [`Committed::duplicate`] for a (sender,
     /// client id) committed before (also earlier in the same group), [`Error::IdReused`] for
     /// an id committed with another request digest, [`Error::LogExhausted`] once the head is
-    /// at 2^48-1. Offsets of the committed messages are consecutive, in the group's order.
+    /// at 2^48-1, [`Error::LogAheadOfHead`] from a damaged log on (nothing written for those),
+    /// [`Error::CommitFailed`] for each message when the script failed in the group (what it
+    /// wrote is not known).
+    /// Offsets of the committed messages are consecutive, in the group's order.
     ///
     /// A message with [`CommitRequest::claim_home`] claims its id first in the same call
     /// (ADR-0037): an id bound to another digest is [`Error::IdReused`] with offset 0. On a
@@ -398,11 +401,42 @@ impl LogStore {
         if reqs.is_empty() {
             return Ok(Vec::new());
         }
+        let mut out = self.commit_parts(&[(shard, reqs)], dedupe_ttl_s).await?;
+        Ok(out.pop().expect("one answer per part"))
+    }
+
+    /// [`LogStore::commit_group`] of several shards' groups in one call (ADR-0051): each part
+    /// `(shard, group)` is committed as `commit_group` would commit it alone, the parts in
+    /// the order given, and answered in that order. A part whose log is damaged
+    /// ([`Error::LogAheadOfHead`]) or that fails in the script ([`Error::CommitFailed`]) does
+    /// not stop the others. One instance only: on a Redis
+    /// Cluster (one slot per call) more than one part is [`Error::InvalidArgument`], before
+    /// anything is sent. Parts may name the same shard twice (its messages in order).
+    pub async fn commit_parts(
+        &mut self,
+        parts: &[(u32, &[CommitRequest<'_>])],
+        dedupe_ttl_s: u64,
+    ) -> Result<Vec<Vec<Result<Committed>>>> {
+        let parts: Vec<(u32, Vec<&CommitRequest<'_>>)> = parts
+            .iter()
+            .filter(|(_, reqs)| !reqs.is_empty())
+            .map(|(shard, reqs)| (*shard, reqs.iter().collect()))
+            .collect();
+        if parts.is_empty() {
+            return Ok(Vec::new());
+        }
         if self.conn.is_cluster() {
+            if parts.len() > 1 {
+                return Err(Error::InvalidArgument(format!(
+                    "one commit call on a Redis Cluster holds one shard, not {}",
+                    parts.len()
+                )));
+            }
+            let (shard, reqs) = &parts[0];
             if let Some(home) = reqs
                 .iter()
                 .filter_map(|r| r.claim_home)
-                .find(|&h| h != shard)
+                .find(|h| h != shard)
             {
                 return Err(Error::InvalidArgument(format!(
                     "a commit to shard {shard} cannot claim an id on shard {home} of a Redis \
@@ -410,96 +444,140 @@ impl LogStore {
                 )));
             }
         }
-        let all: Vec<&CommitRequest<'_>> = reqs.iter().collect();
-        let mut out = self.commit_call(shard, &all, dedupe_ttl_s, true).await?;
+        let mut out = self.commit_call(&parts, dedupe_ttl_s, true).await?;
         // one-key messages whose claim is a bare digest of theirs: again, with their dedupe
         // keys (ADR-0043; rare: a claim written before ADR-0040, or by a two-step claim)
-        let again: Vec<usize> = (0..out.len()).filter(|&i| out[i].is_none()).collect();
+        let again: Vec<(usize, Vec<usize>)> = out
+            .iter()
+            .enumerate()
+            .map(|(p, answers)| {
+                (
+                    p,
+                    (0..answers.len())
+                        .filter(|&i| answers[i].is_none())
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .filter(|(_, idx)| !idx.is_empty())
+            .collect();
         if !again.is_empty() {
-            let retry: Vec<&CommitRequest<'_>> = again.iter().map(|&i| &reqs[i]).collect();
-            let answers = self.commit_call(shard, &retry, dedupe_ttl_s, false).await?;
-            for (i, a) in again.into_iter().zip(answers) {
-                out[i] = a;
+            let retry: Vec<(u32, Vec<&CommitRequest<'_>>)> = again
+                .iter()
+                .map(|(p, idx)| (parts[*p].0, idx.iter().map(|&i| parts[*p].1[i]).collect()))
+                .collect();
+            let answers = self.commit_call(&retry, dedupe_ttl_s, false).await?;
+            for ((p, idx), part_answers) in again.into_iter().zip(answers) {
+                for (i, a) in idx.into_iter().zip(part_answers) {
+                    out[p][i] = a;
+                }
             }
         }
         // (the call with every key answers every message)
-        let mut out: Vec<Result<Committed>> = out
+        let mut out: Vec<Vec<Result<Committed>>> = out
             .into_iter()
-            .map(|a| {
-                a.unwrap_or_else(|| {
-                    Err(Error::UnexpectedReply {
-                        script: "commit_dispatch",
-                        detail: "a message left unanswered".into(),
+            .map(|answers| {
+                answers
+                    .into_iter()
+                    .map(|a| {
+                        a.unwrap_or_else(|| {
+                            Err(Error::UnexpectedReply {
+                                script: "commit_dispatch",
+                                detail: "a message left unanswered".into(),
+                            })
+                        })
                     })
-                })
+                    .collect()
             })
             .collect();
         // a duplicate waits too: the first commit may not have reached the replicas yet; a
-        // refusal (exhausted log, id reused) wrote nothing: no replica needed
-        let acked = out.iter().any(|r| r.is_ok());
+        // refusal (exhausted log, id reused) wrote nothing: no replica needed. One WAIT covers
+        // every write made on the connection before it, so every part of the call.
+        let acked = out.iter().flatten().any(|r| r.is_ok());
         if let (Some(w), true) = (self.wait, acked) {
-            if let Err(e) = self.confirm.confirm(&self.conn, shard, w).await {
-                for r in out.iter_mut().filter(|r| r.is_ok()) {
-                    *r = Err(e.clone());
+            if let Err(e) = self.confirm.confirm(&self.conn, parts[0].0, w).await {
+                for (answers, (shard, _)) in out.iter_mut().zip(&parts) {
+                    for r in answers.iter_mut().filter(|r| r.is_ok()) {
+                        *r = Err(match &e {
+                            Error::NotReplicated {
+                                replicas, wanted, ..
+                            } => Error::NotReplicated {
+                                shard: *shard,
+                                replicas: *replicas,
+                                wanted: *wanted,
+                            },
+                            e => e.clone(),
+                        });
+                    }
                 }
             }
         }
         Ok(out)
     }
 
-    /// One `commit_dispatch.lua` call of `reqs`: each message's answer, `None` for a
-    /// one-key message (flag '3', sent only when `one_key` and the deployment claims with
+    /// One `commit_dispatch.lua` call of `parts`: each message's answer, by part, `None` for
+    /// a one-key message (flag '3', sent only when `one_key` and the deployment claims with
     /// one key) that needs its dedupe keys (the script's `{4, 0}`: nothing was written for
     /// it). With `one_key` false every claiming message is sent with its three keys.
     async fn commit_call(
         &mut self,
-        shard: u32,
-        reqs: &[&CommitRequest<'_>],
+        parts: &[(u32, Vec<&CommitRequest<'_>>)],
         dedupe_ttl_s: u64,
         one_key: bool,
-    ) -> Result<Vec<Option<Result<Committed>>>> {
+    ) -> Result<Vec<Vec<Option<Result<Committed>>>>> {
         // ADR-0043: a one-key claim passes only its claim's key
         let one_key = one_key && self.one_key_claims;
         let compact = |r: &CommitRequest<'_>| one_key && r.claim_home.is_some();
-        let n_keys: usize = reqs.iter().map(|r| if compact(r) { 1 } else { 3 }).sum();
+        let n_keys: usize = parts
+            .iter()
+            .map(|(_, reqs)| {
+                2 + reqs
+                    .iter()
+                    .map(|r| if compact(r) { 1 } else { 3 })
+                    .sum::<usize>()
+            })
+            .sum();
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&COMMIT_DISPATCH.sha)
-            .arg(2 + n_keys)
-            .arg(keys::dlog(shard))
-            .arg(keys::head(shard));
-        for r in reqs {
-            if let (true, Some(home)) = (compact(r), r.claim_home) {
-                cmd.arg(keys::message_id(home, r.sender, r.client_id));
-                continue;
+        cmd.arg(&COMMIT_DISPATCH.sha).arg(n_keys);
+        for (shard, reqs) in parts {
+            let shard = *shard;
+            cmd.arg(keys::dlog(shard)).arg(keys::head(shard));
+            for r in reqs {
+                if let (true, Some(home)) = (compact(r), r.claim_home) {
+                    cmd.arg(keys::message_id(home, r.sender, r.client_id));
+                    continue;
+                }
+                let dedupe = keys::dedupe(shard, r.sender, r.client_id);
+                let claim = match r.claim_home {
+                    Some(home) => keys::message_id(home, r.sender, r.client_id),
+                    None => dedupe.clone(), // not touched (flag '0'); same slot
+                };
+                cmd.arg(dedupe)
+                    .arg(keys::dedupe_legacy(shard, r.sender, r.client_id))
+                    .arg(claim);
             }
-            let dedupe = keys::dedupe(shard, r.sender, r.client_id);
-            let claim = match r.claim_home {
-                Some(home) => keys::message_id(home, r.sender, r.client_id),
-                None => dedupe.clone(), // not touched (flag '0'); same slot
-            };
-            cmd.arg(dedupe)
-                .arg(keys::dedupe_legacy(shard, r.sender, r.client_id))
-                .arg(claim);
         }
-        cmd.arg(reqs.len()).arg(dedupe_ttl_s.max(1));
-        if self.conn.is_cluster() {
-            cmd.arg(keys::dlog_wake(shard));
-        } else {
-            cmd.arg("");
-        }
-        for r in reqs {
-            cmd.arg(r.sender)
-                .arg(r.client_id)
-                .arg(encode_recipients(r.recipients))
-                .arg(r.body)
-                .arg(r.sent_at_us)
-                .arg(r.digest)
-                .arg(match r.claim_home {
-                    Some(_) if compact(r) => "3",
-                    Some(_) if self.one_key_claims => "2",
-                    Some(_) => "1",
-                    None => "0",
-                });
+        cmd.arg(dedupe_ttl_s.max(1)).arg(parts.len());
+        for (shard, reqs) in parts {
+            cmd.arg(reqs.len());
+            if self.conn.is_cluster() {
+                cmd.arg(keys::dlog_wake(*shard));
+            } else {
+                cmd.arg("");
+            }
+            for r in reqs {
+                cmd.arg(r.sender)
+                    .arg(r.client_id)
+                    .arg(encode_recipients(r.recipients))
+                    .arg(r.body)
+                    .arg(r.sent_at_us)
+                    .arg(r.digest)
+                    .arg(match r.claim_home {
+                        Some(_) if compact(r) => "3",
+                        Some(_) if self.one_key_claims => "2",
+                        Some(_) => "1",
+                        None => "0",
+                    });
+            }
         }
         let v = self.eval_commit(&cmd).await?;
         let bad = || Error::UnexpectedReply {
@@ -509,24 +587,40 @@ impl LogStore {
         let Value::Array(a) = &v else {
             return Err(bad());
         };
-        if a.len() != 2 * reqs.len() {
+        if a.len() != 2 * parts.iter().map(|(_, reqs)| reqs.len()).sum::<usize>() {
             return Err(bad());
         }
-        let mut out = Vec::with_capacity(reqs.len());
-        for (pair, r) in a.chunks(2).zip(reqs) {
-            out.push(match (&pair[0], &pair[1]) {
-                (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => Some(Ok(Committed {
-                    offset: *o as u64,
-                    duplicate: *s == 1,
-                })),
-                (Value::Int(2), Value::Int(_)) => Some(Err(Error::LogExhausted { shard })),
-                (Value::Int(3), Value::Int(o)) => Some(Err(Error::IdReused {
-                    shard,
-                    offset: *o as u64,
-                })),
-                (Value::Int(4), Value::Int(0)) if compact(r) => None,
-                _ => return Err(bad()),
-            });
+        let mut pairs = a.chunks(2);
+        let mut out = Vec::with_capacity(parts.len());
+        for (shard, reqs) in parts {
+            let shard = *shard;
+            let mut answers = Vec::with_capacity(reqs.len());
+            for r in reqs {
+                // (zip would take one pair too many from the shared iterator)
+                let pair = pairs.next().expect("length checked");
+                answers.push(match (&pair[0], &pair[1]) {
+                    (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => Some(Ok(Committed {
+                        offset: *o as u64,
+                        duplicate: *s == 1,
+                    })),
+                    (Value::Int(2), Value::Int(_)) => Some(Err(Error::LogExhausted { shard })),
+                    (Value::Int(3), Value::Int(o)) => Some(Err(Error::IdReused {
+                        shard,
+                        offset: *o as u64,
+                    })),
+                    (Value::Int(4), Value::Int(0)) if compact(r) => None,
+                    (Value::Int(5), Value::BulkString(e)) => Some(Err(Error::LogAheadOfHead {
+                        shard,
+                        detail: String::from_utf8_lossy(e).into_owned(),
+                    })),
+                    (Value::Int(6), Value::BulkString(e)) => Some(Err(Error::CommitFailed {
+                        shard,
+                        detail: String::from_utf8_lossy(e).into_owned(),
+                    })),
+                    _ => return Err(bad()),
+                });
+            }
+            out.push(answers);
         }
         Ok(out)
     }

@@ -1,7 +1,9 @@
--- commit_dispatch.lua — commits a group of one or more messages to one shard's dispatch log
--- (core Redis), in the order given (group commit, ADR-0036): message i is decided, and when
--- committed written, before message i + 1 is looked at, so the group gives the same answers
--- and the same log as the same messages committed one call each, in that order.
+-- commit_dispatch.lua — commits groups of messages to shards' dispatch logs (core Redis): one
+-- part per shard, each part's messages in the order given (group commit, ADR-0036; several
+-- shards in one call, ADR-0051): message i is decided, and when committed written, before
+-- message i + 1 is looked at, so a part gives the same answers and the same log as the same
+-- messages committed one call each, in that order. Parts are independent of each other
+-- (each has its own log and head); they run in the order given.
 --
 -- Per message: dedupes on (sender, client id): a retried send returns the offset first
 -- assigned and adds nothing (also when the first send is earlier in the same group).
@@ -43,11 +45,18 @@
 -- the two-step claim of ADR-0026). Such a message is answered {4, 0} and nothing is written
 -- for it; the caller sends it again with the flag '2' and its three keys.
 --
--- n = ARGV[1] messages; message i (1..n) has arguments 3 + 7(i-1) + 1 .. 3 + 7i, and its
--- keys follow those of message i - 1: three (k = the first) for the flags '0', '1' and '2',
--- one (its claim: KEYS[k+2] below is that key) for the flag '3'. Message 1's keys start at
--- KEYS[3].
+-- Layout: ARGV[1] is the TTL, ARGV[2] the number of parts m; then each part in turn. A part
+-- has two keys (its log, its head) followed by its messages' keys, and two arguments (its
+-- message count n, its wake channel) followed by seven per message. A message's keys follow
+-- those of the message before it: three (k = the first) for the flags '0', '1' and '2', one
+-- (its claim: KEYS[k+2] below is that key) for the flag '3'. Below, indices are relative:
+-- KEYS[1] is the part's first key, ARGV[a] its first argument (ARGV[3] for the first part),
+-- message i's arguments are ARGV[a+2+7(i-1)] ..; the next part starts after the last.
 --
+-- On a Redis Cluster every key of a call must be in one slot: a call there has one part
+-- (and a claim key only of that shard). On one instance a call may hold any shards.
+--
+-- Per part:
 -- KEYS[1]      dlog:{s}                          stream  the dispatch log
 -- KEYS[2]      head:{s}                          string  last assigned offset
 -- KEYS[k]      dd:{s}:<n>:<sender><client id>    string  dedupe record "<offset>:<digest>";
@@ -57,109 +66,160 @@
 -- KEYS[k+2]    msgid:{h}:<n>:<sender><client id> string  id claim -> digest (h: the sender's
 --                                                        home shard); with flag '1', '2' or
 --                                                        '3' (then the message's only key)
--- ARGV[1]      n             decimal, messages in the group (>= 1)
--- ARGV[2]      dedupe_ttl_s  decimal, seconds the dedupe records (and claims) live
--- ARGV[3]      wake channel  '' for none; on a Redis Cluster `dlogwake:{s}` (same slot as
---                            KEYS[1])
--- ARGV[7i-3]   sender        string
--- ARGV[7i-2]   client id     string
--- ARGV[7i-1]   recipients    bytes, recipients of this shard (u8 length + bytes, repeated)
--- ARGV[7i]     body          bytes
--- ARGV[7i+1]   sent_at_us    decimal u64
--- ARGV[7i+2]   digest        hex string, digest of the whole request (no ':')
--- ARGV[7i+3]   claim         '1': claim the id on KEYS[k+2] first; '2': the same as one key
+-- Per call:
+-- ARGV[1]      dedupe_ttl_s  decimal, seconds the dedupe records (and claims) live
+-- ARGV[2]      m             decimal, parts in the call (>= 1)
+-- Per part (relative to its first argument a):
+-- ARGV[a]      n             decimal, messages in the part (>= 1)
+-- ARGV[a+1]    wake channel  '' for none; on a Redis Cluster `dlogwake:{s}` (same slot as
+--                            its KEYS[1])
+-- Per message (relative to its first argument b = a + 2 + 7(i-1)):
+-- ARGV[b]      sender        string
+-- ARGV[b+1]    client id     string
+-- ARGV[b+2]    recipients    bytes, recipients of this shard (u8 length + bytes, repeated)
+-- ARGV[b+3]    body          bytes
+-- ARGV[b+4]    sent_at_us    decimal u64
+-- ARGV[b+5]    digest        hex string, digest of the whole request (no ':')
+-- ARGV[b+6]    claim         '1': claim the id on KEYS[k+2] first; '2': the same as one key
 --                            (ADR-0040); '3': '2' with one key (ADR-0043); '0': no claim
 --
--- An XADD that fails (a log whose last id is at or above head + 1) fails the call; what the
--- group committed before it (nothing, in that case: it is the group's first XADD) stays
--- committed and counted in the head.
+-- An XADD that fails (a log whose last id is at or above head + 1: a damaged instance) ends
+-- its part: what the part committed before it stays committed and counted in the head, and
+-- that message and the part's later ones are answered {5, error} without anything written
+-- for them (the callers retry; their dedupe holds). Any other error inside a part fails
+-- that part alone ({6, error}, below; before ADR-0051 it failed the call). The other parts
+-- are not affected.
 --
--- Returns a flat array, two integers per message, in the group's order:
+-- Returns a flat array, two values per message, parts in the call's order, each part's
+-- messages in its order:
 --   {0, offset} committed
 -- | {1, offset} duplicate (nothing written)
 -- | {2, head}   log exhausted: head is already 2^48-1 (nothing written)
 -- | {3, offset} id reused: the id was committed with another request (nothing written);
---               offset 0 when the claim (ARGV[7i+3]) named another request (a bare
+--               offset 0 when the claim (ARGV[b+6]) named another request (a bare
 --               digest)
 -- | {4, 0}      flag '3' only: this message needs its dedupe keys; send it again with the
 --               flag '2' (nothing written for it)
--- Publishes, only when ARGV[3] is not empty and something was committed: one SPUBLISH
--- ARGV[3] <last offset>, a hint for materializers on a Redis Cluster, where one blocking
--- XREAD cannot wait on the logs of several shards (several slots). On one instance nothing
--- is published: the materializer waits with XREAD BLOCK.
-local n = tonumber(ARGV[1])
-local ttl = ARGV[2]
-local head = tonumber(redis.call('GET', KEYS[2]) or '0')
-local first = head
+-- | {5, error}  its part's XADD failed at or before it (error: Redis's message, a string);
+--               nothing written for it
+-- | {6, error}  its part failed with an error of Redis or Lua (a head that is not a number,
+--               a key of another type; error: the message, a string), answered for every
+--               message of the part: as for a failed call, what the part wrote is not known
+-- Publishes, per part, only when its wake channel is not empty and something was committed
+-- to it: one SPUBLISH <wake channel> <last offset>, a hint for materializers on a Redis
+-- Cluster, where one blocking XREAD cannot wait on the logs of several shards (several
+-- slots). On one instance nothing is published: the materializer waits with XREAD BLOCK.
+local ttl = ARGV[1]
+local m = tonumber(ARGV[2])
 local out = {}
--- the first key of the next message
-local next_key = 3
-for i = 1, n do
-  local a = 7 * i - 3
-  local digest = ARGV[a + 5]
-  local st, v
-  local claimed = nil
-  local flag = ARGV[a + 6]
-  local k = next_key
-  local one_key = flag == '3'
-  if one_key then
-    -- its only key is read as KEYS[k + 2], like the claim of the other forms
-    k, next_key, flag = next_key - 2, next_key + 1, '2'
-  else
-    next_key = next_key + 3
-  end
-  if flag == '1' then
-    claimed = redis.call('SET', KEYS[k + 2], digest, 'NX', 'GET', 'EX', ttl)
-  elseif flag == '2' then
-    claimed = redis.call('GET', KEYS[k + 2])
-  end
-  -- the key the message's dedupe record goes to when it is committed; nil: answered
-  local record = nil
-  local off, d
-  if claimed then off, d = string.match(claimed, '^(%d+):(.*)$') end
-  if off then
-    -- a one-key claim (ADR-0040) answers the message
-    if d == digest then st, v = 1, tonumber(off) else st, v = 3, tonumber(off) end
-  elseif claimed and claimed ~= digest then
-    st, v = 3, 0
-  elseif flag == '2' and not claimed then
-    record = KEYS[k + 2] -- a fresh one-key claim: the claim is the dedupe record
-  elseif one_key then
-    st, v = 4, 0 -- a bare digest of this message: its dedupe records decide; not passed
-  else
-    local dup = redis.call('GET', KEYS[k])
-    if dup then
-      off, d = string.match(dup, '^(%d+):(.*)$')
-      if not off then st, v = 1, tonumber(dup)
-      elseif d ~= digest then st, v = 3, tonumber(off)
-      else st, v = 1, tonumber(off) end
+
+-- Commits the part whose first key is KEYS[kb] and first argument ARGV[ab] (n messages);
+-- appends its answers to `answers`.
+local function commit_part(kb, ab, n, answers)
+  local wake = ARGV[ab + 1]
+  local log_key, head_key = KEYS[kb], KEYS[kb + 1]
+  local head = tonumber(redis.call('GET', head_key) or '0')
+  local first = head
+  -- the XADD error that ended this part's commits (its remaining messages answer {5, err})
+  local failed = nil
+  -- the first key of the next message
+  local next_key = kb + 2
+  for i = 1, n do
+    local a = ab + 2 + 7 * (i - 1)
+    local digest = ARGV[a + 5]
+    local st, v
+    local claimed = nil
+    local flag = ARGV[a + 6]
+    local k = next_key
+    local one_key = flag == '3'
+    if one_key then
+      -- its only key is read as KEYS[k + 2], like the claim of the other forms
+      k, next_key, flag = next_key - 2, next_key + 1, '2'
     else
-      dup = redis.call('GET', KEYS[k + 1])
-      if dup then st, v = 1, tonumber(dup) else record = KEYS[k] end
+      next_key = next_key + 3
     end
-  end
-  if record then
-    if head >= 281474976710655 then st, v = 2, head
+    if failed then flag = 'failed' end
+    if flag == '1' then
+      claimed = redis.call('SET', KEYS[k + 2], digest, 'NX', 'GET', 'EX', ttl)
+    elseif flag == '2' then
+      claimed = redis.call('GET', KEYS[k + 2])
+    end
+    -- the key the message's dedupe record goes to when it is committed; nil: answered
+    local record = nil
+    local off, d
+    if claimed then off, d = string.match(claimed, '^(%d+):(.*)$') end
+    if failed then
+      st, v = 5, failed
+    elseif off then
+      -- a one-key claim (ADR-0040) answers the message
+      if d == digest then st, v = 1, tonumber(off) else st, v = 3, tonumber(off) end
+    elseif claimed and claimed ~= digest then
+      st, v = 3, 0
+    elseif flag == '2' and not claimed then
+      record = KEYS[k + 2] -- a fresh one-key claim: the claim is the dedupe record
+    elseif one_key then
+      st, v = 4, 0 -- a bare digest of this message: its dedupe records decide; not passed
     else
-      local o = string.format('%d', head + 1)
-      local r = redis.pcall('XADD', KEYS[1], o .. '-0', 'p', string.format('%d', head),
-        'f', ARGV[a], 'c', ARGV[a + 1], 'r', ARGV[a + 2], 'b', ARGV[a + 3], 't', ARGV[a + 4])
-      if type(r) == 'table' and r.err then
-        -- (a log ahead of its head): what the group committed so far stays committed and
-        -- counted in the head; the call fails (the callers retry; their dedupe holds)
-        if head ~= first then redis.call('SET', KEYS[2], string.format('%d', head)) end
-        return r
+      local dup = redis.call('GET', KEYS[k])
+      if dup then
+        off, d = string.match(dup, '^(%d+):(.*)$')
+        if not off then st, v = 1, tonumber(dup)
+        elseif d ~= digest then st, v = 3, tonumber(off)
+        else st, v = 1, tonumber(off) end
+      else
+        dup = redis.call('GET', KEYS[k + 1])
+        if dup then st, v = 1, tonumber(dup) else record = KEYS[k] end
       end
-      head = head + 1
-      redis.call('SET', record, o .. ':' .. digest, 'EX', ttl)
-      st, v = 0, head
+    end
+    if record then
+      if head >= 281474976710655 then st, v = 2, head
+      else
+        local o = string.format('%d', head + 1)
+        local r = redis.pcall('XADD', log_key, o .. '-0', 'p', string.format('%d', head),
+          'f', ARGV[a], 'c', ARGV[a + 1], 'r', ARGV[a + 2], 'b', ARGV[a + 3], 't', ARGV[a + 4])
+        if type(r) == 'table' and r.err then
+          -- a log ahead of its head: this part commits nothing more (what it committed so
+          -- far stays committed and counted in the head); the other parts go on
+          failed = r.err
+          st, v = 5, failed
+        else
+          head = head + 1
+          redis.call('SET', record, o .. ':' .. digest, 'EX', ttl)
+          st, v = 0, head
+        end
+      end
+    end
+    answers[#answers + 1] = st
+    answers[#answers + 1] = v
+  end
+  if head ~= first then
+    redis.call('SET', head_key, string.format('%d', head))
+    if wake ~= '' then redis.call('SPUBLISH', wake, string.format('%d', head)) end
+  end
+end
+
+-- the first key and the first argument of the next part
+local kb, ab = 1, 3
+for _ = 1, m do
+  local n = tonumber(ARGV[ab])
+  -- the part's keys: its log, its head, then 1 per one-key message and 3 per other
+  local nk = 2
+  for i = 1, n do
+    if ARGV[ab + 2 + 7 * (i - 1) + 6] == '3' then nk = nk + 1 else nk = nk + 3 end
+  end
+  local answers = {}
+  local ok, e = pcall(commit_part, kb, ab, n, answers)
+  if ok then
+    for j = 1, #answers do out[#out + 1] = answers[j] end
+  else
+    -- an error inside the part (a head that is not a number, a key of the wrong type): the
+    -- part fails as a failed call did; the other parts are not affected
+    local msg = type(e) == 'table' and e.err or tostring(e)
+    for _ = 1, n do
+      out[#out + 1] = 6
+      out[#out + 1] = msg
     end
   end
-  out[2 * i - 1] = st
-  out[2 * i] = v
-end
-if head ~= first then
-  redis.call('SET', KEYS[2], string.format('%d', head))
-  if ARGV[3] ~= '' then redis.call('SPUBLISH', ARGV[3], string.format('%d', head)) end
+  kb, ab = kb + nk, ab + 2 + 7 * n
 end
 return out

@@ -113,9 +113,9 @@ local ttl = ARGV[1]
 local m = tonumber(ARGV[2])
 local out = {}
 
--- Commits the part whose first key is KEYS[kb] and first argument ARGV[ab] (n messages);
--- appends its answers to `answers`.
-local function commit_part(kb, ab, n, answers)
+-- Commits the part whose first key is KEYS[kb] and first argument ARGV[ab] (n messages),
+-- appends its answers to `out`; returns the first key of the next part.
+local function commit_part(kb, ab, n)
   local wake = ARGV[ab + 1]
   local log_key, head_key = KEYS[kb], KEYS[kb + 1]
   local head = tonumber(redis.call('GET', head_key) or '0')
@@ -189,37 +189,37 @@ local function commit_part(kb, ab, n, answers)
         end
       end
     end
-    answers[#answers + 1] = st
-    answers[#answers + 1] = v
+    out[#out + 1] = st
+    out[#out + 1] = v
   end
   if head ~= first then
     redis.call('SET', head_key, string.format('%d', head))
     if wake ~= '' then redis.call('SPUBLISH', wake, string.format('%d', head)) end
   end
+  return next_key
 end
 
 -- the first key and the first argument of the next part
 local kb, ab = 1, 3
 for _ = 1, m do
   local n = tonumber(ARGV[ab])
-  -- the part's keys: its log, its head, then 1 per one-key message and 3 per other
-  local nk = 2
-  for i = 1, n do
-    if ARGV[ab + 2 + 7 * (i - 1) + 6] == '3' then nk = nk + 1 else nk = nk + 3 end
-  end
-  local answers = {}
-  local ok, e = pcall(commit_part, kb, ab, n, answers)
+  local base = #out
+  local ok, e = pcall(commit_part, kb, ab, n)
   if ok then
-    for j = 1, #answers do out[#out + 1] = answers[j] end
+    kb = e
   else
-    -- an error inside the part (a head that is not a number, a key of the wrong type): the
+    -- an error inside the part (a head that is not a number, a key of another type): the
     -- part fails as a failed call did; the other parts are not affected
     local msg = type(e) == 'table' and e.err or tostring(e)
-    for _ = 1, n do
+    for j = #out, base + 1, -1 do out[j] = nil end
+    -- the part's keys: its log, its head, then 1 per one-key message and 3 per other
+    kb = kb + 2
+    for i = 1, n do
+      if ARGV[ab + 2 + 7 * (i - 1) + 6] == '3' then kb = kb + 1 else kb = kb + 3 end
       out[#out + 1] = 6
       out[#out + 1] = msg
     end
   end
-  kb, ab = kb + nk, ab + 2 + 7 * n
+  ab = ab + 2 + 7 * n
 end
 return out

@@ -224,7 +224,7 @@ impl CommitPath {
                     ));
                 }
                 Err(e) => {
-                    tracing::warn!(shard, sender, id = %req.id, error = %e, "commit failed");
+                    tracing::warn!(shard, sender, id = %req.id, code = e.code(), error = %e, "commit failed");
                     if failure.is_none() {
                         failure = Some((
                             ErrorCode::Internal,

@@ -2,7 +2,11 @@
 //! ([`route`]): a `send_ack` or an `error` with an id someone waits for completes that
 //! waiter; everything else becomes an [`Event`] (a `deliver`, answers nobody waits for,
 //! errors without an id, and [`BAD_SERVER_FRAME`] errors for frames that cannot be read).
-//! Frames of an unknown `type` are ignored.
+//! Frames of an unknown `type` are ignored. The two frames a client reads most (`deliver`,
+//! `send_ack`) take a one-pass read ([`fast`]) that falls back to the full parse whenever it
+//! is not sure, so the full parse alone decides what is an error.
+
+use std::collections::BTreeMap;
 
 use serde_json::Value;
 use tidemark_protocol::{Entry, ServerFrame};
@@ -31,8 +35,81 @@ pub(super) struct ErrorFrame {
     pub(super) id: Option<String>,
 }
 
-/// Reads one text frame from the server.
+/// Reads one text frame from the server: a `deliver` or `send_ack` first by [`fast`], in one
+/// pass; anything it is not sure of by [`parse_in_full`], which alone gives errors.
 pub(super) fn parse_incoming(text: &str) -> Result<Incoming, String> {
+    match fast(text) {
+        Some(frame) => Ok(frame),
+        None => parse_in_full(text),
+    }
+}
+
+/// The fields of the two frames a client reads most (`deliver`, `send_ack`), read straight
+/// from the text: no `serde_json::Value` tree built first and then read again. Unknown
+/// fields, duplicate keys, escaped keys and wrong types are errors here, so those frames go
+/// to the full parse.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Everyday<'a> {
+    #[serde(rename = "type", borrow)]
+    ty: &'a str,
+    seq: Option<u64>,
+    from: Option<String>,
+    body: Option<String>,
+    sent_at_us: Option<u64>,
+    id: Option<String>,
+    #[serde(borrow)]
+    offsets: Option<BTreeMap<&'a str, u64>>,
+}
+
+/// A `deliver` or `send_ack` frame read in one pass: the frame [`parse_in_full`] would
+/// return, or `None` when this is not such a frame or the fast read is not sure of it.
+pub(super) fn fast(text: &str) -> Option<Incoming> {
+    let f: Everyday<'_> = serde_json::from_str(text).ok()?;
+    match f {
+        Everyday {
+            ty: "deliver",
+            seq: Some(seq),
+            from: Some(from),
+            body: Some(body),
+            sent_at_us: Some(sent_at_us),
+            id: None,
+            offsets: None,
+        } => Some(Incoming::Deliver(Entry {
+            seq,
+            from,
+            body,
+            sent_at_us,
+        })),
+        Everyday {
+            ty: "send_ack",
+            seq: None,
+            from: None,
+            body: None,
+            sent_at_us: None,
+            id: Some(id),
+            offsets: Some(offsets),
+        } => {
+            // the full parse's rule for a shard key: decimal digits only, a u32
+            let offsets = offsets
+                .into_iter()
+                .map(|(k, v)| {
+                    k.bytes()
+                        .all(|b| b.is_ascii_digit())
+                        .then(|| k.parse::<u32>().ok())
+                        .flatten()
+                        .map(|shard| (shard, v))
+                })
+                .collect::<Option<Offsets>>()?;
+            Some(Incoming::SendAck { id, offsets })
+        }
+        _ => None,
+    }
+}
+
+/// Reads one text frame from the server through a `serde_json::Value`: every frame type,
+/// and the error of a frame that cannot be read.
+pub(super) fn parse_in_full(text: &str) -> Result<Incoming, String> {
     let value: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
     let Some(ty) = value.get("type") else {
         return Err("not a JSON object with a `type`".into());

@@ -7,7 +7,7 @@ use tidemark_protocol::Entry;
 use tokio_tungstenite::tungstenite::http::header::AUTHORIZATION;
 
 use super::connect::build_request;
-use super::incoming::{parse_incoming, ErrorFrame, Incoming};
+use super::incoming::{fast, parse_in_full, parse_incoming, ErrorFrame, Incoming};
 use super::Auth;
 
 #[test]
@@ -69,6 +69,115 @@ fn parses_server_frames() {
         r#"{"type":"error","message":"no code"}"#,
     ] {
         assert!(parse_incoming(bad).is_err(), "{bad}");
+    }
+}
+
+/// The frames a client reads most take the one-pass read; what it returns is what the full
+/// parse returns.
+#[test]
+fn everyday_frames_take_the_fast_path() {
+    for text in [
+        r#"{"type":"deliver","seq":3471,"from":"alice","body":"hi","sent_at_us":1764489600000000}"#,
+        r#"{"seq":1,"type":"deliver","sent_at_us":0,"body":"","from":"a"}"#,
+        r#"{"type":"send_ack","id":"c-1","offsets":{"12":3471}}"#,
+        r#"{"offsets":{"12":3471,"3":9},"type":"send_ack","id":"c-1"}"#,
+        r#"{"type":"send_ack","id":"c-1","offsets":{}}"#,
+    ] {
+        let got = fast(text).unwrap_or_else(|| panic!("not on the fast path: {text}"));
+        assert_eq!(Ok(got), parse_in_full(text), "{text}");
+    }
+}
+
+/// Whatever the one-pass read is not sure of goes to the full parse: escapes it cannot
+/// borrow, unknown and duplicate fields, missing or extra fields, other types, bad keys.
+#[test]
+fn doubtful_frames_go_to_the_full_parse() {
+    for text in [
+        r#"{"type":"deliver","seq":1,"from":"a","body":"","sent_at_us":0,"new":true}"#,
+        r#"{"type":"deliver","seq":1,"seq":2,"from":"a","body":"","sent_at_us":0}"#,
+        r#"{"type":"deliver","seq":1,"from":"a","body":"","sent_at_us":0,"id":"x"}"#,
+        r#"{"type":"deliver","seq":1,"from":"a","body":""}"#,
+        r#"{"type":"deli\u0076er","seq":1,"from":"a","body":"","sent_at_us":0}"#,
+        r#"{"type":"deliver","seq":-1,"from":"a","body":"","sent_at_us":0}"#,
+        r#"{"type":"deliver","seq":1.0,"from":"a","body":"","sent_at_us":0}"#,
+        r#"{"type":"send_ack","id":"c","offsets":{"x":1}}"#,
+        r#"{"type":"send_ack","id":"c","offsets":{"\u0031":1}}"#,
+        r#"{"type":"send_ack","id":"c","offsets":{"99999999999":1}}"#,
+        r#"{"type":"send_ack","id":"c"}"#,
+        r#"{"type":"ready","user":"alice","after":3400}"#,
+        r#"{"type":"error","code":"bad_json","message":"m"}"#,
+        "nope",
+    ] {
+        assert_eq!(fast(text), None, "{text}");
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4000))]
+
+    /// Mostly well-formed `deliver` and `send_ack` frames, with fields missing, repeated,
+    /// unknown, of other types, escaped or reordered: whatever the one-pass read returns, the
+    /// full parse returns too.
+    #[test]
+    fn the_fast_path_agrees_with_the_full_parse(
+        deliver in proptest::bool::ANY,
+        own in proptest::collection::vec(0usize..16, 4),
+        picks in proptest::collection::vec((0usize..16, 0usize..6), 1..9),
+        drop_mask in proptest::num::u16::ANY,
+    ) {
+        let values = [
+            "1", "0", "281474976710655", "18446744073709551615", "-1", "1.5", "\"7\"", "null",
+            "\"alice\"", "\"\"", "\"a\\u00e9\\n\"", "{}", "{\"12\":3}", "{\"012\":3,\"12\":4}",
+            "{\"x\":1}", "{\"+1\":2}",
+        ];
+        let keys = if deliver {
+            ["seq", "from", "body", "sent_at_us", "id", "zz"]
+        } else {
+            ["id", "offsets", "offsets", "seq", "body", "zz"]
+        };
+        // the frame's own fields first, each kept three times in four; three times in four each
+        // holds a value of the right type, else any of `values`
+        let right: [&[&str]; 4] = if deliver {
+            [
+                &["3", "0", "281474976710655", "18446744073709551615"],
+                &["\"alice\"", "\"\"", "\"a\\u00e9\"", "\"bob\""],
+                &["\"hi\"", "\"\"", "\"line\\n\"", "\"\\\"q\\\"\""],
+                &["5", "0", "1764489600000000", "18446744073709551615"],
+            ]
+        } else {
+            [
+                &["\"c-1\"", "\"\"", "\"c\\u0031\"", "\"x\""],
+                &["{\"12\":3471,\"3\":9}", "{}", "{\"012\":3,\"12\":4}", "{\"4294967295\":1}"],
+                &[],
+                &[],
+            ]
+        };
+        let names: &[&str] = if deliver {
+            &["seq", "from", "body", "sent_at_us"]
+        } else {
+            &["id", "offsets"]
+        };
+        let mut fields: Vec<String> = Vec::new();
+        for (i, k) in names.iter().enumerate() {
+            // dropped a quarter of the time
+            if drop_mask & (0x101 << i) != 0x101 << i {
+                let v = if own[i] < 12 { right[i][own[i] % 4] } else { values[own[i]] };
+                fields.push(format!("\"{k}\":{v}"));
+            }
+        }
+        let ty = if deliver { "deliver" } else { "send_ack" };
+        let at = usize::from((drop_mask >> 6) & 3).min(fields.len());
+        fields.insert(at, format!("\"type\":\"{ty}\""));
+        // other fields a quarter of the time: repeated, unknown, of other types
+        for (v, k) in &picks {
+            if drop_mask & 0x3000 == 0x3000 {
+                fields.push(format!("\"{}\":{}", keys[*k], values[*v]));
+            }
+        }
+        let text = format!("{{{}}}", fields.join(","));
+        if let Some(got) = fast(&text) {
+            proptest::prop_assert_eq!(Ok(got), parse_in_full(&text), "{}", text);
+        }
     }
 }
 

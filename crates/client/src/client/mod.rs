@@ -279,3 +279,15 @@ impl Deref for Client {
         &self.handle
     }
 }
+
+/// For `examples/incoming_cost.rs` only (not part of the API): reads `text` as the
+/// connection's read loop does (`full`: by the full parse alone, as before the one-pass read)
+/// and tells whether it was a valid frame.
+#[doc(hidden)]
+pub fn __read_server_frame(text: &str, full: bool) -> bool {
+    if full {
+        incoming::parse_in_full(text).is_ok()
+    } else {
+        incoming::parse_incoming(text).is_ok()
+    }
+}

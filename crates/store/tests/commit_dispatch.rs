@@ -486,7 +486,8 @@ async fn the_parts_of_one_call_commit_as_separate_calls_and_fail_alone() {
         .unwrap();
     // shard 8: a head that is not a number (the script fails in that part)
     let _: () = e.raw.set(keys::head(8), "not a number").await.unwrap();
-    let msgs: [(u32, &[Msg<'_>]); 5] = [
+    let msgs: [(u32, &[Msg<'_>]); 6] = [
+        (9, &[]), // an empty part: answered with nothing, not sent
         (
             4,
             &[
@@ -564,6 +565,7 @@ async fn the_parts_of_one_call_commit_as_separate_calls_and_fail_alone() {
     assert_eq!(
         got,
         [
+            vec![],
             vec![Ok((1, false)), Ok((2, false))],
             vec![ahead(), ahead()],
             vec![Ok((1, true)), Ok((2, false))],

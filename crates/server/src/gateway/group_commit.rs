@@ -6,8 +6,8 @@
 //! takes everything queued (at most [`MAX_ROUND`] messages: a round) and splits it by shard.
 //! On one core instance it commits the round's shards together, one script call per
 //! [`MAX_GROUP`] messages, each call holding several shards' parts (ADR-0051: at 5,000
-//! msg/s over 64 shards a round holds ~10 messages of ~9 shards; one call instead of nine
-//! saves core Redis the fixed cost of each call). On a Redis Cluster a call holds one shard
+//! msg/s over 64 shards a round holds ~10 messages of ~9 shards: one command instead of nine
+//! for core Redis to read, run and write to its AOF, one call instead of nine here). On a Redis Cluster a call holds one shard
 //! (one slot): each shard's part is committed in one script call (a larger part takes
 //! several, one after another), all shards of the round concurrently, each to the node of
 //! its slot. The calls are queued on the instance's connection together, so redis-rs writes

@@ -417,14 +417,31 @@ impl LogStore {
         parts: &[(u32, &[CommitRequest<'_>])],
         dedupe_ttl_s: u64,
     ) -> Result<Vec<Vec<Result<Committed>>>> {
-        let parts: Vec<(u32, Vec<&CommitRequest<'_>>)> = parts
-            .iter()
-            .filter(|(_, reqs)| !reqs.is_empty())
-            .map(|(shard, reqs)| (*shard, reqs.iter().collect()))
+        // an empty part is answered (with nothing) but not sent
+        let sent: Vec<usize> = (0..parts.len())
+            .filter(|&i| !parts[i].1.is_empty())
             .collect();
-        if parts.is_empty() {
-            return Ok(Vec::new());
+        let mut all: Vec<Vec<Result<Committed>>> = parts.iter().map(|_| Vec::new()).collect();
+        if sent.is_empty() {
+            return Ok(all);
         }
+        let parts: Vec<(u32, Vec<&CommitRequest<'_>>)> = sent
+            .iter()
+            .map(|&i| (parts[i].0, parts[i].1.iter().collect()))
+            .collect();
+        let answers = self.commit_sent_parts(&parts, dedupe_ttl_s).await?;
+        for (i, a) in sent.into_iter().zip(answers) {
+            all[i] = a;
+        }
+        Ok(all)
+    }
+
+    /// [`LogStore::commit_parts`] of parts that are not empty.
+    async fn commit_sent_parts(
+        &mut self,
+        parts: &[(u32, Vec<&CommitRequest<'_>>)],
+        dedupe_ttl_s: u64,
+    ) -> Result<Vec<Vec<Result<Committed>>>> {
         if self.conn.is_cluster() {
             if parts.len() > 1 {
                 return Err(Error::InvalidArgument(format!(
@@ -444,7 +461,7 @@ impl LogStore {
                 )));
             }
         }
-        let mut out = self.commit_call(&parts, dedupe_ttl_s, true).await?;
+        let mut out = self.commit_call(parts, dedupe_ttl_s, true).await?;
         // one-key messages whose claim is a bare digest of theirs: again, with their dedupe
         // keys (ADR-0043; rare: a claim written before ADR-0040, or by a two-step claim)
         let again: Vec<(usize, Vec<usize>)> = out
@@ -495,7 +512,7 @@ impl LogStore {
         let acked = out.iter().flatten().any(|r| r.is_ok());
         if let (Some(w), true) = (self.wait, acked) {
             if let Err(e) = self.confirm.confirm(&self.conn, parts[0].0, w).await {
-                for (answers, (shard, _)) in out.iter_mut().zip(&parts) {
+                for (answers, (shard, _)) in out.iter_mut().zip(parts) {
                     for r in answers.iter_mut().filter(|r| r.is_ok()) {
                         *r = Err(match &e {
                             Error::NotReplicated {

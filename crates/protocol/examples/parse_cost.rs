@@ -7,35 +7,14 @@
 //! `cargo run --release -p tidemark-protocol --example parse_cost` (the binary's allocator is
 //! the system's here, not the server's mimalloc, with a counter around it).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use tidemark_protocol::{parse_client_frame, Limits};
 
-/// The system allocator, counting allocations (reallocations counted apart).
-struct Counting;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static REALLOCS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is passed on to the system allocator unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        REALLOCS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+use counting_alloc::counts;
 
 fn main() {
     let limits = Limits::default();
@@ -50,18 +29,15 @@ fn main() {
     for round in 1..=3 {
         let mut line = format!("round {round}:");
         for (name, text) in frames {
-            let (a0, r0) = (
-                ALLOCS.load(Ordering::Relaxed),
-                REALLOCS.load(Ordering::Relaxed),
-            );
+            let (a0, r0) = counts();
             let t = Instant::now();
             for _ in 0..n {
                 let frame = parse_client_frame(std::hint::black_box(text), &limits);
                 std::hint::black_box(frame.expect("a valid frame"));
             }
             let ns = t.elapsed().as_nanos() as f64 / f64::from(n);
-            let allocs = (ALLOCS.load(Ordering::Relaxed) - a0) as f64 / f64::from(n);
-            let reallocs = (REALLOCS.load(Ordering::Relaxed) - r0) as f64 / f64::from(n);
+            let allocs = (counts().0 - a0) as f64 / f64::from(n);
+            let reallocs = (counts().1 - r0) as f64 / f64::from(n);
             line += &format!(
                 " {name} {ns:.0} ns, {allocs:.1} allocations + {reallocs:.1} reallocations;"
             );

@@ -388,6 +388,25 @@ async fn a_group_that_reaches_the_last_u48_offset_refuses_the_rest() {
     assert_eq!(d, None, "a refused message leaves no dedupe record");
 }
 
+/// Writes a record at `offset` to shard `s`'s log without its head knowing (a damaged core
+/// instance): the commit's next `XADD` at that offset collides.
+async fn stray_record(e: &mut Env, s: u32, offset: u64) {
+    let _: String = redis::cmd("XADD")
+        .arg(keys::dlog(s))
+        .arg(format!("{offset}-0"))
+        .arg(&[
+            ("p", (offset - 1).to_string()),
+            ("f", "zz".into()),
+            ("c", "q".into()),
+            ("r", "\u{3}bob".into()),
+            ("b", "x".into()),
+            ("t", "1".into()),
+        ])
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+}
+
 /// A log whose last record is above its head (a damaged core instance): the group's XADD
 /// fails, that message and the rest of the group are refused (`log_ahead_of_head`), and
 /// nothing is written for them (no head moved, no dedupe record); a resend before the
@@ -398,20 +417,7 @@ async fn a_failed_xadd_refuses_the_rest_of_the_group_and_writes_nothing() {
     let s = 0;
     assert_eq!(e.commit(s, ("a", "1"), "x", 1).await, (1, false));
     // a record at offset 2 without the head knowing: the next XADD (2-0) collides
-    let _: String = redis::cmd("XADD")
-        .arg(keys::dlog(s))
-        .arg("2-0")
-        .arg(&[
-            ("p", "1"),
-            ("f", "zz"),
-            ("c", "q"),
-            ("r", "\u{3}bob"),
-            ("b", "x"),
-            ("t", "1"),
-        ])
-        .query_async(&mut e.raw)
-        .await
-        .unwrap();
+    stray_record(&mut e, s, 2).await;
     use tidemark_store::redis::dlog::{request_digest, CommitRequest};
     let d = request_digest(&["bob"], "x");
     let req = |f: &'static str| CommitRequest {
@@ -470,20 +476,7 @@ async fn the_parts_of_one_call_commit_as_separate_calls_and_fail_alone() {
     let mut e = env().await;
     assert_eq!(e.commit(5, ("zoe", "z-1"), "before", 1).await, (1, false));
     // shard 6: a record at offset 1 without the head knowing
-    let _: String = redis::cmd("XADD")
-        .arg(keys::dlog(6))
-        .arg("1-0")
-        .arg(&[
-            ("p", "0"),
-            ("f", "zz"),
-            ("c", "q"),
-            ("r", "\u{3}bob"),
-            ("b", "x"),
-            ("t", "1"),
-        ])
-        .query_async(&mut e.raw)
-        .await
-        .unwrap();
+    stray_record(&mut e, 6, 1).await;
     // shard 8: a head that is not a number (the script fails in that part)
     let _: () = e.raw.set(keys::head(8), "not a number").await.unwrap();
     let msgs: [(u32, &[Msg<'_>]); 6] = [

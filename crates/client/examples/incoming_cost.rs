@@ -6,14 +6,12 @@
 //! `cargo run --release -p tidemark-client --example incoming_cost` (the binary's allocator is
 //! the system's here, with a counter around it).
 
-use std::time::Instant;
-
 use tidemark_client::client::__read_server_frame;
 
 #[path = "../../protocol/examples/common/counting_alloc.rs"]
 mod counting_alloc;
 
-use counting_alloc::counts;
+use counting_alloc::per_call;
 
 fn main() {
     let frames = [
@@ -31,15 +29,10 @@ fn main() {
         for (way, full) in [("one-pass", false), ("full parse", true)] {
             let mut line = format!("round {round}, {way}:");
             for (name, text) in frames {
-                let (a0, r0) = counts();
-                let t = Instant::now();
-                for _ in 0..n {
+                let (ns, allocs, reallocs) = per_call(n, || {
                     let ok = __read_server_frame(std::hint::black_box(text), full);
                     assert!(std::hint::black_box(ok), "a valid frame");
-                }
-                let ns = t.elapsed().as_nanos() as f64 / f64::from(n);
-                let allocs = (counts().0 - a0) as f64 / f64::from(n);
-                let reallocs = (counts().1 - r0) as f64 / f64::from(n);
+                });
                 line += &format!(
                     " {name} {ns:.0} ns, {allocs:.1} allocations + {reallocs:.1} reallocations;"
                 );

@@ -7,14 +7,12 @@
 //! `cargo run --release -p tidemark-protocol --example parse_cost` (the binary's allocator is
 //! the system's here, not the server's mimalloc, with a counter around it).
 
-use std::time::Instant;
-
 use tidemark_protocol::{parse_client_frame, Limits};
 
 #[path = "common/counting_alloc.rs"]
 mod counting_alloc;
 
-use counting_alloc::counts;
+use counting_alloc::per_call;
 
 fn main() {
     let limits = Limits::default();
@@ -29,15 +27,10 @@ fn main() {
     for round in 1..=3 {
         let mut line = format!("round {round}:");
         for (name, text) in frames {
-            let (a0, r0) = counts();
-            let t = Instant::now();
-            for _ in 0..n {
+            let (ns, allocs, reallocs) = per_call(n, || {
                 let frame = parse_client_frame(std::hint::black_box(text), &limits);
                 std::hint::black_box(frame.expect("a valid frame"));
-            }
-            let ns = t.elapsed().as_nanos() as f64 / f64::from(n);
-            let allocs = (counts().0 - a0) as f64 / f64::from(n);
-            let reallocs = (counts().1 - r0) as f64 / f64::from(n);
+            });
             line += &format!(
                 " {name} {ns:.0} ns, {allocs:.1} allocations + {reallocs:.1} reallocations;"
             );

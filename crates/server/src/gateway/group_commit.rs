@@ -225,8 +225,13 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
         if core.is_cluster() {
             // one slot per call: a call per shard, to the node of its slot
             let calls = by_shard.into_iter().map(|(shard, part)| {
-                let feed = inner.feed.as_ref().and_then(|f| f.shard(shard));
-                commit_shard(core.clone(), shard, part, inner.dedupe_ttl_s, feed)
+                commit_shard(
+                    core.clone(),
+                    shard,
+                    part,
+                    inner.dedupe_ttl_s,
+                    inner.feed.as_ref(),
+                )
             });
             futures::future::join_all(calls).await;
         } else {
@@ -331,34 +336,19 @@ fn request<'a>(w: &'a Waiting<Pending, Answer>, recipients: &'a [&'a str]) -> Co
     }
 }
 
-/// Commits one shard's part of a round, [`MAX_GROUP`] messages per call, and answers them.
+/// On a Redis Cluster: commits one shard's part of a round, [`MAX_GROUP`] messages per call,
+/// one call after another, and answers them.
 async fn commit_shard(
-    mut core: LogStore,
+    core: LogStore,
     shard: u32,
     mut part: Vec<Waiting<Pending, Answer>>,
     dedupe_ttl_s: u64,
-    feed: Option<ShardFeed<'_>>,
+    feed: Option<&CommitFeed>,
 ) {
     while !part.is_empty() {
         let rest = part.split_off(part.len().min(MAX_GROUP));
         let group = std::mem::replace(&mut part, rest);
-        let recipients: Vec<Vec<&str>> = group
-            .iter()
-            .map(|w| w.item.recipients.iter().map(String::as_str).collect())
-            .collect();
-        let reqs: Vec<CommitRequest<'_>> = group
-            .iter()
-            .zip(&recipients)
-            .map(|(w, rs)| request(w, rs))
-            .collect();
-        metrics::histogram!("tidemark_commit_group_size").record(reqs.len() as f64);
-        let results = core.commit_group(shard, &reqs, dedupe_ttl_s).await;
-        drop(reqs);
-        drop(recipients);
-        match (&feed, results) {
-            (Some(feed), Ok(results)) => answer_and_offer(feed, group, results),
-            (_, results) => answer(group, results),
-        }
+        commit_parts(core.clone(), vec![(shard, group)], dedupe_ttl_s, feed).await;
     }
 }
 

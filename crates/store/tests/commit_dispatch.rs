@@ -829,3 +829,91 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send() {
     let () = e.raw.hset(deployment::KEY, "version", "3").await.unwrap();
     assert!(LogStore::connect(&e.redis.url()).await.is_err());
 }
+
+/// ADR-0052: a one-key claim is written before its `XADD`, as it stands once committed
+/// ("<offset>:<digest>"), so that one `SET NX GET` both reads and makes it. When the `XADD`
+/// then fails (a log ahead of its head), the claim is removed again: a resend after the log
+/// is repaired must be committed, not answered with an offset that was never written. At
+/// the end of the offset space nothing is written either.
+#[tokio::test]
+async fn a_one_key_claim_whose_xadd_fails_is_taken_back() {
+    use tidemark_store::redis::dlog::request_digest;
+    let mut e = env().await;
+    e.core.set_one_key_claims(true);
+    let (s, home) = (3u32, 9u32);
+    let d1: &'static str = request_digest(&["bob"], "one").leak();
+    let mut core = e.core.clone();
+    let out = core
+        .commit_group(s, &[claiming(home, "m1", "one", d1)], TTL)
+        .await
+        .expect("the call");
+    assert_eq!(out[0].as_ref().map(|c| c.offset).ok(), Some(1));
+    // a record at offset 2 without the head knowing: m2's XADD collides
+    stray_record(&mut e, s, 2).await;
+    let out = core
+        .commit_group(
+            s,
+            &[
+                claiming(home, "m2", "one", d1),
+                claiming(home, "m3", "one", d1),
+            ],
+            TTL,
+        )
+        .await
+        .expect("the call");
+    for a in &out {
+        assert!(matches!(a, Err(Error::LogAheadOfHead { .. })), "{a:?}");
+    }
+    for id in ["m2", "m3"] {
+        let claim: Option<String> = e
+            .raw
+            .get(keys::message_id(home, "alice", id))
+            .await
+            .unwrap();
+        assert_eq!(claim, None, "no claim is left for {id}");
+    }
+    assert_eq!(e.core.head(s).await.unwrap(), 1);
+    // repaired (the stray record removed, the stream's last id set back): the resend
+    // commits at offset 2
+    let _: i64 = redis::cmd("XDEL")
+        .arg(keys::dlog(s))
+        .arg("2-0")
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("XSETID")
+        .arg(keys::dlog(s))
+        .arg("1-0")
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    let out = core
+        .commit_group(s, &[claiming(home, "m2", "one", d1)], TTL)
+        .await
+        .expect("the call");
+    let c = out[0].as_ref().expect("committed");
+    assert_eq!((c.offset, c.duplicate), (2, false));
+    let claim: Option<String> = e
+        .raw
+        .get(keys::message_id(home, "alice", "m2"))
+        .await
+        .unwrap();
+    assert_eq!(claim, Some(format!("2:{d1}")));
+    // at the end of the offset space: refused, and no claim written
+    let _: () = e.raw.set(keys::head(s), U48_MAX).await.unwrap();
+    let out = core
+        .commit_group(s, &[claiming(home, "m4", "one", d1)], TTL)
+        .await
+        .expect("the call");
+    assert!(
+        matches!(out[0], Err(Error::LogExhausted { .. })),
+        "{:?}",
+        out[0]
+    );
+    let claim: Option<String> = e
+        .raw
+        .get(keys::message_id(home, "alice", "m4"))
+        .await
+        .unwrap();
+    assert_eq!(claim, None);
+}

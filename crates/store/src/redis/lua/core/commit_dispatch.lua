@@ -39,6 +39,12 @@
 -- the dedupe records decide as with '1'. Such deployments were created by code that claims
 -- every id, so no dedupe record without a claim, and no legacy record, can exist in them.
 --
+-- A fresh one-key claim is written before its message's XADD, as it will stand once the
+-- message is committed ("<head + 1>:<digest>"), by the same `SET NX GET` that reads it
+-- (ADR-0052: one command less per message); if that XADD fails, the claim is deleted again,
+-- so that nothing is written for a refused message. At the end of the offset space (head
+-- already 2^48-1) the claim is only read.
+--
 -- With the flag '3' (ADR-0043) a message is the same as with '2' but passes only its claim's
 -- key: the dedupe keys of a one-key claim are read only when the claim is a bare digest
 -- equal to this message's (one committed by a gateway before ADR-0040, or a claim left by
@@ -139,10 +145,19 @@ local function commit_part(kb, ab, n)
       next_key = next_key + 3
     end
     if failed then flag = 'failed' end
+    -- a fresh one-key claim written before the XADD, as it will stand once committed
+    -- (ADR-0052); removed again if the XADD fails
+    local written = false
     if flag == '1' then
       claimed = redis.call('SET', KEYS[k + 2], digest, 'NX', 'GET', 'EX', ttl)
     elseif flag == '2' then
-      claimed = redis.call('GET', KEYS[k + 2])
+      if head < 281474976710655 then
+        claimed = redis.call('SET', KEYS[k + 2], string.format('%d', head + 1) .. ':' .. digest,
+          'NX', 'GET', 'EX', ttl)
+        written = not claimed
+      else
+        claimed = redis.call('GET', KEYS[k + 2])
+      end
     end
     -- the key the message's dedupe record goes to when it is committed; nil: answered
     local record = nil
@@ -180,11 +195,12 @@ local function commit_part(kb, ab, n)
         if type(r) == 'table' and r.err then
           -- a log ahead of its head: this part commits nothing more (what it committed so
           -- far stays committed and counted in the head); the other parts go on
+          if written then redis.call('DEL', record) end
           failed = r.err
           st, v = 5, failed
         else
           head = head + 1
-          redis.call('SET', record, o .. ':' .. digest, 'EX', ttl)
+          if not written then redis.call('SET', record, o .. ':' .. digest, 'EX', ttl) end
           st, v = 0, head
         end
       end

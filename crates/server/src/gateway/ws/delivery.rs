@@ -70,6 +70,9 @@ pub(super) async fn delivery_loop(
     let mut hinted = false;
     let mut lane_present = false;
     let push = |out: Out| until_cancelled(&conn, tx.send(out));
+    // registered once, not per wait (see `until_cancelled`)
+    let going_away = conn.cancelled();
+    tokio::pin!(going_away);
     // Pages of about what the queue holds: a client that does not read holds little.
     let target = shared
         .opts
@@ -105,7 +108,7 @@ pub(super) async fn delivery_loop(
             let lost = local.lost.swap(false, Ordering::AcqRel);
             let use_hint = hinted && lane_present && !lost && bound > cursor;
             let page = tokio::select! {
-                _ = conn.cancelled() => return,
+                _ = &mut going_away => return,
                 p = async {
                     if use_hint {
                         mailbox.read_hinted(cursor, bound, sizer.count(), target).await
@@ -175,7 +178,7 @@ pub(super) async fn delivery_loop(
         tokio::select! {
             // local runs first: a hint that follows a run then finds nothing to read
             biased;
-            _ = conn.cancelled() => return,
+            _ = &mut going_away => return,
             Some(run) = local.rx.recv() => {
                 // runs that continue what this connection has seen are pushed as they are;
                 // otherwise (a run lost, a move not handed here) the mailbox is read

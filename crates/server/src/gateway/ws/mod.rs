@@ -314,13 +314,18 @@ async fn close(
     }
 }
 
-/// Runs a channel send unless the connection is cancelled first; true when it was sent.
+/// Runs a channel send unless the connection is cancelled while it waits; true when it was
+/// sent. The send is polled first (`biased`): one that finds room at once (nearly every
+/// one) never polls the cancellation, which would register a waiter on the token and remove
+/// it again, each under a lock. A connection cancelled meanwhile is seen at its task's
+/// next wait.
 async fn until_cancelled<E>(
     conn: &CancellationToken,
     send: impl std::future::Future<Output = Result<(), E>>,
 ) -> bool {
     tokio::select! {
-        _ = conn.cancelled() => false,
+        biased;
         r = send => r.is_ok(),
+        _ = conn.cancelled() => false,
     }
 }

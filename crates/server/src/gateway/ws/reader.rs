@@ -163,11 +163,24 @@ impl Reader<'_> {
         let mut last_seen = tokio::time::Instant::now();
         let keepalive = tokio::time::sleep_until(last_seen + ping_every);
         tokio::pin!(keepalive);
+        // The three ends of the connection, each waited for by one future registered once
+        // (a `cancelled()` made anew per frame took four locks). The frame comes first
+        // (`biased`): a reader woken by a frame takes it without polling the others; they
+        // are polled whenever the socket has nothing (tokio's cooperative budget makes a
+        // socket that always has data answer "pending" every 128 reads).
+        let tx = self.tx;
+        let died = self.died.clone();
+        let stalled = tx.stalled.cancelled();
+        let going_away = conn.cancelled();
+        let panicked = died.cancelled();
+        tokio::pin!(stalled, going_away, panicked);
         loop {
             let msg = tokio::select! {
-                _ = self.tx.stalled.cancelled() => return CloseCode::SlowConsumer,
-                _ = conn.cancelled() => return CloseCode::GoingAway,
-                _ = self.died.cancelled() => return CloseCode::InternalError,
+                biased;
+                m = stream.next() => m,
+                _ = &mut stalled => return CloseCode::SlowConsumer,
+                _ = &mut going_away => return CloseCode::GoingAway,
+                _ = &mut panicked => return CloseCode::InternalError,
                 _ = &mut expiry, if self.expires_at.is_some() => {
                     if self.until_expiry().is_zero() {
                         // Best effort (never waits): the close code says it anyway.
@@ -210,7 +223,6 @@ impl Reader<'_> {
                     }
                     continue;
                 }
-                m = stream.next() => m,
             };
             last_seen = tokio::time::Instant::now();
             let ok = match msg {
@@ -314,9 +326,12 @@ pub(super) async fn send_loop(
     tx: Outbox,
     conn: CancellationToken,
 ) {
+    // registered once, not per send (see `until_cancelled`)
+    let going_away = conn.cancelled();
+    tokio::pin!(going_away);
     loop {
         let next = tokio::select! {
-            _ = conn.cancelled() => return,
+            _ = &mut going_away => return,
             n = rx.recv() => n,
         };
         let Some((req, permit, received)) = next else {
@@ -324,7 +339,7 @@ pub(super) async fn send_loop(
         };
         let res = tokio::select! {
             // Dropped mid-commit: the client resends the same id; dedupe makes that safe.
-            _ = conn.cancelled() => return,
+            _ = &mut going_away => return,
             r = send::commit(&shared, &user, &req) => r,
         };
         drop(permit);

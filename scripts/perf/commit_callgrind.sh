@@ -14,8 +14,10 @@ n="${1:-2000}"
 out="$(mktemp -d)"
 for v in ${VARIANTS:-noop plain commit}; do
   port=$((20000 + RANDOM % 20000))
-  valgrind --tool=callgrind --callgrind-out-file="$out/cg.$v" \
-    redis-server --port "$port" --save '' --appendonly no >"$out/valgrind.$v.log" 2>&1 &
+  # jemalloc purges by elapsed time and serverCron rehashes by time: both vary with how long
+  # valgrind takes, so both are turned off (runs of one script still differ by about 3 %)
+  MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 valgrind --tool=callgrind --callgrind-out-file="$out/cg.$v" \
+    redis-server --port "$port" --save '' --appendonly no --activerehashing no >"$out/valgrind.$v.log" 2>&1 &
   vp=$!
   for _ in $(seq 1 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
   coproc P { python3 "$here/commit_script.py" "$port" "$v" "$n" --wait; }
@@ -25,6 +27,8 @@ for v in ${VARIANTS:-noop plain commit}; do
   read -r line <&"${P[0]}"
   callgrind_control -d "$vp" >/dev/null
   kill "$vp"; wait "$vp" 2>/dev/null || true
+  # the driver must be gone before the next variant's coproc starts (bash runs one at a time)
+  wait "$P_PID" 2>/dev/null || true
   total=$(callgrind_annotate "$out/cg.$v.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
   # the EVALSHA command alone (inclusive): without the event loop and serverCron, whose
   # share depends on how long the run took under valgrind, so it varies from run to run

@@ -21,6 +21,8 @@ for v in ${VARIANTS:-noop plain commit}; do
   vp=$!
   for _ in $(seq 1 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
   coproc P { python3 "$here/commit_script.py" "$port" "$v" "$n" --wait; }
+  # bash unsets P_PID once the coproc has ended: keep it
+  ppid=$P_PID
   sleep 3
   callgrind_control -z "$vp" >/dev/null
   echo go >&"${P[1]}"
@@ -28,12 +30,12 @@ for v in ${VARIANTS:-noop plain commit}; do
   callgrind_control -d "$vp" >/dev/null
   kill "$vp"; wait "$vp" 2>/dev/null || true
   # the driver must be gone before the next variant's coproc starts (bash runs one at a time)
-  wait "$P_PID" 2>/dev/null || true
+  wait "$ppid" 2>/dev/null || true
   total=$(callgrind_annotate "$out/cg.$v.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
   # the EVALSHA command alone (inclusive): without the event loop and serverCron, whose
   # share depends on how long the run took under valgrind, so it varies from run to run
-  evalsha=$(callgrind_annotate --inclusive=yes "$out/cg.$v.1" 2>/dev/null | awk '$NF ~ /:evalShaCommand$/ || $3 ~ /:evalShaCommand$/ {gsub(",", "", $1); print $1; exit}')
+  evalsha=$(callgrind_annotate --inclusive=yes "$out/cg.$v.1" 2>/dev/null | awk '$NF ~ /:evalShaCommand$/ || $3 ~ /:evalShaCommand$/ {gsub(",", "", $1); if (!found) print $1; found = 1}')
   k=1; case "$v" in group:*|spread:*) k=${v#*:} ;; esac
   echo "$v: $((total / n)) instructions per call, $((total / n / k)) per message; in EVALSHA $((${evalsha:-0} / n / k)) per message ($line)"
 done
-rm -rf "$out"
+if [ -n "${KEEP:-}" ]; then echo "callgrind files kept in $out"; else rm -rf "$out"; fi

@@ -57,6 +57,16 @@ pub enum Error {
     /// may hold several shards; the others are not affected.
     #[error("shard {shard}: the commit failed: {detail}")]
     CommitFailed { shard: u32, detail: String },
+    /// The ack script failed for this ack (a key of another type, an acked seq that is not a
+    /// number): since ADR-0053 one call holds many acks, and the others are not affected.
+    /// What this ack wrote before the error stays written; sending it again is safe (an
+    /// ack is a max).
+    #[error("shard {shard}: the ack of {user} failed: {detail}")]
+    AckFailed {
+        shard: u32,
+        user: String,
+        detail: String,
+    },
     /// The client id was already committed (within the dedupe lifetime) with another request:
     /// other recipients or another body. Nothing was written.
     #[error("shard {shard}: this id was already used for another message (committed at offset {offset})")]
@@ -85,6 +95,7 @@ impl Error {
             Error::LogExhausted { .. } => "log_exhausted",
             Error::LogAheadOfHead { .. } => "log_ahead_of_head",
             Error::CommitFailed { .. } => "commit_failed",
+            Error::AckFailed { .. } => "ack_failed",
             Error::IdReused { .. } => "id_reused",
             Error::NotReplicated { .. } => "not_replicated",
         }

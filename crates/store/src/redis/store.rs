@@ -46,7 +46,7 @@ use super::watermark::{decode_lane_watermarks, Layout, ShardWatermark, U48_MAX};
 use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 
-pub use mailbox::parse_withscores;
+pub use mailbox::{parse_withscores, ACKS_PER_CALL};
 pub use materialize::{
     AdvanceRecord, LaneChunk, SingleItem, MAX_HOT_RECIPIENTS, MAX_RUN, MAX_RUN_ENTRIES,
 };

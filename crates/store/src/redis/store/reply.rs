@@ -434,8 +434,30 @@ pub(super) fn parse_gc(shard: u32, v: &Value) -> Result<Gc> {
 
 // ---- ack_mailbox.lua ----
 
-/// `{status, acked}`: the acked seq after the call.
-pub(super) fn parse_ack(v: &Value) -> Result<u64> {
-    let r = Reply::new("ack_mailbox", v)?;
-    r.u64_at(1)
+/// The answers of one call of `acks` (`(shard, user)` of each, in the call's order): two
+/// values per ack, `{0, acked}` (the acked seq after it) or `{1, error}` (that ack failed).
+/// A reply of another length or shape fails every ack of the call.
+pub(super) fn parse_acks(acks: &[(u32, &str)], v: &Value) -> Vec<Result<u64>> {
+    let bad = || Error::UnexpectedReply {
+        script: "ack_mailbox",
+        detail: format!("{v:?}"),
+    };
+    let Value::Array(items) = v else {
+        return acks.iter().map(|_| Err(bad())).collect();
+    };
+    if items.len() != 2 * acks.len() {
+        return acks.iter().map(|_| Err(bad())).collect();
+    }
+    acks.iter()
+        .zip(items.chunks(2))
+        .map(|(&(shard, user), pair)| match (&pair[0], &pair[1]) {
+            (Value::Int(0), Value::Int(acked)) if *acked >= 0 => Ok(*acked as u64),
+            (Value::Int(1), e) => Err(Error::AckFailed {
+                shard,
+                user: user.to_string(),
+                detail: as_string(e).unwrap_or_else(|| format!("{e:?}")),
+            }),
+            _ => Err(bad()),
+        })
+        .collect()
 }

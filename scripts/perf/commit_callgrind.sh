@@ -10,16 +10,13 @@
 # the steadier figure for comparing two scripts.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=callgrind_lib.sh
+. "$here/callgrind_lib.sh"
 n="${1:-2000}"
 out="$(mktemp -d)"
 for v in ${VARIANTS:-noop plain commit}; do
-  port=$((20000 + RANDOM % 20000))
-  # jemalloc purges by elapsed time and serverCron rehashes by time: both vary with how long
-  # valgrind takes, so both are turned off (runs of one script still differ by about 3 %)
-  MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 valgrind --tool=callgrind --callgrind-out-file="$out/cg.$v" \
-    redis-server --port "$port" --save '' --appendonly no --activerehashing no >"$out/valgrind.$v.log" 2>&1 &
-  vp=$!
-  for _ in $(seq 1 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  callgrind_redis "$out/cg.$v"
+  port=$CG_PORT vp=$CG_PID
   coproc P { python3 "$here/commit_script.py" "$port" "$v" "$n" --wait; }
   # bash unsets P_PID once the coproc has ended: keep it
   ppid=$P_PID
@@ -31,10 +28,10 @@ for v in ${VARIANTS:-noop plain commit}; do
   kill "$vp"; wait "$vp" 2>/dev/null || true
   # the driver must be gone before the next variant's coproc starts (bash runs one at a time)
   wait "$ppid" 2>/dev/null || true
-  total=$(callgrind_annotate "$out/cg.$v.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  total=$(callgrind_total "$out/cg.$v.1")
   # the EVALSHA command alone (inclusive): without the event loop and serverCron, whose
   # share depends on how long the run took under valgrind, so it varies from run to run
-  evalsha=$(callgrind_annotate --inclusive=yes "$out/cg.$v.1" 2>/dev/null | awk '$NF ~ /:evalShaCommand$/ || $3 ~ /:evalShaCommand$/ {gsub(",", "", $1); if (!found) print $1; found = 1}')
+  evalsha=$(callgrind_inclusive "$out/cg.$v.1" evalShaCommand)
   k=1; case "$v" in group:*|spread:*) k=${v#*:} ;; esac
   echo "$v: $((total / n)) instructions per call, $((total / n / k)) per message; in EVALSHA $((${evalsha:-0} / n / k)) per message ($line)"
 done

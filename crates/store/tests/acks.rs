@@ -11,6 +11,8 @@ use tidemark_store::Error;
 
 mod support;
 
+use support::evalsha_calls;
+
 type Env = support::Env<MailboxStore>;
 
 async fn env() -> Env {
@@ -35,19 +37,6 @@ async fn seqs(raw: &mut ConnectionManager, shard: u32, user: &str) -> Vec<u64> {
         .await
         .unwrap();
     v.into_iter().map(|(_, s)| s).collect()
-}
-
-/// `EVALSHA` calls since the last `CONFIG RESETSTAT`.
-async fn evalsha_calls(raw: &mut ConnectionManager) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
-        .unwrap_or(0)
 }
 
 async fn reset_stats(raw: &mut ConnectionManager) {

@@ -16,6 +16,8 @@ use tidemark_store::redis::watermark::{
 
 mod support;
 
+use support::evalsha_calls;
+
 type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
 /// The packed-v2 store (new code) and the packed-v1 store (old code) on the test's
@@ -458,19 +460,6 @@ async fn hot_path_writes_19_bytes_and_replays_write_nothing() {
         let n: usize = e.raw.zcard(keys::mailbox(0, "ann")).await.unwrap();
         assert_eq!(n, 1, "{what} writes no entry");
     }
-}
-
-/// `EVALSHA` calls mailbox Redis has served since the last `CONFIG RESETSTAT`.
-async fn evalsha_calls(raw: &mut ConnectionManager) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .map(|r| r.split(',').next().unwrap().parse().unwrap())
-        .unwrap_or(0)
 }
 
 async fn entries(raw: &mut ConnectionManager, users: &[&str]) -> usize {

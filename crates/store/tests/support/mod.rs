@@ -41,3 +41,17 @@ impl<S> DerefMut for Env<S> {
         &mut self.stores
     }
 }
+
+/// `EVALSHA` calls the redis-server has served since the last `CONFIG RESETSTAT` (or its
+/// start).
+pub async fn evalsha_calls(raw: &mut ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .map(|r| r.split(',').next().unwrap().parse().unwrap())
+        .unwrap_or(0)
+}

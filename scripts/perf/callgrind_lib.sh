@@ -1,0 +1,29 @@
+# shellcheck shell=bash
+# Shared by commit_callgrind.sh and ack_callgrind.sh (sourced): a redis-server under
+# valgrind's callgrind, and the instruction counts of a dump of it.
+
+# callgrind_redis OUT: starts redis-server under callgrind (dumps to OUT.1, its log to
+# OUT.log) on a random port, and waits until it answers; sets CG_PORT and CG_PID.
+# jemalloc purges by elapsed time and serverCron rehashes by time: both vary with how long
+# valgrind takes, so both are turned off (runs of one workload still differ by about 3 %).
+callgrind_redis() {
+  CG_PORT=$((20000 + RANDOM % 20000))
+  MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 valgrind --tool=callgrind --callgrind-out-file="$1" \
+    redis-server --port "$CG_PORT" --save '' --appendonly no --activerehashing no >"$1.log" 2>&1 &
+  CG_PID=$!
+  for _ in $(seq 1 100); do redis-cli -p "$CG_PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
+}
+
+# callgrind_total DUMP: the program's instructions.
+callgrind_total() {
+  callgrind_annotate "$1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}'
+}
+
+# callgrind_inclusive DUMP FUNCTION: the instructions in FUNCTION and what it calls (Debian's
+# redis-server exports its function names). The awk reads all its input: one that exits
+# early makes callgrind_annotate die of SIGPIPE, which `set -o pipefail` and `-e` turn into
+# a silent exit of the calling script.
+callgrind_inclusive() {
+  callgrind_annotate --inclusive=yes "$1" 2>/dev/null |
+    awk -v f=":$2\$" '$NF ~ f || $3 ~ f {gsub(",", "", $1); if (!found) print $1; found = 1}'
+}

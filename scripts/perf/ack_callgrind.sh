@@ -16,16 +16,8 @@ rounds="${1:-20}"
 out="$(mktemp -d)"
 for mode in ${MODES:-single multi}; do
   callgrind_redis "$out/cg.$mode"
-  port=$CG_PORT vp=$CG_PID
-  coproc P { python3 "$here/ack_callgrind.py" "$port" "$mode" "$rounds" --wait; }
-  ppid=$P_PID
-  read -r _ <&"${P[0]}"
-  callgrind_control -z "$vp" >/dev/null
-  echo go >&"${P[1]}"
-  read -r line <&"${P[0]}"
-  callgrind_control -d "$vp" >/dev/null
-  kill "$vp"; wait "$vp" 2>/dev/null || true
-  wait "$ppid" 2>/dev/null || true
+  callgrind_drive python3 "$here/ack_callgrind.py" "$CG_PORT" "$mode" "$rounds" --wait
+  line=$CG_LINE
   acks=${line##*acks=}
   total=$(callgrind_total "$out/cg.$mode.1")
   cmds=$(callgrind_inclusive "$out/cg.$mode.1" processCommand)

@@ -16,18 +16,8 @@ n="${1:-2000}"
 out="$(mktemp -d)"
 for v in ${VARIANTS:-noop plain commit}; do
   callgrind_redis "$out/cg.$v"
-  port=$CG_PORT vp=$CG_PID
-  coproc P { python3 "$here/commit_script.py" "$port" "$v" "$n" --wait; }
-  # bash unsets P_PID once the coproc has ended: keep it
-  ppid=$P_PID
-  sleep 3
-  callgrind_control -z "$vp" >/dev/null
-  echo go >&"${P[1]}"
-  read -r line <&"${P[0]}"
-  callgrind_control -d "$vp" >/dev/null
-  kill "$vp"; wait "$vp" 2>/dev/null || true
-  # the driver must be gone before the next variant's coproc starts (bash runs one at a time)
-  wait "$ppid" 2>/dev/null || true
+  callgrind_drive python3 "$here/commit_script.py" "$CG_PORT" "$v" "$n" --wait
+  line=$CG_LINE
   total=$(callgrind_total "$out/cg.$v.1")
   # the EVALSHA command alone (inclusive): without the event loop and serverCron, whose
   # share depends on how long the run took under valgrind, so it varies from run to run

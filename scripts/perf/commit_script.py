@@ -12,7 +12,7 @@ usage: commit_script.py PORT {commit|group:K|spread:K|plain|noop} N [FIRST_ID] [
 Environment: SCRIPT=path runs that file instead of commit_dispatch.lua (a variant of it, to
 time one change of the script); FLAG=0|1|2|3 is the claim flag of every message (default 1;
 2 is ADR-0040's one-key claim, 3 the same with only the claim's key passed, ADR-0043).
-With --wait, it warms up with 1000 calls, then waits for a line on stdin before the measured
+With --wait, it warms up with 1000 calls, prints "ready", then waits for a line on stdin before the measured
 calls (used by commit_callgrind.sh to zero callgrind's counters in between).
 """
 import os, re, sys
@@ -76,10 +76,11 @@ def call(i):
 if wait:
     r.pipe([call(i) for i in range(first, first + 1000)])
     first += 1000
+    print("ready", flush=True)
     sys.stdin.readline()
 r.cmd("CONFIG", "RESETSTAT")
 for k in range(first, first + n, 200):
-    r.pipe([call(i) for i in range(k, k + 200)])
+    r.pipe([call(i) for i in range(k, min(k + 200, first + n))])
 info = r.cmd("INFO", "commandstats").decode()
 m = re.search(r"cmdstat_evalsha:calls=(\d+),usec=(\d+),usec_per_call=([\d.]+)", info)
 per_msg = f" usec_per_message={int(m.group(2)) / (int(m.group(1)) * group):.2f}" if group > 1 else ""

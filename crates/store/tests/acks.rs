@@ -11,7 +11,7 @@ use tidemark_store::Error;
 
 mod support;
 
-use support::evalsha_calls;
+use support::{evalsha_calls, reset_stats, script_flush};
 
 type Env = support::Env<MailboxStore>;
 
@@ -37,14 +37,6 @@ async fn seqs(raw: &mut ConnectionManager, shard: u32, user: &str) -> Vec<u64> {
         .await
         .unwrap();
     v.into_iter().map(|(_, s)| s).collect()
-}
-
-async fn reset_stats(raw: &mut ConnectionManager) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(raw)
-        .await
-        .unwrap();
 }
 
 #[tokio::test]
@@ -129,11 +121,7 @@ async fn a_large_batch_is_split_into_bounded_calls() {
 async fn acks_after_a_script_flush_are_written() {
     let mut e = env().await;
     fill(&mut e.raw, 1, "alice", 3).await;
-    let _: () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut e.raw)
-        .await
-        .unwrap();
+    script_flush(&mut e.raw).await;
     let out = e
         .ack_mailboxes(&[(1, "alice", 2), (1, "bob", 1)])
         .await

@@ -16,7 +16,7 @@ use tidemark_store::redis::watermark::{
 
 mod support;
 
-use support::evalsha_calls;
+use support::{evalsha_calls, reset_stats, script_flush};
 
 type Fields = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -480,11 +480,7 @@ async fn a_run_of_records_is_one_call_that_stops_at_its_gap() {
         r.map(|o| item(o, to(o))).collect()
     };
     let mut e = env_with(Layout::PackedV2, 4, 0).await;
-    let () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut e.raw)
-        .await
-        .unwrap();
+    reset_stats(&mut e.raw).await;
     let out = e.v2.materialize_batch(0, 4, &run(1..=300)).await.unwrap();
     assert_eq!(out, applied(1..=300));
     assert_eq!(
@@ -553,11 +549,7 @@ async fn records_of_many_recipients_apply_whole_in_one_call() {
     let users: Vec<String> = (0..MAX_HOT_RECIPIENTS).map(|i| format!("u{i}")).collect();
     let all: Vec<&str> = users.iter().map(String::as_str).collect();
     let mut e = env_with(Layout::PackedV2, 4, 0).await;
-    let () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut e.raw)
-        .await
-        .unwrap();
+    reset_stats(&mut e.raw).await;
     // one-recipient records and many-recipient ones mixed in one run
     let items = vec![
         item(1, "u0"),
@@ -611,11 +603,7 @@ async fn records_of_many_recipients_apply_whole_in_one_call() {
 
     // runs end at MAX_RUN_ENTRIES entries: 5 records of MAX_HOT_RECIPIENTS recipients are
     // ceil(5 × 128 / 256) = 3 calls
-    let () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut e.raw)
-        .await
-        .unwrap();
+    reset_stats(&mut e.raw).await;
     let big: Vec<SingleItem> = (6..=10).map(|o| item_to(o, &all)).collect();
     let out = e.v2.materialize_batch(0, 4, &big).await.unwrap();
     assert_eq!(out, applied(6..=10));
@@ -935,14 +923,6 @@ async fn two_in_a_batch(store: &mut MailboxStore, to: &str) {
     let items = [item(1, "a"), item(2, to)];
     let r = store.materialize_batch(0, 1, &items).await.unwrap();
     assert_eq!(r[1], Materialized::Applied { offset: 2 });
-}
-
-async fn script_flush(raw: &mut ConnectionManager) {
-    let () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(raw)
-        .await
-        .unwrap();
 }
 
 #[tokio::test]

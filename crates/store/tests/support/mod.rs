@@ -55,3 +55,21 @@ pub async fn evalsha_calls(raw: &mut ConnectionManager) -> u64 {
         .map(|r| r.split(',').next().unwrap().parse().unwrap())
         .unwrap_or(0)
 }
+
+/// `CONFIG RESETSTAT`: the command counts start again from zero.
+pub async fn reset_stats(raw: &mut ConnectionManager) {
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(raw)
+        .await
+        .unwrap();
+}
+
+/// `SCRIPT FLUSH`: the next `EVALSHA` of every script gets NOSCRIPT.
+pub async fn script_flush(raw: &mut ConnectionManager) {
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(raw)
+        .await
+        .unwrap();
+}

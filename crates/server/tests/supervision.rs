@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gateway_support::{route, Service};
-use tidemark_server::gateway::GatewayOptions;
+use gateway_support::{offset_of, route, Service};
+use tidemark_server::gateway::{GatewayOptions, SendFault};
 use tidemark_server::materializer::{ChunkFault, MaterializerOptions};
 use tidemark_store::redis::dlog::{LogStore, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::redis::store::MailboxStore;
@@ -152,4 +152,69 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
     .unwrap();
     assert_eq!(entries.len(), 3, "each message once");
     svc.stop().await;
+}
+
+/// Panics the commit of send `id` the first `times` times.
+#[derive(Debug)]
+struct PanicCommit {
+    id: &'static str,
+    times: u32,
+    fired: AtomicU32,
+}
+
+impl SendFault for PanicCommit {
+    fn panic_commit(&self, _sender: &str, id: &str) -> bool {
+        id == self.id && self.fired.fetch_add(1, Ordering::SeqCst) < self.times
+    }
+}
+
+/// A connection's sends are committed by its reader (ADR-0054). A commit that panics must
+/// close that connection (1011) and be counted, not leave it open with nobody reading it; the
+/// client reconnects, sends the same id again, and it is committed and delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_whose_commit_panics_closes_its_connection_and_its_resend_goes_through() {
+    let fault = Arc::new(PanicCommit {
+        id: "c-2",
+        times: 1,
+        fired: AtomicU32::new(0),
+    });
+    let f = fault.clone();
+    let d = gateway_support::start_with(move |g| g.send_fault = Some(f)).await;
+    let (mut alice, mut bob) = d.pair("alice", "bob").await;
+    let one = offset_of(&alice.send_ok("c-1", &["bob"], "one").await, "bob");
+    bob.expect_message(one, "one").await;
+    alice.send_only("c-2", &["bob"], "two").await;
+    assert_eq!(
+        alice.closed().await,
+        Some(1011),
+        "closed as an internal error"
+    );
+    assert_eq!(fault.fired.load(Ordering::SeqCst), 1);
+    let (_, metrics) = d.get_text("/metrics").await;
+    let line = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("tidemark_task_restarts_total")
+                && l.contains("task=\"send_loop\"")
+                && l.contains("reason=\"panic\"")
+        })
+        .unwrap_or_else(|| panic!("restart counter in /metrics:\n{metrics}"));
+    assert!(line.ends_with(" 1"), "{line}");
+    // the client reconnects and sends the same id again: committed once, delivered once
+    let mut alice = d.ready("alice").await;
+    let two = offset_of(&alice.send_ok("c-2", &["bob"], "two").await, "bob");
+    assert_eq!(
+        two,
+        one + 1,
+        "nothing was committed by the send that panicked"
+    );
+    bob.expect_message(two, "two").await;
+    let more: Vec<_> = bob
+        .quiet_for(Duration::from_millis(300))
+        .await
+        .into_iter()
+        .filter(|f| f["type"] == "deliver")
+        .collect();
+    assert!(more.is_empty(), "delivered once: {more:?}");
+    d.shutdown().await;
 }

@@ -77,6 +77,14 @@ pub use commit::{CommitPath, SendFailure};
 pub use tls::{TlsConfig, TlsError};
 pub use wake::LocalDelivery;
 
+/// Fault injection for tests of supervision (like the materializer's `ChunkFault`).
+pub trait SendFault: Send + Sync + std::fmt::Debug {
+    /// True: the commit of `sender`'s send `id` panics before it starts (a connection's
+    /// sends are committed by its reader, ADR-0054: the panic must close that connection,
+    /// never leave it open and deaf).
+    fn panic_commit(&self, sender: &str, id: &str) -> bool;
+}
+
 /// Most open connections on the admin listener (it serves scrapes and health checks only).
 const ADMIN_MAX_CONNECTIONS: usize = 64;
 
@@ -165,6 +173,8 @@ pub struct GatewayOptions {
     /// The handle `run::serve` shares between this gateway and its materializers when
     /// `commit_feed` applies; `None`: nothing is handed over.
     pub feed: Option<crate::materializer::CommitFeed>,
+    /// Fault injection for tests (`None` in service).
+    pub send_fault: Option<std::sync::Arc<dyn SendFault>>,
 }
 
 /// [`GatewayOptions::commit_linger`]'s default (ADR-0045).
@@ -201,6 +211,7 @@ impl Default for GatewayOptions {
             local: None,
             commit_feed: true,
             feed: None,
+            send_fault: None,
         }
     }
 }

@@ -3,10 +3,11 @@
 //! Tasks of a connection (all on the gateway's `TaskTracker`):
 //!
 //! ```text
-//!   reader (this task) ── parse ──┬─ send ──▶ sender task (commits in order) ──┐
-//!                                 ├─ sync ──▶ delivery task ◀── wake hub,     │
-//!                                 └─ ack: capped, ack_mailbox    re-check tick │
-//!   every task ── Out (bounded channel) ──▶ writer task (owns the sink) ◀─────┘
+//!   reader (this task) ── parse ──┬─ send: queued, committed one at a time, in order,
+//!                                 │        by the reader itself (ADR-0054) ─ send_ack ─┐
+//!                                 ├─ sync ──▶ delivery task ◀── wake hub,             │
+//!                                 └─ ack: capped, ack_mailbox    re-check tick         │
+//!   every task ── Out (bounded channel) ──▶ writer task (owns the sink) ◀─────────────┘
 //! ```
 //!
 //! The writer is the only owner of the sink. Its queue ([`Outbox`]) is bounded in frames and
@@ -52,7 +53,8 @@ use reader::Reader;
 
 /// Frames queued for the writer per connection.
 const OUT_CAPACITY: usize = 1024;
-/// Sends queued (permit held) for the sender task per connection.
+/// Sends queued (permit held) behind the one in flight, per connection: when full, the reader
+/// reads no more frames until the commit in flight ends.
 const SEND_QUEUE: usize = 64;
 /// Most entries in a mailbox page of the delivery loop (pages are also bounded in bytes).
 const PAGE: usize = 256;
@@ -229,8 +231,9 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     .await;
 
     let (sync_tx, sync_rx) = mpsc::channel::<u64>(16);
-    // A panic of the delivery or send loop must not leave a connection that reads frames but
-    // never delivers: it closes the connection (1011), the client reconnects.
+    // A panic of the delivery loop must not leave a connection that reads frames but never
+    // delivers: it closes the connection (1011), the client reconnects. (A panic of a send's
+    // commit, which runs in the reader, closes it the same way: `Reader::on_committed`.)
     let died = CancellationToken::new();
     let delivery = shared.tracker.spawn(close_on_panic(
         "delivery_loop",
@@ -252,7 +255,9 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         mailbox,
         tx: &tx,
         sync_tx,
-        sender: None,
+        sender_id: Arc::from(user.as_str()),
+        sends: Default::default(),
+        commit_in_flight: None,
         written,
         last_ack: acked,
         pending_ack: acked,
@@ -266,14 +271,11 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     let code = reader.run(stream, &conn).await;
     // best effort: a coalesced ack is not left behind by a clean close
     let _ = tokio::time::timeout(CLOSE_GRACE, Box::pin(reader.flush_ack())).await;
-    let sender = reader.sender.take().map(|(_, task)| task);
+    // a commit in flight is dropped: its client resends the same id (dedupe makes that safe)
     drop(reader);
 
     conn.cancel();
     let _ = delivery.await;
-    if let Some(sender) = sender {
-        let _ = sender.await;
-    }
     Box::pin(close(tx, code, &mut writer, &kill)).await;
     tracing::debug!(%user, %code, "client disconnected");
 }

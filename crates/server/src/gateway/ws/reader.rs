@@ -1,7 +1,10 @@
-//! The reader side of a connection: parses client frames ([`Reader`]) — sends go to the send
-//! loop in order, syncs to the delivery loop, acks are capped and coalesced — and the send
-//! loop that commits a connection's sends one after another.
+//! The reader side of a connection: parses client frames ([`Reader`]) — sends are committed
+//! one after another, in the order received, by the reader itself (ADR-0054: no task of
+//! their own), syncs go to the delivery loop, acks are capped and coalesced.
 
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -13,28 +16,40 @@ use tidemark_protocol::{
     parse_client_frame, ClientFrame, CloseCode, ErrorCode, SendRequest, ServerFrame,
 };
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::{READ_RETRY_FIRST, READ_RETRY_MAX};
 use super::outbox::{Out, Outbox};
-use super::{close_on_panic, error_frame, text, until_cancelled, EXPIRY_RECHECK, SEND_QUEUE};
+use super::{error_frame, text, until_cancelled, EXPIRY_RECHECK, SEND_QUEUE};
 use crate::gateway::acks::AckAnswer;
 use crate::gateway::mailbox::Mailbox;
-use crate::gateway::send::{self, CommitPermit};
+use crate::gateway::send::{self, CommitPermit, SendFailure};
 use crate::gateway::state::Shared;
 
-/// A send queued for the send loop, with its commit permit and when it arrived.
+/// A send waiting for the one in flight, with its commit permit and when it arrived.
 type QueuedSend = (SendRequest, CommitPermit, Instant);
+
+/// What a commit in flight ends with: the send's id, when it arrived, and shard → offset or
+/// why it failed; `Err`: the commit panicked (with the panic's message).
+type Committed = Result<(String, Instant, Result<BTreeMap<u32, u64>, SendFailure>), String>;
+
+/// The commit of a connection's send in flight (ADR-0054): polled by the reader's own
+/// `select!`, like the ack in flight.
+pub(super) type CommitInFlight<'a> = Pin<Box<dyn Future<Output = Committed> + Send + 'a>>;
 
 pub(super) struct Reader<'a> {
     pub(super) shared: &'a Arc<Shared>,
     pub(super) mailbox: Mailbox,
     pub(super) tx: &'a Outbox,
     pub(super) sync_tx: mpsc::Sender<u64>,
-    /// The send loop's queue and task, started by the connection's first send: a connection
-    /// that only receives (most of them) never holds either.
-    pub(super) sender: Option<(mpsc::Sender<QueuedSend>, JoinHandle<()>)>,
+    /// The sender's id, shared by its commits (one `Arc` clone per send, not a `String`).
+    pub(super) sender_id: Arc<str>,
+    /// Sends received while one is in flight, in order (at most [`SEND_QUEUE`]: when full,
+    /// the reader reads no more frames until the commit in flight ends; backpressure).
+    pub(super) sends: VecDeque<QueuedSend>,
+    /// The connection's one commit in flight: a connection commits its sends one after
+    /// another, so that a client's sends to one mailbox keep their order.
+    pub(super) commit_in_flight: Option<CommitInFlight<'a>>,
     pub(super) written: Arc<AtomicU64>,
     pub(super) last_ack: u64,
     /// Highest ack received but not yet written to Redis (acks are coalesced).
@@ -48,35 +63,62 @@ pub(super) struct Reader<'a> {
     /// The wait before the next retry: 200 ms after a success, doubling to 5 s.
     pub(super) ack_backoff: Duration,
     pub(super) conn: CancellationToken,
-    /// Cancelled when the delivery or send loop panicked: the connection is closed.
+    /// Cancelled when the delivery loop panicked: the connection is closed.
     pub(super) died: CancellationToken,
     /// When the connection's token expires (`None`: dev auth, no token).
     pub(super) expires_at: Option<SystemTime>,
 }
 
-impl Reader<'_> {
-    /// The send loop's queue, starting the loop on first use.
-    fn send_queue(&mut self) -> &mpsc::Sender<QueuedSend> {
-        let (shared, tx, conn, died) = (self.shared, self.tx, &self.conn, &self.died);
-        let user = &self.mailbox.user;
-        &self
-            .sender
-            .get_or_insert_with(|| {
-                let (send_tx, send_rx) = mpsc::channel(SEND_QUEUE);
-                let task = shared.tracker.spawn(close_on_panic(
-                    "send_loop",
-                    died.clone(),
-                    send_loop(
-                        shared.clone(),
-                        user.clone(),
-                        send_rx,
-                        tx.clone(),
-                        conn.clone(),
-                    ),
-                ));
-                (send_tx, task)
-            })
-            .0
+impl<'a> Reader<'a> {
+    /// Starts the commit of the next queued send, unless one is in flight.
+    fn start_commit(&mut self) {
+        if self.commit_in_flight.is_some() {
+            return;
+        }
+        let Some((req, permit, received)) = self.sends.pop_front() else {
+            return;
+        };
+        let shared: &'a Arc<Shared> = self.shared;
+        let user = self.sender_id.clone();
+        self.commit_in_flight = Some(Box::pin(crate::supervise::catch_panic(async move {
+            if let Some(f) = &shared.opts.send_fault {
+                assert!(!f.panic_commit(&user, &req.id), "send fault: {}", req.id);
+            }
+            let res = send::commit(shared, &user, &req).await;
+            drop(permit);
+            (req.id, received, res)
+        })));
+    }
+
+    /// Answers the commit that ended with `send_ack` or `error`, and starts the next one;
+    /// false when the connection is gone or the commit panicked (the connection is closed
+    /// with 1011, like a panicked delivery loop: the client reconnects and resends).
+    async fn on_committed(&mut self, done: Committed) -> bool {
+        self.commit_in_flight = None;
+        let (id, received, res) = match done {
+            Ok(d) => d,
+            Err(msg) => {
+                tracing::error!(task = "send_loop", panic = %msg,
+                    "a send's commit panicked; closing the connection");
+                metrics::counter!("tidemark_task_restarts_total", "task" => "send_loop",
+                    "reason" => "panic")
+                .increment(1);
+                return false;
+            }
+        };
+        let out = match res {
+            Ok(offsets) => {
+                metrics::histogram!("tidemark_send_ack_seconds")
+                    .record(received.elapsed().as_secs_f64());
+                text(&ServerFrame::SendAck { id, offsets })
+            }
+            Err((code, message)) => error_frame(code, message, Some(id)),
+        };
+        if !self.reply(out).await {
+            return false;
+        }
+        self.start_commit();
+        true
     }
 
     /// Hands the pending ack to the ack queue, unless one is in flight or nothing is pending.
@@ -175,13 +217,23 @@ impl Reader<'_> {
         let panicked = died.cancelled();
         tokio::pin!(stalled, going_away, panicked);
         loop {
+            // The fields the branches below use, read (or borrowed apart) before the futures
+            // borrow the two in flight.
+            let reading = self.sends.len() < SEND_QUEUE;
+            let has_expiry = self.expires_at.is_some();
+            let ack_retry_at = self.ack_retry_at;
+            let acking = self.ack_in_flight.is_some();
+            let committing = self.commit_in_flight.is_some();
+            let ack_in_flight = &mut self.ack_in_flight;
+            let commit_in_flight = &mut self.commit_in_flight;
             let msg = tokio::select! {
                 biased;
-                m = stream.next() => m,
+                // no more frames while the sends queued are at their bound (backpressure)
+                m = stream.next(), if reading => m,
                 _ = &mut stalled => return CloseCode::SlowConsumer,
                 _ = &mut going_away => return CloseCode::GoingAway,
                 _ = &mut panicked => return CloseCode::InternalError,
-                _ = &mut expiry, if self.expires_at.is_some() => {
+                _ = &mut expiry, if has_expiry => {
                     if self.until_expiry().is_zero() {
                         // Best effort (never waits): the close code says it anyway.
                         self.tx.try_send(error_frame(
@@ -210,16 +262,29 @@ impl Reader<'_> {
                     keepalive.as_mut().reset(next.min(idle_at));
                     continue;
                 }
-                _ = tokio::time::sleep_until(self.ack_retry_at.unwrap_or(last_seen)),
-                    if self.ack_retry_at.is_some() => {
+                _ = tokio::time::sleep_until(ack_retry_at.unwrap_or(last_seen)),
+                    if ack_retry_at.is_some() => {
                     self.ack_retry_at = None;
                     self.submit_ack();
                     continue;
                 }
-                answer = async { self.ack_in_flight.as_mut().expect("only polled when set").await },
-                    if self.ack_in_flight.is_some() => {
+                answer = async { ack_in_flight.as_mut().expect("only polled when set").await },
+                    if acking => {
                     if !Box::pin(self.on_ack_answer(answer)).await {
                         return CloseCode::InternalError;
+                    }
+                    continue;
+                }
+                done = async { commit_in_flight.as_mut().expect("only polled when set").await },
+                    if committing => {
+                    if !Box::pin(self.on_committed(done)).await {
+                        return if conn.is_cancelled() {
+                            CloseCode::GoingAway
+                        } else if self.tx.stalled.is_cancelled() {
+                            CloseCode::SlowConsumer
+                        } else {
+                            CloseCode::InternalError
+                        };
                     }
                     continue;
                 }
@@ -274,7 +339,9 @@ impl Reader<'_> {
     }
 
     /// Queues a frame for the writer (waiting for room); false when the connection is gone.
-    async fn reply(&self, out: Out) -> bool {
+    /// (`&mut`: the commit in flight is `Send` but not `Sync`, so a shared borrow of the
+    /// reader may not be held across an `await`.)
+    async fn reply(&mut self, out: Out) -> bool {
         until_cancelled(&self.conn, self.tx.send(out)).await
     }
 
@@ -293,7 +360,10 @@ impl Reader<'_> {
                 };
                 match permit {
                     Ok(permit) => {
-                        until_cancelled(conn, self.send_queue().send((req, permit, received))).await
+                        // committed after the sends before it, in order
+                        self.sends.push_back((req, permit, received));
+                        self.start_commit();
+                        true
                     }
                     Err((code, message)) => {
                         self.reply(error_frame(code, message, Some(req.id))).await
@@ -313,49 +383,6 @@ impl Reader<'_> {
             Ok(ClientFrame::Sync { after }) => {
                 until_cancelled(conn, self.sync_tx.send(after)).await
             }
-        }
-    }
-}
-
-/// Commits the connection's sends one after another (a client's sends to one mailbox keep
-/// their order) and answers each with `send_ack` or `error`.
-pub(super) async fn send_loop(
-    shared: Arc<Shared>,
-    user: String,
-    mut rx: mpsc::Receiver<(SendRequest, CommitPermit, Instant)>,
-    tx: Outbox,
-    conn: CancellationToken,
-) {
-    // registered once, not per send (see `until_cancelled`)
-    let going_away = conn.cancelled();
-    tokio::pin!(going_away);
-    loop {
-        let next = tokio::select! {
-            _ = &mut going_away => return,
-            n = rx.recv() => n,
-        };
-        let Some((req, permit, received)) = next else {
-            return;
-        };
-        let res = tokio::select! {
-            // Dropped mid-commit: the client resends the same id; dedupe makes that safe.
-            _ = &mut going_away => return,
-            r = send::commit(&shared, &user, &req) => r,
-        };
-        drop(permit);
-        let out = match res {
-            Ok(offsets) => {
-                metrics::histogram!("tidemark_send_ack_seconds")
-                    .record(received.elapsed().as_secs_f64());
-                text(&ServerFrame::SendAck {
-                    id: req.id,
-                    offsets,
-                })
-            }
-            Err((code, message)) => error_frame(code, message, Some(req.id)),
-        };
-        if !until_cancelled(&conn, tx.send(out)).await {
-            return;
         }
     }
 }

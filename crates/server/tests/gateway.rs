@@ -1420,3 +1420,33 @@ async fn hints_of_handed_moves_wait_until_another_gateway_listens() {
     assert_eq!(hint.min_w, next);
     d.shutdown().await;
 }
+
+/// A burst of sends far beyond what a connection queues (64 behind the one in flight,
+/// ADR-0054) is committed whole and answered in the order sent, with no frame after the
+/// burst: the reader stops reading while its queue is full and carries on by itself as the
+/// commits end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_sends_beyond_the_queue_is_committed_in_order_by_itself() {
+    const N: usize = 300;
+    let d = start().await;
+    let (mut alice, mut bob) = d.pair("alice", "bob").await;
+    for i in 0..N {
+        alice
+            .send_only(&format!("b-{i}"), &["bob"], &format!("body {i}"))
+            .await;
+    }
+    for i in 0..N {
+        let a = alice.recv_type("send_ack").await;
+        assert_eq!(a["id"], format!("b-{i}"), "answered in the order sent: {a}");
+        let offsets = a["offsets"].as_object().unwrap();
+        assert_eq!(
+            offset_of(offsets, "bob"),
+            i as u64 + 1,
+            "committed in order: {a}"
+        );
+    }
+    for i in 0..N {
+        bob.expect_message(i as u64 + 1, &format!("body {i}")).await;
+    }
+    d.shutdown().await;
+}

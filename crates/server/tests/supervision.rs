@@ -35,6 +35,19 @@ impl ChunkFault for PanicAt {
     }
 }
 
+/// The `tidemark_task_restarts_total` line of `task` for panics in `metrics` (a `/metrics` body).
+fn panic_restarts<'m>(metrics: &'m str, task: &str) -> &'m str {
+    let label = format!("task=\"{task}\"");
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("tidemark_task_restarts_total")
+                && l.contains(&label)
+                && l.contains("reason=\"panic\"")
+        })
+        .unwrap_or_else(|| panic!("restart counter of {task} in /metrics:\n{metrics}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
     let bob = route("bob");
@@ -115,14 +128,7 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (_, metrics) = svc.get_text("/metrics").await;
-    let line = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("tidemark_task_restarts_total")
-                && l.contains("task=\"materializer\"")
-                && l.contains("reason=\"panic\"")
-        })
-        .unwrap_or_else(|| panic!("restart counter in /metrics:\n{metrics}"));
+    let line = panic_restarts(&metrics, "materializer");
     assert!(line.ends_with(" 3"), "{line}");
     // still materialising: a third message goes through the restarted worker
     commits
@@ -191,14 +197,7 @@ async fn a_send_whose_commit_panics_closes_its_connection_and_its_resend_goes_th
     );
     assert_eq!(fault.fired.load(Ordering::SeqCst), 1);
     let (_, metrics) = d.get_text("/metrics").await;
-    let line = metrics
-        .lines()
-        .find(|l| {
-            l.starts_with("tidemark_task_restarts_total")
-                && l.contains("task=\"send_loop\"")
-                && l.contains("reason=\"panic\"")
-        })
-        .unwrap_or_else(|| panic!("restart counter in /metrics:\n{metrics}"));
+    let line = panic_restarts(&metrics, "send_loop");
     assert!(line.ends_with(" 1"), "{line}");
     // the client reconnects and sends the same id again: committed once, delivered once
     let mut alice = d.ready("alice").await;

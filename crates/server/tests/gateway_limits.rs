@@ -529,3 +529,29 @@ async fn sends_above_the_per_user_rate_get_rate_limited() {
     alice.send_ok("a5", &["bob"], "x").await;
     d.shutdown().await;
 }
+
+/// A connection whose sends wait at their bound (64 behind the one in flight, ADR-0054) reads
+/// no frames meanwhile, pongs included; its client is not idle for that. With core Redis
+/// paused for three idle timeouts, every send is answered in order after the pause and the
+/// connection stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_waiting_on_its_own_sends_is_not_closed_as_idle() {
+    const N: usize = 100;
+    let d = start_with(|o| {
+        o.ping_interval = Duration::from_millis(100);
+        o.idle_timeout = Duration::from_millis(500);
+    })
+    .await;
+    let mut alice = d.ready("alice").await;
+    d.pause_core(1500).await;
+    for i in 0..N {
+        alice.send_only(&format!("w-{i}"), &["bob"], "x").await;
+    }
+    for i in 0..N {
+        let a = alice.recv_where(|v| v["type"] == "send_ack").await;
+        assert_eq!(a["id"], format!("w-{i}"), "answered in order: {a}");
+    }
+    // still open: the barrier is answered
+    alice.barrier().await;
+    d.shutdown().await;
+}

@@ -249,6 +249,11 @@ impl<'a> Reader<'a> {
                 }
                 _ = &mut keepalive => {
                     let now = tokio::time::Instant::now();
+                    if !reading {
+                        // the reader is not reading (its sends are at their bound), so the
+                        // client's silence says nothing: it is not idle
+                        last_seen = now;
+                    }
                     let idle_at = last_seen + opts.idle_timeout;
                     if now >= idle_at {
                         return CloseCode::IdleTimeout;

@@ -8,34 +8,37 @@ from /proc/PID/stat). Start the server as `tidemark up` does (AOF, `auto-aof-rew
 
 usage: keyspace_growth.py PORT PID TOTAL RATE     (e.g. 39999 "$(cat pidfile)" 700000 10000)
 """
-import socket, time, sys, os
-port=int(sys.argv[1]); pid=int(sys.argv[2]); total=int(sys.argv[3]); rate=int(sys.argv[4])
-s=socket.create_connection(("127.0.0.1",port)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY,1)
+
+import os, socket, sys, time
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resp import R
+
+port, pid, total, rate = (int(a) for a in sys.argv[1:5])
+r = R(port)
+r.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def ticks():
-    f=open("/proc/%d/stat"%pid).read().split(); return int(f[13])+int(f[14])
-B=50
-val=b"x"*40
-buf=b""
-def cmd(i):
-    k=b"msgid:{7}:5:alice%d"%i
-    return b"*6\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n$2\r\nNX\r\n$2\r\nEX\r\n$5\r\n86400\r\n"%(len(k),k,len(val),val)
-def readn(n):
-    global buf
-    got=0
-    while got<n:
-        while b"\r\n" not in buf: buf+=s.recv(65536)
-        i=buf.index(b"\r\n"); buf=buf[i+2:]; got+=1
-t0=time.time(); i=0; sec=0; lat=[]; c0=ticks()
-while i<total:
-    due=t0+i/rate
-    now=time.time()
-    if now<due: time.sleep(due-now)
-    st=time.time()
-    s.sendall(b"".join(cmd(j) for j in range(i,i+B)))
-    readn(B)
-    lat.append(time.time()-st)
-    i+=B
-    if time.time()-t0>=sec+1:
-        lat.sort(); c1=ticks()
-        print("t=%2d keys=%7d batches=%4d p50=%.2fms p99=%.2fms max=%.2fms redis_cpu=%d%%"%(sec,i,len(lat),lat[len(lat)//2]*1e3,lat[int(len(lat)*.99)]*1e3,lat[-1]*1e3,c1-c0),flush=True)
-        c0=c1; lat=[]; sec+=1
+    f = open("/proc/%d/stat" % pid).read().split()
+    return int(f[13]) + int(f[14])
+
+
+B = 50
+val = b"x" * 40
+t0, i, sec, lat, c0 = time.time(), 0, 0, [], ticks()
+while i < total:
+    due = t0 + i / rate
+    now = time.time()
+    if now < due:
+        time.sleep(due - now)
+    st = time.time()
+    r.pipe([("SET", b"msgid:{7}:5:alice%d" % j, val, "NX", "EX", 86400) for j in range(i, i + B)])
+    lat.append(time.time() - st)
+    i += B
+    if time.time() - t0 >= sec + 1:
+        lat.sort()
+        c1 = ticks()
+        print("t=%2d keys=%7d batches=%4d p50=%.2fms p99=%.2fms max=%.2fms redis_cpu=%d%%" % (
+            sec, i, len(lat), lat[len(lat) // 2] * 1e3, lat[int(len(lat) * .99)] * 1e3,
+            lat[-1] * 1e3, c1 - c0), flush=True)
+        c0, lat, sec = c1, [], sec + 1

@@ -11,11 +11,13 @@ usage: commit_script.py PORT {commit|group:K|spread:K|plain|noop} N [FIRST_ID] [
   noop    `return 1`
 Environment: SCRIPT=path runs that file instead of commit_dispatch.lua (a variant of it, to
 time one change of the script); FLAG=0|1|2|3 is the claim flag of every message (default 1;
-2 is ADR-0040's one-key claim, 3 the same with only the claim's key passed, ADR-0043).
+2 is ADR-0040's one-key claim, 3 the same with only the claim's key passed, ADR-0043);
+PACKED=1 passes each message as one packed record (the record form 'm', ADR-0055), which a
+deployment of identity version 3 writes; otherwise the six-field form 'f'.
 With --wait, it warms up with 1000 calls, prints "ready", then waits for a line on stdin before the measured
 calls (used by commit_callgrind.sh to zero callgrind's counters in between).
 """
-import os, re, sys
+import os, re, struct, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from resp import R
 
@@ -27,6 +29,9 @@ if variant.startswith("group:") or variant.startswith("spread:"):
     variant, group = "commit", int(variant.split(":", 1)[1])
 first = int(sys.argv[4]) if len(sys.argv) > 4 and not sys.argv[4].startswith("--") else 0
 wait = "--wait" in sys.argv
+# PACKED=1: each message as one packed record (the record form 'm', ADR-0055), else six
+# fields (the form 'f')
+PACKED = os.environ.get("PACKED") == "1"
 r = R(port)
 src = {
     "commit": open(os.environ.get("SCRIPT") or os.path.join(ROOT, "crates/store/src/redis/lua/core/commit_dispatch.lua")).read(),
@@ -58,7 +63,7 @@ def call(i):
     ids = ["cli-%016d-%03d" % (i, k) for k in range(group)]
     parts = [(s + k) % 64 for k in range(group)] if spread else [s]
     per_part = 1 if spread else group
-    keys, args = [], [86400, len(parts)]
+    keys, args = [], [86400, len(parts), "m" if PACKED else "f"]
     for j, sh in enumerate(parts):
         keys += ["dlog:{%d}" % sh, "head:{%d}" % sh]
         args += [per_part, ""]
@@ -69,8 +74,15 @@ def call(i):
             else:
                 keys += ["dd:{%d}:8:user-007%s" % (sh, c), "dd:{%d}:user-007\0%s" % (sh, c),
                          "msgid:{%d}:8:user-007%s" % (sh, c)]
-            args += ["user-007", c, rec, body, "1796000000000000",
-                     "0123456789abcdef0123456789abcdef", os.environ.get("FLAG", "1")]
+            if PACKED:
+                # the packed record form (ADR-0055; redis/dlog.rs's layout)
+                args += [b"\x01\x08user-007" + struct.pack(">I", len(c)) + c.encode()
+                         + struct.pack(">I", len(rec)) + rec + struct.pack(">Q", 1796000000000000)
+                         + body.encode(),
+                         "0123456789abcdef0123456789abcdef", os.environ.get("FLAG", "1")]
+            else:
+                args += ["user-007", c, rec, body, "1796000000000000",
+                         "0123456789abcdef0123456789abcdef", os.environ.get("FLAG", "1")]
     return ["EVALSHA", sha, len(keys)] + keys + args
 
 if wait:

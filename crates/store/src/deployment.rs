@@ -3,9 +3,11 @@
 //!
 //! ```text
 //! tidemark:deployment   hash, one per instance (core and mailbox), written once
-//!   version   "1" | "2"          2: created by code that claims every message id, so that a
+//!   version   "1" | "2" | "3"    2: created by code that claims every message id, so that a
 //!                                one-shard send's claim may be its only dedupe record
-//!                                (ADR-0040); code that knows only "1" refuses "2"
+//!                                (ADR-0040); code that knows only "1" refuses "2".
+//!                                3: also created by code that reads packed log records,
+//!                                which are then written (ADR-0055); older code refuses it
 //!   shards    decimal u32        S, fixed when the deployment is created
 //!   role      "core" | "mailbox" which pool this instance belongs to
 //!   index     decimal            its position in that pool
@@ -42,10 +44,11 @@ pub fn key(url: &str, role: Role) -> String {
         KEY.to_string()
     }
 }
-/// The identity version new deployments are created with (ADR-0040): one-key claims.
-pub const VERSION_CURRENT: u32 = 2;
-/// The versions this code reads: 1 (before ADR-0040) and 2.
-const VERSIONS: [u32; 2] = [1, 2];
+/// The identity version new deployments are created with: one-key claims (ADR-0040) and
+/// packed log records (ADR-0055).
+pub const VERSION_CURRENT: u32 = 3;
+/// The versions this code reads: 1 (before ADR-0040), 2 (before ADR-0055) and 3.
+const VERSIONS: [u32; 3] = [1, 2, 3];
 
 /// Which pool an instance belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +179,14 @@ impl Identity {
         self.version >= 2
     }
 
+    /// Whether log records are written in the packed form (ADR-0055): only in a deployment
+    /// created by code that reads them (version 3), which code that cannot refuses to run
+    /// (an unknown version), so no process in it misreads a record. A deployment created
+    /// before keeps the six-field form, which every version reads.
+    pub fn packed_records(&self) -> bool {
+        self.version >= 3
+    }
+
     /// What differs between `self` (recorded) and `want` (this process), in words; empty when
     /// they agree. The version is not compared: it belongs to the deployment.
     pub fn differences(&self, want: &Identity) -> Vec<String> {
@@ -304,7 +315,7 @@ mod tests {
     }
 
     #[test]
-    fn versions_1_and_2_are_read_and_others_refused() {
+    fn versions_1_to_3_are_read_and_others_refused() {
         let m = |v: &str| -> BTreeMap<String, String> {
             [
                 ("version", v),
@@ -321,13 +332,18 @@ mod tests {
         let one = Identity::from_fields(&m("1")).unwrap();
         assert_eq!(one.version, 1);
         assert!(!one.one_key_claims());
+        assert!(!one.packed_records());
         let two = Identity::from_fields(&m("2")).unwrap();
         assert!(two.one_key_claims());
+        assert!(!two.packed_records());
+        let three = Identity::from_fields(&m("3")).unwrap();
+        assert!(three.one_key_claims());
+        assert!(three.packed_records());
         assert!(
             one.differences(&two).is_empty(),
             "the version is the deployment's"
         );
-        for bad in ["3", "0", "02", "", "x"] {
+        for bad in ["4", "0", "02", "03", "", "x"] {
             assert!(Identity::from_fields(&m(bad)).is_none(), "{bad:?}");
         }
         // what is written is read back the same

@@ -15,6 +15,32 @@ use tidemark_store::Error;
 
 mod support;
 
+/// Runs each test `name(packed: bool)` in both record forms (ADR-0055), as `name::six_fields`
+/// and `name::packed`: the commit script's arguments differ (7 or 3 per message), so every
+/// path through it that counts them is run in both.
+macro_rules! both_forms {
+    ($($name:ident),* $(,)?) => { $(
+        mod $name {
+            #[tokio::test]
+            async fn six_fields() {
+                super::$name(false).await
+            }
+            #[tokio::test]
+            async fn packed() {
+                super::$name(true).await
+            }
+        }
+    )* };
+}
+
+both_forms!(
+    a_group_answers_each_message_as_if_it_were_committed_alone_in_order,
+    the_parts_of_one_call_commit_as_separate_calls_and_fail_alone,
+    a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send,
+    a_one_key_claim_whose_xadd_fails_is_taken_back,
+    a_failed_part_of_one_key_messages_leaves_the_next_part_whole,
+);
+
 const TTL: u64 = 60;
 
 /// The core store on the test's redis-server.
@@ -285,9 +311,9 @@ async fn log_of(e: &mut Env, s: u32) -> Vec<String> {
 /// earlier commit or of a message earlier in the same group a duplicate with that offset, the
 /// same id with another request `id_reused` — and the log holds exactly the committed ones,
 /// each record the message it answered.
-#[tokio::test]
-async fn a_group_answers_each_message_as_if_it_were_committed_alone_in_order() {
+async fn a_group_answers_each_message_as_if_it_were_committed_alone_in_order(packed: bool) {
     let mut e = env().await;
+    e.core.set_packed_records(packed);
     let s = 2;
     assert_eq!(e.commit(s, ("zoe", "z-1"), "before", 1).await, (1, false));
     let got = group(
@@ -470,10 +496,10 @@ async fn a_failed_xadd_refuses_the_rest_of_the_group_and_writes_nothing() {
 /// a record above its head) or a part that fails in the script (shard 8, a head that is not
 /// a number; before ADR-0051 that failed the whole call) refuses only its own part; the
 /// parts after it commit. The logs and answers are those of separate calls.
-#[tokio::test]
-async fn the_parts_of_one_call_commit_as_separate_calls_and_fail_alone() {
+async fn the_parts_of_one_call_commit_as_separate_calls_and_fail_alone(packed: bool) {
     use tidemark_store::redis::dlog::{request_digest, CommitRequest};
     let mut e = env().await;
+    e.core.set_packed_records(packed);
     assert_eq!(e.commit(5, ("zoe", "z-1"), "before", 1).await, (1, false));
     // shard 6: a record at offset 1 without the head knowing
     stray_record(&mut e, 6, 1).await;
@@ -682,11 +708,11 @@ async fn a_commit_that_carries_its_claim_binds_the_id_and_refuses_another_messag
 /// and that one key; a resend is answered from it, another message under the id is refused
 /// with the first one's offset; a bare claim (a send to several shards) still goes through
 /// the dedupe record; `claim_message_id` reads both forms.
-#[tokio::test]
-async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send() {
+async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send(packed: bool) {
     use tidemark_store::deployment::{self, Identity, Role};
     use tidemark_store::redis::dlog::{request_digest, CommitRequest, IdClaim};
     let mut e = env().await;
+    e.core.set_packed_records(packed);
     assert!(
         !e.core.one_key_claims(),
         "no identity recorded: both records, as before ADR-0040"
@@ -817,16 +843,15 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send() {
         tables: "0".repeat(16),
     };
     deployment::record_if_absent(&mut e.raw, &id).await.unwrap();
-    assert!(LogStore::connect(&e.redis.url())
-        .await
-        .unwrap()
-        .one_key_claims());
+    let now = LogStore::connect(&e.redis.url()).await.unwrap();
+    assert!(now.one_key_claims() && now.packed_records());
+    let () = e.raw.hset(deployment::KEY, "version", "2").await.unwrap();
+    let two = LogStore::connect(&e.redis.url()).await.unwrap();
+    assert!(two.one_key_claims() && !two.packed_records());
     let () = e.raw.hset(deployment::KEY, "version", "1").await.unwrap();
-    assert!(!LogStore::connect(&e.redis.url())
-        .await
-        .unwrap()
-        .one_key_claims());
-    let () = e.raw.hset(deployment::KEY, "version", "3").await.unwrap();
+    let one = LogStore::connect(&e.redis.url()).await.unwrap();
+    assert!(!one.one_key_claims() && !one.packed_records());
+    let () = e.raw.hset(deployment::KEY, "version", "4").await.unwrap();
     assert!(LogStore::connect(&e.redis.url()).await.is_err());
 }
 
@@ -835,10 +860,10 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send() {
 /// then fails (a log ahead of its head), the claim is removed again: a resend after the log
 /// is repaired must be committed, not answered with an offset that was never written. At
 /// the end of the offset space nothing is written either.
-#[tokio::test]
-async fn a_one_key_claim_whose_xadd_fails_is_taken_back() {
+async fn a_one_key_claim_whose_xadd_fails_is_taken_back(packed: bool) {
     use tidemark_store::redis::dlog::request_digest;
     let mut e = env().await;
+    e.core.set_packed_records(packed);
     e.core.set_one_key_claims(true);
     let (s, home) = (3u32, 9u32);
     let d1: &'static str = request_digest(&["bob"], "one").leak();
@@ -916,4 +941,152 @@ async fn a_one_key_claim_whose_xadd_fails_is_taken_back() {
         .await
         .unwrap();
     assert_eq!(claim, None);
+}
+
+/// ADR-0055: a deployment of identity version 3 writes each record as two fields, `p` and the
+/// packed message `m`; it reads back as the same record as the six-field form, and a log
+/// holding both forms (one written before an upgrade) is read in order. A packed record that
+/// is not its layout is a bad record for both readers, never half-read.
+#[tokio::test]
+async fn packed_records_read_as_the_six_field_form_and_a_bad_one_is_refused() {
+    let mut e = env().await;
+    let s = 4;
+    assert!(!e.core.packed_records(), "no identity recorded: six fields");
+    assert_eq!(e.commit(s, ("alice", "a-1"), "one", 10).await, (1, false));
+    e.core.set_packed_records(true);
+    assert_eq!(
+        e.commit(s, ("alice", "a-2"), "tw\u{f6}", 11).await,
+        (2, false)
+    );
+    assert_eq!(
+        e.commit(s, ("alice", "a-1"), "one", 10).await,
+        (1, true),
+        "a resend"
+    );
+    let fields = |v: redis::Value| -> Vec<String> {
+        let redis::Value::Array(entries) = v else {
+            panic!("{v:?}")
+        };
+        let redis::Value::Array(pair) = &entries[0] else {
+            panic!()
+        };
+        let redis::Value::Array(kv) = &pair[1] else {
+            panic!()
+        };
+        kv.iter()
+            .step_by(2)
+            .map(|k| redis::from_redis_value::<String>(k.clone()).unwrap())
+            .collect()
+    };
+    let raw = |from: &str| {
+        redis::cmd("XRANGE")
+            .arg(keys::dlog(s))
+            .arg(from)
+            .arg(from)
+            .clone()
+    };
+    let six: redis::Value = raw("1-0").query_async(&mut e.raw).await.unwrap();
+    assert_eq!(fields(six), ["p", "f", "c", "r", "b", "t"]);
+    let packed: redis::Value = raw("2-0").query_async(&mut e.raw).await.unwrap();
+    assert_eq!(fields(packed), ["p", "m"]);
+    let log = e.core.read_after(s, 0, 10).await.unwrap();
+    let got: Vec<_> = log
+        .iter()
+        .map(|r| {
+            (
+                r.offset,
+                r.prev,
+                r.sender.as_str(),
+                r.client_id.as_str(),
+                r.recipients.clone(),
+                r.body.as_str(),
+                r.sent_at_us,
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, 0, "alice", "a-1", vec!["bob".to_string()], "one", 10),
+            (
+                2,
+                1,
+                "alice",
+                "a-2",
+                vec!["bob".to_string()],
+                "tw\u{f6}",
+                11
+            ),
+        ]
+    );
+
+    // a packed record cut short (a damaged instance): refused by both readers
+    let bad = tidemark_store::redis::dlog::encode_record("alice", "a-3", &["bob"], 12, "x");
+    let _: String = redis::cmd("XADD")
+        .arg(keys::dlog(s))
+        .arg("3-0")
+        .arg("p")
+        .arg(2)
+        .arg("m")
+        .arg(&bad[..bad.len() - 3])
+        .query_async(&mut e.raw)
+        .await
+        .unwrap();
+    let err = e.core.read_after(s, 2, 10).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::BadRecord { shard: 4, offset: 3, detail } if detail.contains("truncated")),
+        "{err:?}"
+    );
+    let mut reader = LogReader::connect(&e.redis.url()).await.unwrap();
+    let err = reader
+        .read(&[(s, 2)], 10, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::BadRecord { offset: 3, .. }), "{err:?}");
+}
+
+/// A part that fails in the script is skipped by counting its keys (one per one-key
+/// message, ADR-0043, three per other) from its messages' claim flags, which sit at another
+/// argument in each record form (ADR-0055): a miscount would give the next part the wrong
+/// keys. The next part commits as if alone, its claim made on its own key.
+async fn a_failed_part_of_one_key_messages_leaves_the_next_part_whole(packed: bool) {
+    use tidemark_store::redis::dlog::request_digest;
+    let mut e = env().await;
+    e.core.set_packed_records(packed);
+    e.core.set_one_key_claims(true);
+    let _: () = e.raw.set(keys::head(8), "not a number").await.unwrap();
+    let d1: &'static str = request_digest(&["bob"], "one").leak();
+    let d2: &'static str = request_digest(&["bob"], "two").leak();
+    let failing = [claiming(8, "f-1", "one", d1)];
+    let next = [claiming(4, "n-1", "two", d2), claiming(4, "n-2", "two", d2)];
+    let got = e
+        .core
+        .commit_parts(&[(8, &failing[..]), (4, &next[..])], TTL)
+        .await
+        .expect("the call");
+    assert!(
+        matches!(&got[0][..], [Err(Error::CommitFailed { shard: 8, .. })]),
+        "{got:?}"
+    );
+    let next_got: Vec<(u64, bool)> = got[1]
+        .iter()
+        .map(|r| r.clone().unwrap())
+        .map(|c| (c.offset, c.duplicate))
+        .collect();
+    assert_eq!(next_got, [(1, false), (2, false)]);
+    assert_eq!(
+        log_of(&mut e, 4).await,
+        ["1 0 alice n-1 bob two", "2 1 alice n-2 bob two"]
+    );
+    let claim: Option<String> = e
+        .raw
+        .get(keys::message_id(4, "alice", "n-2"))
+        .await
+        .unwrap();
+    assert_eq!(claim, Some(format!("2:{d2}")));
+    assert_eq!(
+        e.core.head(8).await.ok(),
+        None,
+        "the failed part's head is as it was"
+    );
 }

@@ -4,17 +4,41 @@
 //! messages of one shard per call: group commit, ADR-0036, [`LogStore::commit_group`]): dedupe on
 //! (sender, client id) (key `dd:{s}:<len(sender)>:<sender><client id>`, see [`keys::dedupe`];
 //! in a deployment of identity version 2, a one-shard send's id claim instead, ADR-0040),
-//! next contiguous u48 offset, one stream entry with id `<offset>-0`:
+//! next contiguous u48 offset, one stream entry with id `<offset>-0`, in one of two forms.
+//! A deployment of identity version 3 writes the packed form (ADR-0055: two fields, so the
+//! commit script passes 3 arguments per message instead of 7 and `XADD` stores 4 values
+//! instead of 12); older deployments write the six-field form. Readers take both, so a log
+//! written before an upgrade is read after it:
 //!
 //! ```text
-//! dlog:{s}  stream entry "<offset>-0"
+//! dlog:{s}  stream entry "<offset>-0", six-field form
 //!   p  decimal   prev offset (offset - 1; offsets are contiguous from 1)
 //!   f  utf-8     sender
 //!   c  utf-8     client message id
 //!   r  bytes     recipients of this shard: repeated [len u8 (1..=128)][id bytes]
 //!   b  utf-8     body
 //!   t  decimal   sent_at, µs since the Unix epoch (gateway clock at commit)
+//!
+//! dlog:{s}  stream entry "<offset>-0", packed form (ADR-0055)
+//!   p  decimal   prev offset, as above
+//!   m  bytes     the message, packed (all integers big-endian):
+//!
+//!      offset      width  field
+//!      0           1      form: 1
+//!      1           1      S, the sender's length (1..=128)
+//!      2           S      sender, utf-8
+//!      2+S         4      C, the client id's length (u32)
+//!      6+S         C      client message id, utf-8
+//!      6+S+C       4      R, the recipients' length in bytes (u32)
+//!      10+S+C      R      recipients of this shard: repeated [len u8 (1..=128)][id bytes]
+//!      10+S+C+R    8      sent_at, µs since the Unix epoch (u64)
+//!      18+S+C+R    rest   body, utf-8, to the end of the value
 //! ```
+//!
+//! Invariants of `m`: every length fits in what follows it, the body takes exactly the rest,
+//! every text is UTF-8; anything else (another form byte, a short value) is a
+//! [`Error::BadRecord`]: a record is never read half-understood. An entry holding `m` is read
+//! from `p` and `m` alone (other fields are ignored).
 //!
 //! Materializers read the log in order with [`LogReader`] (XREAD BLOCK on a connection of its
 //! own, without response timeout) and trim it with [`LogStore::trim`] once every lane's W has
@@ -99,6 +123,74 @@ pub fn encode_recipients(rs: &[&str]) -> Vec<u8> {
     out
 }
 
+/// The form byte of a packed record (the first byte of field `m`, ADR-0055).
+const PACKED_FORM: u8 = 1;
+
+/// Packs a message for field `m` of a log entry (ADR-0055; the layout at the top of this
+/// module). `sender` is 1..=128 bytes (checked by the gateway before any commit).
+pub fn encode_record(
+    sender: &str,
+    client_id: &str,
+    recipients: &[&str],
+    sent_at_us: u64,
+    body: &str,
+) -> Vec<u8> {
+    debug_assert!(!sender.is_empty() && sender.len() <= 128);
+    let r_len: usize = recipients.iter().map(|r| r.len() + 1).sum();
+    let mut out = Vec::with_capacity(18 + sender.len() + client_id.len() + r_len + body.len());
+    out.push(PACKED_FORM);
+    out.push(sender.len() as u8);
+    out.extend_from_slice(sender.as_bytes());
+    out.extend_from_slice(&(client_id.len() as u32).to_be_bytes());
+    out.extend_from_slice(client_id.as_bytes());
+    out.extend_from_slice(&(r_len as u32).to_be_bytes());
+    for r in recipients {
+        debug_assert!(!r.is_empty() && r.len() <= 128);
+        out.push(r.len() as u8);
+        out.extend_from_slice(r.as_bytes());
+    }
+    out.extend_from_slice(&sent_at_us.to_be_bytes());
+    out.extend_from_slice(body.as_bytes());
+    out
+}
+
+/// A packed record's message, taken apart: (sender, client id, recipients, sent_at_us,
+/// body).
+type Unpacked = (String, String, Vec<String>, u64, String);
+
+/// Takes field `m` apart ([`encode_record`]'s layout); `Err(detail)` for anything that is not
+/// exactly that layout.
+fn decode_record(m: &[u8]) -> std::result::Result<Unpacked, &'static str> {
+    fn take<'a>(m: &mut &'a [u8], n: usize) -> std::result::Result<&'a [u8], &'static str> {
+        if m.len() < n {
+            return Err("packed record is truncated");
+        }
+        let (head, rest) = m.split_at(n);
+        *m = rest;
+        Ok(head)
+    }
+    fn text(b: &[u8]) -> std::result::Result<String, &'static str> {
+        String::from_utf8(b.to_vec()).map_err(|_| "packed record field is not UTF-8")
+    }
+    fn len32(m: &mut &[u8]) -> std::result::Result<usize, &'static str> {
+        let b = take(m, 4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+    }
+    let mut m = m;
+    if take(&mut m, 1)? != [PACKED_FORM] {
+        return Err("packed record of an unknown form");
+    }
+    let s = take(&mut m, 1)?[0] as usize;
+    let sender = text(take(&mut m, s)?)?;
+    let c = len32(&mut m)?;
+    let client_id = text(take(&mut m, c)?)?;
+    let r = len32(&mut m)?;
+    let recipients = decode_recipients(take(&mut m, r)?).ok_or("bad recipients")?;
+    let t = take(&mut m, 8)?;
+    let sent_at_us = u64::from_be_bytes(t.try_into().expect("8 bytes"));
+    Ok((sender, client_id, recipients, sent_at_us, text(m)?))
+}
+
 /// Decodes `[len u8][bytes]…`; `None` when truncated, empty-named or not UTF-8.
 pub fn decode_recipients(b: &[u8]) -> Option<Vec<String>> {
     let mut out = Vec::new();
@@ -155,15 +247,18 @@ pub struct LogStore {
     /// A claim made inside the commit is the message's only dedupe record (ADR-0040): set
     /// for a deployment whose identity allows it ([`crate::deployment::Identity::one_key_claims`]).
     one_key_claims: bool,
+    /// Records are written in the packed form (ADR-0055): set for a deployment whose
+    /// identity says that every process reads it ([`crate::deployment::Identity::packed_records`]).
+    packed_records: bool,
 }
 
 fn offset_of_id(id: &str) -> Option<u64> {
     id.strip_suffix("-0")?.parse().ok()
 }
 
-/// The fields of a log entry (the table at the top of this module), in the order
-/// `parse_entries` takes them apart.
-const FIELDS: [&[u8]; 6] = [b"p", b"f", b"c", b"r", b"b", b"t"];
+/// The fields of a log entry of either form (the tables at the top of this module), in the
+/// order `parse_entries` takes them apart.
+const FIELDS: [&[u8]; 7] = [b"p", b"f", b"c", b"r", b"b", b"t", b"m"];
 
 fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
     let bad = |detail: String| Error::BadRecord {
@@ -192,8 +287,8 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
                 detail: "offset above 2^48-1".to_string(),
             });
         }
-        // the six fields by name (others are ignored; a repeated one counts last), without
-        // a map per record: this runs for every record a materializer reads
+        // the fields by name (others are ignored; a repeated one counts last), without a map
+        // per record: this runs for every record a materializer reads
         let mut fields: [Option<&[u8]>; FIELDS.len()] = [None; FIELDS.len()];
         for f in kv.chunks(2) {
             if let [Value::BulkString(k), Value::BulkString(v)] = f {
@@ -202,7 +297,7 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
                 }
             }
         }
-        let [p, f, c, r, b, t] = fields;
+        let [p, f, c, r, b, t, m] = fields;
         let rb = |detail: &str| Error::BadRecord {
             shard,
             offset,
@@ -219,20 +314,31 @@ fn parse_entries(shard: u32, v: &Value) -> Result<Vec<DispatchRecord>> {
                 .parse::<u64>()
                 .map_err(|_| rb("field is not a number"))
         };
-        let sender = text(f)?;
+        let prev = num(p)?;
+        let (sender, client_id, recipients, sent_at_us, body) = match m {
+            // the packed form (ADR-0055)
+            Some(m) => decode_record(m).map_err(rb)?,
+            None => (
+                text(f)?,
+                text(c)?,
+                decode_recipients(r.ok_or_else(|| rb("no r"))?)
+                    .ok_or_else(|| rb("bad recipients"))?,
+                num(t)?,
+                text(b)?,
+            ),
+        };
         if sender.is_empty() || sender.len() > 128 {
             // a mailbox entry stores the sender's length in one byte (1..=128)
             return Err(rb("sender is not 1..=128 bytes"));
         }
         out.push(DispatchRecord {
             offset,
-            prev: num(p)?,
+            prev,
             sender,
-            client_id: text(c)?,
-            recipients: decode_recipients(r.ok_or_else(|| rb("no r"))?)
-                .ok_or_else(|| rb("bad recipients"))?,
-            body: text(b)?,
-            sent_at_us: num(t)?,
+            client_id,
+            recipients,
+            body,
+            sent_at_us,
         });
     }
     Ok(out)
@@ -251,16 +357,26 @@ impl LogStore {
             .query_async(&mut conn)
             .await?;
         let key = crate::deployment::key(url, crate::deployment::Role::Core);
-        let one_key_claims = crate::deployment::read_at(&mut conn, &key)
-            .await?
-            .is_some_and(|id| id.one_key_claims());
+        let identity = crate::deployment::read_at(&mut conn, &key).await?;
         Ok(LogStore {
             conn,
             url: url.to_string(),
             wait: None,
             confirm: ReplicaConfirm::default(),
-            one_key_claims,
+            one_key_claims: identity.as_ref().is_some_and(|id| id.one_key_claims()),
+            packed_records: identity.as_ref().is_some_and(|id| id.packed_records()),
         })
+    }
+
+    /// Whether records are written in the packed form (ADR-0055).
+    pub fn packed_records(&self) -> bool {
+        self.packed_records
+    }
+
+    /// Overrides what [`LogStore::connect`] read from the identity (tests of both forms on one
+    /// instance).
+    pub fn set_packed_records(&mut self, on: bool) {
+        self.packed_records = on;
     }
 
     /// Whether a claim made inside the commit is the message's only dedupe record (ADR-0040).
@@ -573,7 +689,10 @@ impl LogStore {
                     .arg(claim);
             }
         }
-        cmd.arg(dedupe_ttl_s.max(1)).arg(parts.len());
+        let packed = self.packed_records;
+        cmd.arg(dedupe_ttl_s.max(1))
+            .arg(parts.len())
+            .arg(if packed { "m" } else { "f" });
         for (shard, reqs) in parts {
             cmd.arg(reqs.len());
             if self.conn.is_cluster() {
@@ -582,18 +701,27 @@ impl LogStore {
                 cmd.arg("");
             }
             for r in reqs {
-                cmd.arg(r.sender)
-                    .arg(r.client_id)
-                    .arg(encode_recipients(r.recipients))
-                    .arg(r.body)
-                    .arg(r.sent_at_us)
-                    .arg(r.digest)
-                    .arg(match r.claim_home {
-                        Some(_) if compact(r) => "3",
-                        Some(_) if self.one_key_claims => "2",
-                        Some(_) => "1",
-                        None => "0",
-                    });
+                if packed {
+                    cmd.arg(encode_record(
+                        r.sender,
+                        r.client_id,
+                        r.recipients,
+                        r.sent_at_us,
+                        r.body,
+                    ));
+                } else {
+                    cmd.arg(r.sender)
+                        .arg(r.client_id)
+                        .arg(encode_recipients(r.recipients))
+                        .arg(r.body)
+                        .arg(r.sent_at_us);
+                }
+                cmd.arg(r.digest).arg(match r.claim_home {
+                    Some(_) if compact(r) => "3",
+                    Some(_) if self.one_key_claims => "2",
+                    Some(_) => "1",
+                    None => "0",
+                });
             }
         }
         let v = self.eval_commit(&cmd).await?;
@@ -1059,5 +1187,79 @@ mod tests {
         );
         assert!(decode_recipients(&[3, b'a']).is_none());
         assert!(decode_recipients(&[0]).is_none());
+    }
+
+    #[test]
+    fn a_packed_record_is_its_layout_byte_by_byte() {
+        let m = encode_record("al", "m-1", &["bob", "c"], 0x0102, "hi");
+        let want: Vec<u8> = [
+            &[1u8, 2][..],
+            b"al",
+            &[0, 0, 0, 3],
+            b"m-1",
+            &[0, 0, 0, 6],
+            &[3],
+            b"bob",
+            &[1],
+            b"c",
+            &[0, 0, 0, 0, 0, 0, 1, 2],
+            b"hi",
+        ]
+        .concat();
+        assert_eq!(m, want);
+        let (sender, id, rs, t, body) = decode_record(&m).unwrap();
+        assert_eq!(
+            (sender.as_str(), id.as_str(), t, body.as_str()),
+            ("al", "m-1", 0x0102, "hi")
+        );
+        assert_eq!(rs, ["bob", "c"]);
+    }
+
+    #[test]
+    fn a_packed_record_that_is_not_its_layout_is_refused() {
+        let m = encode_record("al", "m-1", &["bob"], 7, "hi");
+        // every cut inside the fixed part (the body may be cut: it is the rest)
+        for n in 0..m.len() - 2 {
+            assert!(decode_record(&m[..n]).is_err(), "cut at {n}");
+        }
+        let mut other = m.clone();
+        other[0] = 2;
+        assert_eq!(
+            decode_record(&other).unwrap_err(),
+            "packed record of an unknown form"
+        );
+        // a client id length past the end
+        let mut long = m.clone();
+        long[7] = 200;
+        assert!(decode_record(&long).is_err());
+        // a body that is not UTF-8
+        let mut bad = m.clone();
+        *bad.last_mut().unwrap() = 0xff;
+        assert!(decode_record(&bad).is_err());
+        // an empty recipient name inside the recipients
+        let mut empty = m.clone();
+        let r = 2 + 2 + 4 + 3 + 4;
+        empty[r] = 0;
+        assert!(decode_record(&empty).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn packed_records_round_trip(
+            sender in "[a-z0-9ü]{1,42}",
+            id in "\\PC{0,40}",
+            rs in proptest::collection::vec("[a-z0-9é]{1,40}", 0..5),
+            t in proptest::prelude::any::<u64>(),
+            body in "\\PC{0,60}",
+        ) {
+            let refs: Vec<&str> = rs.iter().map(String::as_str).collect();
+            let m = encode_record(&sender, &id, &refs, t, &body);
+            proptest::prop_assert_eq!(decode_record(&m), Ok((sender, id, rs, t, body)));
+        }
+
+        #[test]
+        fn any_bytes_decode_without_panicking(m in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)) {
+            let _ = decode_record(&m);
+        }
     }
 }

@@ -51,13 +51,20 @@
 -- the two-step claim of ADR-0026). Such a message is answered {4, 0} and nothing is written
 -- for it; the caller sends it again with the flag '2' and its three keys.
 --
--- Layout: ARGV[1] is the TTL, ARGV[2] the number of parts m; then each part in turn. A part
--- has two keys (its log, its head) followed by its messages' keys, and two arguments (its
--- message count n, its wake channel) followed by seven per message. A message's keys follow
+-- Layout: ARGV[1] is the TTL, ARGV[2] the number of parts m, ARGV[3] the record form; then
+-- each part in turn. A part has two keys (its log, its head) followed by its messages' keys,
+-- and two arguments (its message count n, its wake channel) followed by w per message: seven
+-- with the form 'f', three with the form 'm'. A message's keys follow
 -- those of the message before it: three (k = the first) for the flags '0', '1' and '2', one
 -- (its claim: KEYS[k+2] below is that key) for the flag '3'. Below, indices are relative:
--- KEYS[1] is the part's first key, ARGV[a] its first argument (ARGV[3] for the first part),
--- message i's arguments are ARGV[a+2+7(i-1)] ..; the next part starts after the last.
+-- KEYS[1] is the part's first key, ARGV[a] its first argument (ARGV[4] for the first part),
+-- message i's arguments are ARGV[a+2+w(i-1)] ..; the next part starts after the last.
+--
+-- The record form (ADR-0055): 'f' writes a log entry of six fields (p f c r b t: the
+-- sender, client id, recipients, body and sent_at each its own field and argument); 'm'
+-- writes two (p, and m: the message packed by the caller, `redis/dlog.rs`'s layout), which
+-- is what a deployment of identity version 3 writes. The script never looks inside either:
+-- it passes them to XADD. Readers of the log take both forms.
 --
 -- On a Redis Cluster every key of a call must be in one slot: a call there has one part
 -- (and a claim key only of that shard). On one instance a call may hold any shards.
@@ -75,11 +82,13 @@
 -- Per call:
 -- ARGV[1]      dedupe_ttl_s  decimal, seconds the dedupe records (and claims) live
 -- ARGV[2]      m             decimal, parts in the call (>= 1)
+-- ARGV[3]      form          'f': six-field records, 7 arguments per message; 'm': packed
+--                            records, 3 arguments per message (ADR-0055)
 -- Per part (relative to its first argument a):
 -- ARGV[a]      n             decimal, messages in the part (>= 1)
 -- ARGV[a+1]    wake channel  '' for none; on a Redis Cluster `dlogwake:{s}` (same slot as
 --                            its KEYS[1])
--- Per message (relative to its first argument b = a + 2 + 7(i-1)):
+-- Per message with the form 'f' (relative to its first argument b = a + 2 + 7(i-1)):
 -- ARGV[b]      sender        string
 -- ARGV[b+1]    client id     string
 -- ARGV[b+2]    recipients    bytes, recipients of this shard (u8 length + bytes, repeated)
@@ -88,6 +97,11 @@
 -- ARGV[b+5]    digest        hex string, digest of the whole request (no ':')
 -- ARGV[b+6]    claim         '1': claim the id on KEYS[k+2] first; '2': the same as one key
 --                            (ADR-0040); '3': '2' with one key (ADR-0043); '0': no claim
+-- Per message with the form 'm' (b = a + 2 + 3(i-1)):
+-- ARGV[b]      record        bytes, the message packed (sender, client id, recipients of
+--                            this shard, sent_at_us, body: `redis/dlog.rs`), stored as is
+-- ARGV[b+1]    digest        as ARGV[b+5] above
+-- ARGV[b+2]    claim         as ARGV[b+6] above
 --
 -- An XADD that fails (a log whose last id is at or above head + 1: a damaged instance) ends
 -- its part: what the part committed before it stays committed and counted in the head, and
@@ -117,6 +131,11 @@
 -- slots). On one instance nothing is published: the materializer waits with XREAD BLOCK.
 local ttl = ARGV[1]
 local m = tonumber(ARGV[2])
+-- packed records (ADR-0055): 3 arguments per message, else 7
+local packed = ARGV[3] == 'm'
+local w = packed and 3 or 7
+-- a message's digest and claim flag, relative to its first argument
+local di, fi = w - 2, w - 1
 local out = {}
 -- the values in `out` (kept, not taken with #out, which searches the table)
 local nout = 0
@@ -138,11 +157,11 @@ local function commit_part(kb, ab, n)
   -- the first key of the next message
   local next_key = kb + 2
   for i = 1, n do
-    local a = ab + 2 + 7 * (i - 1)
-    local digest = ARGV[a + 5]
+    local a = ab + 2 + w * (i - 1)
+    local digest = ARGV[a + di]
     local st, v
     local claimed = nil
-    local flag = ARGV[a + 6]
+    local flag = ARGV[a + fi]
     local k = next_key
     local one_key = flag == '3'
     if one_key then
@@ -199,8 +218,13 @@ local function commit_part(kb, ab, n)
         next_s = next_s or string.format('%d', head + 1)
         head_s = head_s or string.format('%d', head)
         local o = next_s
-        local r = redis.pcall('XADD', log_key, o .. '-0', 'p', head_s,
-          'f', ARGV[a], 'c', ARGV[a + 1], 'r', ARGV[a + 2], 'b', ARGV[a + 3], 't', ARGV[a + 4])
+        local r
+        if packed then
+          r = redis.pcall('XADD', log_key, o .. '-0', 'p', head_s, 'm', ARGV[a])
+        else
+          r = redis.pcall('XADD', log_key, o .. '-0', 'p', head_s,
+            'f', ARGV[a], 'c', ARGV[a + 1], 'r', ARGV[a + 2], 'b', ARGV[a + 3], 't', ARGV[a + 4])
+        end
         if type(r) == 'table' and r.err then
           -- a log ahead of its head: this part commits nothing more (what it committed so
           -- far stays committed and counted in the head); the other parts go on
@@ -225,7 +249,7 @@ local function commit_part(kb, ab, n)
 end
 
 -- the first key and the first argument of the next part
-local kb, ab = 1, 3
+local kb, ab = 1, 4
 for _ = 1, m do
   local n = tonumber(ARGV[ab])
   local base = nout
@@ -241,11 +265,11 @@ for _ = 1, m do
     -- the part's keys: its log, its head, then 1 per one-key message and 3 per other
     kb = kb + 2
     for i = 1, n do
-      if ARGV[ab + 2 + 7 * (i - 1) + 6] == '3' then kb = kb + 1 else kb = kb + 3 end
+      if ARGV[ab + 2 + w * (i - 1) + fi] == '3' then kb = kb + 1 else kb = kb + 3 end
       out[nout + 1], out[nout + 2] = 6, msg
       nout = nout + 2
     end
   end
-  ab = ab + 2 + 7 * n
+  ab = ab + 2 + w * n
 end
 return out

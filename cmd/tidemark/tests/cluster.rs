@@ -80,8 +80,10 @@ async fn serve_with(pools: &[&str], port: u16, id: &str) -> Child {
     ])
     .env("RUST_LOG", "warn")
     .stdout(std::process::Stdio::null())
-    .stderr(std::process::Stdio::null());
-    // debugging aid: CLUSTER_LOG_DIR=/some/dir keeps the node's log
+    // its warnings, which `assert_delivered` shows when it fails (a flake in CI is then
+    // explained by its own output)
+    .stderr(support::nodes::node_log(port));
+    // debugging aid: CLUSTER_LOG_DIR=/some/dir keeps the node's whole log
     if let Ok(dir) = std::env::var("CLUSTER_LOG_DIR") {
         let f = std::fs::File::create(format!("{dir}/{id}-{port}.log")).unwrap();
         cmd.env("RUST_LOG", "info").stderr(f);

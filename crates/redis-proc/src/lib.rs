@@ -179,10 +179,20 @@ pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Returns an unused TCP port on 127.0.0.1 (bound then released).
+/// Returns an unused TCP port on 127.0.0.1 (bound then released), never one it returned
+/// before in this process: the tests of one binary run in parallel, and two of them given the
+/// same port (free again between one's call and its server's bind) would each reach the
+/// other's server.
 pub fn free_port() -> std::io::Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let port = l.local_addr()?.port();
+        if GIVEN.lock().unwrap_or_else(|p| p.into_inner()).insert(port) {
+            return Ok(port);
+        }
+    }
 }
 
 /// True when `redis-server` can be started from `PATH`.

@@ -219,7 +219,10 @@ pub async fn assert_delivered(map: &ShardMap, port: u16, acked: &[Acked]) -> usi
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
-                Err((status, body)) => panic!("{u}: mailbox read {status}: {body}"),
+                Err((status, body)) => panic!(
+                    "{u}: mailbox read {status}: {body}\nthe log of the node on {port}:\n{}",
+                    node_log_tail(port)
+                ),
             };
             assert!(
                 got.windows(2).all(|w| w[0] < w[1]),
@@ -299,5 +302,28 @@ impl Traffic {
         );
         let entries = assert_delivered(map, port, &acked).await;
         (acked.len(), entries)
+    }
+}
+
+/// A file for the stderr of a node serving on `port` (created anew; under the system's temp
+/// dir), so that a failed assertion can show what the node said ([`node_log_tail`]).
+pub fn node_log(port: u16) -> std::fs::File {
+    let dir = std::env::temp_dir().join("tidemark-test-nodes");
+    std::fs::create_dir_all(&dir).expect("node log dir");
+    std::fs::File::create(dir.join(format!("{port}.log"))).expect("node log file")
+}
+
+/// The last 40 lines of what the node on `port` logged to [`node_log`], or a note that there
+/// is none (a node started without it).
+pub fn node_log_tail(port: u16) -> String {
+    let path = std::env::temp_dir()
+        .join("tidemark-test-nodes")
+        .join(format!("{port}.log"));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        }
+        Err(e) => format!("({}: {e})", path.display()),
     }
 }

@@ -117,10 +117,18 @@ pub async fn init_missing(map: &ShardMap) -> Result<u32, Error> {
 /// Checks the deployment identity recorded in every instance against `topology` and records
 /// it where it is missing (see `tidemark_store::deployment`). Every instance is checked before
 /// any is written, so a refused start writes nothing.
+///
+/// An instance without an identity in a deployment whose other instances have one (one
+/// wiped and restarted empty) is recorded with the deployment's version, the lowest of theirs,
+/// not this code's newest: the version says which processes may run on the deployment
+/// (ADR-0040, ADR-0055), so one instance of a newer version would let this code write packed
+/// records there while processes that cannot read them still run on the others.
 pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
     use tidemark_store::deployment::{self, Identity, Role};
     let tables = deployment::tables_fingerprint(map.core_table(), map.mailbox_table());
     let mut missing = Vec::new();
+    // the versions recorded on the instances that have an identity
+    let mut recorded: Option<u32> = None;
     for (role, urls) in [
         (Role::Core, map.core_urls()),
         (Role::Mailbox, map.mailbox_urls()),
@@ -158,6 +166,7 @@ pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
                 .map_err(connect_err)?
             {
                 Some(have) => {
+                    recorded = Some(recorded.map_or(have.version, |v| v.min(have.version)));
                     let d = have.differences(&want);
                     if !d.is_empty() {
                         return Err(refuse(d.join("; ")));
@@ -187,7 +196,10 @@ pub async fn check_identity(map: &ShardMap) -> Result<(), Error> {
             }
         }
     }
-    for (mut conn, key, want) in missing {
+    for (mut conn, key, mut want) in missing {
+        if let Some(v) = recorded {
+            want.version = v;
+        }
         let have = deployment::record_if_absent_at(&mut conn, &key, &want).await?;
         let d = have.differences(&want);
         if !d.is_empty() {

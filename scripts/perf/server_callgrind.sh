@@ -25,14 +25,11 @@ exec valgrind --tool=callgrind --callgrind-out-file="$OUT.callgrind" --dump-inst
 EOF
 chmod +x "$WRAP"
 BIN=$WRAP
+# valgrind starts slowly: up.sh waits up to 120 s for the gateway line
+UP_WAIT=600
 # shellcheck source=up.sh
 . "$(dirname "$0")/up.sh"
 trap 'kill $UP ${LOAD:-} 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$DIR" "$WRAP"' EXIT
-# valgrind starts slowly: up.sh waited 20 s at most for the gateway line
-for _ in $(seq 600); do grep -q '^gateway ' "$DIR/up.log" 2>/dev/null && break; sleep 0.2; done
-PASS=$(cat "$DIR/data/redis.pass")
-CORE=$(up_urls core)
-MAILBOX=$(up_urls mailbox)
 metric() { curl -s --max-time 10 "http://127.0.0.1:$PORT/metrics" | awk -v m="^$1" '$0 ~ m {print $2}'; }
 "$REAL_BIN" bench load --target "ws://127.0.0.1:$PORT/v1/ws" --core-urls "$CORE" --mailbox-urls "$MAILBOX" \
   --clients "$CLIENTS" --rate "$RATE" --duration "$SECS" --no-progress --json "$OUT.json" >"$OUT.load.txt" 2>&1 &

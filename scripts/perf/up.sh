@@ -11,7 +11,8 @@ PORT=$((7600 + RANDOM % 600))
 UP=$!
 LOAD=
 trap 'kill $UP ${LOAD:-} 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$DIR"' EXIT
-for _ in $(seq 100); do grep -q '^gateway ' "$DIR/up.log" 2>/dev/null && break; sleep 0.2; done
+# UP_WAIT: how many 0.2 s waits for the gateway line (default 100: 20 s)
+for _ in $(seq "${UP_WAIT:-100}"); do grep -q '^gateway ' "$DIR/up.log" 2>/dev/null && break; sleep 0.2; done
 PASS=$(cat "$DIR/data/redis.pass")
 up_urls() { grep -E "^$1 " "$DIR/up.log" | sed -E "s#redis://#redis://:$PASS@#; s#^$1 +[0-9]+ ##" | paste -sd, -; }
 CORE=$(up_urls core)

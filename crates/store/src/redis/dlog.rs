@@ -115,12 +115,17 @@ pub struct CommitRequest<'a> {
 /// Encodes recipients as `[len u8][bytes]…`.
 pub fn encode_recipients(rs: &[&str]) -> Vec<u8> {
     let mut out = Vec::with_capacity(rs.iter().map(|r| r.len() + 1).sum());
+    push_recipients(&mut out, rs);
+    out
+}
+
+/// Appends `[len u8][bytes]…` of `rs` to `out` (both record forms store recipients so).
+fn push_recipients(out: &mut Vec<u8>, rs: &[&str]) {
     for r in rs {
         debug_assert!(!r.is_empty() && r.len() <= 128);
         out.push(r.len() as u8);
         out.extend_from_slice(r.as_bytes());
     }
-    out
 }
 
 /// The form byte of a packed record (the first byte of field `m`, ADR-0055).
@@ -144,11 +149,7 @@ pub fn encode_record(
     out.extend_from_slice(&(client_id.len() as u32).to_be_bytes());
     out.extend_from_slice(client_id.as_bytes());
     out.extend_from_slice(&(r_len as u32).to_be_bytes());
-    for r in recipients {
-        debug_assert!(!r.is_empty() && r.len() <= 128);
-        out.push(r.len() as u8);
-        out.extend_from_slice(r.as_bytes());
-    }
+    push_recipients(&mut out, recipients);
     out.extend_from_slice(&sent_at_us.to_be_bytes());
     out.extend_from_slice(body.as_bytes());
     out

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use cmd::{bench, client, serve, status, trace, wm};
+use cmd::{bench, client, serve, status, trace, upgrade, wm};
 
 #[derive(Parser)]
 #[command(
@@ -54,6 +54,9 @@ enum Cmd {
     Secret(client::SecretCmd),
     /// Live nodes, and every shard's owner, epoch, W, head and lag.
     Status(status::StatusArgs),
+    /// Raise the deployment's identity version from 2 to 3 (packed log records, ADR-0056);
+    /// checks first that no process that cannot read them runs.
+    Upgrade(upgrade::UpgradeArgs),
 }
 
 async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -69,6 +72,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Trace(a) => trace::run(a).await,
         Cmd::Secret(c) => client::secret(c),
         Cmd::Status(a) => status::run(a).await,
+        Cmd::Upgrade(a) => upgrade::run(a).await,
     }
 }
 

@@ -408,7 +408,7 @@ async fn a_gateway_node_and_a_materializer_node() {
         .unwrap()
         .iter()
         .map(|n| {
-            for k in ["id", "url", "role", "layout", "age_ms"] {
+            for k in ["id", "url", "role", "layout", "reads", "age_ms"] {
                 assert!(n.get(k).is_some(), "node without {k}: {n}");
             }
             (

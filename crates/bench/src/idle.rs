@@ -252,6 +252,7 @@ pub async fn run_idle(opts: &IdleOptions) -> Result<IdleReport, Error> {
                 appendfsync: appendfsync.clone(),
                 cluster: false,
                 node: None,
+                upgrade: false,
             };
             let Up {
                 core,

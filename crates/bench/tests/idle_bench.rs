@@ -41,6 +41,7 @@ async fn idle_clients_from_two_source_addresses() {
             appendfsync: "everysec".into(),
             cluster: false,
             node: None,
+            upgrade: false,
         },
         cancel.clone(),
     )

@@ -487,6 +487,7 @@ async fn remote_target_with_tokens() {
             appendfsync: "everysec".into(),
             cluster: false,
             node: None,
+            upgrade: false,
         },
         tokio_util::sync::CancellationToken::new(),
     )
@@ -564,6 +565,7 @@ async fn an_unreadable_instance_leaves_its_figures_missing() {
             appendfsync: "everysec".into(),
             cluster: false,
             node: None,
+            upgrade: false,
         },
         tokio_util::sync::CancellationToken::new(),
     )

@@ -9,6 +9,7 @@
 //!   behind the trimmed log).
 //! - [`status`]: live nodes and every shard's owner, epoch, W, head and lag.
 //! - [`trace`]: follows one message from its log record to every mailbox entry, read-only.
+//! - [`upgrade`]: raises a deployment's identity version from 2 to 3 (ADR-0056).
 //!
 //! Everything reads and writes Redis through the store crate's typed functions
 //! ([`tidemark_store::redis::store::MailboxStore`], [`tidemark_store::inspect`],
@@ -17,6 +18,7 @@
 pub mod shard;
 pub mod status;
 pub mod trace;
+pub mod upgrade;
 pub mod wm;
 
 use tidemark_store::redis::watermark::Layout;

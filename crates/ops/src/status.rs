@@ -8,7 +8,7 @@
 //! JSON (`--json`), one object:
 //!
 //! ```text
-//! {"nodes":[{"id","url","role","layout","age_ms"}],
+//! {"nodes":[{"id","url","role","layout","reads","age_ms"}],
 //!  "shards":[{"shard","owner","epoch","w_min","w_max","head","lag","layout","blob_bytes"}]}
 //! ```
 //!
@@ -35,15 +35,16 @@ fn or_dash<T: ToString>(v: &Option<T>) -> String {
 pub fn to_human(status: &Status) -> String {
     let mut out = format!("{} live node(s)\n", status.nodes.len());
     out.push_str(&format!(
-        "{:<24} {:<12} {:<10} {:>8}  url\n",
-        "node", "role", "layout", "age_ms"
+        "{:<24} {:<12} {:<10} {:>5} {:>8}  url\n",
+        "node", "role", "layout", "reads", "age_ms"
     ));
     for n in &status.nodes {
         out.push_str(&format!(
-            "{:<24} {:<12} {:<10} {:>8}  {}\n",
+            "{:<24} {:<12} {:<10} {:>5} {:>8}  {}\n",
             n.id,
             n.role,
             n.layout.as_deref().unwrap_or("-"),
+            n.reads.map_or("-".to_string(), |v| v.to_string()),
             n.age_ms,
             n.url
         ));

@@ -61,6 +61,7 @@ async fn up(dir: &std::path::Path, cluster: bool) -> (Up, CancellationToken) {
             appendfsync: "always".into(),
             cluster,
             node: None,
+            upgrade: false,
         },
         cancel.clone(),
     )
@@ -416,6 +417,7 @@ async fn up_twice(cluster: bool) {
             appendfsync: "always".into(),
             cluster: false,
             node: None,
+            upgrade: false,
         },
         CancellationToken::new(),
     )

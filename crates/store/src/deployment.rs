@@ -16,8 +16,9 @@
 //!                                a deployment has the same value)
 //! ```
 //!
-//! Invariants: written only when absent (a Lua step: `HSET` if `EXISTS` is 0), never
-//! rewritten by Tidemark; a process compares all fields but `holds` (which follows from them)
+//! Invariants: written only when absent (a Lua step: `HSET` if `EXISTS` is 0); the only
+//! rewrite is `tidemark upgrade`'s raise of `version` from 2 to 3 (ADR-0056: a
+//! compare-and-set, [`raise_version_at`]), never lowered; a process compares all fields but `holds` (which follows from them)
 //! with what its topology says, and refuses any difference. Before the first write on an
 //! instance that already holds watermarks (a deployment created before identities existed)
 //! those are checked against `holds`: a `wm:{s}` this instance should not have is refused too.
@@ -49,6 +50,10 @@ pub fn key(url: &str, role: Role) -> String {
 pub const VERSION_CURRENT: u32 = 3;
 /// The versions this code reads: 1 (before ADR-0040), 2 (before ADR-0055) and 3.
 const VERSIONS: [u32; 3] = [1, 2, 3];
+/// The one version `tidemark upgrade` raises, to [`VERSION_CURRENT`] (ADR-0056). Version 3
+/// only allows packed log records, which every process that reads version 3 reads; version 1
+/// cannot become 2 by a flag: its logs may hold dedupe records without a claim (ADR-0040).
+pub const VERSION_UPGRADABLE: u32 = 2;
 
 /// Which pool an instance belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -268,6 +273,59 @@ pub async fn record_if_absent_at(
             script: "tidemark:deployment",
             detail: "identity missing after write".into(),
         })
+}
+
+/// What [`raise_version_at`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Raise {
+    /// The version was `from` and is `to` now.
+    Raised,
+    /// Nothing written: the version is not `from`; what it is ("" when the identity or its
+    /// version is absent). A second run finds `to` here.
+    Found(String),
+}
+
+/// Raises the identity version at `key` from `from` to `to` if it is `from` (one
+/// `raise_version.lua` step, a compare-and-set; ADR-0056).
+pub async fn raise_version_at(
+    conn: &mut impl ConnectionLike,
+    key: &str,
+    from: u32,
+    to: u32,
+) -> Result<Raise> {
+    static RAISE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(include_str!("redis/lua/deployment/raise_version.lua"))
+    });
+    let (raised, now): (i64, String) = RAISE.key(key).arg(from).arg(to).invoke_async(conn).await?;
+    Ok(if raised == 1 {
+        Raise::Raised
+    } else {
+        Raise::Found(now)
+    })
+}
+
+/// [`raise_version_at`] from [`VERSION_UPGRADABLE`] to [`VERSION_CURRENT`] on every instance,
+/// core pool first, each at its identity key; what each found, in that order. Checks no
+/// process: callers check first (`tidemark upgrade`) or own the instances (`up --upgrade`).
+pub async fn raise_every_instance(
+    core: &[String],
+    mailbox: &[String],
+) -> Result<Vec<(Role, usize, Raise)>> {
+    let mut out = Vec::new();
+    for (role, urls) in [(Role::Core, core), (Role::Mailbox, mailbox)] {
+        for (index, url) in urls.iter().enumerate() {
+            let mut conn = connect(url).await?;
+            let found = raise_version_at(
+                &mut conn,
+                &key(url, role),
+                VERSION_UPGRADABLE,
+                VERSION_CURRENT,
+            )
+            .await?;
+            out.push((role, index, found));
+        }
+    }
+    Ok(out)
 }
 
 /// Shards that have a `wm:{s}` key on the instance (SCAN; one pass over the keyspace).

@@ -107,6 +107,20 @@ async fn nodes_are_live_while_they_beat() {
         .await
         .unwrap();
     assert_eq!(c.live_nodes().await.unwrap()[0].layout, None);
+    // each says which identity versions its code reads (ADR-0056); a record without it (a
+    // build before) lists as None
+    let newest = tidemark_store::deployment::VERSION_CURRENT;
+    assert_eq!(
+        (nodes[0].reads, nodes[1].reads),
+        (Some(newest), Some(newest))
+    );
+    let () = redis::cmd("HDEL")
+        .arg("{tidemark}:node:n0")
+        .arg("reads")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(c.live_nodes().await.unwrap()[0].reads, None);
     assert!(nodes[0].age_ms < 1_000);
     // n1 stops beating: gone after its ttl; n0 deregisters: gone at once
     tokio::time::sleep(Duration::from_millis(700)).await;

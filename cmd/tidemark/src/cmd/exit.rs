@@ -8,7 +8,7 @@
 //! | 2 | [`EXIT_REFUSED`]: refused, nothing was started or written (like clap's usage errors) |
 //! | 3 | [`EXIT_CORRUPT`]: a corrupt watermark (`wm verify`: any problem) |
 //! | 4 | [`EXIT_MISSING`]: a missing watermark |
-//! | 5 | [`EXIT_PROBLEMS`]: `trace` found an inconsistency |
+//! | 5 | [`EXIT_PROBLEMS`]: `trace` found an inconsistency; `upgrade` raised the version but a process appeared meanwhile |
 
 use std::process::ExitCode;
 

@@ -5,6 +5,7 @@
 //! - [`serve`]: `up`, `serve` (the service: `tidemark_server::run`).
 //! - [`wm`]: `wm …`, `shard …` (maintenance: `tidemark_ops::{wm, shard}`).
 //! - [`trace`]: `trace` (`tidemark_ops::trace`); [`status`]: `status` (`tidemark_ops::status`).
+//! - [`upgrade`]: `upgrade` (`tidemark_ops::upgrade`).
 //! - [`bench`]: `bench …` (`tidemark_bench`).
 //! - [`client`]: `token`, `secret gen`, `send`, `tail` (`tidemark_client`).
 //! - [`exit`]: the exit statuses of every command; [`logs`]: where stderr lines go.
@@ -17,4 +18,5 @@ pub mod logs;
 pub mod serve;
 pub mod status;
 pub mod trace;
+pub mod upgrade;
 pub mod wm;

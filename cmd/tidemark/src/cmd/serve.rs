@@ -55,6 +55,11 @@ pub struct UpArgs {
     /// --core/--mailbox instances. Commits then wait for one replica (ADR-0032).
     #[arg(long, conflicts_with_all = ["core", "mailbox"])]
     cluster: bool,
+    /// Raise the data dir's deployment from identity version 2 to 3 before serving, so that
+    /// it writes packed log records (ADR-0056; a data dir created before ADR-0055). `up`
+    /// started its redis-servers itself, so no other process can be using them.
+    #[arg(long)]
+    upgrade: bool,
     #[command(flatten)]
     replication: ReplicationArgs,
     #[command(flatten)]
@@ -432,6 +437,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             cluster: a.cluster,
             appendfsync: a.appendfsync,
             node,
+            upgrade: a.upgrade,
         },
         cancel,
     )

@@ -44,6 +44,10 @@ pub struct UpOptions {
     /// The in-process service as a node (`up --nodes N` runs the first node here, in leases
     /// mode, and the others as child processes); `None`: one static owner, unregistered.
     pub node: Option<crate::ownership::NodeOptions>,
+    /// `up --upgrade`: raise every instance's identity version from 2 to 3 before serving
+    /// (ADR-0056). No process check: `up` started the redis-servers itself a moment ago, and
+    /// holds the data dir's lock, so no other process of the deployment can be running.
+    pub upgrade: bool,
 }
 
 /// A local deployment: its redis-server processes (killed with it) and the running service.
@@ -281,6 +285,9 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
         )
         .as_bytes(),
     )?;
+    if opts.upgrade {
+        raise_identity_version(&topology).await?;
+    }
     let running = serve(
         ServeOptions {
             topology: topology.clone(),
@@ -301,4 +308,33 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
         topology,
         password_file: opts.data_dir.join(REDIS_PASSWORD_FILE),
     })
+}
+
+/// `up --upgrade`: every instance from identity version 2 to 3 (ADR-0056). Instances without
+/// an identity (a new data dir) are left to the start, which records the deployment's
+/// version; version 1 cannot be raised and is refused.
+async fn raise_identity_version(topology: &Topology) -> Result<(), Error> {
+    use tidemark_store::deployment::{self, Raise};
+    let map = topology.validate()?;
+    let found = deployment::raise_every_instance(map.core_urls(), map.mailbox_urls())
+        .await
+        .map_err(Error::from)?;
+    for (role, index, r) in found {
+        match r {
+            Raise::Raised => tracing::warn!(
+                role = role.as_str(),
+                index,
+                "deployment identity raised from version 2 to 3: log records are packed from now on"
+            ),
+            Raise::Found(v) if v.is_empty() || v == deployment::VERSION_CURRENT.to_string() => {}
+            Raise::Found(v) => {
+                return Err(Error::Deployment(format!(
+                    "{} instance {index} is of identity version {v}, which --upgrade cannot                      raise (only 2 can become {}); nothing was started",
+                    role.as_str(),
+                    deployment::VERSION_CURRENT
+                )))
+            }
+        }
+    }
+    Ok(())
 }

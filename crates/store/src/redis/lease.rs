@@ -52,6 +52,11 @@ pub struct NodeInfo {
     /// without one (a build before ADR-0033). Shards go to the nodes of the newest layout
     /// ([`crate::assign::eligible`]).
     pub layout: Option<String>,
+    /// The newest deployment identity version its code reads
+    /// ([`crate::deployment::VERSION_CURRENT`] of its build); `None` for a record written
+    /// without one (a build before ADR-0056). `tidemark upgrade` raises a deployment's version
+    /// only when every live node reads the new one.
+    pub reads: Option<u32>,
     /// Milliseconds since its last heartbeat (Redis time).
     pub age_ms: u64,
 }
@@ -200,6 +205,7 @@ impl LogStore {
             .arg(url)
             .arg(role)
             .arg(layout.as_str())
+            .arg(crate::deployment::VERSION_CURRENT)
             .invoke_async(&mut self.conn)
             .await?;
         Ok(now)
@@ -240,8 +246,8 @@ impl LogStore {
             _ => Err(nbad("not a string")),
         };
         let mut out = Vec::new();
-        for rec in v[1..].chunks(5) {
-            let [id, url, role, Value::Int(beat), layout] = rec else {
+        for rec in v[1..].chunks(6) {
+            let [id, url, role, Value::Int(beat), layout, reads] = rec else {
                 return Err(nbad("bad record"));
             };
             out.push(NodeInfo {
@@ -249,6 +255,8 @@ impl LogStore {
                 url: text(url)?,
                 role: text(role)?,
                 layout: Some(text(layout)?).filter(|l| !l.is_empty()),
+                // a value that is not a version reads as none: the node is not counted on
+                reads: text(reads)?.parse().ok(),
                 age_ms: u64::try_from(now - beat).unwrap_or(0),
             });
         }

@@ -91,6 +91,7 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
         appendfsync: local.appendfsync.clone(),
         cluster: false,
         node: None,
+        upgrade: false,
     };
     let Up {
         core,

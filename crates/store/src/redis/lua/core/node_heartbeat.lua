@@ -3,13 +3,18 @@
 -- node's clock.
 --
 -- KEYS[1]  {tidemark}:nodes        zset  node id -> Redis ms at which its record expires
--- KEYS[2]  {tidemark}:node:<id>    hash  url, role, layout, beat (Redis ms of the last heartbeat)
+-- KEYS[2]  {tidemark}:node:<id>    hash  url, role, layout, reads, beat (Redis ms of the last
+--                                        heartbeat)
 -- ARGV[1]  node id     string, 1..=128 bytes
 -- ARGV[2]  ttl_ms      decimal u64 > 0: how long the record lives without another heartbeat
 -- ARGV[3]  url         string, the node's advertised client URL
 -- ARGV[4]  role        "all" | "gateway" | "materializer"
 -- ARGV[5]  layout      the watermark layout the node writes ("packed-v1" | "packed-v2"); the
 --                      shards go to the nodes of the newest layout (ADR-0033)
+-- ARGV[6]  reads       decimal u32, the newest deployment identity version the node's code
+--                      reads (`tidemark upgrade` raises a deployment's version only when every
+--                      live node reads the new one, ADR-0056; a record without it is a build
+--                      from before ADR-0056, which reads at most version 3)
 --
 -- Returns now_ms (Redis time of the heartbeat). Expired members are removed from KEYS[1].
 -- Errors: "ERR bad_ttl" for a ttl that is not > 0.
@@ -18,7 +23,8 @@ local ttl = tonumber(ARGV[2])
 if not ttl or ttl <= 0 then return redis.error_reply('bad_ttl') end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[2], 'url', ARGV[3], 'role', ARGV[4], 'layout', ARGV[5], 'beat', now)
+redis.call('HSET', KEYS[2], 'url', ARGV[3], 'role', ARGV[4], 'layout', ARGV[5], 'reads', ARGV[6],
+  'beat', now)
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

@@ -140,7 +140,7 @@ async fn a_version_2_deployment_is_raised_once_its_static_owner_stopped() {
     let (code, out) = upgrade(&c, &m, &[]);
     assert_eq!(code, 2, "refused while a static owner runs: {out}");
     assert!(
-        out.contains("shard 0 is owned by a running materializer"),
+        out.contains("shard(s) 0 are owned by running materializers"),
         "{out}"
     );
     assert_eq!((version(&c), version(&m)), ("2".into(), "2".into()));

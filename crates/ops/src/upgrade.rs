@@ -281,8 +281,23 @@ pub fn to_human(r: &Report, check_only: bool) -> String {
             i.version.map_or("none".to_string(), |v| v.to_string())
         ));
     }
+    // one line for the shards of unknown owners (a static owner holds every shard)
+    let mut unknown = Vec::new();
     for b in &r.plan.blockers {
-        s.push_str(&format!("blocked: {b}\n"));
+        match b {
+            Blocker::UnknownOwner { shard, .. } => unknown.push(*shard),
+            b => s.push_str(&format!("blocked: {b}\n")),
+        }
+    }
+    if !unknown.is_empty() {
+        unknown.sort_unstable();
+        s.push_str(&format!(
+            "blocked: shard(s) {} are owned by running materializers that do not say which \
+             versions they read (static ownership, or a build before this command): stop them \
+             (a clean stop clears their owner marks at once, a killed one's expire within {} s)\n",
+            deployment::format_ranges(&unknown),
+            tidemark_store::redis::store::OWNER_MARK_TTL_MS / 1000
+        ));
     }
     if !r.plan.blockers.is_empty() {
         s.push_str("nothing was written\n");

@@ -549,18 +549,19 @@ async fn up_cluster_starts_and_restarts_on_its_data_dir() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let port = support::free_port();
-    let up = |port: u16| {
+    let up_with = |port: u16, extra: &[&str]| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
         cmd.args(["up", "--cluster", "--dev-auth", "--shards", "8", "--listen"])
             .arg(format!("127.0.0.1:{port}"))
             .arg("--data-dir")
             .arg(&data)
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null());
         spawn_killed_with_us(&mut cmd)
     };
-    let mut first = up(port);
+    let mut first = up_with(port, &[]);
     let lines = support::stdout_lines(&mut first);
     wait_healthy(port).await;
     let printed: Vec<String> = lines.try_iter().collect();
@@ -574,15 +575,69 @@ async fn up_cluster_starts_and_restarts_on_its_data_dir() {
         &serde_json::json!({"id": "up-1", "to": ["bob"], "body": "kept"}).to_string(),
     );
     assert_eq!(s, 200, "{r}");
+    // `tidemark upgrade` on a cluster deployment (ADR-0056): both pools' identities are keys
+    // of the one cluster; made version 2, the raise is refused while `up`'s static owner runs
+    let config = data.join("tidemark.toml");
+    let upgrade = |extra: &[&str]| {
+        let out = support::run(
+            support::cli()
+                .arg("upgrade")
+                .arg("--config")
+                .arg(&config)
+                .args(extra),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        (out.status.code(), text)
+    };
+    let (code, out) = upgrade(&["--check"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("nothing to do"), "{out}");
+    let seeds = tidemark_store::topology::Topology::from_file(&config)
+        .unwrap()
+        .core_cluster
+        .unwrap();
+    let identity = |v: Option<&str>| -> Vec<String> {
+        let client = redis::cluster::ClusterClient::new(seeds.clone()).unwrap();
+        let mut c = client.get_connection().unwrap();
+        ["core", "mailbox"]
+            .iter()
+            .map(|role| {
+                let key = format!("{}:{role}", tidemark_store::deployment::KEY);
+                if let Some(v) = v {
+                    let () = redis::cmd("HSET")
+                        .arg(&key)
+                        .arg("version")
+                        .arg(v)
+                        .query(&mut c)
+                        .unwrap();
+                }
+                redis::cmd("HGET")
+                    .arg(&key)
+                    .arg("version")
+                    .query(&mut c)
+                    .unwrap()
+            })
+            .collect()
+    };
+    assert_eq!(identity(Some("2")), ["2", "2"]);
+    let (code, out) = upgrade(&[]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("shard(s) 0-7 are owned by running materializers"),
+        "{out}"
+    );
+    assert_eq!(identity(None), ["2", "2"], "nothing written");
     // a clean stop (SIGINT, as Ctrl-C): the service and its six redis-servers end
     // SAFETY: signalling our own child
     unsafe { libc::kill(first.id() as i32, libc::SIGINT) };
     let status = first.wait().unwrap();
     assert!(status.success(), "{status:?}");
 
+    // started again with --upgrade: raised on the cluster, the message still there
     let port2 = support::free_port();
-    let mut second = up(port2);
+    let mut second = up_with(port2, &["--upgrade"]);
     wait_healthy(port2).await;
+    assert_eq!(identity(None), ["3", "3"], "raised by up --upgrade");
     let (s, page) = http_get(port2, "/v1/mailbox?user=bob&after=0&limit=10");
     assert_eq!(s, 200, "{page}");
     assert!(page.contains("\"body\":\"kept\""), "{page}");

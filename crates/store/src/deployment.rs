@@ -18,8 +18,8 @@
 //!
 //! Invariants: written only when absent (a Lua step: `HSET` if `EXISTS` is 0); the only
 //! rewrite is `tidemark upgrade`'s raise of `version` from 2 to 3 (ADR-0056: a
-//! compare-and-set, [`raise_version_at`]), never lowered; a process compares all fields but `holds` (which follows from them)
-//! with what its topology says, and refuses any difference. Before the first write on an
+//! compare-and-set, [`raise_version_at`]), never lowered; a process compares all fields but
+//! `holds` (which follows from them) with what its topology says, and refuses any difference. Before the first write on an
 //! instance that already holds watermarks (a deployment created before identities existed)
 //! those are checked against `holds`: a `wm:{s}` this instance should not have is refused too.
 //!

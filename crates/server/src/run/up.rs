@@ -329,7 +329,8 @@ async fn raise_identity_version(topology: &Topology) -> Result<(), Error> {
             Raise::Found(v) if v.is_empty() || v == deployment::VERSION_CURRENT.to_string() => {}
             Raise::Found(v) => {
                 return Err(Error::Deployment(format!(
-                    "{} instance {index} is of identity version {v}, which --upgrade cannot                      raise (only 2 can become {}); nothing was started",
+                    "{} instance {index} is of identity version {v}, which --upgrade cannot \
+                     raise (only 2 can become {}); nothing was started",
                     role.as_str(),
                     deployment::VERSION_CURRENT
                 )))

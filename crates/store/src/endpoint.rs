@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
+use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use ::redis::{Arg, Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, ToRedisArgs, Value};
 
 use crate::error::Result;
 
@@ -160,10 +161,146 @@ pub(crate) fn cluster_builder(seeds: &[&str]) -> ::redis::cluster::ClusterClient
         .max_retry_wait(1_000)
 }
 
+/// A Lua script called by `EVALSHA` whose NOSCRIPT recovery loads it only where the call
+/// runs ([`Conn::load_scripts_for`]), unlike `redis::Script`, whose `SCRIPT LOAD` goes to
+/// every node of a cluster and fails or waits with the slowest of them.
+pub struct LuaScript {
+    source: &'static str,
+    sha: String,
+}
+
+impl LuaScript {
+    /// The script of `source` (its SHA-1 is computed here).
+    pub fn new(source: &'static str) -> LuaScript {
+        LuaScript {
+            source,
+            sha: ::redis::Script::new(source).get_hash().to_string(),
+        }
+    }
+
+    /// A call of the script, to which keys and then arguments are added.
+    pub fn key<T: ToRedisArgs>(&self, key: T) -> LuaCall<'_> {
+        LuaCall {
+            script: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+        .key(key)
+    }
+}
+
+/// One call of a [`LuaScript`]: its keys and arguments.
+pub struct LuaCall<'a> {
+    script: &'a LuaScript,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl LuaCall<'_> {
+    /// Adds a key (`KEYS[i]`).
+    pub fn key<T: ToRedisArgs>(mut self, key: T) -> Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    /// Adds an argument (`ARGV[i]`).
+    pub fn arg<T: ToRedisArgs>(mut self, arg: T) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA`; on NOSCRIPT, `SCRIPT LOAD` where the call runs, then `EVALSHA` again.
+    pub async fn invoke<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(&self.script.sha).arg(self.keys.len());
+        for k in &self.keys {
+            cmd.arg(k);
+        }
+        for a in &self.args {
+            cmd.arg(a);
+        }
+        match cmd.query_async(conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                conn.load_scripts_for(&cmd, &[self.script.source]).await?;
+                cmd.query_async(conn).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// The slot of the first key of an `EVALSHA` or `EVAL` command; `None` for another command
+/// or one without keys.
+fn first_key_slot(cmd: &Cmd) -> Option<u16> {
+    let mut args = cmd.args_iter();
+    let Arg::Simple(name) = args.next()? else {
+        return None;
+    };
+    if !name.eq_ignore_ascii_case(b"EVALSHA") && !name.eq_ignore_ascii_case(b"EVAL") {
+        return None;
+    }
+    args.next()?; // the SHA-1 or the body
+    let Arg::Simple(n) = args.next()? else {
+        return None;
+    };
+    let n: usize = std::str::from_utf8(n).ok()?.parse().ok()?;
+    if n == 0 {
+        return None;
+    }
+    match args.next()? {
+        Arg::Simple(key) => Some(key_slot(key)),
+        _ => None,
+    }
+}
+
 impl Conn {
     /// Whether this is a cluster connection.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Conn::Cluster(_))
+    }
+
+    /// `SCRIPT LOAD` of each of `sources` where `cmd` (a script call) runs; their SHA-1s, in
+    /// order. One instance: there. A cluster: on the primary that serves the slot of `cmd`'s
+    /// first key only (on every node when it has none), not on every node as redis-rs routes
+    /// a plain `SCRIPT LOAD`: a node that hangs or is gone elsewhere in the cluster must not
+    /// hold up a primary that lost its script cache (a promoted replica, a restarted node).
+    /// A slot that moved meanwhile is followed like any command (MOVED).
+    pub async fn load_scripts_for(
+        &mut self,
+        cmd: &Cmd,
+        sources: &[&str],
+    ) -> RedisResult<Vec<String>> {
+        let loads = sources.iter().map(|src| {
+            let mut c = ::redis::cmd("SCRIPT");
+            c.arg("LOAD").arg(*src);
+            c
+        });
+        match self {
+            Conn::Single(c) => {
+                let mut pipe = ::redis::pipe();
+                for l in loads {
+                    pipe.add_command(l);
+                }
+                pipe.query_async(c).await
+            }
+            Conn::Cluster(c) => {
+                let routing = first_key_slot(cmd).map(|slot| {
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                        slot,
+                        SlotAddr::Master,
+                    )))
+                });
+                let mut out = Vec::with_capacity(sources.len());
+                for l in loads {
+                    let v = match &routing {
+                        Some(r) => c.route_command(l, r.clone()).await?,
+                        None => l.query_async::<Value>(c).await?,
+                    };
+                    out.push(::redis::from_redis_value(v)?);
+                }
+                Ok(out)
+            }
+        }
     }
 
     /// Runs `cmds`, each tagged with the shard whose keys it touches, and returns one result

@@ -771,14 +771,13 @@ impl LogStore {
         Ok(out)
     }
 
-    /// Runs the commit command, reloading the script once on NOSCRIPT.
+    /// Runs the commit command, reloading the script once on NOSCRIPT where the call runs (on
+    /// a cluster, on the primary of its shard alone: [`Conn::load_scripts_for`]).
     async fn eval_commit(&mut self, cmd: &redis::Cmd) -> Result<Value> {
         Ok(match cmd.query_async(&mut self.conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
-                let _: String = redis::cmd("SCRIPT")
-                    .arg("LOAD")
-                    .arg(&COMMIT_DISPATCH.source)
-                    .query_async(&mut self.conn)
+                self.conn
+                    .load_scripts_for(cmd, &[&COMMIT_DISPATCH.source])
                     .await?;
                 cmd.query_async(&mut self.conn).await?
             }
@@ -850,15 +849,19 @@ impl LogStore {
     /// offset at or below W — a replay to the materializer, never delivered. Raising the head
     /// to W first makes the next commit W + 1.
     pub async fn raise_head(&mut self, shard: u32, to: u64) -> Result<Option<u64>> {
-        let script = redis::Script::new(
-            "local h = tonumber(redis.call('GET', KEYS[1]) or '0') \
-             if h < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return h end \
-             return -1",
+        static RAISE_HEAD: std::sync::LazyLock<endpoint::LuaScript> = std::sync::LazyLock::new(
+            || {
+                endpoint::LuaScript::new(
+                    "local h = tonumber(redis.call('GET', KEYS[1]) or '0') \
+                     if h < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return h end \
+                     return -1",
+                )
+            },
         );
-        let old: i64 = script
+        let old: i64 = RAISE_HEAD
             .key(keys::head(shard))
             .arg(to)
-            .invoke_async(&mut self.conn)
+            .invoke(&mut self.conn)
             .await?;
         Ok(u64::try_from(old).ok())
     }

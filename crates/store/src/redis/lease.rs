@@ -1,6 +1,6 @@
 //! Shard leases and the node registry on core Redis (issue 13, ADR-0030): typed wrappers of
 //! `lua/core/shard_lease.lua`, `node_heartbeat.lua` and `node_list.lua`, each called by
-//! EVALSHA with a NOSCRIPT reload (`redis::Script::invoke_async`).
+//! EVALSHA with a NOSCRIPT reload where the call runs ([`LuaScript`]).
 //!
 //! A lease says which node may own a shard; it never replaces the epoch fence. Lease time is
 //! Redis time (PX on the server); a node also keeps its own deadline (the time it *sent* its
@@ -13,15 +13,16 @@ use redis::Value;
 
 use super::dlog::LogStore;
 use super::watermark::Layout;
+use crate::endpoint::LuaScript;
 use crate::error::{Error, Result};
 use crate::keys;
 
-static SHARD_LEASE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("lua/core/shard_lease.lua")));
-static NODE_HEARTBEAT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("lua/core/node_heartbeat.lua")));
-static NODE_LIST: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("lua/core/node_list.lua")));
+static SHARD_LEASE: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/core/shard_lease.lua")));
+static NODE_HEARTBEAT: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/core/node_heartbeat.lua")));
+static NODE_LIST: LazyLock<LuaScript> =
+    LazyLock::new(|| LuaScript::new(include_str!("lua/core/node_list.lua")));
 
 /// Longest node id (bytes).
 pub const MAX_NODE_ID: usize = 128;
@@ -121,7 +122,7 @@ impl LogStore {
             .arg(op)
             .arg(node)
             .arg(ttl_ms)
-            .invoke_async(&mut self.conn)
+            .invoke(&mut self.conn)
             .await?;
         parse_lease(op, &v)
     }
@@ -206,7 +207,7 @@ impl LogStore {
             .arg(role)
             .arg(layout.as_str())
             .arg(crate::deployment::VERSION_CURRENT)
-            .invoke_async(&mut self.conn)
+            .invoke(&mut self.conn)
             .await?;
         Ok(now)
     }
@@ -231,7 +232,7 @@ impl LogStore {
         let v: Vec<Value> = NODE_LIST
             .key(keys::NODES)
             .arg(keys::NODE_PREFIX)
-            .invoke_async(&mut self.conn)
+            .invoke(&mut self.conn)
             .await?;
         let nbad = |d: &str| Error::UnexpectedReply {
             script: "node_list",

@@ -1,6 +1,7 @@
 //! The connection side of [`MailboxStore`]: `SCRIPT LOAD` of the script set, one EVALSHA
-//! command per call, and the NOSCRIPT recovery (reload the set, repeat the call; for a
-//! pipeline, repeat the whole pipeline in its original order). No reply is decoded here: the
+//! command per call, and the NOSCRIPT recovery (reload the set where the call runs — on a
+//! cluster, on that shard's primary alone — and repeat the call; for a pipeline, repeat the
+//! whole pipeline in its original order). No reply is decoded here: the
 //! values go to [`super::reply`].
 
 use redis::{Cmd, Value};
@@ -60,10 +61,44 @@ impl MailboxStore {
         c
     }
 
+    /// Loads the script set where `cmd` runs (on a cluster, on the primary of its first key's
+    /// slot alone: [`crate::endpoint::Conn::load_scripts_for`]) and checks the SHA-1s.
+    pub(super) async fn load_scripts_for(&mut self, cmd: &Cmd) -> Result<()> {
+        let all = self.set.all();
+        let sources: Vec<&str> = all.iter().map(|s| s.source.as_str()).collect();
+        let shas = self.conn.load_scripts_for(cmd, &sources).await?;
+        for (s, sha) in all.iter().zip(shas) {
+            if sha != s.sha {
+                return Err(Error::UnexpectedReply {
+                    script: s.name,
+                    detail: format!("SCRIPT LOAD returned {sha}, expected {}", s.sha),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the script set where each of `cmds` that answered NOSCRIPT runs: once per shard
+    /// on a cluster (one slot each), once on one instance.
+    pub(super) async fn reload_for(&mut self, cmds: &[&(u32, Cmd)]) -> Result<()> {
+        let mut done: Vec<u32> = Vec::new();
+        for (shard, cmd) in cmds.iter().map(|c| (c.0, &c.1)) {
+            if done.contains(&shard) {
+                continue;
+            }
+            self.load_scripts_for(cmd).await?;
+            if !self.conn.is_cluster() {
+                break;
+            }
+            done.push(shard);
+        }
+        Ok(())
+    }
+
     pub(super) async fn invoke(&mut self, cmd: &Cmd) -> Result<Value> {
         match cmd.query_async::<Value>(&mut self.conn).await {
             Err(e) if is_noscript(&e) => {
-                self.load_scripts().await?;
+                self.load_scripts_for(cmd).await?;
                 Ok(cmd.query_async::<Value>(&mut self.conn).await?)
             }
             other => Ok(other?),
@@ -76,28 +111,29 @@ impl MailboxStore {
     pub(super) async fn invoke_pipeline(&mut self, cmds: &[(u32, Cmd)]) -> Result<Vec<Value>> {
         for attempt in 0..2 {
             let replies = self.conn.exec_each(cmds).await?;
-            let mut noscript = false;
+            // the commands that answered NOSCRIPT (their scripts are loaded where they run)
+            let mut noscript: Vec<&(u32, Cmd)> = Vec::new();
             let mut out = Vec::with_capacity(replies.len());
-            for r in replies {
+            for (r, cmd) in replies.into_iter().zip(cmds) {
                 match r {
                     Ok(v) => out.push(v),
                     Err(e) if is_noscript(&e) => {
-                        noscript = true;
+                        noscript.push(cmd);
                         out.push(Value::Nil);
                     }
                     Err(e) => {
-                        if !noscript {
+                        if noscript.is_empty() {
                             return Err(e.into());
                         }
                         out.push(Value::Nil);
                     }
                 }
             }
-            if !noscript {
+            if noscript.is_empty() {
                 return Ok(out);
             }
             if attempt == 0 {
-                self.load_scripts().await?;
+                self.reload_for(&noscript).await?;
             }
         }
         Err(Error::UnexpectedReply {

@@ -132,14 +132,17 @@ impl MailboxStore {
         let mut replies = Vec::new();
         for attempt in 0..2 {
             replies = self.conn.exec_each(&cmds).await?;
-            let noscript = replies
+            let noscript: Vec<&(u32, redis::Cmd)> = replies
                 .iter()
-                .any(|r| matches!(r, Err(e) if e.code() == Some("NOSCRIPT")));
-            if !noscript {
+                .zip(&cmds)
+                .filter(|(r, _)| matches!(r, Err(e) if e.code() == Some("NOSCRIPT")))
+                .map(|(_, c)| c)
+                .collect();
+            if noscript.is_empty() {
                 break;
             }
             if attempt == 0 {
-                self.load_scripts().await?;
+                self.reload_for(&noscript).await?;
             }
         }
         let mut replies = replies.into_iter();

@@ -37,10 +37,12 @@ impl MailboxStore {
 
     /// Removes `owner:{shard}` if it still holds `epoch`.
     pub async fn clear_owner_mark(&self, shard: u32, epoch: u64) -> Result<()> {
-        let _: i64 = redis::Script::new(CLEAR_MARK_LUA)
+        static CLEAR_MARK: std::sync::LazyLock<crate::endpoint::LuaScript> =
+            std::sync::LazyLock::new(|| crate::endpoint::LuaScript::new(CLEAR_MARK_LUA));
+        let _: i64 = CLEAR_MARK
             .key(keys::owner(shard))
             .arg(epoch.to_string())
-            .invoke_async(&mut self.connection())
+            .invoke(&mut self.connection())
             .await?;
         Ok(())
     }

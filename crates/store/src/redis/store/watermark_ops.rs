@@ -69,15 +69,18 @@ impl MailboxStore {
         let blob = encode_blob(layout, &lanes);
         let key = keys::wm(shard);
         // One atomic step: refuse if present (unless forced), else write all three fields.
-        // redis::Script reloads on NOSCRIPT by itself; init is not on any hot path.
-        let script = redis::Script::new(include_str!("../lua/common/init_watermark.lua"));
-        let created: i64 = script
+        // not on any hot path: the script is not part of the set, and loads itself on NOSCRIPT
+        static INIT: std::sync::LazyLock<crate::endpoint::LuaScript> =
+            std::sync::LazyLock::new(|| {
+                crate::endpoint::LuaScript::new(include_str!("../lua/common/init_watermark.lua"))
+            });
+        let created: i64 = INIT
             .key(&key)
             .arg(layout.as_str())
             .arg(epoch.to_string())
             .arg(blob)
             .arg(if force { "1" } else { "0" })
-            .invoke_async(&mut self.conn)
+            .invoke(&mut self.conn)
             .await?;
         if created == 0 {
             return Err(Error::AlreadyExists { shard });

@@ -15,8 +15,10 @@ fn is_noscript(e: &redis::RedisError) -> bool {
 }
 
 impl MailboxStore {
-    /// `SCRIPT LOAD` of every script of the set (on a cluster, on every node: redis-rs routes
-    /// `SCRIPT LOAD` to all of them, so a replica promoted later has the scripts too).
+    /// `SCRIPT LOAD` of every script of the set (on a cluster, on every primary redis-rs
+    /// knows: its slot map holds no replicas, so a replica promoted later starts without the
+    /// scripts and answers NOSCRIPT, which [`Self::load_scripts_for`] repairs on that primary
+    /// alone).
     pub async fn load_scripts(&mut self) -> Result<()> {
         let shas: Vec<String> = if self.conn.is_cluster() {
             // a keyless pipeline would go to one random node: one command each instead

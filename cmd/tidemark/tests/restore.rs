@@ -9,6 +9,10 @@
 //! - **Core instance restored** behind the mailbox side: its head is below W, so a new commit
 //!   would reuse a delivered offset and be taken for a replay (never delivered). The owner
 //!   raises the head to W — while running, and at start — and new messages are delivered.
+//! - **Mailbox instance emptied** while the service runs (restarted without its data): the
+//!   owner creates the watermark again at W = 0 and re-materialises the log by itself, with
+//!   no new message; if the log was trimmed meanwhile, the shard is held at the
+//!   discontinuity instead.
 
 mod support;
 
@@ -221,4 +225,132 @@ async fn restores_that_move_one_side_back() {
     let _ = server.kill();
     let _ = server.wait();
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// A mailbox instance that lost everything while the service runs (restarted without its
+/// data; a promoted replica that never had the shard's keys), and no message comes after:
+/// the owner finds the watermark gone and creates it again at W = 0, as a start would. With
+/// the log never trimmed (`--mailbox-wait-replicas 1` and no replica: no W is confirmed) it
+/// re-materialises it: the entries come back with the same seqs, by themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailbox_instance_that_lost_everything_is_rebuilt_from_the_log() {
+    lost_everything(false).await;
+}
+
+/// The same loss after the log was trimmed below W: the records are gone, so the shard is
+/// held at the discontinuity (`/healthz` 503, as after a restore behind the trimmed log),
+/// never skipped silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailbox_instance_that_lost_everything_behind_the_trimmed_log_is_held() {
+    lost_everything(true).await;
+}
+
+async fn lost_everything(trimmed: bool) {
+    let core = RedisProcess::start().unwrap();
+    let mailbox = RedisProcess::start().unwrap();
+    let (core_url, mb_url) = (core.url(), mailbox.url());
+    let port = tidemark_redis_proc::free_port().unwrap();
+    let mut args = support::serve_args(&core_url, &mb_url, SHARDS, &format!("127.0.0.1:{port}"));
+    if !trimmed {
+        args.extend(
+            ["--mailbox-wait-replicas", "1", "--wait-timeout", "1s"]
+                .iter()
+                .map(|s| s.to_string()),
+        );
+    }
+    let mut server = support::spawn_healthy(&args, port).await;
+    let bob = route("bob", SHARDS);
+    let s = bob.shard;
+    let mut log = LogStore::connect(&core_url).await.unwrap();
+    let mut seqs = Vec::new();
+    for (i, body) in ["l1", "l2", "l3"].iter().enumerate() {
+        let c = log
+            .commit(
+                s,
+                "alice",
+                &format!("l-{i}"),
+                &["bob"],
+                body,
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap();
+        seqs.push(c.offset);
+    }
+    let bobs = |url: String| async move {
+        let c = redis::Client::open(url).unwrap();
+        let mut conn = c.get_multiplexed_async_connection().await.unwrap();
+        let members: Vec<Vec<u8>> =
+            redis::AsyncCommands::zrange(&mut conn, tidemark_store::keys::mailbox(s, "bob"), 0, -1)
+                .await
+                .unwrap();
+        members
+            .iter()
+            .map(|m| {
+                let e = tidemark_protocol::entry::decode_entry(m).unwrap();
+                (e.seq, e.body)
+            })
+            .collect::<Vec<(u64, String)>>()
+    };
+    let want: Vec<(u64, String)> = seqs
+        .iter()
+        .zip(["l1", "l2", "l3"])
+        .map(|(&q, b)| (q, b.to_string()))
+        .collect();
+    until("the three entries", 10, || async {
+        bobs(mb_url.clone()).await == want
+    })
+    .await;
+    let xlen = || match redis_cmd(&core_url, &["XLEN", &format!("dlog:{{{s}}}")]) {
+        redis::Value::Int(n) => n,
+        v => panic!("{v:?}"),
+    };
+    if trimmed {
+        until("the log trimmed", 10, || async { xlen() == 0 }).await;
+    } else {
+        // two GC intervals: no trim may happen (no W is confirmed on a replica)
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(xlen(), 3, "the log is not trimmed");
+    }
+
+    redis_cmd(&mb_url, &["FLUSHALL"]);
+    if trimmed {
+        let body = {
+            let start = Instant::now();
+            loop {
+                let (status, body) = support::http_get(port, "/healthz");
+                if status == 503 && body.contains("log discontinuity") {
+                    break body;
+                }
+                assert!(start.elapsed() < Duration::from_secs(20), "{status} {body}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        assert!(
+            body.contains(&format!("shard {s}: log discontinuity: W=0, head 3")),
+            "{body}"
+        );
+        assert!(bobs(mb_url.clone()).await.is_empty(), "nothing made up");
+    } else {
+        until(
+            "the entries rebuilt from the log, with no new message",
+            20,
+            || async { bobs(mb_url.clone()).await == want },
+        )
+        .await;
+        until("healthy again", 10, || async {
+            support::http_get(port, "/healthz").0 == 200
+        })
+        .await;
+    }
+    let (_, metrics) = support::http_get(port, "/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tidemark_watermark_regressions_total ") && !l.ends_with(" 0")),
+        "counted as a watermark that went back: {metrics}"
+    );
+    let _ = server.kill();
+    let _ = server.wait();
 }

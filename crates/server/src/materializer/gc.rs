@@ -155,7 +155,17 @@ impl Worker {
             });
             return Ok(());
         }
-        match self.mailboxes[mb].gc_completed(s, 1000).await? {
+        let gc = match self.mailboxes[mb].gc_completed(s, 1000).await {
+            Err(e) if e.code() == "no_watermark" => {
+                // the watermark is gone (the mailbox instance lost the shard's keys): the
+                // resync creates it again and re-materialises (the quiet path: no record may
+                // ever come to find it)
+                self.schedule_retry(s, "watermark missing");
+                return Ok(());
+            }
+            other => other?,
+        };
+        match gc {
             Gc::Done { min_w, epoch, .. } => {
                 if let Some(current) = epoch.filter(|&e| e != self.owned[&s].epoch) {
                     // another owner claimed the shard (ADR-0046): an owner whose shard gets no

@@ -24,7 +24,10 @@
 //! 5. once a second per shard: `gc_completed_dispatch` and the core log trimmed to the lowest W.
 //!
 //! Replays are no-ops, a gap makes the owner re-read from W, a fenced or corrupt shard is
-//! stopped (fail closed) and reported unhealthy.
+//! stopped (fail closed) and reported unhealthy. A watermark that went backwards (a promoted
+//! mailbox replica, a restore) re-materialises from the stored W; one that is gone (the
+//! mailbox instance lost the shard's keys) is created again at W = 0, as a start does, and
+//! re-materialises from there (found by the GC too: no new record is needed).
 //!
 //! **Failures retry by themselves.** Any Redis failure while materialising (connection refused,
 //! timeout, `NOAUTH`, `LOADING`, `BUSY`, `READONLY`, …) puts the shards of the step in

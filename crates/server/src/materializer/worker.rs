@@ -548,7 +548,34 @@ impl Worker {
             return Ok(());
         }
         let (mb, epoch) = (sh.mb, sh.epoch);
-        match self.mailboxes[mb].read_watermark(s).await {
+        let read = match self.mailboxes[mb].read_watermark(s).await {
+            Err(e) if e.code() == "no_watermark" => {
+                // The watermark is gone while we own the shard: the mailbox instance lost
+                // everything of it (restarted without its data, a promoted replica that never
+                // had the key). That is a watermark gone back to nothing: create it again as a
+                // start does (at W = 0 with our epoch, never over one that exists by now) and
+                // re-materialise from the log, which holds everything above the last W
+                // confirmed on the replicas (a trimmed log shows as a discontinuity and holds
+                // the shard, as after a restore). The quiet path: nothing else would.
+                let layout = self.mailboxes[mb].layout();
+                match self.mailboxes[mb]
+                    .init_watermark(s, layout, epoch, 0, false)
+                    .await
+                {
+                    Ok(()) => tracing::error!(
+                        shard = s,
+                        epoch,
+                        "watermark missing on the mailbox instance; created again at W=0"
+                    ),
+                    // another owner (or a start) created it first: read what is there
+                    Err(tidemark_store::Error::AlreadyExists { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                self.mailboxes[mb].read_watermark(s).await
+            }
+            other => other,
+        };
+        match read {
             Ok(wm) => {
                 if wm.epoch < epoch {
                     // W and the epoch went backwards: the mailbox side lost writes it had

@@ -64,6 +64,20 @@ fn opts(dir: PathBuf) -> RedisOptions {
     }
 }
 
+/// `/healthz`'s body once it answers 503 with a log discontinuity (at most 40 s: a lost
+/// watermark is created again only after `WATERMARK_LOST_AFTER`, 10 s).
+async fn held_at_discontinuity(port: u16) -> String {
+    let start = Instant::now();
+    loop {
+        let (status, body) = support::http_get(port, "/healthz");
+        if status == 503 && body.contains("log discontinuity") {
+            return body;
+        }
+        assert!(start.elapsed() < Duration::from_secs(40), "{status} {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restores_that_move_one_side_back() {
     let root = std::env::temp_dir().join(format!("tidemark-restore-{}", std::process::id()));
@@ -135,17 +149,7 @@ async fn restores_that_move_one_side_back() {
         3,
         "W moved back with the restore"
     );
-    let body = {
-        let start = Instant::now();
-        loop {
-            let (status, body) = support::http_get(port, "/healthz");
-            if status == 503 && body.contains("log discontinuity") {
-                break body;
-            }
-            assert!(start.elapsed() < Duration::from_secs(20), "{status} {body}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
+    let body = held_at_discontinuity(port).await;
     assert!(
         body.contains(&format!("shard {s}: log discontinuity: W=3, head 6")),
         "{body}"
@@ -315,27 +319,26 @@ async fn lost_everything(trimmed: bool) {
     }
 
     redis_cmd(&mb_url, &["FLUSHALL"]);
+    // not on the first reads that find it missing (they may have met a node with a stale
+    // role): only once it has been missing for WATERMARK_LOST_AFTER (10 s)
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        redis_cmd(&mb_url, &["EXISTS", &tidemark_store::keys::wm(s)]),
+        redis::Value::Int(0),
+        "created again too soon"
+    );
     if trimmed {
-        let body = {
-            let start = Instant::now();
-            loop {
-                let (status, body) = support::http_get(port, "/healthz");
-                if status == 503 && body.contains("log discontinuity") {
-                    break body;
-                }
-                assert!(start.elapsed() < Duration::from_secs(20), "{status} {body}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        };
+        let body = held_at_discontinuity(port).await;
         assert!(
             body.contains(&format!("shard {s}: log discontinuity: W=0, head 3")),
             "{body}"
         );
         assert!(bobs(mb_url.clone()).await.is_empty(), "nothing made up");
     } else {
+        // the watermark is created again once it has been missing for 10 s
         until(
             "the entries rebuilt from the log, with no new message",
-            20,
+            40,
             || async { bobs(mb_url.clone()).await == want },
         )
         .await;

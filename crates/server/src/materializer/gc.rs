@@ -159,8 +159,11 @@ impl Worker {
             Err(e) if e.code() == "no_watermark" => {
                 // the watermark is gone (the mailbox instance lost the shard's keys): the
                 // resync creates it again and re-materialises (the quiet path: no record may
-                // ever come to find it)
-                self.schedule_retry(s, "watermark missing");
+                // ever come to find it); a retry already waiting is left to run when due (a
+                // new one each GC would push it back for ever)
+                if self.owned[&s].retry.is_none() {
+                    self.schedule_retry(s, "watermark missing");
+                }
                 return Ok(());
             }
             other => other?,

@@ -68,6 +68,12 @@ const GC_SHARDS_PER_LOOP: usize = 4;
 /// moving shard is hinted meanwhile (ADR-0047).
 pub const DEFAULT_HINT_LINGER: Duration = Duration::from_millis(100);
 
+/// How long every read of a shard's watermark must have found it missing before the owner
+/// creates it again at W = 0 (ADR-0058). A read routed to a node with a stale role (a
+/// restarted primary, empty, that has not yet learnt it was replaced) finds nothing for a
+/// moment; a watermark that is really gone stays gone.
+pub const WATERMARK_LOST_AFTER: Duration = Duration::from_secs(10);
+
 /// First retry delay of a shard whose writes or reads failed.
 pub const RETRY_MIN: Duration = Duration::from_millis(50);
 /// Longest retry delay (the backoff doubles up to this).

@@ -43,6 +43,11 @@ pub(super) struct OwnedShard {
     pub(super) quiet: bool,
     pub(super) min_w: u64,
     pub(super) last_gc: Instant,
+    /// Since when every read of the watermark has found it missing (ADR-0058): it is created
+    /// again only once that has lasted [`super::WATERMARK_LOST_AFTER`], never on one read
+    /// (a read that met a node with a stale role, such as a restarted primary that has not
+    /// yet learnt it was replaced, finds nothing for a moment).
+    pub(super) missing_since: Option<Instant>,
 }
 
 impl OwnedShard {
@@ -66,6 +71,7 @@ impl OwnedShard {
             quiet: false,
             min_w: 0,
             last_gc: Instant::now(),
+            missing_since: None,
         }
     }
 }

@@ -183,6 +183,7 @@ impl Worker {
                     quiet: false,
                     min_w,
                     last_gc: Instant::now() - Duration::from_secs(3600),
+                    missing_since: None,
                 },
             );
             w.health.update(s, |h| {
@@ -556,7 +557,16 @@ impl Worker {
                 // start does (at W = 0 with our epoch, never over one that exists by now) and
                 // re-materialise from the log, which holds everything above the last W
                 // confirmed on the replicas (a trimmed log shows as a discontinuity and holds
-                // the shard, as after a restore). The quiet path: nothing else would.
+                // the shard, as after a restore). The quiet path: nothing else would. Only
+                // once it has been missing for WATERMARK_LOST_AFTER: one read that finds
+                // nothing may have met a node that is no longer the shard's primary.
+                let since = *self
+                    .shard_mut(s)
+                    .missing_since
+                    .get_or_insert_with(Instant::now);
+                if since.elapsed() < super::WATERMARK_LOST_AFTER {
+                    return Err(e.into());
+                }
                 let layout = self.mailboxes[mb].layout();
                 match self.mailboxes[mb]
                     .init_watermark(s, layout, epoch, 0, false)
@@ -577,6 +587,7 @@ impl Worker {
         };
         match read {
             Ok(wm) => {
+                self.shard_mut(s).missing_since = None;
                 if wm.epoch < epoch {
                     // W and the epoch went backwards: the mailbox side lost writes it had
                     // acknowledged to us (a promoted replica, a restore). No other owner can

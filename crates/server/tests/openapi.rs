@@ -806,10 +806,46 @@ async fn real_answers_match_the_documents() {
     );
 
     // ---- the admin endpoints ----
+    // two live nodes in the registry, so that the status lists nodes for the schema to check:
+    // one of this build (it says what it reads, ADR-0056) and one whose record does not say
+    let mut registry = tidemark_store::redis::dlog::LogStore::connect(&d.core_url)
+        .await
+        .unwrap();
+    for id in ["n-new", "n-old"] {
+        registry
+            .heartbeat(
+                id,
+                60_000,
+                "ws://127.0.0.1:1/v1/ws",
+                "gateway",
+                tidemark_store::redis::watermark::Layout::PackedV2,
+            )
+            .await
+            .unwrap();
+    }
+    let _: i64 = redis::cmd("HDEL")
+        .arg("{tidemark}:node:n-old")
+        .arg("reads")
+        .query_async(
+            &mut redis::Client::open(d.core_url.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     let st = "/v1/admin/status";
     for h in [&[][..], &admin_h[..]] {
         let body = expect(&mut api, &d, "GET", st, st, h, None, 200, None).await;
         let v: Value = serde_json::from_str(&body).unwrap();
+        let reads: Vec<&Value> = v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| &n["reads"])
+            .collect();
+        assert_eq!(reads, [&json!(3), &Value::Null], "{v}");
         assert_eq!(v["shard_count"], gateway_support::SHARDS);
         assert_eq!(
             v["shards"].as_array().unwrap().len(),

@@ -64,6 +64,23 @@ fn opts(dir: PathBuf) -> RedisOptions {
     }
 }
 
+/// Bob's mailbox on shard `s` of the mailbox instance at `url`: (seq, body) of each entry.
+async fn bobs_entries(url: &str, s: u32) -> Vec<(u64, String)> {
+    let c = redis::Client::open(url).unwrap();
+    let mut conn = c.get_multiplexed_async_connection().await.unwrap();
+    let members: Vec<Vec<u8>> =
+        redis::AsyncCommands::zrange(&mut conn, tidemark_store::keys::mailbox(s, "bob"), 0, -1)
+            .await
+            .unwrap();
+    members
+        .iter()
+        .map(|m| {
+            let e = tidemark_protocol::entry::decode_entry(m).unwrap();
+            (e.seq, e.body)
+        })
+        .collect()
+}
+
 /// `/healthz`'s body once it answers 503 with a log discontinuity (at most 40 s: a lost
 /// watermark is created again only after `WATERMARK_LOST_AFTER`, 10 s).
 async fn held_at_discontinuity(port: u16) -> String {
@@ -113,15 +130,10 @@ async fn restores_that_move_one_side_back() {
     let lane_w =
         |url: String| async move { support::watermark(&url, s).await.lanes.lane(bob.lane).w };
     let mailbox_bodies = |url: String| async move {
-        let c = redis::Client::open(url).unwrap();
-        let mut conn = c.get_multiplexed_async_connection().await.unwrap();
-        let members: Vec<Vec<u8>> =
-            redis::AsyncCommands::zrange(&mut conn, tidemark_store::keys::mailbox(s, "bob"), 0, -1)
-                .await
-                .unwrap();
-        members
-            .iter()
-            .map(|m| tidemark_protocol::entry::decode_entry(m).unwrap().body)
+        bobs_entries(&url, s)
+            .await
+            .into_iter()
+            .map(|(_, body)| body)
             .collect::<Vec<String>>()
     };
 
@@ -282,21 +294,7 @@ async fn lost_everything(trimmed: bool) {
             .unwrap();
         seqs.push(c.offset);
     }
-    let bobs = |url: String| async move {
-        let c = redis::Client::open(url).unwrap();
-        let mut conn = c.get_multiplexed_async_connection().await.unwrap();
-        let members: Vec<Vec<u8>> =
-            redis::AsyncCommands::zrange(&mut conn, tidemark_store::keys::mailbox(s, "bob"), 0, -1)
-                .await
-                .unwrap();
-        members
-            .iter()
-            .map(|m| {
-                let e = tidemark_protocol::entry::decode_entry(m).unwrap();
-                (e.seq, e.body)
-            })
-            .collect::<Vec<(u64, String)>>()
-    };
+    let bobs = |url: String| async move { bobs_entries(&url, s).await };
     let want: Vec<(u64, String)> = seqs
         .iter()
         .zip(["l1", "l2", "l3"])

@@ -247,27 +247,7 @@ async fn an_instance_that_lost_its_identity_gets_the_deployments_version() {
         .commit(0, "alice", "m-1", &["bob"], "hi", 1, 60)
         .await
         .unwrap();
-    let fields: redis::Value = redis::cmd("XRANGE")
-        .arg(tidemark_store::keys::dlog(0))
-        .arg(format!("{}-0", c1.offset))
-        .arg(format!("{}-0", c1.offset))
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let redis::Value::Array(entries) = &fields else {
-        panic!("{fields:?}")
-    };
-    let redis::Value::Array(entry) = &entries[0] else {
-        panic!("{fields:?}")
-    };
-    let redis::Value::Array(kv) = &entry[1] else {
-        panic!("{fields:?}")
-    };
-    let names: Vec<String> = kv
-        .iter()
-        .step_by(2)
-        .map(|k| redis::from_redis_value(k.clone()).unwrap())
-        .collect();
+    let names = support::record_fields(&core.url(), 0, c1.offset);
     assert_eq!(names, ["p", "f", "c", "r", "b", "t"]);
 }
 

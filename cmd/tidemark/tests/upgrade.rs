@@ -27,23 +27,8 @@ fn set_version(urls: &[&str], v: &str) {
     }
 }
 
-/// The field names of the dispatch log record at `offset` of shard 0.
 fn record_fields(core: &str, offset: u64) -> Vec<String> {
-    let id = format!("{offset}-0");
-    let v = redis_cmd(core, &["XRANGE", &tidemark_store::keys::dlog(0), &id, &id]);
-    let redis::Value::Array(entries) = &v else {
-        panic!("{v:?}")
-    };
-    let redis::Value::Array(entry) = &entries[0] else {
-        panic!("{v:?}")
-    };
-    let redis::Value::Array(kv) = &entry[1] else {
-        panic!("{v:?}")
-    };
-    kv.iter()
-        .step_by(2)
-        .map(|k| redis::from_redis_value(k.clone()).unwrap())
-        .collect()
+    support::record_fields(core, 0, offset)
 }
 
 /// Sends `body` from alice to bob over HTTP; returns its offset on shard 0.

@@ -27,7 +27,7 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use ::redis::{Arg, Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, ToRedisArgs, Value};
+use ::redis::{Arg, Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
 use crate::error::Result;
 
@@ -161,74 +161,6 @@ pub(crate) fn cluster_builder(seeds: &[&str]) -> ::redis::cluster::ClusterClient
         .max_retry_wait(1_000)
 }
 
-/// A Lua script called by `EVALSHA` whose NOSCRIPT recovery loads it only where the call
-/// runs ([`Conn::load_scripts_for`]), unlike `redis::Script`, whose `SCRIPT LOAD` goes to
-/// every node of a cluster and fails or waits with the slowest of them.
-pub struct LuaScript {
-    source: &'static str,
-    sha: String,
-}
-
-impl LuaScript {
-    /// The script of `source` (its SHA-1 is computed here).
-    pub fn new(source: &'static str) -> LuaScript {
-        LuaScript {
-            source,
-            sha: ::redis::Script::new(source).get_hash().to_string(),
-        }
-    }
-
-    /// A call of the script, to which keys and then arguments are added.
-    pub fn key<T: ToRedisArgs>(&self, key: T) -> LuaCall<'_> {
-        LuaCall {
-            script: self,
-            keys: Vec::new(),
-            args: Vec::new(),
-        }
-        .key(key)
-    }
-}
-
-/// One call of a [`LuaScript`]: its keys and arguments.
-pub struct LuaCall<'a> {
-    script: &'a LuaScript,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
-}
-
-impl LuaCall<'_> {
-    /// Adds a key (`KEYS[i]`).
-    pub fn key<T: ToRedisArgs>(mut self, key: T) -> Self {
-        self.keys.extend(key.to_redis_args());
-        self
-    }
-
-    /// Adds an argument (`ARGV[i]`).
-    pub fn arg<T: ToRedisArgs>(mut self, arg: T) -> Self {
-        self.args.extend(arg.to_redis_args());
-        self
-    }
-
-    /// `EVALSHA`; on NOSCRIPT, `SCRIPT LOAD` where the call runs, then `EVALSHA` again.
-    pub async fn invoke<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
-        let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(&self.script.sha).arg(self.keys.len());
-        for k in &self.keys {
-            cmd.arg(k);
-        }
-        for a in &self.args {
-            cmd.arg(a);
-        }
-        match cmd.query_async(conn).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                conn.load_scripts_for(&cmd, &[self.script.source]).await?;
-                cmd.query_async(conn).await
-            }
-            other => other,
-        }
-    }
-}
-
 /// The slot of the first key of an `EVALSHA` or `EVAL` command; `None` for another command
 /// or one without keys.
 fn first_key_slot(cmd: &Cmd) -> Option<u16> {
@@ -261,13 +193,13 @@ impl Conn {
 
     /// `SCRIPT LOAD` of each of `sources` where `cmd` (a script call) runs; their SHA-1s, in
     /// order. One instance: there. A cluster: on the primary that serves the slot of `cmd`'s
-    /// first key only (on every node when it has none), not on every node as redis-rs routes
+    /// first key only (on every node when it has none, or for `None`), not on every node as redis-rs routes
     /// a plain `SCRIPT LOAD`: a node that hangs or is gone elsewhere in the cluster must not
     /// hold up a primary that lost its script cache (a promoted replica, a restarted node).
     /// A slot that moved meanwhile is followed like any command (MOVED).
     pub async fn load_scripts_for(
         &mut self,
-        cmd: &Cmd,
+        cmd: Option<&Cmd>,
         sources: &[&str],
     ) -> RedisResult<Vec<String>> {
         let loads = sources.iter().map(|src| {
@@ -284,7 +216,7 @@ impl Conn {
                 pipe.query_async(c).await
             }
             Conn::Cluster(c) => {
-                let routing = first_key_slot(cmd).map(|slot| {
+                let routing = cmd.and_then(first_key_slot).map(|slot| {
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
                         slot,
                         SlotAddr::Master,

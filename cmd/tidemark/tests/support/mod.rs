@@ -245,6 +245,29 @@ pub fn redis_cmd(url: &str, args: &[&str]) -> redis::Value {
     redis::cmd(args[0]).arg(&args[1..]).query(&mut c).unwrap()
 }
 
+/// The field names of the dispatch log record at `offset` of shard `shard` on the core
+/// instance at `url` (`p`, `m` for a packed record; `p`, `f`, `c`, `r`, `b`, `t` for six).
+pub fn record_fields(url: &str, shard: u32, offset: u64) -> Vec<String> {
+    let id = format!("{offset}-0");
+    let v = redis_cmd(
+        url,
+        &["XRANGE", &tidemark_store::keys::dlog(shard), &id, &id],
+    );
+    let redis::Value::Array(entries) = &v else {
+        panic!("{v:?}")
+    };
+    let redis::Value::Array(entry) = &entries[0] else {
+        panic!("{v:?}")
+    };
+    let redis::Value::Array(kv) = &entry[1] else {
+        panic!("{v:?}")
+    };
+    kv.iter()
+        .step_by(2)
+        .map(|k| redis::from_redis_value(k.clone()).unwrap())
+        .collect()
+}
+
 /// A core and a mailbox `redis-server`, started in that order.
 pub fn redis_pair() -> (RedisProcess, RedisProcess) {
     let core = RedisProcess::start().expect("core redis-server");

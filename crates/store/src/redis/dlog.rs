@@ -777,7 +777,7 @@ impl LogStore {
         Ok(match cmd.query_async(&mut self.conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 self.conn
-                    .load_scripts_for(cmd, &[&COMMIT_DISPATCH.source])
+                    .load_scripts_for(Some(cmd), &[&COMMIT_DISPATCH.source])
                     .await?;
                 cmd.query_async(&mut self.conn).await?
             }
@@ -849,12 +849,14 @@ impl LogStore {
     /// offset at or below W — a replay to the materializer, never delivered. Raising the head
     /// to W first makes the next commit W + 1.
     pub async fn raise_head(&mut self, shard: u32, to: u64) -> Result<Option<u64>> {
-        static RAISE_HEAD: std::sync::LazyLock<endpoint::LuaScript> = std::sync::LazyLock::new(
+        static RAISE_HEAD: std::sync::LazyLock<super::scripts::Script> = std::sync::LazyLock::new(
             || {
-                endpoint::LuaScript::new(
+                super::scripts::Script::new(
+                    "raise_head",
                     "local h = tonumber(redis.call('GET', KEYS[1]) or '0') \
                      if h < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) return h end \
-                     return -1",
+                     return -1"
+                        .to_string(),
                 )
             },
         );

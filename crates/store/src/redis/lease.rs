@@ -1,6 +1,6 @@
 //! Shard leases and the node registry on core Redis (issue 13, ADR-0030): typed wrappers of
 //! `lua/core/shard_lease.lua`, `node_heartbeat.lua` and `node_list.lua`, each called by
-//! EVALSHA with a NOSCRIPT reload where the call runs ([`LuaScript`]).
+//! EVALSHA with a NOSCRIPT reload where the call runs ([`Script::key`]).
 //!
 //! A lease says which node may own a shard; it never replaces the epoch fence. Lease time is
 //! Redis time (PX on the server); a node also keeps its own deadline (the time it *sent* its
@@ -12,17 +12,29 @@ use std::sync::LazyLock;
 use redis::Value;
 
 use super::dlog::LogStore;
+use super::scripts::Script;
 use super::watermark::Layout;
-use crate::endpoint::LuaScript;
 use crate::error::{Error, Result};
 use crate::keys;
 
-static SHARD_LEASE: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/core/shard_lease.lua")));
-static NODE_HEARTBEAT: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/core/node_heartbeat.lua")));
-static NODE_LIST: LazyLock<LuaScript> =
-    LazyLock::new(|| LuaScript::new(include_str!("lua/core/node_list.lua")));
+static SHARD_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "shard_lease",
+        include_str!("lua/core/shard_lease.lua").to_string(),
+    )
+});
+static NODE_HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "node_heartbeat",
+        include_str!("lua/core/node_heartbeat.lua").to_string(),
+    )
+});
+static NODE_LIST: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        "node_list",
+        include_str!("lua/core/node_list.lua").to_string(),
+    )
+});
 
 /// Longest node id (bytes).
 pub const MAX_NODE_ID: usize = 128;

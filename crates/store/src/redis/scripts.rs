@@ -23,7 +23,10 @@
 
 use std::sync::LazyLock;
 
+use ::redis::{FromRedisValue, RedisResult, ToRedisArgs};
+
 use super::watermark::Layout;
+use crate::endpoint::Conn;
 
 macro_rules! lua {
     ($path:literal) => {
@@ -43,9 +46,63 @@ pub struct Script {
 }
 
 impl Script {
-    fn new(name: &'static str, source: String) -> Script {
+    pub(crate) fn new(name: &'static str, source: String) -> Script {
         let sha = ::redis::Script::new(&source).get_hash().to_string();
         Script { name, source, sha }
+    }
+
+    /// A call of this script on its own (outside a [`ScriptSet`]), to which keys and then
+    /// arguments are added; [`ScriptCall::invoke`] runs it with the NOSCRIPT recovery of
+    /// [`Conn::load_scripts_for`] (where the call runs; `redis::Script`'s `SCRIPT LOAD` goes
+    /// to every node of a cluster and waits for the slowest, ADR-0057).
+    pub(crate) fn key<T: ToRedisArgs>(&self, key: T) -> ScriptCall<'_> {
+        ScriptCall {
+            script: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+        .key(key)
+    }
+}
+
+/// One call of a [`Script`]: its keys and arguments.
+pub(crate) struct ScriptCall<'a> {
+    script: &'a Script,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl ScriptCall<'_> {
+    /// Adds a key (`KEYS[i]`).
+    pub(crate) fn key<T: ToRedisArgs>(mut self, key: T) -> Self {
+        self.keys.extend(key.to_redis_args());
+        self
+    }
+
+    /// Adds an argument (`ARGV[i]`).
+    pub(crate) fn arg<T: ToRedisArgs>(mut self, arg: T) -> Self {
+        self.args.extend(arg.to_redis_args());
+        self
+    }
+
+    /// `EVALSHA`; on NOSCRIPT, `SCRIPT LOAD` where the call runs, then `EVALSHA` again.
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(&self.script.sha).arg(self.keys.len());
+        for k in &self.keys {
+            cmd.arg(k);
+        }
+        for a in &self.args {
+            cmd.arg(a);
+        }
+        match cmd.query_async(conn).await {
+            Err(e) if e.code() == Some("NOSCRIPT") => {
+                conn.load_scripts_for(Some(&cmd), &[&self.script.source])
+                    .await?;
+                cmd.query_async(conn).await
+            }
+            other => other,
+        }
     }
 }
 

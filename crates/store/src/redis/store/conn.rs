@@ -20,35 +20,7 @@ impl MailboxStore {
     /// scripts and answers NOSCRIPT, which [`Self::load_scripts_for`] repairs on that primary
     /// alone).
     pub async fn load_scripts(&mut self) -> Result<()> {
-        let shas: Vec<String> = if self.conn.is_cluster() {
-            // a keyless pipeline would go to one random node: one command each instead
-            let mut out = Vec::new();
-            for s in self.set.all() {
-                out.push(
-                    redis::cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(&s.source)
-                        .query_async(&mut self.conn)
-                        .await?,
-                );
-            }
-            out
-        } else {
-            let mut pipe = redis::pipe();
-            for s in self.set.all() {
-                pipe.cmd("SCRIPT").arg("LOAD").arg(&s.source);
-            }
-            pipe.query_async(&mut self.conn).await?
-        };
-        for (s, sha) in self.set.all().iter().zip(shas) {
-            if sha != s.sha {
-                return Err(Error::UnexpectedReply {
-                    script: s.name,
-                    detail: format!("SCRIPT LOAD returned {sha}, expected {}", s.sha),
-                });
-            }
-        }
-        Ok(())
+        self.load_set(None).await
     }
 
     pub(super) fn evalsha(script: &Script, keys: &[&[u8]], args: &[&[u8]]) -> Cmd {
@@ -64,8 +36,14 @@ impl MailboxStore {
     }
 
     /// Loads the script set where `cmd` runs (on a cluster, on the primary of its first key's
-    /// slot alone: [`crate::endpoint::Conn::load_scripts_for`]) and checks the SHA-1s.
+    /// slot alone: [`crate::endpoint::Conn::load_scripts_for`]).
     pub(super) async fn load_scripts_for(&mut self, cmd: &Cmd) -> Result<()> {
+        self.load_set(Some(cmd)).await
+    }
+
+    /// `SCRIPT LOAD` of the set where `cmd` runs (`None`: everywhere) and the check of the
+    /// SHA-1s it returns.
+    async fn load_set(&mut self, cmd: Option<&Cmd>) -> Result<()> {
         let all = self.set.all();
         let sources: Vec<&str> = all.iter().map(|s| s.source.as_str()).collect();
         let shas = self.conn.load_scripts_for(cmd, &sources).await?;

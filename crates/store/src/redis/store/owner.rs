@@ -37,8 +37,10 @@ impl MailboxStore {
 
     /// Removes `owner:{shard}` if it still holds `epoch`.
     pub async fn clear_owner_mark(&self, shard: u32, epoch: u64) -> Result<()> {
-        static CLEAR_MARK: std::sync::LazyLock<crate::endpoint::LuaScript> =
-            std::sync::LazyLock::new(|| crate::endpoint::LuaScript::new(CLEAR_MARK_LUA));
+        static CLEAR_MARK: std::sync::LazyLock<crate::redis::scripts::Script> =
+            std::sync::LazyLock::new(|| {
+                crate::redis::scripts::Script::new("clear_owner_mark", CLEAR_MARK_LUA.to_string())
+            });
         let _: i64 = CLEAR_MARK
             .key(keys::owner(shard))
             .arg(epoch.to_string())

@@ -70,9 +70,12 @@ impl MailboxStore {
         let key = keys::wm(shard);
         // One atomic step: refuse if present (unless forced), else write all three fields.
         // not on any hot path: the script is not part of the set, and loads itself on NOSCRIPT
-        static INIT: std::sync::LazyLock<crate::endpoint::LuaScript> =
+        static INIT: std::sync::LazyLock<crate::redis::scripts::Script> =
             std::sync::LazyLock::new(|| {
-                crate::endpoint::LuaScript::new(include_str!("../lua/common/init_watermark.lua"))
+                crate::redis::scripts::Script::new(
+                    "init_watermark",
+                    include_str!("../lua/common/init_watermark.lua").to_string(),
+                )
             });
         let created: i64 = INIT
             .key(&key)

@@ -53,6 +53,14 @@ const RELEASE_WITHIN: Duration = Duration::from_secs(2);
 /// A shard refused by [`crate::run::check_ownable`] is tried again after this long.
 const REFUSED_RECHECK: Duration = Duration::from_secs(30);
 
+/// True when a failed [`crate::run::check_ownable`] says this code may not own the shard (a
+/// watermark it cannot read: old code on newer data), which is not retried for
+/// [`REFUSED_RECHECK`]; false for a failure that may pass by itself (Redis trouble), retried
+/// at the next tick.
+fn may_not_own(e: &crate::run::Error) -> bool {
+    matches!(e, crate::run::Error::Store(s) if s.is_corrupt())
+}
+
 /// Default lease TTL (`serve --lease-ttl`).
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(3);
 
@@ -344,10 +352,18 @@ impl LeaseLoop {
                         let mut mb = self.mailboxes[self.map.mailbox_of(s)].clone();
                         let layout = self.map.layout();
                         if let Err(e) = crate::run::check_ownable(layout, &mut mb, c, s).await {
-                            // old code on newer data (or Redis trouble): leave it, write nothing
-                            tracing::error!(shard = s, error = %e, "shard not taken: this code may not own it");
+                            // leave it, write nothing
                             let _ = c.release_lease(s, &self.node.id).await;
-                            refused.insert(s, Instant::now());
+                            if may_not_own(&e) {
+                                // old code on newer data: not retried for a while
+                                tracing::error!(shard = s, error = %e, "shard not taken: this code may not own it");
+                                refused.insert(s, Instant::now());
+                            } else {
+                                // Redis trouble (a failover, a script cache to fill): the
+                                // next tick tries again (ADR-0059; refused for 30 s, a
+                                // NOSCRIPT after a failover left the shard unowned that long)
+                                tracing::warn!(shard = s, error = %e, "shard not taken yet: its check failed; trying again");
+                            }
                             continue;
                         }
                         refused.remove(&s);
@@ -521,5 +537,34 @@ pub(crate) async fn heartbeat_loop(node: NodeOptions, map: ShardMap, cancel: Can
     if let Some(c) = core0.as_mut() {
         // bounded, like the lease loop's release (core Redis may be gone already)
         let _ = tokio::time::timeout(RELEASE_WITHIN, c.deregister(&node.id)).await;
+    }
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::may_not_own;
+    use crate::run::Error;
+    use tidemark_store::redis::watermark::CorruptCause;
+
+    /// Only a watermark this code cannot read keeps a shard refused for 30 s; a Redis error
+    /// at the claim (here the NOSCRIPT of a new primary) is retried at the next tick.
+    #[test]
+    fn only_a_watermark_this_code_cannot_read_refuses_a_shard() {
+        let corrupt = Error::Store(tidemark_store::Error::Corrupt {
+            shard: 1,
+            cause: CorruptCause::UnknownLayout {
+                value: "packed-v9".into(),
+            },
+        });
+        assert!(may_not_own(&corrupt));
+        let noscript = Error::Store(tidemark_store::Error::Redis(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoScript),
+            "No matching script",
+        ))));
+        assert!(!may_not_own(&noscript));
+        let io = Error::Store(tidemark_store::Error::Redis(redis::RedisError::from(
+            std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        )));
+        assert!(!may_not_own(&io));
     }
 }

@@ -772,14 +772,18 @@ impl LogStore {
     }
 
     /// Runs the commit command, reloading the script once on NOSCRIPT where the call runs (on
-    /// a cluster, on the primary of its shard alone: [`Conn::load_scripts_for`]).
+    /// a cluster, on the primary of its shard alone: [`Conn::load_scripts_for`]) and running
+    /// it again as `EVAL` (ADR-0059: a `SCRIPT LOAD` routed by a stale slot map may have
+    /// reached the old primary).
     async fn eval_commit(&mut self, cmd: &redis::Cmd) -> Result<Value> {
         Ok(match cmd.query_async(&mut self.conn).await {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 self.conn
                     .load_scripts_for(Some(cmd), &[&COMMIT_DISPATCH.source])
                     .await?;
-                cmd.query_async(&mut self.conn).await?
+                super::scripts::as_eval(cmd, &COMMIT_DISPATCH.source)
+                    .query_async(&mut self.conn)
+                    .await?
             }
             other => other?,
         })

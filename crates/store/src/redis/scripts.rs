@@ -85,7 +85,8 @@ impl ScriptCall<'_> {
         self
     }
 
-    /// `EVALSHA`; on NOSCRIPT, `SCRIPT LOAD` where the call runs, then `EVALSHA` again.
+    /// `EVALSHA`; on NOSCRIPT, `SCRIPT LOAD` where the call runs, then the call again as
+    /// `EVAL` ([`as_eval`], ADR-0059).
     pub(crate) async fn invoke<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
         let mut cmd = ::redis::cmd("EVALSHA");
         cmd.arg(&self.script.sha).arg(self.keys.len());
@@ -99,10 +100,44 @@ impl ScriptCall<'_> {
             Err(e) if e.code() == Some("NOSCRIPT") => {
                 conn.load_scripts_for(Some(&cmd), &[&self.script.source])
                     .await?;
-                cmd.query_async(conn).await
+                as_eval(&cmd, &self.script.source).query_async(conn).await
             }
             other => other,
         }
+    }
+}
+
+/// The `EVAL` form of an `EVALSHA` call (`source` in place of the SHA-1, the same keys and
+/// arguments): the retry after NOSCRIPT (ADR-0059). It runs wherever the key is served now,
+/// MOVED followed, and leaves the script in that node's cache; an `EVALSHA` again could
+/// meet the same empty cache when the `SCRIPT LOAD` before it went by a stale slot map to
+/// the old primary. Any other command is returned as it is.
+pub(crate) fn as_eval(cmd: &::redis::Cmd, source: &str) -> ::redis::Cmd {
+    let mut args = cmd.args_iter();
+    match args.next() {
+        Some(::redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA") => {}
+        _ => return cmd.clone(),
+    }
+    let mut eval = ::redis::cmd("EVAL");
+    eval.arg(source);
+    for a in args.skip(1) {
+        if let ::redis::Arg::Simple(a) = a {
+            eval.arg(a);
+        }
+    }
+    eval
+}
+
+/// The SHA-1 an `EVALSHA` call names (`None`: another command).
+pub(crate) fn evalsha_sha(cmd: &::redis::Cmd) -> Option<&[u8]> {
+    let mut args = cmd.args_iter();
+    match (args.next(), args.next()) {
+        (Some(::redis::Arg::Simple(name)), Some(::redis::Arg::Simple(sha)))
+            if name.eq_ignore_ascii_case(b"EVALSHA") =>
+        {
+            Some(sha)
+        }
+        _ => None,
     }
 }
 

@@ -2,7 +2,9 @@
 //! NOSCRIPT recovery, and the only call site of [`decode_lane_watermarks`] [ADR-0015].
 //!
 //! Scripts are loaded with `SCRIPT LOAD` when a [`MailboxStore`] connects. A Redis restart
-//! empties the script cache; a call that meets `NOSCRIPT` reloads the whole set and repeats.
+//! empties the script cache; a call that meets `NOSCRIPT` reloads the whole set and repeats,
+//! as `EVAL` with the script's source (ADR-0059: on a cluster whose slot map is stale the
+//! reload may reach the old primary, and `EVAL` runs wherever the key is served).
 //! For a pipeline the *whole* pipeline is repeated in its original order: every watermark
 //! script is a CAS on `W` and every entry write is idempotent, so the commands that had already
 //! applied come back as replays and nothing is ever applied out of order.

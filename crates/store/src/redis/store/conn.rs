@@ -1,14 +1,14 @@
 //! The connection side of [`MailboxStore`]: `SCRIPT LOAD` of the script set, one EVALSHA
 //! command per call, and the NOSCRIPT recovery (reload the set where the call runs — on a
-//! cluster, on that shard's primary alone — and repeat the call; for a pipeline, repeat the
-//! whole pipeline in its original order). No reply is decoded here: the
-//! values go to [`super::reply`].
+//! cluster, on that shard's primary alone — and repeat the call as `EVAL`, ADR-0059; for a
+//! pipeline, repeat the whole pipeline in its original order, the calls that answered
+//! NOSCRIPT as `EVAL`). No reply is decoded here: the values go to [`super::reply`].
 
 use redis::{Cmd, Value};
 
 use super::MailboxStore;
 use crate::error::{Error, Result};
-use crate::redis::scripts::Script;
+use crate::redis::scripts::{as_eval, evalsha_sha, Script};
 
 fn is_noscript(e: &redis::RedisError) -> bool {
     e.code() == Some("NOSCRIPT")
@@ -79,46 +79,69 @@ impl MailboxStore {
         match cmd.query_async::<Value>(&mut self.conn).await {
             Err(e) if is_noscript(&e) => {
                 self.load_scripts_for(cmd).await?;
-                Ok(cmd.query_async::<Value>(&mut self.conn).await?)
+                Ok(self
+                    .eval_form(cmd)
+                    .query_async::<Value>(&mut self.conn)
+                    .await?)
             }
             other => Ok(other?),
         }
     }
 
-    /// Runs `cmds` (each tagged with its shard) as one pipeline — on a cluster, one per
-    /// shard ([`crate::endpoint::Conn::exec_each`]). On NOSCRIPT anywhere, reloads and repeats
-    /// the whole pipeline in order (safe: every command is a CAS or idempotent).
-    pub(super) async fn invoke_pipeline(&mut self, cmds: &[(u32, Cmd)]) -> Result<Vec<Value>> {
-        for attempt in 0..2 {
-            let replies = self.conn.exec_each(cmds).await?;
-            // the commands that answered NOSCRIPT (their scripts are loaded where they run)
-            let mut noscript: Vec<&(u32, Cmd)> = Vec::new();
-            let mut out = Vec::with_capacity(replies.len());
-            for (r, cmd) in replies.into_iter().zip(cmds) {
-                match r {
-                    Ok(v) => out.push(v),
-                    Err(e) if is_noscript(&e) => {
-                        noscript.push(cmd);
-                        out.push(Value::Nil);
-                    }
-                    Err(e) => {
-                        if noscript.is_empty() {
-                            return Err(e.into());
-                        }
-                        out.push(Value::Nil);
-                    }
-                }
-            }
-            if noscript.is_empty() {
-                return Ok(out);
-            }
-            if attempt == 0 {
-                self.reload_for(&noscript).await?;
-            }
+    /// `cmd` as `EVAL` with the source of the set's script it names
+    /// ([`crate::redis::scripts::as_eval`]); `cmd` itself when it names none.
+    fn eval_form(&self, cmd: &Cmd) -> Cmd {
+        let source = evalsha_sha(cmd).and_then(|sha| {
+            self.set
+                .all()
+                .into_iter()
+                .find(|s| s.sha.as_bytes() == sha)
+                .map(|s| s.source.as_str())
+        });
+        match source {
+            Some(src) => as_eval(cmd, src),
+            None => cmd.clone(),
         }
-        Err(Error::UnexpectedReply {
-            script: "pipeline",
-            detail: "NOSCRIPT persisted after SCRIPT LOAD".into(),
-        })
+    }
+
+    /// Runs `cmds` (each tagged with its shard) as one pipeline — on a cluster, one per
+    /// shard ([`crate::endpoint::Conn::exec_each`]) — and returns each command's result. On
+    /// NOSCRIPT anywhere, loads the set where those calls ran and repeats the whole pipeline
+    /// in order, the calls that answered NOSCRIPT as `EVAL` (safe: every command is a CAS or
+    /// idempotent).
+    pub(super) async fn exec_reloading(
+        &mut self,
+        cmds: &[(u32, Cmd)],
+    ) -> Result<Vec<redis::RedisResult<Value>>> {
+        let replies = self.conn.exec_each(cmds).await?;
+        let failed: Vec<bool> = replies
+            .iter()
+            .map(|r| matches!(r, Err(e) if is_noscript(e)))
+            .collect();
+        if !failed.contains(&true) {
+            return Ok(replies);
+        }
+        let noscript: Vec<&(u32, Cmd)> = cmds
+            .iter()
+            .zip(&failed)
+            .filter(|(_, f)| **f)
+            .map(|(c, _)| c)
+            .collect();
+        self.reload_for(&noscript).await?;
+        let again: Vec<(u32, Cmd)> = cmds
+            .iter()
+            .zip(&failed)
+            .map(|((s, c), f)| (*s, if *f { self.eval_form(c) } else { c.clone() }))
+            .collect();
+        Ok(self.conn.exec_each(&again).await?)
+    }
+
+    /// [`Self::exec_reloading`], every command's reply or the first error.
+    pub(super) async fn invoke_pipeline(&mut self, cmds: &[(u32, Cmd)]) -> Result<Vec<Value>> {
+        let replies = self.exec_reloading(cmds).await?;
+        replies
+            .into_iter()
+            .map(|r| r.map_err(Error::from))
+            .collect()
     }
 }

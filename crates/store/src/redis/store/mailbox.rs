@@ -82,8 +82,8 @@ impl MailboxStore {
     /// holds one shard's acks), the calls in one pipeline (on a cluster, one per shard). One
     /// answer per ack, in order. Each ack stands alone: one that fails (a seq above u48, a
     /// key of another type) fails only itself; a call that fails as a whole fails its acks.
-    /// NOSCRIPT anywhere reloads the scripts and repeats the pipeline (an ack is a max, so
-    /// repeating one is harmless). The outer `Err` is the pipeline itself failing
+    /// NOSCRIPT anywhere reloads the scripts and repeats the pipeline, those calls as `EVAL`
+    /// (an ack is a max, so repeating one is harmless). The outer `Err` is the pipeline itself failing
     /// (connection).
     pub async fn ack_mailboxes(&mut self, acks: &[(u32, &str, u64)]) -> Result<Vec<Result<u64>>> {
         let mut out: Vec<Option<Result<u64>>> = Vec::with_capacity(acks.len());
@@ -129,23 +129,7 @@ impl MailboxStore {
                 (*tag, c)
             })
             .collect();
-        let mut replies = Vec::new();
-        for attempt in 0..2 {
-            replies = self.conn.exec_each(&cmds).await?;
-            let noscript: Vec<&(u32, redis::Cmd)> = replies
-                .iter()
-                .zip(&cmds)
-                .filter(|(r, _)| matches!(r, Err(e) if e.code() == Some("NOSCRIPT")))
-                .map(|(_, c)| c)
-                .collect();
-            if noscript.is_empty() {
-                break;
-            }
-            if attempt == 0 {
-                self.reload_for(&noscript).await?;
-            }
-        }
-        let mut replies = replies.into_iter();
+        let mut replies = self.exec_reloading(&cmds).await?.into_iter();
         for (_, idx) in &calls {
             let answers = match replies.next() {
                 Some(Ok(v)) => {

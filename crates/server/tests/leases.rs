@@ -15,6 +15,9 @@
 //!    worker claimed late): the node's worker is fenced; the lease holder must claim again.
 //! 3. The quiet path: a node that holds leases but does not materialise (here core Redis
 //!    pauses writes: renewals and GC block) says so in `/healthz` within seconds.
+//! 4. The mailbox instance loses every key while the node's lease lapses (ADR-0060): the
+//!    node takes the shard again, its worker creates the missing watermarks, and the log is
+//!    materialised again.
 
 mod gateway_support;
 
@@ -46,14 +49,24 @@ struct Node {
     mailbox: MailboxStore,
     n: u32,
     _core: RedisProcess,
-    _mailbox: RedisProcess,
+    mailbox_redis: RedisProcess,
 }
 
 impl Node {
     async fn start() -> Node {
+        Node::start_with(|_| {}).await
+    }
+
+    /// [`Node::start`] with materializer options changed by `f`.
+    async fn start_with(f: impl FnOnce(&mut MaterializerOptions)) -> Node {
         let core = RedisProcess::start().expect("core redis-server");
         let mailbox = RedisProcess::start().expect("mailbox redis-server");
         let (core_url, mailbox_url) = (core.url(), mailbox.url());
+        let mut materializer = MaterializerOptions {
+            block: Duration::from_millis(50),
+            ..Default::default()
+        };
+        f(&mut materializer);
         let mut opts = serve_options(
             core_url.clone(),
             mailbox_url.clone(),
@@ -61,10 +74,7 @@ impl Node {
                 dev_auth: true,
                 ..Default::default()
             },
-            MaterializerOptions {
-                block: Duration::from_millis(50),
-                ..Default::default()
-            },
+            materializer,
         );
         opts.node = Some(NodeOptions {
             id: NODE.into(),
@@ -87,7 +97,7 @@ impl Node {
             mailbox: store,
             n: 0,
             _core: core,
-            _mailbox: mailbox,
+            mailbox_redis: mailbox,
         };
         // the only node: it takes every lease, and its worker materialises
         let start = Instant::now();
@@ -267,5 +277,68 @@ async fn a_leased_shard_not_materialized_is_reported_within_seconds() {
     node.until_healthy().await;
     let o = node.send(&bob, "bob").await;
     node.until_materialized(&bob, o, "after the pause").await;
+    node.stop().await;
+}
+
+/// The mailbox instance loses everything (a promoted replica that never had the keys, a
+/// Redis restarted empty) while the node's lease lapses (here deleted, as a core failover may
+/// lose it), and no message comes after. The node wins the lease back, and its worker is
+/// restarted with every shard's watermark missing. Before ADR-0060 the claim check refused
+/// the shard every 30 s, and the worker's start failed on the first shard without a
+/// watermark, was restarted into the same error, for ever (ADR-0058's re-creation runs only
+/// in a worker that owns the shard). Now the worker owns such a shard unclaimed and creates
+/// its watermark as a start does once it has stayed missing for `WATERMARK_LOST_AFTER`, then
+/// claims it and re-materialises the log (not trimmed here: W must be confirmed on a
+/// replica, and there is none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watermarks_lost_with_the_lease_are_created_again_by_the_worker() {
+    let mut node = Node::start_with(|m| {
+        m.mailbox_wait = tidemark_store::redis::dlog::WaitPolicy {
+            replicas: Some(1),
+            timeout: Duration::from_millis(200),
+        };
+    })
+    .await;
+    let bob = route("bob");
+    let mut offsets = Vec::new();
+    for _ in 0..3 {
+        offsets.push(node.send(&bob, "bob").await);
+    }
+    let last = *offsets.last().unwrap();
+    node.until_materialized(&bob, last, "before").await;
+
+    let mut mailbox = redis_at(&node.mailbox_redis.url()).await;
+    let mut core = redis_at(&node.core_url).await;
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut mailbox)
+        .await
+        .unwrap();
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(tidemark_store::keys::lease(bob.shard))
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the node held the lease");
+
+    // WATERMARK_LOST_AFTER (10 s), then a claim and a worker start
+    let deadline = Instant::now() + Duration::from_secs(10) + RECOVER;
+    loop {
+        let got = node
+            .mailbox
+            .read_watermark_and_mailbox(bob.shard, "bob", 0, 10)
+            .await;
+        if let Ok((wm, entries)) = &got {
+            let seqs: Vec<u64> = entries.iter().map(|e| e.0).collect();
+            if wm.lanes.lane(bob.lane).w >= last && seqs == offsets {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            let (status, body) = node.healthz().await;
+            panic!("bob's entries not back: {got:?}; /healthz {status}: {body}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    node.until_healthy().await;
     node.stop().await;
 }

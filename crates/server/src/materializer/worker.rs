@@ -151,6 +151,25 @@ impl Worker {
                     corrupt.push(s);
                     continue;
                 }
+                // ADR-0060: no watermark (the mailbox instance lost the shard: a promoted
+                // replica that never had it, a Redis restarted empty). Failing the whole
+                // worker would fail every start after it, for ever (the supervisor restarts
+                // it into the same error): the shard is owned unclaimed, in retry, and
+                // `resync` creates the watermark once it has been missing for
+                // WATERMARK_LOST_AFTER, then claims it, as a start does.
+                Err(e) if e.code() == "no_watermark" => {
+                    tracing::warn!(shard = s, error = %e,
+                        "no watermark at the claim; created again if it stays missing");
+                    let mut sh = OwnedShard::stopped(s, mb);
+                    sh.stopped = false;
+                    sh.moved = true;
+                    sh.unhanded = true;
+                    sh.missing_since = Some(Instant::now());
+                    w.owned.insert(s, sh);
+                    w.health.update(s, |h| h.status = ShardStatus::Running);
+                    w.schedule_retry(s, &e.to_string());
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
             };
             let min_w = wm.lanes.min_present_w().unwrap_or(0);
@@ -548,7 +567,7 @@ impl Worker {
         if sh.stopped {
             return Ok(());
         }
-        let (mb, epoch) = (sh.mb, sh.epoch);
+        let (mb, mut epoch) = (sh.mb, sh.epoch);
         let read = match self.mailboxes[mb].read_watermark(s).await {
             Err(e) if e.code() == "no_watermark" => {
                 // The watermark is gone while we own the shard: the mailbox instance lost
@@ -568,8 +587,10 @@ impl Worker {
                     return Err(e.into());
                 }
                 let layout = self.mailboxes[mb].layout();
+                // a shard never claimed (no watermark at the worker's start, ADR-0060) is
+                // created as a start creates it (epoch 1), then claimed
                 match self.mailboxes[mb]
-                    .init_watermark(s, layout, epoch, 0, false)
+                    .init_watermark(s, layout, epoch.max(1), 0, false)
                     .await
                 {
                     Ok(()) => tracing::error!(
@@ -580,6 +601,16 @@ impl Worker {
                     // another owner (or a start) created it first: read what is there
                     Err(tidemark_store::Error::AlreadyExists { .. }) => {}
                     Err(e) => return Err(e.into()),
+                }
+                if epoch == 0 {
+                    epoch = self.mailboxes[mb].claim(s).await?;
+                    tracing::info!(
+                        shard = s,
+                        epoch,
+                        "claimed shard after its watermark was created again"
+                    );
+                    self.shard_mut(s).epoch = epoch;
+                    self.health.update(s, |h| h.epoch = epoch);
                 }
                 self.mailboxes[mb].read_watermark(s).await
             }

@@ -240,6 +240,11 @@ pub(crate) async fn check_ownable(
             Ok(())
         }
         Err(e) if e.is_corrupt() && layout == Layout::PackedV2 => Ok(()),
+        // No watermark: the mailbox instance lost the shard (ADR-0060). Nothing to check and
+        // no head to raise (W = 0): the worker creates it again, as ADR-0058 does for a shard
+        // it owns, once it has stayed missing for WATERMARK_LOST_AFTER. (Refused here, a
+        // lease holder never took the shard again.)
+        Err(tidemark_store::Error::NoWatermark { .. }) => Ok(()),
         Err(e) => Err(Error::Store(e)),
     }
 }

@@ -217,3 +217,58 @@ async fn a_send_whose_commit_panics_closes_its_connection_and_its_resend_goes_th
     assert!(more.is_empty(), "delivered once: {more:?}");
     d.shutdown().await;
 }
+
+/// Panics the delivery loop of `user`'s connection once, at its first delivery after `armed`.
+#[derive(Debug)]
+struct PanicDelivery {
+    user: &'static str,
+    armed: std::sync::atomic::AtomicBool,
+    fired: AtomicU32,
+}
+
+impl SendFault for PanicDelivery {
+    fn panic_commit(&self, _sender: &str, _id: &str) -> bool {
+        false
+    }
+
+    fn panic_delivery(&self, user: &str, _seq: u64) -> bool {
+        user == self.user
+            && self.armed.load(Ordering::SeqCst)
+            && self.fired.fetch_add(1, Ordering::SeqCst) == 0
+    }
+}
+
+/// A connection's delivery loop is a task of its own. If it panics, the connection must be
+/// closed (1011) and the panic counted: a connection left open whose reader still answers
+/// pings but whose delivery is dead would look healthy and deliver nothing. (The reader
+/// learns of it through the connection's one token, ADR-0061.) The client reconnects and
+/// gets the entry whose push panicked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_loop_that_panics_closes_its_connection_and_the_entry_comes_on_reconnect() {
+    let fault = Arc::new(PanicDelivery {
+        user: "bob",
+        armed: Default::default(),
+        fired: AtomicU32::new(0),
+    });
+    let f = fault.clone();
+    let d = gateway_support::start_with(move |g| g.send_fault = Some(f)).await;
+    let (mut alice, mut bob) = d.pair("alice", "bob").await;
+    let one = offset_of(&alice.send_ok("d-1", &["bob"], "one").await, "bob");
+    bob.expect_message(one, "one").await;
+    fault.armed.store(true, Ordering::SeqCst);
+    let two = offset_of(&alice.send_ok("d-2", &["bob"], "two").await, "bob");
+    assert_eq!(
+        bob.closed().await,
+        Some(1011),
+        "closed as an internal error"
+    );
+    assert_eq!(fault.fired.load(Ordering::SeqCst), 1);
+    let (_, metrics) = d.get_text("/metrics").await;
+    let line = panic_restarts(&metrics, "delivery_loop");
+    assert!(line.ends_with(" 1"), "{line}");
+    // bob acked nothing: both come on the new connection, in order
+    let mut bob = d.ready("bob").await;
+    bob.expect_message(one, "one").await;
+    bob.expect_message(two, "two").await;
+    d.shutdown().await;
+}

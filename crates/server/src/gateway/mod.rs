@@ -77,12 +77,19 @@ pub use commit::{CommitPath, SendFailure};
 pub use tls::{TlsConfig, TlsError};
 pub use wake::LocalDelivery;
 
-/// Fault injection for tests of supervision (like the materializer's `ChunkFault`).
+/// Fault injection for tests of a connection's supervision (like the materializer's
+/// `ChunkFault`).
 pub trait SendFault: Send + Sync + std::fmt::Debug {
     /// True: the commit of `sender`'s send `id` panics before it starts (a connection's
     /// sends are committed by its reader, ADR-0054: the panic must close that connection,
     /// never leave it open and deaf).
     fn panic_commit(&self, sender: &str, id: &str) -> bool;
+
+    /// True: the delivery loop of a connection of `user` panics before it pushes entry
+    /// `seq` (the connection must be closed with 1011, never left open and not delivering).
+    fn panic_delivery(&self, _user: &str, _seq: u64) -> bool {
+        false
+    }
 }
 
 /// Most open connections on the admin listener (it serves scrapes and health checks only).

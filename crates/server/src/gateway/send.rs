@@ -15,7 +15,7 @@ use tidemark_protocol::{ErrorCode, SendRequest};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-pub(crate) use super::commit::{group_by_shard, SendFailure};
+pub(crate) use super::commit::SendFailure;
 use super::state::Shared;
 use super::users::Users;
 
@@ -40,23 +40,64 @@ impl Drop for CommitPermit {
 
 /// Takes `n` permits of `sem`, waiting until `deadline` at most.
 async fn acquire(sem: Arc<Semaphore>, n: u32, deadline: Instant) -> Option<OwnedSemaphorePermit> {
-    match sem.clone().try_acquire_many_owned(n) {
-        Ok(p) => Some(p),
-        Err(_) => tokio::time::timeout_at(deadline, sem.acquire_many_owned(n))
-            .await
-            .ok()?
-            .ok(),
+    tokio::time::timeout_at(deadline, sem.acquire_many_owned(n))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// A send admitted by its rate whose commit permits were not all free at once:
+/// [`PendingPermit::wait`] takes the rest, waiting [`PERMIT_WAIT`] at most.
+pub(crate) struct PendingPermit {
+    permit: CommitPermit,
+    /// The gateway's semaphore (the user's share is in `user_sem`).
+    gateway: Arc<Semaphore>,
+    user_sem: Arc<Semaphore>,
+    /// Permits of the user's share and of the gateway.
+    mine: u32,
+    n: u32,
+}
+
+impl PendingPermit {
+    /// Takes the permits still missing, or says `overloaded`.
+    pub(crate) async fn wait(mut self) -> Result<CommitPermit, SendFailure> {
+        let deadline = Instant::now() + PERMIT_WAIT;
+        if self.permit.user_permits.is_none() {
+            self.permit.user_permits = acquire(self.user_sem.clone(), self.mine, deadline).await;
+            if self.permit.user_permits.is_none() {
+                return Err(user_overloaded());
+            }
+        }
+        if self.permit.permits.is_none() {
+            self.permit.permits = acquire(self.gateway.clone(), self.n, deadline).await;
+            if self.permit.permits.is_none() {
+                return Err((
+                    ErrorCode::Overloaded,
+                    "too many commits in flight; retry with the same id".to_string(),
+                ));
+            }
+        }
+        Ok(self.permit)
     }
 }
 
-/// Admits `req` from `user`: a token of the user's send rate, then room for its commits
-/// (one permit per shard touched) in the user's share and in the gateway; `rate_limited`, or
-/// `overloaded` if no room frees up within [`PERMIT_WAIT`].
-pub(crate) async fn reserve(
+fn user_overloaded() -> SendFailure {
+    (
+        ErrorCode::Overloaded,
+        "too many of this user's commits in flight; retry with the same id".to_string(),
+    )
+}
+
+/// Admits `req` from `user` without waiting: a token of the user's send rate
+/// (`rate_limited`), then room for its commits (one permit per shard touched) in the user's
+/// share and in the gateway. `Ok(Err(pending))` when some permits were not free at once
+/// (the caller awaits [`PendingPermit::wait`]; ADR-0061: the reader handles a frame without
+/// an allocation when nothing waits).
+pub(crate) fn try_reserve(
     shared: &Shared,
     user: &str,
     req: &SendRequest,
-) -> Result<CommitPermit, SendFailure> {
+) -> Result<Result<CommitPermit, PendingPermit>, SendFailure> {
     if let Err(wait) = shared.users.take_send(user) {
         return Err((
             ErrorCode::RateLimited,
@@ -66,31 +107,58 @@ pub(crate) async fn reserve(
             ),
         ));
     }
-    let shards = group_by_shard(&req.to, &shared.map).len();
+    let shards = shards_touched(&req.to, &shared.map);
     let n = shards.clamp(1, shared.commit_permits()) as u32;
-    let deadline = Instant::now() + PERMIT_WAIT;
+    let mine = n.min(shared.users.commit_share() as u32);
+    let user_sem = shared.users.commits(user);
+    let gateway = Arc::clone(&shared.commits);
     let mut permit = CommitPermit {
         user_permits: None,
         permits: None,
         users: Arc::clone(&shared.users),
         user: user.to_string(),
     };
-    let mine = n.min(shared.users.commit_share() as u32);
-    permit.user_permits = acquire(shared.users.commits(user), mine, deadline).await;
-    if permit.user_permits.is_none() {
-        return Err((
-            ErrorCode::Overloaded,
-            "too many of this user's commits in flight; retry with the same id".to_string(),
-        ));
+    permit.user_permits = user_sem.clone().try_acquire_many_owned(mine).ok();
+    if permit.user_permits.is_some() {
+        permit.permits = gateway.clone().try_acquire_many_owned(n).ok();
+        if permit.permits.is_some() {
+            return Ok(Ok(permit));
+        }
     }
-    permit.permits = acquire(Arc::clone(&shared.commits), n, deadline).await;
-    if permit.permits.is_none() {
-        return Err((
-            ErrorCode::Overloaded,
-            "too many commits in flight; retry with the same id".to_string(),
-        ));
+    Ok(Err(PendingPermit {
+        permit,
+        gateway,
+        user_sem,
+        mine,
+        n,
+    }))
+}
+
+/// How many shards the recipients `to` are in (one recipient: one shard, nothing built).
+fn shards_touched(to: &[String], map: &tidemark_store::topology::ShardMap) -> usize {
+    match to {
+        [] => 0,
+        [_] => 1,
+        _ => {
+            let mut shards: Vec<u32> = to.iter().map(|r| map.route(r).shard).collect();
+            shards.sort_unstable();
+            shards.dedup();
+            shards.len()
+        }
     }
-    Ok(permit)
+}
+
+/// Admits `req` from `user` ([`try_reserve`]), waiting for permits [`PERMIT_WAIT`] at most
+/// (`overloaded` if no room frees up meanwhile).
+pub(crate) async fn reserve(
+    shared: &Shared,
+    user: &str,
+    req: &SendRequest,
+) -> Result<CommitPermit, SendFailure> {
+    match try_reserve(shared, user, req)? {
+        Ok(permit) => Ok(permit),
+        Err(pending) => pending.wait().await,
+    }
 }
 
 /// Commits `req` from `sender` to every shard it touches ([`CommitPath::commit`](super::commit::CommitPath::commit)). Returns

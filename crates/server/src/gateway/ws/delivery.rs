@@ -149,6 +149,9 @@ pub(super) async fn delivery_loop(
                 }
             };
             for entry in page.entries {
+                if let Ok(e) = &entry {
+                    delivery_fault(&shared, &mailbox.user, e.seq);
+                }
                 let out = match entry {
                     Ok(e) => (e.seq, deliver(e, &mut highest, connected_at_us)),
                     Err(seq) => (
@@ -191,6 +194,7 @@ pub(super) async fn delivery_loop(
                         break;
                     };
                     for e in entries {
+                        delivery_fault(&shared, &mailbox.user, e.seq);
                         cursor = e.seq;
                         if !push(deliver(e, &mut highest, connected_at_us)).await {
                             return;
@@ -233,6 +237,13 @@ fn take_run(seen: &mut u64, by_run: &mut bool, run: LocalRun, lost: bool) -> Opt
         (*seen, *by_run) = (run.to, true);
     }
     Some(run.entries.into_iter().filter(|e| e.seq > from).collect())
+}
+
+/// Panics when a test's fault says so ([`SendFault::panic_delivery`](crate::gateway::SendFault::panic_delivery)).
+fn delivery_fault(shared: &Shared, user: &str, seq: u64) {
+    if let Some(f) = &shared.opts.send_fault {
+        assert!(!f.panic_delivery(user, seq), "delivery fault: {user} {seq}");
+    }
 }
 
 /// The deliver frame of `e`, counted, its latency measured when it is live.

@@ -180,7 +180,11 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     let conn = shared.stop.child_token();
     let kill = CancellationToken::new();
     let (sink, stream) = socket.split();
-    let (tx, rx) = Outbox::new(shared.opts.max_queued_bytes, shared.opts.slow_client_grace);
+    let (tx, rx) = Outbox::new(
+        shared.opts.max_queued_bytes,
+        shared.opts.slow_client_grace,
+        conn.clone(),
+    );
     // Highest seq handed to the socket: the cap of this connection's acks.
     let written = Arc::new(AtomicU64::new(0));
     let mut writer = shared.tracker.spawn(writer(
@@ -189,7 +193,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         written.clone(),
         conn.clone(),
         kill.clone(),
-        tx.stalled.clone(),
+        tx.stalled_flag(),
     ));
 
     // Register before the first read, so no hint falls between the read and the wait.
@@ -238,6 +242,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     let delivery = shared.tracker.spawn(close_on_panic(
         "delivery_loop",
         died.clone(),
+        conn.clone(),
         delivery_loop(
             shared.clone(),
             shared.mailbox(&user),
@@ -280,10 +285,12 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     tracing::debug!(%user, %code, "client disconnected");
 }
 
-/// Runs a connection task; a panic is logged, counted and ends the connection via `died`.
+/// Runs a connection task; a panic is logged, counted and ends the connection: `died` says
+/// why (read by the reader once `conn` is cancelled, for the close code).
 async fn close_on_panic(
     task: &'static str,
     died: CancellationToken,
+    conn: CancellationToken,
     fut: impl std::future::Future<Output = ()>,
 ) {
     if let Err(msg) = crate::supervise::catch_panic(fut).await {
@@ -291,6 +298,7 @@ async fn close_on_panic(
         metrics::counter!("tidemark_task_restarts_total", "task" => task, "reason" => "panic")
             .increment(1);
         died.cancel();
+        conn.cancel();
     }
 }
 

@@ -2,7 +2,7 @@
 //! ([`Outbox`], bounded in frames and bytes, with the slow-client grace) and the writer task
 //! that alone owns the sink.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,18 +56,34 @@ enum NoRoom {
 
 /// The writer's queue: at most [`OUT_CAPACITY`] frames and about `max_queued_bytes` bytes
 /// (one permit of `bytes` per byte; a frame larger than the budget takes all of it). A frame
-/// that finds no room within the grace period cancels `stalled`.
+/// that finds no room within the grace period marks the client as stalled and ends the
+/// connection.
 #[derive(Clone)]
 pub(super) struct Outbox {
     pub(super) tx: mpsc::Sender<Queued>,
     pub(super) bytes: Arc<Semaphore>,
     pub(super) budget: usize,
     pub(super) grace: Duration,
-    pub(super) stalled: CancellationToken,
+    /// Set once a frame found no room within the grace (the client does not read). A flag,
+    /// not a token of its own: the writer looks at it once per frame and a token's look
+    /// takes a lock (ADR-0061).
+    stalled: Arc<AtomicBool>,
+    /// The connection's token, cancelled by a stall: the connection's tasks wait for this
+    /// one token only, and the reader tells a stall from other ends by [`Outbox::is_stalled`].
+    conn: CancellationToken,
 }
 
 impl Outbox {
-    pub(super) fn new(budget: usize, grace: Duration) -> (Outbox, mpsc::Receiver<Queued>) {
+    /// The stalled flag, for the writer (which has no `Outbox`: it holds the receiver).
+    pub(super) fn stalled_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.stalled)
+    }
+
+    pub(super) fn new(
+        budget: usize,
+        grace: Duration,
+        conn: CancellationToken,
+    ) -> (Outbox, mpsc::Receiver<Queued>) {
         let budget = budget.clamp(1, u32::MAX as usize >> 1);
         let (tx, rx) = mpsc::channel(OUT_CAPACITY);
         let outbox = Outbox {
@@ -75,14 +91,20 @@ impl Outbox {
             bytes: Arc::new(Semaphore::new(budget)),
             budget,
             grace,
-            stalled: CancellationToken::new(),
+            stalled: Arc::new(AtomicBool::new(false)),
+            conn,
         };
         (outbox, rx)
     }
 
+    /// The client stopped reading (a frame found no room within the grace).
+    pub(super) fn is_stalled(&self) -> bool {
+        self.stalled.load(Ordering::Acquire)
+    }
+
     /// Queues `out`, waiting for room at most the grace period.
     pub(super) async fn send(&self, out: Out) -> Result<(), Gone> {
-        if self.stalled.is_cancelled() {
+        if self.is_stalled() {
             return Err(Gone);
         }
         // Room right now (nearly always): queued without reading the clock or arming the
@@ -153,25 +175,26 @@ impl Outbox {
         let _ = tokio::time::timeout_at(deadline, self.tx.send(queued)).await;
     }
 
+    /// Marks the client as stalled and ends the connection (counted once).
     pub(super) fn stall(&self) -> Gone {
-        if !self.stalled.is_cancelled() {
+        if !self.stalled.swap(true, Ordering::AcqRel) {
             metrics::counter!("tidemark_slow_clients_total").increment(1);
-            self.stalled.cancel();
         }
+        self.conn.cancel();
         Gone
     }
 }
 
 /// Owns the sink: writes queued frames (batched, one flush per batch) until the channel
-/// closes or a `Close` is queued; `kill` aborts it. Once `stalled`, queued frames are dropped
-/// unwritten (only the close frame goes out).
+/// closes or a `Close` is queued; `kill` aborts it. Once the client is stalled, queued frames
+/// are dropped unwritten (only the close frame goes out).
 pub(super) async fn writer(
     mut sink: SplitSink<WebSocket, Message>,
     mut rx: mpsc::Receiver<Queued>,
     written: Arc<AtomicU64>,
     conn: CancellationToken,
     kill: CancellationToken,
-    stalled: CancellationToken,
+    stalled: Arc<AtomicBool>,
 ) {
     let mut close = None;
     // One wait for `kill`, registered once: a `cancelled()` made anew in each `select!` took
@@ -193,7 +216,7 @@ pub(super) async fn writer(
         let mut next = Some(first);
         let mut batch = 0;
         while let Some(Queued { out, _bytes }) = next.take() {
-            let dropped = stalled.is_cancelled() && !matches!(out, Out::Close(_));
+            let dropped = stalled.load(Ordering::Acquire) && !matches!(out, Out::Close(_));
             let msg = match out {
                 _ if dropped => {
                     next = rx.try_recv().ok();

@@ -63,7 +63,8 @@ pub(super) struct Reader<'a> {
     /// The wait before the next retry: 200 ms after a success, doubling to 5 s.
     pub(super) ack_backoff: Duration,
     pub(super) conn: CancellationToken,
-    /// Cancelled when the delivery loop panicked: the connection is closed.
+    /// Cancelled when the delivery loop panicked (which also cancels `conn`): the connection
+    /// is closed with 1011.
     pub(super) died: CancellationToken,
     /// When the connection's token expires (`None`: dev auth, no token).
     pub(super) expires_at: Option<SystemTime>,
@@ -205,17 +206,15 @@ impl<'a> Reader<'a> {
         let mut last_seen = tokio::time::Instant::now();
         let keepalive = tokio::time::sleep_until(last_seen + ping_every);
         tokio::pin!(keepalive);
-        // The three ends of the connection, each waited for by one future registered once
-        // (a `cancelled()` made anew per frame took four locks). The frame comes first
-        // (`biased`): a reader woken by a frame takes it without polling the others; they
-        // are polled whenever the socket has nothing (tokio's cooperative budget makes a
-        // socket that always has data answer "pending" every 128 reads).
-        let tx = self.tx;
-        let died = self.died.clone();
-        let stalled = tx.stalled.cancelled();
+        // Every end of the connection (the server stops, the client stalls, the delivery loop
+        // panicked) cancels `conn`, waited for by one future registered once (ADR-0061: each
+        // poll of a token's wait takes two locks, and three waits were polled on every
+        // wake). The frame comes first (`biased`): a reader woken by a frame takes it without
+        // polling the others; they are polled whenever the socket has nothing (tokio's
+        // cooperative budget makes a socket that always has data answer "pending" every 128
+        // reads).
         let going_away = conn.cancelled();
-        let panicked = died.cancelled();
-        tokio::pin!(stalled, going_away, panicked);
+        tokio::pin!(going_away);
         loop {
             // The fields the branches below use, read (or borrowed apart) before the futures
             // borrow the two in flight.
@@ -230,9 +229,7 @@ impl<'a> Reader<'a> {
                 biased;
                 // no more frames while the sends queued are at their bound (backpressure)
                 m = stream.next(), if reading => m,
-                _ = &mut stalled => return CloseCode::SlowConsumer,
-                _ = &mut going_away => return CloseCode::GoingAway,
-                _ = &mut panicked => return CloseCode::InternalError,
+                _ = &mut going_away => return self.ended(),
                 _ = &mut expiry, if has_expiry => {
                     if self.until_expiry().is_zero() {
                         // Best effort (never waits): the close code says it anyway.
@@ -284,9 +281,7 @@ impl<'a> Reader<'a> {
                     if committing => {
                     if !Box::pin(self.on_committed(done)).await {
                         return if conn.is_cancelled() {
-                            CloseCode::GoingAway
-                        } else if self.tx.stalled.is_cancelled() {
-                            CloseCode::SlowConsumer
+                            self.ended()
                         } else {
                             CloseCode::InternalError
                         };
@@ -312,7 +307,10 @@ impl<'a> Reader<'a> {
                     tracing::debug!(error = %e, "websocket read failed");
                     return CloseCode::InternalError;
                 }
-                Some(Ok(Message::Text(t))) => Box::pin(self.on_text(t.as_str(), conn)).await,
+                Some(Ok(Message::Text(t))) => match self.on_text(t.as_str()) {
+                    Then::Done(ok) => ok,
+                    then => Box::pin(self.finish_frame(then, conn)).await,
+                },
                 Some(Ok(Message::Binary(_))) => {
                     Box::pin(self.reply(error_frame(
                         ErrorCode::BadRequest,
@@ -324,12 +322,24 @@ impl<'a> Reader<'a> {
                 Some(Ok(Message::Ping(_) | Message::Pong(_))) => true,
             };
             if !ok {
-                return if self.tx.stalled.is_cancelled() {
+                return if self.tx.is_stalled() {
                     CloseCode::SlowConsumer
                 } else {
                     CloseCode::InternalError
                 };
             }
+        }
+    }
+
+    /// Why `conn` was cancelled: the client stalled, the delivery loop panicked, or the
+    /// server stops (or the writer lost the socket).
+    fn ended(&self) -> CloseCode {
+        if self.tx.is_stalled() {
+            CloseCode::SlowConsumer
+        } else if self.died.is_cancelled() {
+            CloseCode::InternalError
+        } else {
+            CloseCode::GoingAway
         }
     }
 
@@ -350,29 +360,26 @@ impl<'a> Reader<'a> {
         until_cancelled(&self.conn, self.tx.send(out)).await
     }
 
-    /// Handles one text frame; false when the connection is gone.
-    async fn on_text(&mut self, frame: &str, conn: &CancellationToken) -> bool {
+    /// Handles one text frame as far as it can without waiting: an ack, or a send whose
+    /// permits are free, is done here; what must wait (a reply, permits, a sync) is left to
+    /// [`Reader::finish_frame`]. (ADR-0061: the common frames take no boxed future.)
+    fn on_text(&mut self, frame: &str) -> Then {
         let received = Instant::now();
         match parse_client_frame(frame, &self.shared.opts.limits) {
             Err(e) => {
                 metrics::counter!("tidemark_client_errors_total", "code" => e.code()).increment(1);
-                self.reply(text(&e.to_server_frame())).await
+                Then::Reply(text(&e.to_server_frame()))
             }
             Ok(ClientFrame::Send(req)) => {
-                let permit = tokio::select! {
-                    _ = conn.cancelled() => return false,
-                    p = send::reserve(self.shared, &self.mailbox.user, &req) => p,
-                };
-                match permit {
-                    Ok(permit) => {
+                match send::try_reserve(self.shared, &self.mailbox.user, &req) {
+                    Ok(Ok(permit)) => {
                         // committed after the sends before it, in order
                         self.sends.push_back((req, permit, received));
                         self.start_commit();
-                        true
+                        Then::Done(true)
                     }
-                    Err((code, message)) => {
-                        self.reply(error_frame(code, message, Some(req.id))).await
-                    }
+                    Ok(Err(pending)) => Then::Admit(req, pending, received),
+                    Err((code, message)) => Then::Reply(error_frame(code, message, Some(req.id))),
                 }
             }
             Ok(ClientFrame::Ack { seq }) => {
@@ -383,11 +390,47 @@ impl<'a> Reader<'a> {
                 // (an ack at or below what is written changes nothing; one repeated after a
                 // failed write hands the pending one over again)
                 self.submit_ack();
-                true
+                Then::Done(true)
             }
-            Ok(ClientFrame::Sync { after }) => {
-                until_cancelled(conn, self.sync_tx.send(after)).await
-            }
+            Ok(ClientFrame::Sync { after }) => Then::Sync(after),
         }
     }
+
+    /// Finishes a frame [`Reader::on_text`] could not finish without waiting; false when the
+    /// connection is gone.
+    async fn finish_frame(&mut self, then: Then, conn: &CancellationToken) -> bool {
+        match then {
+            Then::Done(ok) => ok,
+            Then::Reply(out) => self.reply(out).await,
+            Then::Admit(req, pending, received) => {
+                let permit = tokio::select! {
+                    _ = conn.cancelled() => return false,
+                    p = pending.wait() => p,
+                };
+                match permit {
+                    Ok(permit) => {
+                        self.sends.push_back((req, permit, received));
+                        self.start_commit();
+                        true
+                    }
+                    Err((code, message)) => {
+                        self.reply(error_frame(code, message, Some(req.id))).await
+                    }
+                }
+            }
+            Then::Sync(after) => until_cancelled(conn, self.sync_tx.send(after)).await,
+        }
+    }
+}
+
+/// What a client frame still needs once [`Reader::on_text`] has done what needs no wait.
+enum Then {
+    /// Nothing: true while the connection goes on.
+    Done(bool),
+    /// A frame to queue for the client (an error).
+    Reply(Out),
+    /// A send admitted by its rate, waiting for commit permits; when it arrived.
+    Admit(SendRequest, send::PendingPermit, Instant),
+    /// A `sync` for the delivery loop.
+    Sync(u64),
 }

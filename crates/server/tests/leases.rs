@@ -153,6 +153,17 @@ impl Node {
         }
     }
 
+    /// Deletes the node's lease of `shard` behind its back (it must have held it).
+    async fn drop_lease(&self, shard: u32) {
+        let mut core = redis_at(&self.core_url).await;
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(tidemark_store::keys::lease(shard))
+            .query_async(&mut core)
+            .await
+            .unwrap();
+        assert_eq!(deleted, 1, "the node held the lease");
+    }
+
     async fn healthz(&self) -> (u16, String) {
         let addr = self.running.as_ref().unwrap().addr;
         gateway_support::http_at(addr, "GET", "/healthz", &[], None).await
@@ -193,13 +204,7 @@ async fn a_lease_lost_and_won_back_in_one_tick_restarts_the_worker() {
     // epoch is now above the node's), then handed it back (released the lease) — all before
     // the node's next renewal, which finds the lease free and wins it back in the same tick.
     let theirs = node.mailbox.clone().claim(bob.shard).await.unwrap();
-    let mut core = redis_at(&node.core_url).await;
-    let deleted: i64 = redis::cmd("DEL")
-        .arg(tidemark_store::keys::lease(bob.shard))
-        .query_async(&mut core)
-        .await
-        .unwrap();
-    assert_eq!(deleted, 1, "the node held the lease");
+    node.drop_lease(bob.shard).await;
 
     let o = node.send(&bob, "bob").await;
     node.until_materialized(&bob, o, "after the lease came back")
@@ -308,17 +313,11 @@ async fn watermarks_lost_with_the_lease_are_created_again_by_the_worker() {
     node.until_materialized(&bob, last, "before").await;
 
     let mut mailbox = redis_at(&node.mailbox_redis.url()).await;
-    let mut core = redis_at(&node.core_url).await;
     let _: () = redis::cmd("FLUSHALL")
         .query_async(&mut mailbox)
         .await
         .unwrap();
-    let deleted: i64 = redis::cmd("DEL")
-        .arg(tidemark_store::keys::lease(bob.shard))
-        .query_async(&mut core)
-        .await
-        .unwrap();
-    assert_eq!(deleted, 1, "the node held the lease");
+    node.drop_lease(bob.shard).await;
 
     // WATERMARK_LOST_AFTER (10 s), then a claim and a worker start
     let deadline = Instant::now() + Duration::from_secs(10) + RECOVER;

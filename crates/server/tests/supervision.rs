@@ -160,6 +160,22 @@ async fn a_panicking_worker_is_restarted_and_delivery_resumes() {
     svc.stop().await;
 }
 
+/// `conn` is closed as an internal error (1011) and one panic of `task` is counted.
+async fn closed_by_panic(
+    d: &gateway_support::Deployment,
+    conn: &mut gateway_support::Ws,
+    task: &str,
+) {
+    assert_eq!(
+        conn.closed().await,
+        Some(1011),
+        "closed as an internal error"
+    );
+    let (_, metrics) = d.get_text("/metrics").await;
+    let line = panic_restarts(&metrics, task);
+    assert!(line.ends_with(" 1"), "{line}");
+}
+
 /// Panics the commit of send `id` the first `times` times.
 #[derive(Debug)]
 struct PanicCommit {
@@ -190,15 +206,8 @@ async fn a_send_whose_commit_panics_closes_its_connection_and_its_resend_goes_th
     let one = offset_of(&alice.send_ok("c-1", &["bob"], "one").await, "bob");
     bob.expect_message(one, "one").await;
     alice.send_only("c-2", &["bob"], "two").await;
-    assert_eq!(
-        alice.closed().await,
-        Some(1011),
-        "closed as an internal error"
-    );
+    closed_by_panic(&d, &mut alice, "send_loop").await;
     assert_eq!(fault.fired.load(Ordering::SeqCst), 1);
-    let (_, metrics) = d.get_text("/metrics").await;
-    let line = panic_restarts(&metrics, "send_loop");
-    assert!(line.ends_with(" 1"), "{line}");
     // the client reconnects and sends the same id again: committed once, delivered once
     let mut alice = d.ready("alice").await;
     let two = offset_of(&alice.send_ok("c-2", &["bob"], "two").await, "bob");
@@ -257,15 +266,8 @@ async fn a_delivery_loop_that_panics_closes_its_connection_and_the_entry_comes_o
     bob.expect_message(one, "one").await;
     fault.armed.store(true, Ordering::SeqCst);
     let two = offset_of(&alice.send_ok("d-2", &["bob"], "two").await, "bob");
-    assert_eq!(
-        bob.closed().await,
-        Some(1011),
-        "closed as an internal error"
-    );
+    closed_by_panic(&d, &mut bob, "delivery_loop").await;
     assert_eq!(fault.fired.load(Ordering::SeqCst), 1);
-    let (_, metrics) = d.get_text("/metrics").await;
-    let line = panic_restarts(&metrics, "delivery_loop");
-    assert!(line.ends_with(" 1"), "{line}");
     // bob acked nothing: both come on the new connection, in order
     let mut bob = d.ready("bob").await;
     bob.expect_message(one, "one").await;

@@ -1090,3 +1090,44 @@ async fn a_failed_part_of_one_key_messages_leaves_the_next_part_whole(packed: bo
         "the failed part's head is as it was"
     );
 }
+
+/// Commits of one shard share their replica confirmations: one `WAIT` in flight, later
+/// commits wait for its successor (ADR-0032). A commit dropped while its `WAIT` blocks (a
+/// commit cancelled, or a round unwound by a panic beside it) must hand that lead on: before,
+/// every later commit of the shard waited for a `WAIT` that nobody would send, for ever.
+#[tokio::test]
+async fn a_commit_dropped_while_its_replica_wait_blocks_does_not_hold_the_next_ones() {
+    use tidemark_store::redis::replicas::ReplicaWait;
+    let mut e = env().await;
+    // no replica: each WAIT blocks for its whole timeout, then answers 0
+    e.core.set_replica_wait(Some(ReplicaWait {
+        replicas: 1,
+        timeout: Duration::from_millis(500),
+    }));
+    let first = tokio::time::timeout(
+        Duration::from_millis(100),
+        e.core.commit(0, "alice", "r-1", &["bob"], "one", 1, TTL),
+    )
+    .await;
+    assert!(
+        first.is_err(),
+        "a WAIT for a missing replica answered early"
+    );
+    let second = tokio::time::timeout(
+        Duration::from_secs(5),
+        e.core.commit(0, "alice", "r-2", &["bob"], "two", 2, TTL),
+    )
+    .await
+    .expect("the next commit of the shard was held by the dropped commit's WAIT");
+    assert!(
+        matches!(
+            second,
+            Err(Error::NotReplicated {
+                shard: 0,
+                replicas: 0,
+                wanted: 1
+            })
+        ),
+        "{second:?}"
+    );
+}

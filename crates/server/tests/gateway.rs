@@ -1361,6 +1361,43 @@ async fn a_lost_last_hint_is_found_by_the_sweep_with_no_more_traffic() {
     d.shutdown().await;
 }
 
+/// The quiet path with a broken shard beside it: a shard whose watermark cannot be read
+/// (here corrupt, so its owner has stopped it fail-closed) is watched by a connection and
+/// comes before bob's in the sweep. The sweep must still reach bob's shard and find his
+/// message whose hint was lost; before, the broken shard ended every sweep there.
+#[tokio::test]
+async fn the_sweep_goes_past_a_shard_whose_watermark_cannot_be_read() {
+    use tidemark_store::keys;
+    let bob_shard = route("bob").shard;
+    assert!(bob_shard > 0, "the test needs a shard below bob's");
+    let broken = (0..10_000)
+        .map(|i| format!("x{i}"))
+        .find(|u| route(u).shard < bob_shard)
+        .expect("a user of a shard below bob's");
+    let (d, fault) = start_losing_hints("bob", Duration::from_millis(300)).await;
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let _watcher = d.ready(&broken).await;
+    let client = redis::Client::open(d.mailbox_url.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(keys::wm(route(&broken).shard))
+        .arg("wm_layout")
+        .arg("bogus")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let o = alice.send_ok("b0", &["bob"], "hinted").await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+
+    fault.on.store(true, Ordering::SeqCst);
+    let lost = alice
+        .send_ok("b1", &["bob"], "hint lost, then silence")
+        .await;
+    bob.expect_seqs(&[offset_of(&lost, "bob")]).await;
+    assert!(fault.lost.load(Ordering::SeqCst) > 0, "the hint was lost");
+    d.shutdown().await;
+}
+
 /// ADR-0047: in one process with local runs, while no other gateway listens, the hints of
 /// moves handed as local runs wait (here up to 4 s) and are merged, one per shard. A gateway
 /// that subscribes meanwhile hears of every move at the flush, with no more traffic (the

@@ -515,6 +515,10 @@ impl Sweep {
     }
 
     /// Reads the watermarks of the watched shards (one pipeline) and hands each to the hub.
+    /// A shard whose watermark cannot be read (corrupt, missing) is skipped and counted
+    /// (`tidemark_wake_sweep_errors_total`): the shards after it are still swept. (Before,
+    /// the first such shard ended the sweep, so while it stayed broken every shard after it
+    /// on the instance was never swept again, and a lost last hint there was never found.)
     async fn run(&mut self, hub: &WakeHub) -> Result<(), tidemark_store::Error> {
         let picked: Vec<usize> = (0..self.shards.len())
             .filter(|&i| hub.watched(self.shards[i]))
@@ -525,7 +529,14 @@ impl Sweep {
         let shards: Vec<u32> = picked.iter().map(|&i| self.shards[i]).collect();
         let wms = self.store.read_watermarks(&shards).await?;
         for (&i, wm) in picked.iter().zip(wms) {
-            let wm = wm?;
+            let wm = match wm {
+                Ok(wm) => wm,
+                Err(e) => {
+                    metrics::counter!("tidemark_wake_sweep_errors_total").increment(1);
+                    tracing::debug!(shard = self.shards[i], error = %e, "wake sweep skipped a shard");
+                    continue;
+                }
+            };
             let min_w = wm.lanes.min_present_w().unwrap_or(0);
             let changed = self.seen[i].as_ref().is_some_and(|old| *old != wm);
             self.seen[i] = Some(wm);

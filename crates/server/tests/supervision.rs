@@ -274,3 +274,92 @@ async fn a_delivery_loop_that_panics_closes_its_connection_and_the_entry_comes_o
     bob.expect_message(two, "two").await;
     d.shutdown().await;
 }
+
+/// Panics a connection task of `user` once armed: the writer before it writes an entry
+/// (`write`), or the reader on a `sync` frame (`!write`).
+#[derive(Debug)]
+struct PanicConnTask {
+    user: &'static str,
+    write: bool,
+    armed: std::sync::atomic::AtomicBool,
+    fired: AtomicU32,
+}
+
+impl PanicConnTask {
+    fn new(user: &'static str, write: bool) -> Arc<PanicConnTask> {
+        Arc::new(PanicConnTask {
+            user,
+            write,
+            armed: Default::default(),
+            fired: AtomicU32::new(0),
+        })
+    }
+
+    fn fire(&self, user: &str, write: bool) -> bool {
+        user == self.user
+            && write == self.write
+            && self.armed.load(Ordering::SeqCst)
+            && self.fired.fetch_add(1, Ordering::SeqCst) == 0
+    }
+}
+
+impl SendFault for PanicConnTask {
+    fn panic_commit(&self, _sender: &str, _id: &str) -> bool {
+        false
+    }
+
+    fn panic_write(&self, user: &str, _seq: u64) -> bool {
+        self.fire(user, true)
+    }
+
+    fn panic_sync(&self, user: &str, _after: u64) -> bool {
+        self.fire(user, false)
+    }
+}
+
+/// The writer owns the socket's sink. If it panics, the connection must end and the panic be
+/// counted: before, the delivery loop found the queue gone and ended quietly, the reader went
+/// on reading, and the client kept an open connection that delivered nothing (until its next
+/// `send` or the idle timeout; never, for a client that pings). The close frame cannot be
+/// written without the sink: the socket simply closes. bob reconnects and gets the entry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_that_panics_ends_its_connection_and_the_entry_comes_on_reconnect() {
+    let fault = PanicConnTask::new("bob", true);
+    let f = fault.clone();
+    let d = gateway_support::start_with(move |g| g.send_fault = Some(f)).await;
+    let (mut alice, mut bob) = d.pair("alice", "bob").await;
+    let one = offset_of(&alice.send_ok("w-1", &["bob"], "one").await, "bob");
+    bob.expect_message(one, "one").await;
+    fault.armed.store(true, Ordering::SeqCst);
+    let two = offset_of(&alice.send_ok("w-2", &["bob"], "two").await, "bob");
+    // any end: with the sink gone there is no close frame
+    let _ = bob.closed().await;
+    assert_eq!(fault.fired.load(Ordering::SeqCst), 1);
+    let (_, metrics) = d.get_text("/metrics").await;
+    let line = panic_restarts(&metrics, "writer");
+    assert!(line.ends_with(" 1"), "{line}");
+    let mut bob = d.ready("bob").await;
+    bob.expect_message(one, "one").await;
+    bob.expect_message(two, "two").await;
+    d.shutdown().await;
+}
+
+/// The reader runs inside the connection's own task. If it panics, the connection must close
+/// with 1011 and the panic be counted, as for the other tasks of a connection; before, the
+/// task unwound, the writer closed with 1000 (normal) and nothing was logged or counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_panics_closes_its_connection_as_an_internal_error() {
+    let fault = PanicConnTask::new("bob", false);
+    let f = fault.clone();
+    let d = gateway_support::start_with(move |g| g.send_fault = Some(f)).await;
+    let (mut alice, mut bob) = d.pair("alice", "bob").await;
+    let one = offset_of(&alice.send_ok("r-1", &["bob"], "one").await, "bob");
+    bob.expect_message(one, "one").await;
+    fault.armed.store(true, Ordering::SeqCst);
+    bob.send_text(r#"{"type":"sync","after":0}"#).await;
+    closed_by_panic(&d, &mut bob, "reader").await;
+    assert_eq!(fault.fired.load(Ordering::SeqCst), 1);
+    let mut bob = d.ready("bob").await;
+    bob.expect_message(one, "one").await;
+    d.shutdown().await;
+}

@@ -90,6 +90,18 @@ pub trait SendFault: Send + Sync + std::fmt::Debug {
     fn panic_delivery(&self, _user: &str, _seq: u64) -> bool {
         false
     }
+
+    /// True: the writer of a connection of `user` panics before it writes entry `seq` (the
+    /// socket's sink goes with it: the connection must end, never stay open and silent).
+    fn panic_write(&self, _user: &str, _seq: u64) -> bool {
+        false
+    }
+
+    /// True: the reader of a connection of `user` panics on its `sync` frame (the connection
+    /// must close with 1011 and the panic be counted, like the other tasks').
+    fn panic_sync(&self, _user: &str, _after: u64) -> bool {
+        false
+    }
 }
 
 /// Most open connections on the admin listener (it serves scrapes and health checks only).

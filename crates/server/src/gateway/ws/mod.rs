@@ -187,13 +187,30 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     );
     // Highest seq handed to the socket: the cap of this connection's acks.
     let written = Arc::new(AtomicU64::new(0));
-    let mut writer = shared.tracker.spawn(writer(
-        sink,
-        rx,
-        written.clone(),
+    // A panic of a connection's task (writer, delivery loop, reader, a send's commit) must
+    // never leave the connection open and doing nothing: it cancels `conn`, and `died` says
+    // why (the reader closes with 1011); the client reconnects.
+    let died = CancellationToken::new();
+    let fault = shared
+        .opts
+        .send_fault
+        .clone()
+        .map(|f| (f, Arc::<str>::from(user.as_str())));
+    // The writer owns the sink: if it dies the close frame cannot be written, and the
+    // socket closes when the reader lets go of the stream.
+    let mut writer = shared.tracker.spawn(close_on_panic(
+        "writer",
+        died.clone(),
         conn.clone(),
-        kill.clone(),
-        tx.stalled_flag(),
+        writer(
+            sink,
+            rx,
+            written.clone(),
+            conn.clone(),
+            kill.clone(),
+            tx.stalled_flag(),
+            fault,
+        ),
     ));
 
     // Register before the first read, so no hint falls between the read and the wait.
@@ -238,7 +255,6 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
     // A panic of the delivery loop must not leave a connection that reads frames but never
     // delivers: it closes the connection (1011), the client reconnects. (A panic of a send's
     // commit, which runs in the reader, closes it the same way: `Reader::on_committed`.)
-    let died = CancellationToken::new();
     let delivery = shared.tracker.spawn(close_on_panic(
         "delivery_loop",
         died.clone(),
@@ -273,9 +289,22 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         died,
         expires_at: expires_at_unix.map(|s| UNIX_EPOCH + Duration::from_secs(s)),
     };
-    let code = reader.run(stream, &conn).await;
-    // best effort: a coalesced ack is not left behind by a clean close
-    let _ = tokio::time::timeout(CLOSE_GRACE, Box::pin(reader.flush_ack())).await;
+    let code = match crate::supervise::catch_panic(reader.run(stream, &conn)).await {
+        Ok(code) => {
+            // best effort: a coalesced ack is not left behind by a clean close
+            let _ = tokio::time::timeout(CLOSE_GRACE, Box::pin(reader.flush_ack())).await;
+            code
+        }
+        // Before, a panic here unwound the connection's task: the delivery loop and the
+        // writer ended after it and the client got a normal close (1000), with nothing logged
+        // or counted.
+        Err(msg) => {
+            tracing::error!(task = "reader", panic = %msg, "connection task panicked; closing the connection");
+            metrics::counter!("tidemark_task_restarts_total", "task" => "reader", "reason" => "panic")
+                .increment(1);
+            CloseCode::InternalError
+        }
+    };
     // a commit in flight is dropped: its client resends the same id (dedupe makes that safe)
     drop(reader);
 

@@ -185,6 +185,10 @@ impl Outbox {
     }
 }
 
+/// A test's fault for the writer, with the connection's user
+/// ([`SendFault::panic_write`](crate::gateway::SendFault::panic_write)).
+pub(super) type WriteFault = Option<(Arc<dyn crate::gateway::SendFault>, Arc<str>)>;
+
 /// Owns the sink: writes queued frames (batched, one flush per batch) until the channel
 /// closes or a `Close` is queued; `kill` aborts it. Once the client is stalled, queued frames
 /// are dropped unwritten (only the close frame goes out).
@@ -195,6 +199,7 @@ pub(super) async fn writer(
     conn: CancellationToken,
     kill: CancellationToken,
     stalled: Arc<AtomicBool>,
+    fault: WriteFault,
 ) {
     let mut close = None;
     // One wait for `kill`, registered once: a `cancelled()` made anew in each `select!` took
@@ -224,6 +229,9 @@ pub(super) async fn writer(
                 }
                 Out::Text(t) => Message::Text(t.into()),
                 Out::Deliver { seq, text } => {
+                    if let Some((f, user)) = &fault {
+                        assert!(!f.panic_write(user, seq), "write fault: {user} {seq}");
+                    }
                     // Handed to the socket: from now on the client may ack it.
                     written.fetch_max(seq, Ordering::Relaxed);
                     Message::Text(text.into())

@@ -392,7 +392,15 @@ impl<'a> Reader<'a> {
                 self.submit_ack();
                 Then::Done(true)
             }
-            Ok(ClientFrame::Sync { after }) => Then::Sync(after),
+            Ok(ClientFrame::Sync { after }) => {
+                if let Some(f) = &self.shared.opts.send_fault {
+                    assert!(
+                        !f.panic_sync(&self.mailbox.user, after),
+                        "sync fault: {after}"
+                    );
+                }
+                Then::Sync(after)
+            }
         }
     }
 

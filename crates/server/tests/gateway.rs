@@ -984,7 +984,7 @@ async fn shutdown_does_not_wait_for_a_client_that_never_reads() {
 
 // ---- issue 11: acks, dedupe expiry, stuck shards -------------------------------------------
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 use gateway_support::route;
@@ -1395,6 +1395,98 @@ async fn the_sweep_goes_past_a_shard_whose_watermark_cannot_be_read() {
         .await;
     bob.expect_seqs(&[offset_of(&lost, "bob")]).await;
     assert!(fault.lost.load(Ordering::SeqCst) > 0, "the hint was lost");
+    d.shutdown().await;
+}
+
+/// The quiet path of a step whose replies were lost: one pipeline carries the hot-path
+/// scripts of bob's and carol's shards, and carol's fails (her mailbox key holds a string:
+/// `WRONGTYPE`). bob's script ran and moved his shard's W, but the step failed as a whole:
+/// nothing hinted his entry, and his shard resumed from the new W. With no sweep (an hour
+/// away), no periodic re-check and no more traffic, bob must still get it (ADR-0062).
+#[tokio::test]
+async fn an_entry_written_by_a_step_that_failed_on_another_shard_is_still_hinted() {
+    use tidemark_store::keys;
+    let bob_shard = route("bob").shard;
+    let carol = (0..10_000)
+        .map(|i| format!("c{i}"))
+        .find(|u| route(u).shard != bob_shard)
+        .expect("a user of another shard");
+    // the hint fault is never armed: the hints alone deliver (no local runs)
+    let (d, _hints) = start_losing_hints("bob", Duration::from_secs(3600)).await;
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let o = alice.send_ok("f0", &["bob"], "warm up").await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+    let client = redis::Client::open(d.mailbox_url.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(keys::mailbox(route(&carol).shard, &carol))
+        .arg("not a mailbox")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let o = alice
+        .send_ok("f1", &["bob", carol.as_str()], "one step, two shards")
+        .await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+    d.shutdown().await;
+}
+
+/// Loses the replies of the hot-path step of `shard` that starts at a record above `after`,
+/// once armed (its scripts ran: W moved), so the step fails as a whole.
+struct LoseReplies {
+    shard: u32,
+    after: std::sync::atomic::AtomicU64,
+    lost: AtomicU32,
+}
+
+impl ChunkFault for LoseReplies {
+    fn fail(&self, _: u32, _: u64, _: usize, _: u32) -> bool {
+        false
+    }
+    fn lose_replies(&self, shard: u32, offset: u64) -> bool {
+        shard == self.shard
+            && offset > self.after.load(Ordering::SeqCst)
+            && self.lost.fetch_add(1, Ordering::SeqCst) == 0
+    }
+}
+
+/// The quiet path of a step whose replies were lost after its scripts ran (the connection
+/// dropped after Redis executed them): bob's entry is written and his shard's W moved, but
+/// the worker saw the step fail and re-read W. Nothing named bob: his entry must still come,
+/// with no sweep (an hour away), no periodic re-check and no more traffic (ADR-0062: a W
+/// found above what the worker saw applied wakes the whole shard).
+#[tokio::test]
+async fn an_entry_whose_step_lost_its_replies_is_still_hinted() {
+    let fault = Arc::new(LoseReplies {
+        shard: route("bob").shard,
+        after: std::sync::atomic::AtomicU64::new(u64::MAX),
+        lost: AtomicU32::new(0),
+    });
+    let opts = MaterializerOptions {
+        fault: Some(fault.clone()),
+        ..MaterializerOptions::default()
+    };
+    let d = start_full(
+        |o| {
+            o.recheck_interval = None;
+            o.wake_sweep_interval = Duration::from_secs(3600);
+            o.local_delivery = false;
+        },
+        opts,
+    )
+    .await;
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let o = alice.send_ok("l0", &["bob"], "warm up").await;
+    let first = offset_of(&o, "bob");
+    bob.expect_seqs(&[first]).await;
+    fault.after.store(first, Ordering::SeqCst);
+    let o = alice.send_ok("l1", &["bob"], "replies lost").await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+    assert_eq!(
+        fault.lost.load(Ordering::SeqCst),
+        1,
+        "the step's replies were lost"
+    );
     d.shutdown().await;
 }
 

@@ -18,6 +18,13 @@ pub trait ChunkFault: Send + Sync {
     fn lose_hint(&self, _shard: u32, _seq: u64) -> bool {
         false
     }
+
+    /// True: the replies of a hot-path step whose batch of `shard` starts at record `offset`
+    /// are lost after its scripts ran, as when the connection drops after Redis executed
+    /// them: the step fails as a whole (tests of moves nobody saw applied, ADR-0062).
+    fn lose_replies(&self, _shard: u32, _offset: u64) -> bool {
+        false
+    }
 }
 
 /// Fails a given percentage of lane chunk writes, decided by a hash of (shard, offset, lane,

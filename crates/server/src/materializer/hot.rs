@@ -106,9 +106,28 @@ impl Worker {
         let gate = self.opts.lease_gate.clone();
         for (mb, batches) in hot {
             let outcomes = self.mailboxes[mb].materialize_batches(&batches).await?;
+            if let Some(f) = &self.opts.fault {
+                if batches
+                    .iter()
+                    .any(|(s, _, items)| f.lose_replies(*s, items[0].offset))
+                {
+                    return Err(Error::Store(tidemark_store::Error::InvalidArgument(
+                        "injected fault: the step's replies were lost".into(),
+                    )));
+                }
+            }
             let recs = hot_recs.remove(&mb).unwrap_or_default();
             for (((s, _, items), recs), outs) in batches.into_iter().zip(recs).zip(outcomes) {
-                self.handle_hot(s, items, recs, outs).await?;
+                match outs {
+                    Ok(outs) => self.handle_hot(s, items, recs, outs).await?,
+                    // this shard alone re-reads from its W after the backoff; the others'
+                    // moves are handled (hinted, handed) as usual
+                    Err(e) => {
+                        tracing::warn!(shard = s, error = %e, "materialize step failed for a shard; it retries from W");
+                        metrics::counter!("tidemark_errors_total", "code" => e.code()).increment(1);
+                        self.schedule_retry(s, &e.to_string());
+                    }
+                }
             }
         }
         let with_pending: Vec<u32> = self

@@ -669,6 +669,23 @@ impl Worker {
                         "watermark went backwards; re-materialising from the log"
                     );
                     metrics::counter!("tidemark_watermark_regressions_total").increment(1);
+                } else if sh.min_w > was {
+                    // W moved past what this worker saw applied: a step whose replies were
+                    // lost (a pipeline that failed on another shard's script, a connection cut
+                    // after the scripts ran) wrote entries that were never hinted, and their
+                    // recipients are not known here. The next hint skips a number, so every
+                    // gateway re-checks every connection of the shard (ADR-0035); without it
+                    // those entries waited for their recipients' next message, a reconnect or
+                    // the slow sweep (ADR-0062).
+                    tracing::info!(
+                        shard = s,
+                        w = sh.min_w,
+                        was,
+                        "watermark moved by a step whose replies were lost; waking the shard"
+                    );
+                    sh.hint_seq += 1;
+                    sh.moved = true;
+                    sh.unhanded = true;
                 }
                 sh.read_pos = sh.min_w;
                 sh.uniform = wm.lanes.is_uniform();

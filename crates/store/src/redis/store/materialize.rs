@@ -173,18 +173,30 @@ impl MailboxStore {
     }
 
     /// The outcomes of a shard's items from the replies of its runs.
-    fn run_outcomes<'a>(
+    /// One shard's outcomes from its runs' replies (taken from `replies`, one per run: all of
+    /// them, even after an error, so the next shard's start where they should). The first
+    /// error is the shard's; the runs before it were applied, and its re-read of W finds them.
+    fn run_outcomes(
         shard: u32,
         items: &[SingleItem],
-        replies: &mut impl Iterator<Item = &'a Value>,
+        replies: &mut impl Iterator<Item = redis::RedisResult<Value>>,
     ) -> Result<Vec<Materialized>> {
-        let mut out = Vec::with_capacity(items.len());
+        let mut out = Ok(Vec::with_capacity(items.len()));
         for run in runs(items) {
             let r = replies.next().expect("one reply per run");
+            let Ok(got) = &mut out else {
+                continue;
+            };
             let offsets: Vec<u64> = run.iter().map(|it| it.offset).collect();
-            out.extend(parse_materialized(r, &offsets)?.ok_or(Error::NoWatermark { shard })?);
+            match r
+                .map_err(Error::from)
+                .and_then(|r| parse_materialized(&r, &offsets)?.ok_or(Error::NoWatermark { shard }))
+            {
+                Ok(o) => got.extend(o),
+                Err(e) => out = Err(e),
+            }
         }
-        Ok(out)
+        out
     }
 
     /// The hot path for one record.
@@ -213,26 +225,30 @@ impl MailboxStore {
     ) -> Result<Vec<Materialized>> {
         let mut cmds = Vec::new();
         self.push_runs(&mut cmds, shard, epoch, items)?;
-        let replies = self.invoke_pipeline(&cmds).await?;
-        Self::run_outcomes(shard, items, &mut replies.iter())
+        let replies = self.exec_reloading(&cmds).await?;
+        Self::run_outcomes(shard, items, &mut replies.into_iter())
     }
 
     /// Hot-path batches of several shards (all on this instance) in one pipeline; each
-    /// shard's items stay in log order. Returns one outcome list per batch.
+    /// shard's items stay in log order. Returns one outcome list per batch, or that shard's
+    /// error: a script that fails on one shard (a mailbox key of another type, say) fails
+    /// that shard alone, while the others' outcomes, already written, are still reported
+    /// (before, the first error failed the whole batch and every other shard's moves went
+    /// unreported: written, never hinted). The outer error: the pipeline itself failed.
     pub async fn materialize_batches(
         &mut self,
         batches: &[(u32, u64, Vec<SingleItem>)],
-    ) -> Result<Vec<Vec<Materialized>>> {
+    ) -> Result<Vec<Result<Vec<Materialized>>>> {
         let mut cmds = Vec::new();
         for (shard, epoch, items) in batches {
             self.push_runs(&mut cmds, *shard, *epoch, items)?;
         }
-        let replies = self.invoke_pipeline(&cmds).await?;
-        let mut it = replies.iter();
-        batches
+        let replies = self.exec_reloading(&cmds).await?;
+        let mut it = replies.into_iter();
+        Ok(batches
             .iter()
             .map(|(shard, _, items)| Self::run_outcomes(*shard, items, &mut it))
-            .collect()
+            .collect())
     }
 
     // ---- write_lane_chunk.lua ----

@@ -55,7 +55,7 @@ use super::watermark::U48_MAX;
 use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::redis::replicas::ReplicaConfirm;
+use crate::redis::replicas::{client_info, conn_id, ConnId, ReplicaConfirm};
 pub use crate::redis::replicas::{has_replicas, ReplicaWait, WaitPolicy};
 
 /// How long a dedupe record (sender, client id) → offset lives.
@@ -578,7 +578,12 @@ impl LogStore {
                 )));
             }
         }
-        let mut out = self.commit_call(parts, dedupe_ttl_s, true).await?;
+        // the connections the calls ran on: a replica WAIT confirms only their writes if it
+        // runs on the same one (ADR-0063)
+        let mut ran_on = Vec::new();
+        let mut out = self
+            .commit_call(parts, dedupe_ttl_s, true, &mut ran_on)
+            .await?;
         // one-key messages whose claim is a bare digest of theirs: again, with their dedupe
         // keys (ADR-0043; rare: a claim written before ADR-0040, or by a two-step claim)
         let again: Vec<(usize, Vec<usize>)> = out
@@ -599,7 +604,9 @@ impl LogStore {
                 .iter()
                 .map(|(p, idx)| (parts[*p].0, idx.iter().map(|&i| parts[*p].1[i]).collect()))
                 .collect();
-            let answers = self.commit_call(&retry, dedupe_ttl_s, false).await?;
+            let answers = self
+                .commit_call(&retry, dedupe_ttl_s, false, &mut ran_on)
+                .await?;
             for ((p, idx), part_answers) in again.into_iter().zip(answers) {
                 for (i, a) in idx.into_iter().zip(part_answers) {
                     out[p][i] = a;
@@ -628,7 +635,11 @@ impl LogStore {
         // every write made on the connection before it, so every part of the call.
         let acked = out.iter().flatten().any(|r| r.is_ok());
         if let (Some(w), true) = (self.wait, acked) {
-            if let Err(e) = self.confirm.confirm(&self.conn, parts[0].0, w).await {
+            if let Err(e) = self
+                .confirm
+                .confirm(&self.conn, parts[0].0, w, &ran_on)
+                .await
+            {
                 for (answers, (shard, _)) in out.iter_mut().zip(parts) {
                     for r in answers.iter_mut().filter(|r| r.is_ok()) {
                         *r = Err(match &e {
@@ -657,6 +668,7 @@ impl LogStore {
         parts: &[(u32, Vec<&CommitRequest<'_>>)],
         dedupe_ttl_s: u64,
         one_key: bool,
+        ran_on: &mut Vec<Option<ConnId>>,
     ) -> Result<Vec<Vec<Option<Result<Committed>>>>> {
         // ADR-0043: a one-key claim passes only its claim's key
         let one_key = one_key && self.one_key_claims;
@@ -725,7 +737,8 @@ impl LogStore {
                 });
             }
         }
-        let v = self.eval_commit(&cmd).await?;
+        let (v, conn) = self.eval_commit(&cmd, parts[0].0).await?;
+        ran_on.push(conn);
         let bad = || Error::UnexpectedReply {
             script: "commit_dispatch",
             detail: format!("{v:?}"),
@@ -775,18 +788,49 @@ impl LogStore {
     /// a cluster, on the primary of its shard alone: [`Conn::load_scripts_for`]) and running
     /// it again as `EVAL` (ADR-0059: a `SCRIPT LOAD` routed by a stale slot map may have
     /// reached the old primary).
-    async fn eval_commit(&mut self, cmd: &redis::Cmd) -> Result<Value> {
-        Ok(match cmd.query_async(&mut self.conn).await {
-            Err(e) if e.code() == Some("NOSCRIPT") => {
-                self.conn
-                    .load_scripts_for(Some(cmd), &[&COMMIT_DISPATCH.source])
-                    .await?;
-                super::scripts::as_eval(cmd, &COMMIT_DISPATCH.source)
-                    .query_async(&mut self.conn)
-                    .await?
-            }
-            other => other?,
-        })
+    ///
+    /// With a replica wait, the call is pipelined with `CLIENT INFO`, which names the
+    /// connection it ran on (ADR-0063); `None` without one.
+    async fn eval_commit(
+        &mut self,
+        cmd: &redis::Cmd,
+        shard: u32,
+    ) -> Result<(Value, Option<ConnId>)> {
+        if self.wait.is_none() {
+            let v = match cmd.query_async(&mut self.conn).await {
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    self.conn
+                        .load_scripts_for(Some(cmd), &[&COMMIT_DISPATCH.source])
+                        .await?;
+                    super::scripts::as_eval(cmd, &COMMIT_DISPATCH.source)
+                        .query_async(&mut self.conn)
+                        .await?
+                }
+                other => other?,
+            };
+            return Ok((v, None));
+        }
+        let mut replies = self
+            .conn
+            .exec_each(&[(shard, cmd.clone()), (shard, client_info())])
+            .await?;
+        if matches!(&replies[0], Err(e) if e.code() == Some("NOSCRIPT")) {
+            self.conn
+                .load_scripts_for(Some(cmd), &[&COMMIT_DISPATCH.source])
+                .await?;
+            let again = super::scripts::as_eval(cmd, &COMMIT_DISPATCH.source);
+            replies = self
+                .conn
+                .exec_each(&[(shard, again), (shard, client_info())])
+                .await?;
+        }
+        let mut replies = replies.into_iter();
+        let v = replies.next().expect("two replies")?;
+        let conn = replies
+            .next()
+            .and_then(|r| r.ok())
+            .and_then(|i| conn_id(&i));
+        Ok((v, conn))
     }
 
     /// Binds (sender, client id) to the message digest on the sender's shard `home` (one

@@ -108,6 +108,37 @@ pub(crate) async fn with_wait(
     Ok(v)
 }
 
+/// Which connection a command ran on, from `CLIENT INFO`: its id on the server, its address
+/// (our end) and the server's address (`laddr`). `WAIT` confirms only the writes made on the
+/// connection it runs on, and redis-rs' cluster client may run a command again on a new
+/// connection after the first one dropped (ADR-0063): a commit counts as confirmed only by
+/// a `WAIT` that ran on the connection the commit ran on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ConnId(String);
+
+/// `CLIENT INFO`, pipelined after a command to learn which connection ran it.
+pub(crate) fn client_info() -> redis::Cmd {
+    let mut c = redis::cmd("CLIENT");
+    c.arg("INFO");
+    c
+}
+
+/// The [`ConnId`] in a `CLIENT INFO` reply; `None` when it does not name one.
+pub(crate) fn conn_id(info: &Value) -> Option<ConnId> {
+    let text = match info {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?,
+        Value::SimpleString(s) => s.as_str(),
+        Value::VerbatimString { text, .. } => text.as_str(),
+        _ => return None,
+    };
+    let field = |name: &str| {
+        text.split_ascii_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+    };
+    let (id, addr, laddr) = (field("id")?, field("addr")?, field("laddr")?);
+    Some(ConnId(format!("{id} {addr} {laddr}")))
+}
+
 /// A failed [`with_wait`]: the command or the pipeline failed, or the command ran but too
 /// few replicas confirmed what came before.
 pub(crate) enum WaitError {
@@ -136,14 +167,23 @@ struct GroupState {
     next: u64,
     /// A `WAIT` is in flight.
     in_flight: bool,
-    /// The last finished generation and what it answered (replicas, or the error's text).
-    last: Option<(u64, std::result::Result<u32, String>)>,
+    /// The last finished generation and what it answered (replicas and the connection it
+    /// ran on, or the error's text).
+    last: Option<(u64, WaitAnswer)>,
 }
 
 impl ReplicaConfirm {
     /// Waits until everything written on `conn` for `shard` so far is on `wait.replicas`
-    /// replicas: `Ok(())`, or [`Error::NotReplicated`] / the `WAIT`'s own failure.
-    pub(crate) async fn confirm(&self, conn: &Conn, shard: u32, wait: ReplicaWait) -> Result<()> {
+    /// replicas: `Ok(())`, or [`Error::NotReplicated`] / the `WAIT`'s own failure. `ran_on`:
+    /// the connections the writes to confirm ran on; a `WAIT` that ran on another one (or
+    /// an unknown one) confirms nothing of them (ADR-0063).
+    pub(crate) async fn confirm(
+        &self,
+        conn: &Conn,
+        shard: u32,
+        wait: ReplicaWait,
+        ran_on: &[Option<ConnId>],
+    ) -> Result<()> {
         let group = self
             .shards
             .lock()
@@ -164,7 +204,7 @@ impl ReplicaConfirm {
                 let mut st = group.state.lock().expect("not poisoned");
                 if let Some((g, r)) = &st.last {
                     if *g >= need {
-                        return verdict(shard, wait, r.clone());
+                        return verdict(shard, wait, r.clone(), ran_on);
                     }
                 }
                 if st.in_flight {
@@ -187,7 +227,7 @@ impl ReplicaConfirm {
                     let r = send_wait(conn, shard, wait).await;
                     lead.answer(g, r.clone());
                     // g >= need: the WAIT was sent after our write's reply
-                    return verdict(shard, wait, r);
+                    return verdict(shard, wait, r, ran_on);
                 }
                 None => notified.await,
             }
@@ -207,7 +247,7 @@ struct Lead<'a> {
 
 impl Lead<'_> {
     /// Records the answer of `WAIT` generation `g` and wakes the waiters.
-    fn answer(mut self, g: u64, r: std::result::Result<u32, String>) {
+    fn answer(mut self, g: u64, r: WaitAnswer) {
         {
             let mut st = self.group.state.lock().expect("not poisoned");
             st.in_flight = false;
@@ -232,10 +272,28 @@ impl Drop for Lead<'_> {
     }
 }
 
-fn verdict(shard: u32, wait: ReplicaWait, r: std::result::Result<u32, String>) -> Result<()> {
+/// What a `WAIT` answered: how many replicas, and the connection it ran on; or why it failed.
+type WaitAnswer = std::result::Result<(u32, Option<ConnId>), String>;
+
+fn verdict(shard: u32, wait: ReplicaWait, r: WaitAnswer, ran_on: &[Option<ConnId>]) -> Result<()> {
     match r {
-        Ok(n) if n >= wait.replicas => Ok(()),
-        Ok(n) => Err(Error::NotReplicated {
+        Ok((n, at)) if ran_on.iter().any(|c| c.is_none() || *c != at) => {
+            // the WAIT ran on another connection than a write it should confirm (redis-rs
+            // ran it again on a new connection, after a drop or a failover): there it
+            // answers at once, knowing nothing of those writes
+            tracing::warn!(
+                shard,
+                replicas = n,
+                "replica WAIT ran on another connection than the commit; not confirmed"
+            );
+            Err(Error::NotReplicated {
+                shard,
+                replicas: 0,
+                wanted: wait.replicas,
+            })
+        }
+        Ok((n, _)) if n >= wait.replicas => Ok(()),
+        Ok((n, _)) => Err(Error::NotReplicated {
             shard,
             replicas: n,
             wanted: wait.replicas,
@@ -249,27 +307,30 @@ fn verdict(shard: u32, wait: ReplicaWait, r: std::result::Result<u32, String>) -
 }
 
 /// `WAIT replicas timeout` on the connection to `shard`'s primary (on a cluster, routed to
-/// the node serving the shard's slot, through the connection the commits went by).
-async fn send_wait(conn: &Conn, shard: u32, wait: ReplicaWait) -> std::result::Result<u32, String> {
-    let mut cmd = redis::cmd("WAIT");
-    cmd.arg(wait.replicas).arg(wait.timeout.as_millis() as u64);
-    let r: redis::RedisResult<Value> = match conn.clone() {
-        Conn::Single(mut c) => cmd.query_async(&mut c).await,
+/// the node serving the shard's slot, through the connection the commits went by), with
+/// `CLIENT INFO` behind it in one pipeline: the connection it ran on.
+async fn send_wait(conn: &Conn, shard: u32, wait: ReplicaWait) -> WaitAnswer {
+    let mut pipe = redis::pipe();
+    pipe.cmd("WAIT")
+        .arg(wait.replicas)
+        .arg(wait.timeout.as_millis() as u64)
+        .add_command(client_info());
+    let r: redis::RedisResult<Vec<Value>> = match conn.clone() {
+        Conn::Single(mut c) => pipe.query_async(&mut c).await,
         Conn::Cluster(mut c) => {
-            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
             let slot = crate::endpoint::key_slot(crate::keys::dlog(shard).as_bytes());
-            c.route_command(
-                cmd,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-                    slot,
-                    SlotAddr::Master,
-                ))),
+            c.route_pipeline(
+                pipe,
+                0,
+                2,
+                SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)),
             )
             .await
         }
     };
-    match r {
-        Ok(Value::Int(n)) => Ok(u32::try_from(n).unwrap_or(0)),
+    match r.as_deref() {
+        Ok([Value::Int(n), info]) => Ok((u32::try_from(*n).unwrap_or(0), conn_id(info))),
         Ok(v) => Err(format!("unexpected WAIT reply {v:?}")),
         Err(e) => Err(e.to_string()),
     }
@@ -285,15 +346,33 @@ mod tests {
             replicas: 1,
             timeout: Duration::from_millis(10),
         };
-        assert!(verdict(3, w, Ok(1)).is_ok());
+        let here = conn_id(&Value::BulkString(
+            b"id=7 addr=127.0.0.1:50000 laddr=127.0.0.1:7000 fd=9 name= age=1\n".to_vec(),
+        ));
+        assert_eq!(
+            here,
+            Some(ConnId("7 127.0.0.1:50000 127.0.0.1:7000".into()))
+        );
+        let ran = [here.clone()];
+        assert!(verdict(3, w, Ok((1, here.clone())), &ran).is_ok());
         assert!(matches!(
-            verdict(3, w, Ok(0)),
+            verdict(3, w, Ok((0, here.clone())), &ran),
             Err(Error::NotReplicated {
                 shard: 3,
                 replicas: 0,
                 wanted: 1
             })
         ));
-        assert!(verdict(3, w, Err("x".into())).is_err());
+        assert!(verdict(3, w, Err("x".into()), &ran).is_err());
+        // a WAIT on another connection (same id on another node, or a new connection)
+        // confirms nothing, however many replicas it counts
+        let elsewhere = conn_id(&Value::BulkString(
+            b"id=7 addr=127.0.0.1:50000 laddr=127.0.0.1:7001".to_vec(),
+        ));
+        assert!(verdict(3, w, Ok((2, elsewhere)), &ran).is_err());
+        assert!(verdict(3, w, Ok((2, None)), &ran).is_err());
+        assert!(verdict(3, w, Ok((2, here.clone())), &[here, None]).is_err());
+        // a reply that names no connection
+        assert_eq!(conn_id(&Value::BulkString(b"id=7 addr=x".to_vec())), None);
     }
 }

@@ -11,6 +11,7 @@
 //!   stg:{s}:<o>      hash  lanes durable of o             dlogwake:{s}  sharded channel: commit hint (cluster only)
 //!   stgidx:{s}       zset  offsets with staging
 //!   owner:{s}        string epoch of the live owner (PX, refreshed every second)
+//!   wmsync:{s}       string W last confirmed for a log trim (with a replica wait only)
 //!   wake:{s}         pub/sub channel (hint)
 //!
 //! core Redis, coordination (ADR-0030)
@@ -42,6 +43,13 @@ pub fn mailbox(shard: u32, user: &str) -> String {
 /// `ack:{s}`: per-user acked seq of the shard's mailboxes.
 pub fn acks(shard: u32) -> String {
     format!("ack:{{{shard}}}")
+}
+
+/// `wmsync:{s}`: the W the GC last asked the replicas to confirm before trimming the core
+/// log. Written for its replication: the `WAIT` after it covers everything the primary held
+/// when W was read (ADR-0063); only with a mailbox replica wait.
+pub fn wm_sync(shard: u32) -> String {
+    format!("wmsync:{{{shard}}}")
 }
 
 /// `owner:{s}`: the epoch of the process materialising the shard, set with a short expiry and

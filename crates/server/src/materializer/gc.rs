@@ -202,8 +202,10 @@ impl Worker {
                 // the log below W goes only once W is on the replicas asked for: a replica
                 // promoted after a mailbox primary's loss re-materialises from the log
                 if min_w > 0 {
-                    if self.mailboxes[mb].confirm_replicated(s).await? {
-                        self.core.trim(s, min_w).await?;
+                    if let Some(w) = self.mailboxes[mb].confirm_replicated(s, min_w).await? {
+                        if w > 0 {
+                            self.core.trim(s, w).await?;
+                        }
                     } else {
                         metrics::counter!("tidemark_trim_deferred_total").increment(1);
                         tracing::warn!(

@@ -88,20 +88,33 @@ pub async fn has_replicas(conn: &mut Conn) -> Result<bool> {
         .is_some_and(|n| n > 0))
 }
 
-/// Runs `cmd` (a keyed command) followed by `WAIT` on the same connection — one pipeline, so
-/// on a cluster both go to the primary of `cmd`'s slot — and checks the replica count.
+/// Runs `cmds` (keyed commands of one slot) followed by `WAIT` on the same connection — one
+/// pipeline, so on a cluster all go to the primary of that slot — checks the replica count
+/// and returns the replies of `cmds`. The `WAIT` covers only what this connection wrote: one
+/// of `cmds` should be a write (ADR-0063).
 pub(crate) async fn with_wait(
     conn: &mut Conn,
-    cmd: &redis::Cmd,
+    cmds: &[redis::Cmd],
     wait: ReplicaWait,
-) -> std::result::Result<Value, WaitError> {
+) -> std::result::Result<Vec<Value>, WaitError> {
     let mut pipe = redis::pipe();
-    pipe.add_command(cmd.clone())
-        .cmd("WAIT")
+    for c in cmds {
+        pipe.add_command(c.clone());
+    }
+    pipe.cmd("WAIT")
         .arg(wait.replicas)
         .arg(wait.timeout.as_millis() as u64);
-    let (v, n): (Value, i64) = pipe.query_async(conn).await.map_err(WaitError::Redis)?;
-    let n = u32::try_from(n).unwrap_or(0);
+    let mut v: Vec<Value> = pipe.query_async(conn).await.map_err(WaitError::Redis)?;
+    let n = match v.pop() {
+        Some(Value::Int(n)) if v.len() == cmds.len() => u32::try_from(n).unwrap_or(0),
+        other => {
+            return Err(WaitError::Redis(redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected WAIT reply",
+                format!("{other:?}"),
+            ))))
+        }
+    };
     if n < wait.replicas {
         return Err(WaitError::Short);
     }

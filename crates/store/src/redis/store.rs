@@ -105,24 +105,45 @@ impl MailboxStore {
         Ok(self.wait)
     }
 
-    /// Whether everything written so far to shard `shard`'s primary has reached the replicas
-    /// asked for (`WAIT` after a read of `wm:{s}`, on that primary's connection). Always true
-    /// when no wait is asked. Call before trimming the core log below W: a promoted replica
-    /// then holds at least that W.
-    pub async fn confirm_replicated(&mut self, shard: u32) -> Result<bool> {
+    /// The W below which shard `shard`'s core log may be trimmed, given `w` (the lowest
+    /// present W the caller read): `w` when no replica wait is asked; otherwise the lower of
+    /// `w` and the W on the shard's primary, once that is confirmed on the replicas asked
+    /// for, or `None` (not confirmed now: the next GC tries again). Call before trimming the
+    /// core log: a promoted replica then holds at least that W.
+    ///
+    /// One pipeline on the primary: a read of `wm:{s}`, a write of `wmsync:{s}`, `WAIT`. The
+    /// `WAIT` covers the write, and so (replication is in order) everything the primary held
+    /// when it read W, whichever connection the pipeline ran on. (Before, `EXISTS` then
+    /// `WAIT` relied on the connection having written W: a reconnect since, or redis-rs'
+    /// cluster client running the pipeline again on a new connection, made the `WAIT`
+    /// answer at once and confirm nothing, ADR-0063.)
+    pub async fn confirm_replicated(&mut self, shard: u32, w: u64) -> Result<Option<u64>> {
         let Some(mut wait) = self.wait else {
-            return Ok(true);
+            return Ok(Some(w));
         };
         // a short wait: this runs in the materializer's loop, and a trim not confirmed now is
         // simply tried again at the next GC (W is normally on the replicas long before)
         wait.timeout = wait.timeout.min(std::time::Duration::from_millis(50));
-        let mut cmd = redis::cmd("EXISTS");
-        cmd.arg(crate::keys::wm(shard));
-        match crate::redis::replicas::with_wait(&mut self.conn, &cmd, wait).await {
-            Ok(_) => Ok(true),
-            Err(crate::redis::replicas::WaitError::Short) => Ok(false),
-            Err(crate::redis::replicas::WaitError::Redis(e)) => Err(e.into()),
-        }
+        let mut read = redis::cmd("HGETALL");
+        read.arg(crate::keys::wm(shard));
+        let mut write = redis::cmd("SET");
+        write.arg(crate::keys::wm_sync(shard)).arg(w);
+        let v = match crate::redis::replicas::with_wait(&mut self.conn, &[read, write], wait).await
+        {
+            Ok(mut v) => v.swap_remove(0),
+            Err(crate::redis::replicas::WaitError::Short) => return Ok(None),
+            Err(crate::redis::replicas::WaitError::Redis(e)) => return Err(e.into()),
+        };
+        let flat = match v {
+            redis::Value::Map(m) => {
+                redis::Value::Array(m.into_iter().flat_map(|(k, v)| [k, v]).collect())
+            }
+            other => other,
+        };
+        let on_primary = reply::decode_read_reply(&[shard], &redis::Value::Array(vec![flat]))?
+            .pop()
+            .expect("one shard asked, one answer")?;
+        Ok(Some(w.min(on_primary.lanes.min_present_w().unwrap_or(0))))
     }
 }
 

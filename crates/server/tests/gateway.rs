@@ -1283,21 +1283,25 @@ async fn start_losing_hints(user: &str, sweep: Duration) -> (Deployment, Arc<Los
         on: AtomicBool::new(false),
         lost: Default::default(),
     });
+    (start_hints_only(fault.clone(), sweep).await, fault)
+}
+
+/// A deployment that delivers by its hints alone (no local runs, as on a gateway-only node;
+/// no periodic re-check; the given sweep), its materializer with `fault`.
+async fn start_hints_only(fault: Arc<dyn ChunkFault>, sweep: Duration) -> Deployment {
     let opts = MaterializerOptions {
-        fault: Some(fault.clone()),
+        fault: Some(fault),
         ..MaterializerOptions::default()
     };
-    let d = start_full(
+    start_full(
         |o| {
             o.recheck_interval = None;
             o.wake_sweep_interval = sweep;
-            // the hints alone (as on a gateway-only node): local runs would deliver anyway
             o.local_delivery = false;
         },
         opts,
     )
-    .await;
-    (d, fault)
+    .await
 }
 
 /// A user of `user`'s shard other than `user`.
@@ -1349,16 +1353,26 @@ async fn a_lost_hint_is_noticed_by_the_gap_in_the_next_ones_numbers() {
 async fn a_lost_last_hint_is_found_by_the_sweep_with_no_more_traffic() {
     let (d, fault) = start_losing_hints("bob", Duration::from_millis(300)).await;
     let (mut bob, mut alice) = d.pair("bob", "alice").await;
-    let o = alice.send_ok("q0", &["bob"], "hinted").await;
-    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+    hinted_then_lost(&fault, &mut alice, &mut bob, "q").await;
+    d.shutdown().await;
+}
 
+/// alice sends bob a message whose hint goes out, then one whose hint is lost, and nothing
+/// after: bob must get both (the second found by the sweep alone).
+async fn hinted_then_lost(
+    fault: &LoseHints,
+    alice: &mut gateway_support::Ws,
+    bob: &mut gateway_support::Ws,
+    id: &str,
+) {
+    let o = alice.send_ok(&format!("{id}0"), &["bob"], "hinted").await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
     fault.on.store(true, Ordering::SeqCst);
     let lost = alice
-        .send_ok("q1", &["bob"], "hint lost, then silence")
+        .send_ok(&format!("{id}1"), &["bob"], "hint lost, then silence")
         .await;
     bob.expect_seqs(&[offset_of(&lost, "bob")]).await;
     assert!(fault.lost.load(Ordering::SeqCst) > 0, "the hint was lost");
-    d.shutdown().await;
 }
 
 /// The quiet path with a broken shard beside it: a shard whose watermark cannot be read
@@ -1386,15 +1400,7 @@ async fn the_sweep_goes_past_a_shard_whose_watermark_cannot_be_read() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    let o = alice.send_ok("b0", &["bob"], "hinted").await;
-    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
-
-    fault.on.store(true, Ordering::SeqCst);
-    let lost = alice
-        .send_ok("b1", &["bob"], "hint lost, then silence")
-        .await;
-    bob.expect_seqs(&[offset_of(&lost, "bob")]).await;
-    assert!(fault.lost.load(Ordering::SeqCst) > 0, "the hint was lost");
+    hinted_then_lost(&fault, &mut alice, &mut bob, "b").await;
     d.shutdown().await;
 }
 
@@ -1462,19 +1468,7 @@ async fn an_entry_whose_step_lost_its_replies_is_still_hinted() {
         after: std::sync::atomic::AtomicU64::new(u64::MAX),
         lost: AtomicU32::new(0),
     });
-    let opts = MaterializerOptions {
-        fault: Some(fault.clone()),
-        ..MaterializerOptions::default()
-    };
-    let d = start_full(
-        |o| {
-            o.recheck_interval = None;
-            o.wake_sweep_interval = Duration::from_secs(3600);
-            o.local_delivery = false;
-        },
-        opts,
-    )
-    .await;
+    let d = start_hints_only(fault.clone(), Duration::from_secs(3600)).await;
     let (mut bob, mut alice) = d.pair("bob", "alice").await;
     let o = alice.send_ok("l0", &["bob"], "warm up").await;
     let first = offset_of(&o, "bob");

@@ -8,27 +8,15 @@
 
 use std::time::Duration;
 
-use tidemark_redis_proc::{key_slot, ClusterOptions, RedisCluster, Role};
+use tidemark_redis_proc::{key_slot, RedisCluster, Role};
 use tidemark_store::endpoint::cluster_endpoint;
 use tidemark_store::redis::dlog::LogStore;
 use tidemark_store::redis::lease::Lease;
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 
-fn cluster() -> Option<RedisCluster> {
-    if !tidemark_redis_proc::redis_server_available() || !tidemark_redis_proc::redis_cli_available()
-    {
-        eprintln!("SKIPPED: redis-server/redis-cli not installed (scripts/install-redis.sh)");
-        return None;
-    }
-    Some(
-        RedisCluster::start(ClusterOptions {
-            node_timeout_ms: 1000,
-            ..ClusterOptions::default()
-        })
-        .expect("start a 3+3 Redis Cluster"),
-    )
-}
+mod support;
+use support::cluster;
 
 /// Within 10 s, or the test fails (the old recovery waited 30 s for the stopped node).
 async fn soon<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {

@@ -6,26 +6,14 @@
 
 use std::time::Duration;
 
-use tidemark_redis_proc::{key_slot, ClusterOptions, RedisCluster};
+use tidemark_redis_proc::key_slot;
 use tidemark_store::endpoint::cluster_endpoint;
 use tidemark_store::redis::dlog::LogStore;
 use tidemark_store::redis::replicas::ReplicaWait;
 use tidemark_store::Error;
 
-fn cluster() -> Option<RedisCluster> {
-    if !tidemark_redis_proc::redis_server_available() || !tidemark_redis_proc::redis_cli_available()
-    {
-        eprintln!("SKIPPED: redis-server/redis-cli not installed (scripts/install-redis.sh)");
-        return None;
-    }
-    Some(
-        RedisCluster::start(ClusterOptions {
-            node_timeout_ms: 1000,
-            ..ClusterOptions::default()
-        })
-        .expect("start a 3+3 Redis Cluster"),
-    )
-}
+mod support;
+use support::cluster;
 
 /// The commit's `WAIT` blocks on the primary (its one replica is stopped, so nothing is
 /// replicated) when the connection it runs on is cut. The commit must not be confirmed.

@@ -73,3 +73,20 @@ pub async fn script_flush(raw: &mut ConnectionManager) {
         .await
         .unwrap();
 }
+
+/// A 3+3 Redis Cluster with a short node timeout, or `None` (the test is skipped) when
+/// redis-server or redis-cli is missing.
+pub fn cluster() -> Option<tidemark_redis_proc::RedisCluster> {
+    if !tidemark_redis_proc::redis_server_available() || !tidemark_redis_proc::redis_cli_available()
+    {
+        eprintln!("SKIPPED: redis-server/redis-cli not installed (scripts/install-redis.sh)");
+        return None;
+    }
+    Some(
+        tidemark_redis_proc::RedisCluster::start(tidemark_redis_proc::ClusterOptions {
+            node_timeout_ms: 1000,
+            ..tidemark_redis_proc::ClusterOptions::default()
+        })
+        .expect("start a 3+3 Redis Cluster"),
+    )
+}

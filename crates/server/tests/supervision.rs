@@ -171,6 +171,11 @@ async fn closed_by_panic(
         Some(1011),
         "closed as an internal error"
     );
+    panic_counted_once(d, task).await;
+}
+
+/// `/metrics` counts exactly one panic of `task`.
+async fn panic_counted_once(d: &gateway_support::Deployment, task: &str) {
     let (_, metrics) = d.get_text("/metrics").await;
     let line = panic_restarts(&metrics, task);
     assert!(line.ends_with(" 1"), "{line}");
@@ -303,6 +308,27 @@ impl PanicConnTask {
     }
 }
 
+/// A deployment whose bob's writer (`write`) or reader panics once armed: alice and bob
+/// connected, entry `one` delivered to bob, then the fault armed.
+async fn armed_after_one(
+    write: bool,
+) -> (
+    gateway_support::Deployment,
+    Arc<PanicConnTask>,
+    gateway_support::Ws,
+    gateway_support::Ws,
+    u64,
+) {
+    let fault = PanicConnTask::new("bob", write);
+    let f = fault.clone();
+    let d = gateway_support::start_with(move |g| g.send_fault = Some(f)).await;
+    let (mut alice, mut bob) = d.pair("alice", "bob").await;
+    let one = offset_of(&alice.send_ok("a-1", &["bob"], "one").await, "bob");
+    bob.expect_message(one, "one").await;
+    fault.armed.store(true, Ordering::SeqCst);
+    (d, fault, alice, bob, one)
+}
+
 impl SendFault for PanicConnTask {
     fn panic_commit(&self, _sender: &str, _id: &str) -> bool {
         false
@@ -324,20 +350,12 @@ impl SendFault for PanicConnTask {
 /// written without the sink: the socket simply closes. bob reconnects and gets the entry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_that_panics_ends_its_connection_and_the_entry_comes_on_reconnect() {
-    let fault = PanicConnTask::new("bob", true);
-    let f = fault.clone();
-    let d = gateway_support::start_with(move |g| g.send_fault = Some(f)).await;
-    let (mut alice, mut bob) = d.pair("alice", "bob").await;
-    let one = offset_of(&alice.send_ok("w-1", &["bob"], "one").await, "bob");
-    bob.expect_message(one, "one").await;
-    fault.armed.store(true, Ordering::SeqCst);
+    let (d, fault, mut alice, mut bob, one) = armed_after_one(true).await;
     let two = offset_of(&alice.send_ok("w-2", &["bob"], "two").await, "bob");
     // any end: with the sink gone there is no close frame
     let _ = bob.closed().await;
     assert_eq!(fault.fired.load(Ordering::SeqCst), 1);
-    let (_, metrics) = d.get_text("/metrics").await;
-    let line = panic_restarts(&metrics, "writer");
-    assert!(line.ends_with(" 1"), "{line}");
+    panic_counted_once(&d, "writer").await;
     let mut bob = d.ready("bob").await;
     bob.expect_message(one, "one").await;
     bob.expect_message(two, "two").await;
@@ -349,13 +367,7 @@ async fn a_writer_that_panics_ends_its_connection_and_the_entry_comes_on_reconne
 /// task unwound, the writer closed with 1000 (normal) and nothing was logged or counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_that_panics_closes_its_connection_as_an_internal_error() {
-    let fault = PanicConnTask::new("bob", false);
-    let f = fault.clone();
-    let d = gateway_support::start_with(move |g| g.send_fault = Some(f)).await;
-    let (mut alice, mut bob) = d.pair("alice", "bob").await;
-    let one = offset_of(&alice.send_ok("r-1", &["bob"], "one").await, "bob");
-    bob.expect_message(one, "one").await;
-    fault.armed.store(true, Ordering::SeqCst);
+    let (d, fault, _alice, mut bob, one) = armed_after_one(false).await;
     bob.send_text(r#"{"type":"sync","after":0}"#).await;
     closed_by_panic(&d, &mut bob, "reader").await;
     assert_eq!(fault.fired.load(Ordering::SeqCst), 1);

@@ -233,10 +233,7 @@ impl ReplicaConfirm {
                 Some(g) => {
                     // dropped before the WAIT answers (a commit cancelled, or a panic beside
                     // it in the same round): the lead passes to a waiter
-                    let lead = Lead {
-                        group: &group,
-                        answered: false,
-                    };
+                    let lead = Lead { group: &group };
                     let r = send_wait(conn, shard, wait).await;
                     lead.answer(g, r.clone());
                     // g >= need: the WAIT was sent after our write's reply
@@ -248,39 +245,32 @@ impl ReplicaConfirm {
     }
 }
 
-/// The `WAIT` in flight of a [`Group`], held by the confirm that sent it. Its answer frees the
-/// group for the next `WAIT`; so does its drop without an answer, which also wakes the waiters
-/// (one of them sends the next `WAIT`). Without that, a leader dropped while its `WAIT` blocked
+/// The `WAIT` in flight of a [`Group`], held by the confirm that sent it. Its drop frees the
+/// group for the next `WAIT` and wakes the waiters, after its answer was recorded or without
+/// one (then one of the waiters sends the next `WAIT`). Without that, a leader dropped while its `WAIT` blocked
 /// left `in_flight` set for good, and every later commit of the shard waited for a `WAIT`
 /// nobody would send: sends never answered, with `/healthz` green.
 struct Lead<'a> {
     group: &'a Group,
-    answered: bool,
 }
 
 impl Lead<'_> {
-    /// Records the answer of `WAIT` generation `g` and wakes the waiters.
-    fn answer(mut self, g: u64, r: WaitAnswer) {
-        {
-            let mut st = self.group.state.lock().expect("not poisoned");
-            st.in_flight = false;
-            st.last = Some((g, r));
-        }
-        self.answered = true;
-        self.group.done.notify_waiters();
+    /// Records the answer of `WAIT` generation `g`; the drop that follows frees the group and
+    /// wakes the waiters.
+    fn answer(self, g: u64, r: WaitAnswer) {
+        self.group.state.lock().expect("not poisoned").last = Some((g, r));
     }
 }
 
 impl Drop for Lead<'_> {
     fn drop(&mut self) {
-        if self.answered {
-            return;
-        }
         // a poisoned lock (a panic while it was held) is still freed: nothing it guards is
         // left half written by the lines that take it
-        let mut st = self.group.state.lock().unwrap_or_else(|e| e.into_inner());
-        st.in_flight = false;
-        drop(st);
+        self.group
+            .state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .in_flight = false;
         self.group.done.notify_waiters();
     }
 }

@@ -299,9 +299,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         // writer ended after it and the client got a normal close (1000), with nothing logged
         // or counted.
         Err(msg) => {
-            tracing::error!(task = "reader", panic = %msg, "connection task panicked; closing the connection");
-            metrics::counter!("tidemark_task_restarts_total", "task" => "reader", "reason" => "panic")
-                .increment(1);
+            panicked("reader", &msg);
             CloseCode::InternalError
         }
     };
@@ -323,12 +321,18 @@ async fn close_on_panic(
     fut: impl std::future::Future<Output = ()>,
 ) {
     if let Err(msg) = crate::supervise::catch_panic(fut).await {
-        tracing::error!(task, panic = %msg, "connection task panicked; closing the connection");
-        metrics::counter!("tidemark_task_restarts_total", "task" => task, "reason" => "panic")
-            .increment(1);
+        panicked(task, &msg);
         died.cancel();
         conn.cancel();
     }
+}
+
+/// Logs and counts the panic of a connection's task `task` (`tidemark_task_restarts_total`,
+/// reason `panic`); the caller ends the connection.
+fn panicked(task: &'static str, msg: &str) {
+    tracing::error!(task, panic = %msg, "connection task panicked; closing the connection");
+    metrics::counter!("tidemark_task_restarts_total", "task" => task, "reason" => "panic")
+        .increment(1);
 }
 
 /// Queues the close frame behind what is queued (a stalled connection's queue is dropped

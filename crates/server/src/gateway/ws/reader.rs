@@ -99,11 +99,7 @@ impl<'a> Reader<'a> {
         let (id, received, res) = match done {
             Ok(d) => d,
             Err(msg) => {
-                tracing::error!(task = "send_loop", panic = %msg,
-                    "a send's commit panicked; closing the connection");
-                metrics::counter!("tidemark_task_restarts_total", "task" => "send_loop",
-                    "reason" => "panic")
-                .increment(1);
+                super::panicked("send_loop", &msg);
                 return false;
             }
         };

@@ -9,6 +9,8 @@
 //!                                             msgid:{h}:<n>:<sender><client id>  string  digest, or "<offset>:<digest>"
 //!                                                                 (h: sender's shard, TTL; ADR-0040)
 //!   stg:{s}:<o>      hash  lanes durable of o             dlogwake:{s}  sharded channel: commit hint (cluster only)
+//!                                             dlogsync:{s}  string  last offset a log read had confirmed
+//!                                                                 (with a core replica wait only; ADR-0064)
 //!   stgidx:{s}       zset  offsets with staging
 //!   owner:{s}        string epoch of the live owner (PX, refreshed every second)
 //!   wmsync:{s}       string W last confirmed for a log trim (with a replica wait only)
@@ -50,6 +52,13 @@ pub fn acks(shard: u32) -> String {
 /// when W was read (ADR-0063); only with a mailbox replica wait.
 pub fn wm_sync(shard: u32) -> String {
     format!("wmsync:{{{shard}}}")
+}
+
+/// `dlogsync:{s}`: the offset of the last record a log reader asked the core replicas to
+/// confirm before handing it on. Written for its replication: the `WAIT` after it covers every
+/// record the primary held when the log was read (ADR-0064); only with a core replica wait.
+pub fn dlog_sync(shard: u32) -> String {
+    format!("dlogsync:{{{shard}}}")
 }
 
 /// `owner:{s}`: the epoch of the process materialising the shard, set with a short expiry and

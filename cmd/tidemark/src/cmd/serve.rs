@@ -130,8 +130,9 @@ pub struct ServeArgs {
 /// What must be on replicas before it counts (ADR-0032; docs/cluster.md).
 #[derive(Args)]
 struct ReplicationArgs {
-    /// Replicas a commit must reach (`WAIT`) before `send_ack`; 0: acknowledged once on the
-    /// primary. Default: 1 on a Redis Cluster with replicas, else 0.
+    /// Replicas a commit must reach (`WAIT`) before `send_ack`, and a log record before it is
+    /// materialised; 0: acknowledged and delivered once on the primary. Default: 1 on a Redis
+    /// Cluster with replicas, else 0.
     #[arg(long)]
     core_wait_replicas: Option<u32>,
     /// Replicas the mailbox side's W must reach before the core log below it is trimmed.
@@ -430,6 +431,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             },
             materializer: MaterializerOptions {
                 mailbox_wait: a.replication.mailbox_policy(),
+                core_wait: a.replication.core_policy(),
                 read_linger: std::time::Duration::from_millis(a.materializer.read_linger_ms),
                 hot_recipients: a.materializer.hot_recipients(0),
                 ..Default::default()
@@ -654,6 +656,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
             materializer: MaterializerOptions {
                 mailbox_wait: a.replication.mailbox_policy(),
+                core_wait: a.replication.core_policy(),
                 read_linger: std::time::Duration::from_millis(a.materializer.read_linger_ms),
                 hot_recipients: a.materializer.hot_recipients(a.fault_chunk_fail_pct),
                 fault: (a.fault_chunk_fail_pct > 0).then(|| {

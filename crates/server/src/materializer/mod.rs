@@ -98,6 +98,10 @@ pub struct MaterializerOptions {
     /// (`WAIT` on the shard's mailbox primary before `XTRIM`; ADR-0032): a promoted replica
     /// then never lacks what the trimmed log held.
     pub mailbox_wait: tidemark_store::redis::dlog::WaitPolicy,
+    /// Replicas a log record must be on before it is materialised (`--core-wait-replicas`,
+    /// ADR-0064): a record only the core primary holds could be lost with it, and its offset
+    /// handed out again by the promoted replica; W must never pass it.
+    pub core_wait: tidemark_store::redis::dlog::WaitPolicy,
     /// Most records read per XREAD.
     pub batch: usize,
     /// XREAD BLOCK time when idle.
@@ -141,6 +145,7 @@ impl Default for MaterializerOptions {
     fn default() -> Self {
         MaterializerOptions {
             mailbox_wait: Default::default(),
+            core_wait: Default::default(),
             batch: 512,
             block: Duration::from_millis(500),
             read_linger: Duration::from_millis(2),

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tidemark_store::redis::dlog::{DispatchRecord, LogReader, LogStore};
+use tidemark_store::redis::dlog::{DispatchRecord, LogReader, LogStore, ReplicaWait};
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::ShardMap;
@@ -30,6 +30,9 @@ pub struct Worker {
     pub(super) core_shown: String,
     /// The log reader; `None` only while a read ahead has it.
     pub(super) reader: Option<LogReader>,
+    /// The core replica wait the reader applies (ADR-0064), resolved once at the start and
+    /// given to every replacement reader.
+    pub(super) read_wait: Option<ReplicaWait>,
     /// A read issued while the last step was applied ([`Worker::take_ahead`]).
     pub(super) ahead: Option<Ahead>,
     pub(super) mailboxes: Vec<MailboxStore>,
@@ -97,10 +100,12 @@ impl Worker {
     ) -> Result<Worker, Error> {
         let core_url = map.core_urls()[core].as_str();
         debug_assert!(shards.iter().all(|&s| map.core_of(s) == core));
-        let reader = LogReader::connect(core_url).await?;
+        let mut reader = LogReader::connect(core_url).await?;
         let core_shown = tidemark_store::redact_url(core_url);
         let core_url = core_url.to_string();
         let core = LogStore::connect(&core_url).await?;
+        let read_wait = opts.core_wait.resolve(&mut core.connection()).await?;
+        reader.set_replica_wait(read_wait);
         let mut mailboxes = mailboxes;
         for mb in &mut mailboxes {
             mb.set_replica_wait(&opts.mailbox_wait).await?;
@@ -117,6 +122,7 @@ impl Worker {
             core_url,
             core_shown,
             reader: Some(reader),
+            read_wait,
             ahead: None,
             mailboxes,
             owned: BTreeMap::new(),
@@ -257,7 +263,10 @@ impl Worker {
             _ = tokio::time::sleep(backoff) => {}
         }
         match tokio::time::timeout(READ_GRACE, LogReader::connect(&self.core_url)).await {
-            Ok(Ok(r)) => self.reader = Some(r),
+            Ok(Ok(mut r)) => {
+                r.set_replica_wait(self.read_wait);
+                self.reader = Some(r);
+            }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, core = %self.core_shown, "log reconnect failed")
             }

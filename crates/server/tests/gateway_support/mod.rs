@@ -386,6 +386,53 @@ pub async fn redis_at(url: &str) -> redis::aio::MultiplexedConnection {
     conn.expect("redis connection")
 }
 
+/// Connects to the gateway at `addr` with `query`; a refused upgrade gives its status and
+/// body.
+pub async fn try_ws_at(
+    addr: SocketAddr,
+    query: &str,
+    headers: &[(&str, &str)],
+) -> Result<Ws, (u16, String)> {
+    let mut req = format!("ws://{addr}/v1/ws?{query}")
+        .into_client_request()
+        .unwrap();
+    for (k, v) in headers {
+        let name = HeaderName::from_bytes(k.as_bytes()).unwrap();
+        req.headers_mut()
+            .insert(name, HeaderValue::from_str(v).unwrap());
+    }
+    let r = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
+        .await
+        .expect("ws connect timed out");
+    match r {
+        Ok((stream, _)) => Ok(Ws {
+            stream,
+            pending: VecDeque::new(),
+        }),
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            let status = resp.status().as_u16();
+            let body = resp
+                .body()
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            Err((status, body))
+        }
+        Err(e) => panic!("ws connect failed: {e}"),
+    }
+}
+
+/// Connects to the gateway at `addr` with dev auth as `user` and reads its `ready` frame.
+pub async fn ready_at(addr: SocketAddr, user: &str) -> Ws {
+    let mut ws = match try_ws_at(addr, &format!("user={}", encode(user)), &[]).await {
+        Ok(ws) => ws,
+        Err((status, body)) => panic!("upgrade refused: {status} {body}"),
+    };
+    let ready = ws.recv().await;
+    assert_eq!(ready["type"], "ready", "{ready}");
+    ws
+}
+
 impl Deployment {
     /// `ws://…/v1/ws?<query>`.
     pub fn ws_url(&self, query: &str) -> String {
@@ -407,10 +454,7 @@ impl Deployment {
 
     /// Connects with dev auth as `user` and reads its `ready` frame.
     pub async fn ready(&self, user: &str) -> Ws {
-        let mut ws = self.ws_user(user).await;
-        let ready = ws.recv().await;
-        assert_eq!(ready["type"], "ready", "{ready}");
-        ws
+        ready_at(self.addr, user).await
     }
 
     /// Connects with `query` (e.g. `token=…`) and reads its `ready` frame.
@@ -452,31 +496,7 @@ impl Deployment {
 
     /// Connects; a refused upgrade gives its status and body.
     pub async fn try_ws(&self, query: &str, headers: &[(&str, &str)]) -> Result<Ws, (u16, String)> {
-        let mut req = self.ws_url(query).into_client_request().unwrap();
-        for (k, v) in headers {
-            let name = HeaderName::from_bytes(k.as_bytes()).unwrap();
-            req.headers_mut()
-                .insert(name, HeaderValue::from_str(v).unwrap());
-        }
-        let r = tokio::time::timeout(WAIT, tokio_tungstenite::connect_async(req))
-            .await
-            .expect("ws connect timed out");
-        match r {
-            Ok((stream, _)) => Ok(Ws {
-                stream,
-                pending: VecDeque::new(),
-            }),
-            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
-                let status = resp.status().as_u16();
-                let body = resp
-                    .body()
-                    .as_ref()
-                    .map(|b| String::from_utf8_lossy(b).into_owned())
-                    .unwrap_or_default();
-                Err((status, body))
-            }
-            Err(e) => panic!("ws connect failed: {e}"),
-        }
+        try_ws_at(self.addr, query, headers).await
     }
 
     /// One HTTP/1.1 request (`Connection: close`); returns status and body.

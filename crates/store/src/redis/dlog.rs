@@ -55,7 +55,7 @@ use super::watermark::U48_MAX;
 use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
 use crate::keys;
-use crate::redis::replicas::{client_info, conn_id, ConnId, ReplicaConfirm};
+use crate::redis::replicas::{client_info, conn_id, with_wait, ConnId, ReplicaConfirm, WaitError};
 pub use crate::redis::replicas::{has_replicas, ReplicaWait, WaitPolicy};
 
 /// How long a dedupe record (sender, client id) → offset lives.
@@ -948,8 +948,20 @@ impl LogStore {
 /// position than the one the last read ended at (a resync, a new shard), when its last read
 /// was full, after any dropped node connection (hints may be lost), and every
 /// [`CLUSTER_SWEEP`] in any case. Between those it waits on the hints up to `block`.
+///
+/// With a replica wait ([`LogReader::set_replica_wait`]; `--core-wait-replicas`), a read
+/// hands on only records the core replicas have confirmed (ADR-0064): when a read finds
+/// records, the shards that had some are read again in one pipeline with a write of
+/// `dlogsync:{s}` and `WAIT`, and the records of that second read are returned only if the
+/// `WAIT` counted enough replicas (replication is in order, so the `WAIT` covers every record
+/// the primary held when it ran the read, whichever connection ran the pipeline). Otherwise
+/// that shard's records are held back and read again at the next call. A record a promoted
+/// replica may lack is thus never materialised, so W never passes an offset the new primary
+/// will hand out again.
 pub struct LogReader {
     inner: ReaderInner,
+    /// Replicas a record must be on before it is handed on (`None`: none asked).
+    wait: Option<ReplicaWait>,
 }
 
 enum ReaderInner {
@@ -981,6 +993,7 @@ impl LogReader {
         if crate::endpoint::is_cluster(url) {
             let conn = endpoint::connect(url, endpoint::ConnectOptions::default()).await?;
             return Ok(LogReader {
+                wait: None,
                 inner: ReaderInner::Cluster(Box::new(ClusterReader {
                     endpoint: url.to_string(),
                     conn,
@@ -1001,7 +1014,14 @@ impl LogReader {
             .await?;
         Ok(LogReader {
             inner: ReaderInner::Single(conn),
+            wait: None,
         })
+    }
+
+    /// Hand on only records confirmed on `wait.replicas` core replicas (ADR-0064); `None`:
+    /// every record the primary holds.
+    pub fn set_replica_wait(&mut self, wait: Option<ReplicaWait>) {
+        self.wait = wait;
     }
 
     /// Records after each shard's position, per shard in log order, at most `count` per
@@ -1013,21 +1033,93 @@ impl LogReader {
         count: usize,
         block: Duration,
     ) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+        let got = match &mut self.inner {
+            ReaderInner::Single(conn) => read_blocking(conn, positions, count, block).await?,
+            ReaderInner::Cluster(r) => r.read(positions, count, block).await?,
+        };
+        match self.wait {
+            Some(wait) if !got.is_empty() => self.confirmed(positions, count, &got, wait).await,
+            _ => Ok(got),
+        }
+    }
+
+    /// The records of the shards in `got` that the replicas have confirmed: those shards read
+    /// again from `positions`, each read pipelined with a write of `dlogsync:{s}` and `WAIT`
+    /// (one pipeline for all on one instance; one per shard, on its slot's primary, on a
+    /// cluster). A shard whose `WAIT` counted too few replicas gives nothing now (a warning;
+    /// on a cluster it is read again at the next call).
+    async fn confirmed(
+        &mut self,
+        positions: &[(u32, u64)],
+        count: usize,
+        got: &[(u32, Vec<DispatchRecord>)],
+        wait: ReplicaWait,
+    ) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+        let again: Vec<(u32, u64)> = positions
+            .iter()
+            .copied()
+            .filter(|(s, _)| got.iter().any(|(g, recs)| g == s && !recs.is_empty()))
+            .collect();
+        let marker = |s: u32| {
+            let last = got
+                .iter()
+                .find(|(g, _)| *g == s)
+                .and_then(|(_, recs)| recs.last())
+                .map_or(0, |r| r.offset);
+            let mut c = redis::cmd("SET");
+            c.arg(keys::dlog_sync(s)).arg(last);
+            c
+        };
         match &mut self.inner {
-            ReaderInner::Single(conn) => read_blocking(conn, positions, count, block).await,
-            ReaderInner::Cluster(r) => r.read(positions, count, block).await,
+            ReaderInner::Single(conn) => {
+                let read = xread(&again, count, Duration::ZERO);
+                match with_wait(conn, &[read, marker(again[0].0)], wait).await {
+                    Ok(v) => parse_xread(&v[0]),
+                    Err(WaitError::Redis(e)) => Err(e.into()),
+                    Err(WaitError::Short) => {
+                        not_confirmed(&again, wait);
+                        Ok(Vec::new())
+                    }
+                }
+            }
+            ReaderInner::Cluster(r) => {
+                let reads = again.iter().map(|&(s, after)| {
+                    let mut conn = r.conn.clone();
+                    let cmds = [xread(&[(s, after)], count, Duration::ZERO), marker(s)];
+                    async move { (s, with_wait(&mut conn, &cmds, wait).await) }
+                });
+                let mut out = Vec::new();
+                for (s, res) in futures::future::join_all(reads).await {
+                    match res {
+                        Ok(v) => out.extend(parse_xread(&v[0])?),
+                        Err(WaitError::Redis(e)) => return Err(e.into()),
+                        Err(WaitError::Short) => {
+                            not_confirmed(&[(s, 0)], wait);
+                            // not where a caller in step asks next: read it again then
+                            r.expect.remove(&s);
+                        }
+                    }
+                }
+                Ok(out)
+            }
         }
     }
 }
 
-/// `XREAD COUNT count BLOCK block STREAMS dlog:{s}… after…` on one instance (no `BLOCK` for a
-/// zero `block`: `BLOCK 0` would wait for ever).
-async fn read_blocking(
-    conn: &mut MultiplexedConnection,
-    positions: &[(u32, u64)],
-    count: usize,
-    block: Duration,
-) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+/// Logs records held back by [`LogReader::confirmed`].
+fn not_confirmed(shards: &[(u32, u64)], wait: ReplicaWait) {
+    let shards: Vec<u32> = shards.iter().map(|(s, _)| *s).collect();
+    tracing::warn!(
+        ?shards,
+        replicas = wait.replicas,
+        timeout = ?wait.timeout,
+        "log records not yet confirmed on the core replicas; held back"
+    );
+}
+
+/// `XREAD COUNT count [BLOCK block] STREAMS dlog:{s}… after…` (no `BLOCK` for a zero
+/// `block`: `BLOCK 0` would wait for ever).
+fn xread(positions: &[(u32, u64)], count: usize, block: Duration) -> redis::Cmd {
     let mut cmd = redis::cmd("XREAD");
     cmd.arg("COUNT").arg(count);
     if !block.is_zero() {
@@ -1040,7 +1132,17 @@ async fn read_blocking(
     for (_, after) in positions {
         cmd.arg(format!("{after}-0"));
     }
-    let v: Value = cmd.query_async(conn).await?;
+    cmd
+}
+
+/// [`xread`] on one instance.
+async fn read_blocking(
+    conn: &mut MultiplexedConnection,
+    positions: &[(u32, u64)],
+    count: usize,
+    block: Duration,
+) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+    let v: Value = xread(positions, count, block).query_async(conn).await?;
     parse_xread(&v)
 }
 
@@ -1142,12 +1244,7 @@ impl ClusterReader {
                 let reads = targets.iter().map(|&(s, after)| {
                     let mut conn = self.conn.clone();
                     async move {
-                        let v: Value = redis::cmd("XREAD")
-                            .arg("COUNT")
-                            .arg(count)
-                            .arg("STREAMS")
-                            .arg(keys::dlog(s))
-                            .arg(format!("{after}-0"))
+                        let v: Value = xread(&[(s, after)], count, Duration::ZERO)
                             .query_async(&mut conn)
                             .await?;
                         Ok::<_, Error>((s, after, parse_xread(&v)?))

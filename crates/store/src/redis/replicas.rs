@@ -93,7 +93,7 @@ pub async fn has_replicas(conn: &mut Conn) -> Result<bool> {
 /// and returns the replies of `cmds`. The `WAIT` covers only what this connection wrote: one
 /// of `cmds` should be a write (ADR-0063).
 pub(crate) async fn with_wait(
-    conn: &mut Conn,
+    conn: &mut impl redis::aio::ConnectionLike,
     cmds: &[redis::Cmd],
     wait: ReplicaWait,
 ) -> std::result::Result<Vec<Value>, WaitError> {

@@ -1,0 +1,147 @@
+//! A log reader with a core replica wait hands on only records the replicas confirmed
+//! (ADR-0064), on one instance with a replica and on a real Redis Cluster.
+//!
+//! Why: a record the materializer applied but no replica had lets W pass an offset that a
+//! promoted replica hands out again. The next acknowledged send takes that offset, and the
+//! materializer, reading after W, never sees it: an acknowledged message lost.
+
+use std::time::Duration;
+
+use tidemark_redis_proc::{key_slot, RedisOptions, RedisProcess};
+use tidemark_store::endpoint::cluster_endpoint;
+use tidemark_store::redis::dlog::{LogReader, LogStore, ReplicaWait};
+
+mod support;
+use support::cluster;
+
+const SHARD: u32 = 3;
+
+/// The wait the reader is given: short, so the held-back read answers soon.
+const WAIT: ReplicaWait = ReplicaWait {
+    replicas: 1,
+    timeout: Duration::from_millis(300),
+};
+
+/// Bodies of the records a read of `SHARD` after `after` hands on now.
+async fn read_bodies(reader: &mut LogReader, after: u64) -> Vec<String> {
+    let got = tokio::time::timeout(
+        Duration::from_secs(10),
+        reader.read(&[(SHARD, after)], 16, Duration::from_millis(100)),
+    )
+    .await
+    .expect("the read answers")
+    .expect("the read succeeds");
+    got.into_iter()
+        .flat_map(|(s, recs)| {
+            assert_eq!(s, SHARD);
+            recs
+        })
+        .map(|r| r.body)
+        .collect()
+}
+
+/// The scenario on `url`: a record replicated is handed on; with the replica stopped, a
+/// record only the primary holds is not; once the replica runs again, it is.
+async fn held_back_until_replicated(url: &str, pause: impl FnOnce(), resume: impl FnOnce()) {
+    // commits without a wait of their own: what the primary holds is what the reader sees
+    let mut log = LogStore::connect(url).await.unwrap();
+    let mut reader = LogReader::connect(url).await.unwrap();
+    reader.set_replica_wait(Some(WAIT));
+    log.commit(SHARD, "alice", "r-0", &["bob"], "zero", 1, 60)
+        .await
+        .unwrap();
+    // replication is quick, but not instant: the first read may find it unconfirmed
+    let mut first = Vec::new();
+    for _ in 0..20 {
+        first = read_bodies(&mut reader, 0).await;
+        if !first.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(first, ["zero"], "a replicated record is handed on");
+
+    pause();
+    log.commit(SHARD, "alice", "r-1", &["bob"], "one", 2, 60)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        let got = read_bodies(&mut reader, 1).await;
+        assert!(
+            got.is_empty(),
+            "a record no replica confirmed was handed on: {got:?}"
+        );
+    }
+    resume();
+    let mut later = Vec::new();
+    for _ in 0..50 {
+        later = read_bodies(&mut reader, 1).await;
+        if !later.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(later, ["one"], "handed on once the replica has it");
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_hands_on_only_what_its_replica_confirmed() {
+    let primary = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
+    let replica = RedisProcess::start_with(RedisOptions::default()).expect("replica");
+    let mut r = redis::Client::open(replica.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port())
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let mut up = false;
+    for _ in 0..100 {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        if info.contains("master_link_status:up") {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(up, "the replica attached");
+    let pid = replica.pid().expect("running");
+    held_back_until_replicated(
+        &primary.url(),
+        || signal(pid, "STOP"),
+        || signal(pid, "CONT"),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_hands_on_only_what_the_shards_replica_confirmed() {
+    let Some(c) = cluster() else { return };
+    let primary = c
+        .primary_of_slot(key_slot(format!("dlog:{{{SHARD}}}").as_bytes()))
+        .expect("slot served");
+    let replica = *c.replicas_of(primary).first().expect("a replica");
+    let pid = c.process(replica).pid().expect("running");
+    held_back_until_replicated(
+        &cluster_endpoint(&c.seeds()),
+        || signal(pid, "STOP"),
+        || signal(pid, "CONT"),
+    )
+    .await;
+}

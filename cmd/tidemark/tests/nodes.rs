@@ -368,6 +368,25 @@ async fn up_with_two_nodes_fails_over_when_one_is_killed() {
     println!("up --nodes 2: kill -9 of up-1, its shard taken in {t:?}");
     // the survivor is healthy again once its worker has claimed the shard it took
     wait_healthy(port).await;
+    // `up` said so at once, with the status (ADR-0065)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !up.stderr().contains("node process exited") {
+        assert!(
+            Instant::now() < deadline,
+            "up did not report its node's exit: {}",
+            up.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let said = up.stderr();
+    let line = said
+        .lines()
+        .find(|l| l.contains("node process exited"))
+        .unwrap();
+    assert!(
+        line.contains("up-1") && line.contains("signal: 9"),
+        "{line}"
+    );
     // nothing printed or logged carries the Redis password
     let password = std::fs::read_to_string(data.join("redis.pass")).unwrap();
     let password = password.trim();

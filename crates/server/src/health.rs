@@ -72,6 +72,28 @@ pub struct HealthBoard {
     /// Leases mode: the shards whose lease this node holds, and since when (set by the lease
     /// loop every tick).
     leased: Mutex<BTreeMap<u32, Instant>>,
+    /// The supervised tasks ([`crate::supervise::supervise`]), by the id
+    /// [`HealthBoard::register_task`] gave: a task that keeps failing is restarted for ever,
+    /// and without this `/healthz` would say "ok" while it does no work.
+    tasks: Mutex<Vec<TaskRuns>>,
+}
+
+/// Restarts in a row after which a supervised task that has not stayed up for
+/// [`crate::supervise::HEALTHY_RUN`] is reported by `/healthz`: one restart is a hiccup
+/// (logged and counted), three that each failed within that time are a loop.
+pub const RESTART_LOOP: u32 = 3;
+
+/// How one supervised task's runs have gone.
+#[derive(Debug)]
+struct TaskRuns {
+    name: &'static str,
+    /// Runs that ended one after the other, none of them up for
+    /// [`crate::supervise::HEALTHY_RUN`] (0: none ended yet).
+    streak: u32,
+    /// How the last run ended.
+    last: String,
+    /// When the current run started; `None` while it waits to be restarted.
+    running_since: Option<Instant>,
 }
 
 /// One shard's health and the handles of its gauges (registered once, set on change).
@@ -169,6 +191,39 @@ impl HealthBoard {
         }
     }
 
+    /// A supervised task named `name` (several may share a name) is about to start its
+    /// first run: its id for [`Self::task_started`] and [`Self::task_ended`].
+    pub(crate) fn register_task(&self, name: &'static str) -> usize {
+        let mut t = self.tasks.lock().expect("health lock");
+        t.push(TaskRuns {
+            name,
+            streak: 0,
+            last: String::new(),
+            running_since: None,
+        });
+        t.len() - 1
+    }
+
+    /// Task `id` starts a run now.
+    pub(crate) fn task_started(&self, id: usize) {
+        if let Some(t) = self.tasks.lock().expect("health lock").get_mut(id) {
+            t.running_since = Some(Instant::now());
+        }
+    }
+
+    /// Task `id`'s run ended (`how`) before it was asked to stop; it will be restarted. A
+    /// run that was up for [`crate::supervise::HEALTHY_RUN`] starts a new streak.
+    pub(crate) fn task_ended(&self, id: usize, how: &str) {
+        if let Some(t) = self.tasks.lock().expect("health lock").get_mut(id) {
+            let healthy = t
+                .running_since
+                .is_some_and(|since| since.elapsed() >= crate::supervise::HEALTHY_RUN);
+            t.streak = if healthy { 1 } else { t.streak + 1 };
+            t.last = how.to_string();
+            t.running_since = None;
+        }
+    }
+
     /// Leases mode: the shards whose lease this node holds now (kept since when they were
     /// first given).
     pub(crate) fn set_leased(&self, shards: impl IntoIterator<Item = u32>) {
@@ -235,11 +290,31 @@ impl HealthBoard {
         m.iter().map(|(&s, e)| (s, e.health.clone())).collect()
     }
 
-    /// Problems that make the service unhealthy: a shard not running, one with a lag that
-    /// has not moved for `stuck_after`, one its worker has not gone through for
-    /// [`NOT_SERVED_AFTER`], and one leased here that no worker runs.
+    /// Problems that make the service unhealthy: a supervised task in a restart loop
+    /// ([`RESTART_LOOP`]), a shard not running, one with a lag that has not moved for
+    /// `stuck_after`, one its worker has not gone through for [`NOT_SERVED_AFTER`], and one
+    /// leased here that no worker runs.
     pub fn problems(&self, stuck_after: Duration) -> Vec<String> {
         let mut out = Vec::new();
+        for t in self.tasks.lock().expect("health lock").iter() {
+            let up_long = t
+                .running_since
+                .is_some_and(|since| since.elapsed() >= crate::supervise::HEALTHY_RUN);
+            if t.streak >= RESTART_LOOP && !up_long {
+                out.push(format!(
+                    "task {}: restarted {} times in a row, no run up for {:?} ({}); last run {}",
+                    t.name,
+                    t.streak,
+                    crate::supervise::HEALTHY_RUN,
+                    if t.running_since.is_some() {
+                        "running again"
+                    } else {
+                        "waiting to restart"
+                    },
+                    t.last
+                ));
+            }
+        }
         let snapshot = self.snapshot();
         let leased = self.leased.lock().expect("health lock").clone();
         for (s, since) in leased {
@@ -337,6 +412,39 @@ mod tests {
         let p = b.problems(STUCK);
         assert_eq!(p.len(), 1, "{p:?}");
         assert!(p[0].starts_with("shard 2: retrying for "), "{p:?}");
+    }
+
+    #[test]
+    fn a_task_in_a_restart_loop_is_reported_until_a_run_stays_up() {
+        let b = HealthBoard::default();
+        let t = b.register_task("wake_subscriber");
+        let other = b.register_task("wake_subscriber");
+        b.task_started(other);
+        b.task_started(t);
+        // failures below the loop threshold are hiccups
+        for _ in 1..RESTART_LOOP {
+            b.task_ended(t, "panicked: boom");
+            assert!(b.problems(STUCK).is_empty());
+            b.task_started(t);
+        }
+        b.task_ended(t, "panicked: boom");
+        let p = b.problems(STUCK);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("task wake_subscriber: restarted 3 times in a row"),
+            "{p:?}"
+        );
+        assert!(p[0].contains("waiting to restart"), "{p:?}");
+        assert!(p[0].ends_with("last run panicked: boom"), "{p:?}");
+        // restarted: still reported until the run has stayed up
+        b.task_started(t);
+        assert_eq!(b.problems(STUCK).len(), 1);
+        b.tasks.lock().unwrap()[t].running_since =
+            Instant::now().checked_sub(crate::supervise::HEALTHY_RUN);
+        assert!(b.problems(STUCK).is_empty());
+        // a run that stayed up starts a new streak when it ends
+        b.task_ended(t, "exited: returned");
+        assert!(b.problems(STUCK).is_empty());
     }
 
     #[test]

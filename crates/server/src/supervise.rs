@@ -15,17 +15,21 @@
 use std::any::Any;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::HealthBoard;
+
 /// First delay before a restart.
 pub const RESTART_MIN: Duration = Duration::from_millis(100);
 /// Longest delay before a restart (the delay doubles while restarts keep failing fast).
 pub const RESTART_MAX: Duration = Duration::from_secs(5);
-/// A task that ran this long before failing restarts after [`RESTART_MIN`] again.
-const HEALTHY_RUN: Duration = Duration::from_secs(30);
+/// A task that ran this long before failing restarts after [`RESTART_MIN`] again, and
+/// starts a new streak on the health board ([`crate::health::RESTART_LOOP`]).
+pub const HEALTHY_RUN: Duration = Duration::from_secs(30);
 
 /// The text of a panic payload (`&str` or `String`; anything else is named as such).
 pub fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -75,10 +79,14 @@ impl std::fmt::Display for Ended {
 
 /// Runs `make()` until `cancel`, restarting it whenever it panics or returns before `cancel`
 /// (its output, when not `Ok`, is described with `{:?}`). `on_down` is called with how it
-/// ended before each restart (e.g. to report its shards unhealthy).
+/// ended before each restart (e.g. to report its shards unhealthy). `health`, when given, is
+/// told of every run and end, so `/healthz` reports a task that keeps failing
+/// ([`crate::health::RESTART_LOOP`]); a task whose failures `/healthz` shows otherwise (a
+/// materializer worker's shards) passes `None`.
 pub async fn supervise<F, Fut, T, E>(
     task: &'static str,
     cancel: CancellationToken,
+    health: Option<Arc<HealthBoard>>,
     mut make: F,
     on_down: impl Fn(&Ended),
 ) where
@@ -88,8 +96,12 @@ pub async fn supervise<F, Fut, T, E>(
     E: std::fmt::Display + Send + 'static,
 {
     let mut delay = RESTART_MIN;
+    let id = health.as_ref().map(|h| h.register_task(task));
     loop {
         let started = Instant::now();
+        if let (Some(h), Some(id)) = (&health, id) {
+            h.task_started(id);
+        }
         let outcome = tokio::spawn(make()).await;
         if cancel.is_cancelled() {
             return;
@@ -106,6 +118,9 @@ pub async fn supervise<F, Fut, T, E>(
         tracing::error!(task, %ended, restart_in = ?delay, "supervised task ended; restarting");
         metrics::counter!("tidemark_task_restarts_total", "task" => task, "reason" => ended.reason())
             .increment(1);
+        if let (Some(h), Some(id)) = (&health, id) {
+            h.task_ended(id, &ended.to_string());
+        }
         on_down(&ended);
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -119,7 +134,6 @@ pub async fn supervise<F, Fut, T, E>(
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
-    use std::sync::Arc;
 
     #[tokio::test]
     async fn a_panicking_task_is_restarted_until_cancelled() {
@@ -128,9 +142,11 @@ mod tests {
         let cancel = CancellationToken::new();
         let (r, c) = (runs.clone(), cancel.clone());
         let d = downs.clone();
+        let board = Arc::new(HealthBoard::default());
         let sup = tokio::spawn(supervise(
             "test",
             cancel.clone(),
+            Some(board.clone()),
             move || {
                 let n = r.fetch_add(1, Ordering::SeqCst);
                 let c = c.clone();
@@ -162,6 +178,49 @@ mod tests {
                 Ended::Exited("gave up".into())
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_task_that_keeps_failing_is_reported_by_the_health_board() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let cancel = CancellationToken::new();
+        let board = Arc::new(HealthBoard::default());
+        let (r, c) = (runs.clone(), cancel.clone());
+        let sup = tokio::spawn(supervise(
+            "looping",
+            cancel.clone(),
+            Some(board.clone()),
+            move || {
+                let n = r.fetch_add(1, Ordering::SeqCst);
+                let c = c.clone();
+                async move {
+                    if n < crate::health::RESTART_LOOP {
+                        panic!("boom {n}");
+                    }
+                    c.cancelled().await;
+                    Ok::<(), String>(())
+                }
+            },
+            |_| {},
+        ));
+        let start = Instant::now();
+        while runs.load(Ordering::SeqCst) <= crate::health::RESTART_LOOP {
+            assert!(start.elapsed() < Duration::from_secs(10), "not restarted");
+            // below the threshold it is a hiccup, not a problem
+            if runs.load(Ordering::SeqCst) < crate::health::RESTART_LOOP {
+                assert!(board.problems(Duration::from_secs(10)).is_empty());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let p = board.problems(Duration::from_secs(10));
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with("task looping: restarted 3 times in a row"),
+            "{p:?}"
+        );
+        assert!(p[0].ends_with("last run panicked: boom 2"), "{p:?}");
+        cancel.cancel();
+        sup.await.unwrap();
     }
 
     #[tokio::test]

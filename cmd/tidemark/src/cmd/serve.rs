@@ -453,6 +453,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         a.data_dir.join("token.secret").display()
     );
     let mut children = Vec::new();
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // the other nodes serve what this one serves: the same certificate, an admin listener each
     let tls_files = match (&a.listeners.tls_cert, &a.listeners.tls_key) {
         (Some(cert), Some(key)) => Some((std::path::absolute(cert)?, std::path::absolute(key)?)),
@@ -507,6 +508,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             "node     up-{i} {scheme}://{listen}/v1/ws (pid {})",
             child.id()
         );
+        let child = NodeChild::watch(format!("up-{i}"), child, stopping.clone());
         if let Some(admin) = admin {
             println!("admin    up-{i} http://{admin} (GET /metrics, GET /healthz)");
         }
@@ -529,12 +531,12 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
     } = up;
     let res = running.wait().await;
     // the other nodes stop first (SIGTERM: they release their leases), then the Redis servers
-    for child in &mut children {
-        // SAFETY: a signal to our own child process
-        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+    for child in &children {
+        child.terminate();
     }
-    for mut child in children {
-        let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    for child in children {
+        let _ = tokio::task::spawn_blocking(move || child.waiter.join()).await;
     }
     drop(core);
     drop(mailbox);
@@ -688,6 +690,64 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     running.wait().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A node process of `up --nodes N`, watched by a thread of its own: if it exits while `up`
+/// runs, that is logged at once with its exit status (ADR-0065). It is not restarted: its
+/// shards move to the other nodes once their leases expire, which is what killing a node
+/// here is for.
+struct NodeChild {
+    pid: u32,
+    /// Set once the process has exited (before it is reaped: until then `pid` is still ours).
+    exited: Arc<std::sync::Mutex<bool>>,
+    waiter: std::thread::JoinHandle<()>,
+}
+
+impl NodeChild {
+    fn watch(
+        name: String,
+        mut child: std::process::Child,
+        stopping: Arc<std::sync::atomic::AtomicBool>,
+    ) -> NodeChild {
+        let pid = child.id();
+        let exited = Arc::new(std::sync::Mutex::new(false));
+        let e = exited.clone();
+        let waiter = std::thread::spawn(move || {
+            // wait without reaping, so `terminate` never signals a pid reused by another process
+            // SAFETY: waitid on our own child, into a zeroed siginfo_t it fills.
+            unsafe {
+                let mut info: libc::siginfo_t = std::mem::zeroed();
+                libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT);
+            }
+            *e.lock().expect("exited lock") = true;
+            let status = child.wait();
+            if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+                tracing::error!(
+                    node = %name,
+                    pid,
+                    %status,
+                    "node process exited; not restarted: its shards move to the other nodes \
+                     when their leases expire (tidemark status --config …)"
+                );
+            }
+        });
+        NodeChild {
+            pid,
+            exited,
+            waiter,
+        }
+    }
+
+    /// SIGTERM, unless it has exited already.
+    fn terminate(&self) {
+        let exited = self.exited.lock().expect("exited lock");
+        if !*exited {
+            // SAFETY: a signal to our own child process, not yet reaped (checked under the
+            // lock the watcher sets before reaping it)
+            unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        }
+    }
 }
 
 /// Spawns `cmd` so that it is SIGKILLed when this process dies (PR_SET_PDEATHSIG): the nodes

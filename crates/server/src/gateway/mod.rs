@@ -324,6 +324,7 @@ pub async fn serve_listeners(
         tracker.spawn(crate::supervise::supervise(
             "wake_subscriber",
             stop.clone(),
+            Some(shared.health.clone()),
             move || {
                 let (hub, url, stop) = (hub.clone(), url.clone(), stop2.clone());
                 let shards = shards.clone();

@@ -435,6 +435,7 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
             tracker.spawn(crate::supervise::supervise(
                 "node_heartbeat",
                 cancel.clone(),
+                Some(health.clone()),
                 move || {
                     let (node, map, c) = (node.clone(), map.clone(), c.clone());
                     async move {
@@ -528,6 +529,9 @@ pub(crate) async fn supervise_worker(
     crate::supervise::supervise(
         "materializer",
         cancel.clone(),
+        // its shards are marked down while it restarts (`on_down`), and running again once
+        // it has re-claimed them: `/healthz` follows its state through them
+        None,
         move || {
             let first = first.take();
             let (spec, health, cancel) = (spec.clone(), h.clone(), c.clone());

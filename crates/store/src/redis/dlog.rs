@@ -952,7 +952,8 @@ impl LogStore {
 /// With a replica wait ([`LogReader::set_replica_wait`]; `--core-wait-replicas`), a read
 /// hands on only records the core replicas have confirmed (ADR-0064): when a read finds
 /// records, the shards that had some are read again in one pipeline with a write of
-/// `dlogsync:{s}` and `WAIT`, and the records of that second read are returned only if the
+/// `dlogsync:{s}` and `WAIT` (the first read then asks for one record per shard: it only
+/// finds the shards), and the records of that second read are returned only if the
 /// `WAIT` counted enough replicas (replication is in order, so the `WAIT` covers every record
 /// the primary held when it ran the read, whichever connection ran the pipeline). Otherwise
 /// that shard's records are held back and read again at the next call. A record a promoted
@@ -1033,9 +1034,12 @@ impl LogReader {
         count: usize,
         block: Duration,
     ) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
+        // with a wait, the first read only finds the shards that have records (one each): the
+        // confirming read takes them all, so no record is read and parsed twice
+        let first = if self.wait.is_some() { 1 } else { count };
         let got = match &mut self.inner {
-            ReaderInner::Single(conn) => read_blocking(conn, positions, count, block).await?,
-            ReaderInner::Cluster(r) => r.read(positions, count, block).await?,
+            ReaderInner::Single(conn) => read_blocking(conn, positions, first, block).await?,
+            ReaderInner::Cluster(r) => r.read(positions, first, block).await?,
         };
         match self.wait {
             Some(wait) if !got.is_empty() => self.confirmed(positions, count, &got, wait).await,
@@ -1043,8 +1047,9 @@ impl LogReader {
         }
     }
 
-    /// The records of the shards in `got` that the replicas have confirmed: those shards read
-    /// again from `positions`, each read pipelined with a write of `dlogsync:{s}` and `WAIT`
+    /// The records of the shards in `got` (the first read: at most one record per shard) that
+    /// the replicas have confirmed: those shards read again from `positions`, up to `count`
+    /// records each, each read pipelined with a write of `dlogsync:{s}` and `WAIT`
     /// (one pipeline for all on one instance; one per shard, on its slot's primary, on a
     /// cluster). A shard whose `WAIT` counted too few replicas gives nothing now (a warning;
     /// on a cluster it is read again at the next call).
@@ -1060,6 +1065,9 @@ impl LogReader {
             .copied()
             .filter(|(s, _)| got.iter().any(|(g, recs)| g == s && !recs.is_empty()))
             .collect();
+        if again.is_empty() {
+            return Ok(Vec::new());
+        }
         let marker = |s: u32| {
             let last = got
                 .iter()
@@ -1091,7 +1099,19 @@ impl LogReader {
                 let mut out = Vec::new();
                 for (s, res) in futures::future::join_all(reads).await {
                     match res {
-                        Ok(v) => out.extend(parse_xread(&v[0])?),
+                        Ok(v) => {
+                            for (s, recs) in parse_xread(&v[0])? {
+                                if let Some(last) = recs.last() {
+                                    // where a caller in step asks next
+                                    r.expect.insert(s, last.offset);
+                                }
+                                // the first read (of one) marked it as having more
+                                if recs.len() < count {
+                                    r.dirty.remove(&s);
+                                }
+                                out.push((s, recs));
+                            }
+                        }
                         Err(WaitError::Redis(e)) => return Err(e.into()),
                         Err(WaitError::Short) => {
                             not_confirmed(&[(s, 0)], wait);

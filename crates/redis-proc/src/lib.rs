@@ -77,6 +77,14 @@ pub enum Error {
         command: String,
         reply: String,
     },
+    /// A replica ([`RedisProcess::start_replica_of`]) that did not finish its first sync
+    /// with its primary in time.
+    #[error("redis-server on {addr} did not attach as a replica of {primary} within {waited:?}")]
+    ReplicaNotAttached {
+        addr: SocketAddr,
+        primary: SocketAddr,
+        waited: Duration,
+    },
     /// Any I/O failure while preparing or starting the process.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),
@@ -95,6 +103,7 @@ impl Error {
             Error::ClusterCli { .. } => "cluster_cli_failed",
             Error::ClusterNotReady { .. } => "cluster_not_ready",
             Error::ClusterCommand { .. } => "cluster_command_failed",
+            Error::ReplicaNotAttached { .. } => "replica_not_attached",
             Error::Io(_) => "io",
         }
     }
@@ -405,6 +414,45 @@ impl RedisProcess {
     /// OS process id, while running.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Starts a server (options as `primary`'s, its own port and directory) that replicates
+    /// `primary` (`REPLICAOF`), and waits until its first sync is done: from then on it
+    /// receives every write of the primary. Tests of replica waits stop it (SIGSTOP on
+    /// [`RedisProcess::pid`]) to hold replication back.
+    pub fn start_replica_of(primary: &RedisProcess) -> Result<RedisProcess, Error> {
+        let mut opts = primary.opts.clone();
+        opts.port = None;
+        opts.data_dir = None;
+        let replica = RedisProcess::start_with(opts)?;
+        let password = replica.password().map(str::to_string);
+        let timeout = Duration::from_secs(30);
+        let mut c = resp::Conn::connect(replica.addr, password.as_deref(), timeout)?;
+        let port = primary.port().to_string();
+        let reply = c.call(&["REPLICAOF", "127.0.0.1", port.as_str()])?;
+        if !reply.is_ok() {
+            return Err(Error::ClusterCommand {
+                addr: replica.addr,
+                command: format!("REPLICAOF 127.0.0.1 {port}"),
+                reply: format!("{reply:?}"),
+            });
+        }
+        let start = Instant::now();
+        loop {
+            let info = c.call(&["INFO", "replication"])?.text().unwrap_or_default();
+            if info.contains("master_link_status:up") && info.contains("master_sync_in_progress:0")
+            {
+                return Ok(replica);
+            }
+            if start.elapsed() > timeout {
+                return Err(Error::ReplicaNotAttached {
+                    addr: replica.addr,
+                    primary: primary.addr,
+                    waited: start.elapsed(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// SIGKILLs the server and reaps it.

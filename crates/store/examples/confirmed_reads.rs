@@ -47,15 +47,9 @@ async fn main() {
     let records: u64 = args.next().map_or(200_000, |a| a.parse().unwrap());
     let rounds: usize = args.next().map_or(3, |a| a.parse().unwrap());
     let primary = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
-    let replica = RedisProcess::start().expect("replica");
+    let replica = RedisProcess::start_replica_of(&primary).expect("replica");
     let mut p = connect(&primary.url()).await;
     let mut r = connect(&replica.url()).await;
-    let () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(primary.port())
-        .query_async(&mut r)
-        .await
-        .unwrap();
 
     // the backlog: `records` one-recipient records over the shards, 64 per call
     let mut log = LogStore::connect(&primary.url()).await.unwrap();

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use tidemark_redis_proc::{key_slot, RedisOptions, RedisProcess};
+use tidemark_redis_proc::{key_slot, RedisProcess};
 use tidemark_store::endpoint::cluster_endpoint;
 use tidemark_store::redis::dlog::{LogReader, LogStore, ReplicaWait};
 
@@ -95,32 +95,7 @@ fn signal(pid: u32, sig: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_instance_hands_on_only_what_its_replica_confirmed() {
     let primary = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
-    let replica = RedisProcess::start_with(RedisOptions::default()).expect("replica");
-    let mut r = redis::Client::open(replica.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let () = redis::cmd("REPLICAOF")
-        .arg("127.0.0.1")
-        .arg(primary.port())
-        .query_async(&mut r)
-        .await
-        .unwrap();
-    let mut up = false;
-    for _ in 0..100 {
-        let info: String = redis::cmd("INFO")
-            .arg("replication")
-            .query_async(&mut r)
-            .await
-            .unwrap();
-        if info.contains("master_link_status:up") {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(up, "the replica attached");
+    let replica = RedisProcess::start_replica_of(&primary).expect("a replica");
     let pid = replica.pid().expect("running");
     held_back_until_replicated(
         &primary.url(),

@@ -533,10 +533,10 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
     // the other nodes stop first (SIGTERM: they release their leases), then the Redis servers
     stopping.store(true, std::sync::atomic::Ordering::SeqCst);
     for child in &children {
-        child.terminate();
+        child.signal(libc::SIGTERM);
     }
     for child in children {
-        let _ = tokio::task::spawn_blocking(move || child.waiter.join()).await;
+        let _ = tokio::task::spawn_blocking(move || child.stop()).await;
     }
     drop(core);
     drop(mailbox);
@@ -696,6 +696,10 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
 /// runs, that is logged at once with its exit status (ADR-0065). It is not restarted: its
 /// shards move to the other nodes once their leases expire, which is what killing a node
 /// here is for.
+/// How long `up` waits for a child node to stop after its SIGTERM (it releases its leases)
+/// before it kills it.
+const NODE_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 struct NodeChild {
     pid: u32,
     /// Set once the process has exited (before it is reaped: until then `pid` is still ours).
@@ -713,14 +717,26 @@ impl NodeChild {
         let exited = Arc::new(std::sync::Mutex::new(false));
         let e = exited.clone();
         let waiter = std::thread::spawn(move || {
-            // wait without reaping, so `terminate` never signals a pid reused by another process
-            // SAFETY: waitid on our own child, into a zeroed siginfo_t it fills.
-            unsafe {
-                let mut info: libc::siginfo_t = std::mem::zeroed();
-                libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT);
+            // wait without reaping, so `signal` never reaches a pid reused by another process
+            let waited = loop {
+                // SAFETY: waitid on our own child, into a zeroed siginfo_t it fills.
+                let r = unsafe {
+                    let mut info: libc::siginfo_t = std::mem::zeroed();
+                    libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT)
+                };
+                if r == 0 {
+                    break true;
+                }
+                if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                    break false;
+                }
+            };
+            if waited {
+                *e.lock().expect("exited lock") = true;
             }
-            *e.lock().expect("exited lock") = true;
             let status = child.wait();
+            // (waitid failed: reaped only now; no signal after this point)
+            *e.lock().expect("exited lock") = true;
             if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 tracing::error!(
@@ -739,14 +755,28 @@ impl NodeChild {
         }
     }
 
-    /// SIGTERM, unless it has exited already.
-    fn terminate(&self) {
+    /// Sends `sig`, unless the process has exited already.
+    fn signal(&self, sig: libc::c_int) {
         let exited = self.exited.lock().expect("exited lock");
         if !*exited {
             // SAFETY: a signal to our own child process, not yet reaped (checked under the
             // lock the watcher sets before reaping it)
-            unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+            unsafe { libc::kill(self.pid as i32, sig) };
         }
+    }
+
+    /// Waits for the process to end after a SIGTERM: [`NODE_STOP_GRACE`], then SIGKILL (a
+    /// node that hangs in its shutdown must not keep `up` from stopping).
+    fn stop(self) {
+        let until = std::time::Instant::now() + NODE_STOP_GRACE;
+        while !self.waiter.is_finished() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if !self.waiter.is_finished() {
+            tracing::warn!(pid = self.pid, "node did not stop after SIGTERM; SIGKILL");
+            self.signal(libc::SIGKILL);
+        }
+        let _ = self.waiter.join();
     }
 }
 

@@ -120,3 +120,56 @@ async fn a_cluster_hands_on_only_what_the_shards_replica_confirmed() {
     )
     .await;
 }
+
+/// A core instance at `maxmemory` (`noeviction`, as docs/operations.md advises) refuses
+/// writes such as `SET`, but its acknowledged records must still be delivered (their
+/// delivery is what lets the log be trimmed and memory come back): the reader's confirming
+/// write is allowed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_core_out_of_memory_still_hands_on_confirmed_records() {
+    let primary = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
+    let _replica = RedisProcess::start_replica_of(&primary).expect("a replica");
+    let url = primary.url();
+    let mut log = LogStore::connect(&url).await.unwrap();
+    log.commit(SHARD, "alice", "o-0", &["bob"], "zero", 1, 60)
+        .await
+        .unwrap();
+    let mut raw = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let refused: redis::RedisResult<()> = redis::cmd("SET")
+        .arg("x")
+        .arg("y")
+        .query_async(&mut raw)
+        .await;
+    assert!(refused.is_err(), "the instance is out of memory");
+    let mut reader = LogReader::connect(&url).await.unwrap();
+    reader.set_replica_wait(Some(WAIT));
+    let mut got = Vec::new();
+    for _ in 0..20 {
+        got = tokio::time::timeout(
+            Duration::from_secs(10),
+            reader.read(&[(SHARD, 0)], 16, Duration::from_millis(100)),
+        )
+        .await
+        .expect("the read answers")
+        .expect("the read succeeds: the instance is out of memory, not broken")
+        .into_iter()
+        .flat_map(|(_, recs)| recs)
+        .map(|r| r.body)
+        .collect();
+        if !got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(got, ["zero"], "a confirmed record is handed on");
+}

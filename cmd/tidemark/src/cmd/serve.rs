@@ -408,6 +408,16 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         leases: true,
     });
     let cancel = shutdown_token();
+    // from Ctrl-C (or SIGTERM) on, a child node's exit is expected: the terminal's SIGINT
+    // reaches the children too (same process group), and they may stop before this node
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    tokio::spawn({
+        let (cancel, stopping) = (cancel.clone(), stopping.clone());
+        async move {
+            cancel.cancelled().await;
+            stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
     let up = run::up(
         run::UpOptions {
             mailbox: a.size.mailbox,
@@ -453,7 +463,6 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         a.data_dir.join("token.secret").display()
     );
     let mut children = Vec::new();
-    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
     // the other nodes serve what this one serves: the same certificate, an admin listener each
     let tls_files = match (&a.listeners.tls_cert, &a.listeners.tls_key) {
         (Some(cert), Some(key)) => Some((std::path::absolute(cert)?, std::path::absolute(key)?)),
@@ -731,12 +740,25 @@ impl NodeChild {
                     break false;
                 }
             };
-            if waited {
+            let status = if waited {
                 *e.lock().expect("exited lock") = true;
-            }
-            let status = child.wait();
-            // (waitid failed: reaped only now; no signal after this point)
-            *e.lock().expect("exited lock") = true;
+                child.wait()
+            } else {
+                // waitid failed (not expected for our own child): reap it under the lock, so
+                // that no signal goes out between the reaping and the note
+                loop {
+                    let mut exited = e.lock().expect("exited lock");
+                    match child.try_wait() {
+                        Ok(None) => {}
+                        done => {
+                            *exited = true;
+                            break done.map(|s| s.expect("checked"));
+                        }
+                    }
+                    drop(exited);
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            };
             if !stopping.load(std::sync::atomic::Ordering::SeqCst) {
                 let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
                 tracing::error!(

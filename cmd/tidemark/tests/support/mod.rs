@@ -461,6 +461,9 @@ impl UpProc {
             .args(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        // a process group of its own, as a shell gives a command it runs: Ctrl-C in a terminal
+        // reaches `up` and every node it started ([`UpProc::interrupt_group`])
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = spawn_killed_with_us(&mut cmd);
         let stderr = Arc::new(Mutex::new(String::new()));
         let mut err = child.stderr.take().unwrap();
@@ -538,10 +541,25 @@ impl UpProc {
     }
 
     /// SIGTERM, then waits (at most 30 s) for a clean exit; its stderr.
-    pub fn stop(mut self) -> String {
+    pub fn stop(self) -> String {
+        // SAFETY: a signal to our own child process
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
+        self.wait_clean_exit()
+    }
+
+    /// SIGINT to its whole process group, as Ctrl-C in a terminal sends it (to `up` and to
+    /// the nodes it started), then waits (at most 30 s) for a clean exit; its stderr.
+    pub fn interrupt_group(self) -> String {
+        // SAFETY: a signal to the process group our own child leads
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGINT);
+        }
+        self.wait_clean_exit()
+    }
+
+    fn wait_clean_exit(mut self) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = self.child.try_wait().unwrap() {

@@ -953,7 +953,8 @@ impl LogStore {
 /// hands on only records the core replicas have confirmed (ADR-0064): when a read finds
 /// records, the shards that had some are read again in one pipeline with a write of
 /// `dlogsync:{s}` and `WAIT` (the first read then asks for one record per shard: it only
-/// finds the shards), and the records of that second read are returned only if the
+/// finds the shards; the write is `mark_log_read.lua`, allowed on an instance out of memory),
+/// and the records of that second read are returned only if the
 /// `WAIT` counted enough replicas (replication is in order, so the `WAIT` covers every record
 /// the primary held when it ran the read, whichever connection ran the pipeline). Otherwise
 /// that shard's records are held back and read again at the next call. A record a promoted
@@ -1074,8 +1075,11 @@ impl LogReader {
                 .find(|(g, _)| *g == s)
                 .and_then(|(_, recs)| recs.last())
                 .map_or(0, |r| r.offset);
-            let mut c = redis::cmd("SET");
-            c.arg(keys::dlog_sync(s)).arg(last);
+            let mut c = redis::cmd("EVAL");
+            c.arg(MARK_LOG_READ)
+                .arg(1)
+                .arg(keys::dlog_sync(s))
+                .arg(last);
             c
         };
         match &mut self.inner {
@@ -1125,6 +1129,10 @@ impl LogReader {
         }
     }
 }
+
+/// `mark_log_read.lua`: the write a log reader's `WAIT` covers (ADR-0064), allowed when the
+/// instance is out of memory. Sent as `EVAL`: a few bytes, only by reads that found records.
+const MARK_LOG_READ: &str = include_str!("lua/core/mark_log_read.lua");
 
 /// Logs records held back by [`LogReader::confirmed`].
 fn not_confirmed(shards: &[(u32, u64)], wait: ReplicaWait) {

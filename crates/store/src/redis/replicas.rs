@@ -115,6 +115,8 @@ pub(crate) async fn with_wait(
             ))))
         }
     };
+    // (a command refused inside the pipeline fails the whole pipeline in redis-rs: a marker
+    // write that failed never lets the `WAIT` that covers nothing of it confirm anything)
     if n < wait.replicas {
         return Err(WaitError::Short);
     }

@@ -1,30 +1,39 @@
 //! What ADR-0064's confirmation costs a log reader: a backlog read in batches with and without
-//! a replica wait, on one primary with one replica (real redis-servers), alternated.
+//! a replica wait, alternated, on one primary with one replica or (`cluster`) on a 3+3 Redis
+//! Cluster (real redis-servers either way).
 //!
 //! ```sh
-//! cargo run --release -p tidemark-store --example confirmed_reads -- [RECORDS] [ROUNDS]
+//! cargo run --release -p tidemark-store --example confirmed_reads -- [RECORDS] [ROUNDS] [cluster]
 //! ```
 //!
-//! For each read of the whole backlog (4 shards, `XREAD COUNT 512` per shard, as a worker
-//! reads): the wall time, and the CPU the primary and the replica spent (`used_cpu_sys` +
-//! `used_cpu_user` from `INFO cpu` before and after), per record.
+//! For each read of the whole backlog (`XREAD COUNT 512` per shard, as a worker reads; 4
+//! shards on one instance, 16 on the cluster): the wall time, and the CPU the primaries and
+//! the replicas spent (`used_cpu_sys` + `used_cpu_user` from `INFO cpu` before and after),
+//! per record.
 
 use std::time::{Duration, Instant};
 
-use tidemark_redis_proc::RedisProcess;
+use tidemark_redis_proc::{ClusterOptions, RedisCluster, RedisProcess};
+use tidemark_store::endpoint::cluster_endpoint;
 use tidemark_store::redis::dlog::{
     request_digest, CommitRequest, LogReader, LogStore, ReplicaWait, DEFAULT_DEDUPE_TTL_S,
 };
 
-const SHARDS: u32 = 4;
 const BATCH: usize = 512;
 
-async fn cpu_s(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
-    let info: String = redis::cmd("INFO")
-        .arg("cpu")
-        .query_async(conn)
-        .await
-        .unwrap();
+/// The servers under test: their primaries' and replicas' CPU seconds so far.
+enum Servers {
+    One {
+        primary: RedisProcess,
+        replica: RedisProcess,
+    },
+    Cluster(RedisCluster),
+}
+
+fn cpu_s(addr: std::net::SocketAddr) -> f64 {
+    let mut c =
+        tidemark_redis_proc::resp::Conn::connect(addr, None, Duration::from_secs(5)).unwrap();
+    let info = c.call(&["INFO", "cpu"]).unwrap().text().unwrap();
     info.lines()
         .filter_map(|l| {
             let (k, v) = l.split_once(':')?;
@@ -33,12 +42,44 @@ async fn cpu_s(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
         .sum()
 }
 
-async fn connect(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
+impl Servers {
+    fn url(&self) -> String {
+        match self {
+            Servers::One { primary, .. } => primary.url(),
+            Servers::Cluster(c) => cluster_endpoint(&c.seeds()),
+        }
+    }
+
+    /// (primaries, replicas) CPU seconds.
+    fn cpu(&self) -> (f64, f64) {
+        match self {
+            Servers::One { primary, replica } => (cpu_s(primary.addr()), cpu_s(replica.addr())),
+            Servers::Cluster(c) => {
+                let sum = |nodes: Vec<usize>| nodes.into_iter().map(|i| cpu_s(c.addr(i))).sum();
+                (sum(c.primaries()), sum(c.replicas()))
+            }
+        }
+    }
+
+    /// Whether every replica holds as many keys as its primary.
+    fn replicated(&self) -> bool {
+        let dbsize = |addr| {
+            let mut c =
+                tidemark_redis_proc::resp::Conn::connect(addr, None, Duration::from_secs(5))
+                    .unwrap();
+            c.call(&["DBSIZE"]).ok().and_then(|v| v.int())
+        };
+        match self {
+            Servers::One { primary, replica } => {
+                dbsize(replica.addr()).is_some() && dbsize(replica.addr()) == dbsize(primary.addr())
+            }
+            Servers::Cluster(c) => c.primaries().into_iter().all(|p| {
+                c.replicas_of(p)
+                    .into_iter()
+                    .all(|r| dbsize(c.addr(r)).is_some() && dbsize(c.addr(r)) == dbsize(c.addr(p)))
+            }),
+        }
+    }
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -46,13 +87,19 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let records: u64 = args.next().map_or(200_000, |a| a.parse().unwrap());
     let rounds: usize = args.next().map_or(3, |a| a.parse().unwrap());
-    let primary = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
-    let replica = RedisProcess::start_replica_of(&primary).expect("replica");
-    let mut p = connect(&primary.url()).await;
-    let mut r = connect(&replica.url()).await;
+    let cluster = args.next().as_deref() == Some("cluster");
+    let (servers, shards) = if cluster {
+        let c = RedisCluster::start(ClusterOptions::default()).expect("a 3+3 cluster");
+        (Servers::Cluster(c), 16u32)
+    } else {
+        let primary = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
+        let replica = RedisProcess::start_replica_of(&primary).expect("replica");
+        (Servers::One { primary, replica }, 4u32)
+    };
+    let url = servers.url();
 
     // the backlog: `records` one-recipient records over the shards, 64 per call
-    let mut log = LogStore::connect(&primary.url()).await.unwrap();
+    let mut log = LogStore::connect(&url).await.unwrap();
     let body = "x".repeat(64);
     let digest = request_digest(&["bob"], &body);
     let ids: Vec<String> = (0..records).map(|i| format!("m-{i}")).collect();
@@ -69,32 +116,33 @@ async fn main() {
                 claim_home: None,
             })
             .collect();
-        log.commit_group(c as u32 % SHARDS, &reqs, DEFAULT_DEDUPE_TTL_S)
+        log.commit_group(c as u32 % shards, &reqs, DEFAULT_DEDUPE_TTL_S)
             .await
             .unwrap();
     }
-    // wait until the replica has it all
-    loop {
-        // (an error while the replica loads what the primary sent)
-        let n: Result<u64, _> = redis::cmd("DBSIZE").query_async(&mut r).await;
-        let m: u64 = redis::cmd("DBSIZE").query_async(&mut p).await.unwrap();
-        if n.is_ok_and(|n| n == m) {
-            break;
-        }
+    // wait until the replicas have it all
+    while !servers.replicated() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    println!("backlog: {records} records over {SHARDS} shards, batches of {BATCH} per shard");
-    println!("variant    wall ms   µs/record wall   primary µs/record   replica µs/record");
+    println!(
+        "backlog: {records} records over {shards} shards ({}), batches of {BATCH} per shard",
+        if cluster {
+            "a 3+3 cluster"
+        } else {
+            "one primary, one replica"
+        }
+    );
+    println!("variant    wall ms   µs/record wall   primaries µs/record   replicas µs/record");
     for round in 0..rounds {
         for wait in [None, Some(1)] {
-            let mut reader = LogReader::connect(&primary.url()).await.unwrap();
+            let mut reader = LogReader::connect(&url).await.unwrap();
             reader.set_replica_wait(wait.map(|n| ReplicaWait {
                 replicas: n,
                 timeout: Duration::from_secs(1),
             }));
-            let (p0, r0) = (cpu_s(&mut p).await, cpu_s(&mut r).await);
+            let (p0, r0) = servers.cpu();
             let start = Instant::now();
-            let mut pos: Vec<(u32, u64)> = (0..SHARDS).map(|s| (s, 0)).collect();
+            let mut pos: Vec<(u32, u64)> = (0..shards).map(|s| (s, 0)).collect();
             let mut got = 0u64;
             while got < records {
                 for (s, recs) in reader.read(&pos, BATCH, Duration::ZERO).await.unwrap() {
@@ -104,10 +152,10 @@ async fn main() {
                 }
             }
             let wall = start.elapsed();
-            let (p1, r1) = (cpu_s(&mut p).await, cpu_s(&mut r).await);
+            let (p1, r1) = servers.cpu();
             let per = |s: f64| s * 1e6 / records as f64;
             println!(
-                "{:<10} {:>7.1}   {:>14.2}   {:>17.2}   {:>17.2}   (round {})",
+                "{:<10} {:>7.1}   {:>14.2}   {:>19.2}   {:>18.2}   (round {})",
                 if wait.is_some() { "confirmed" } else { "plain" },
                 wall.as_secs_f64() * 1e3,
                 per(wall.as_secs_f64()),
@@ -117,4 +165,76 @@ async fn main() {
             );
         }
     }
+    if let Servers::Cluster(mut c) = servers {
+        degraded(&mut c, &mut log, shards).await;
+    }
+}
+
+/// One node's replica stopped: one record more per shard, then one read with a 300 ms wait.
+/// The `WAIT`s of that node's shards share the reader's connection to it and time out one
+/// after another; the read returns the other nodes' shards only when they all have.
+async fn degraded(c: &mut RedisCluster, log: &mut LogStore, shards: u32) {
+    let slot = tidemark_redis_proc::key_slot(b"dlog:{0}");
+    let primary = c.primary_of_slot(slot).expect("served");
+    let on_node = (0..shards)
+        .filter(|s| {
+            c.primary_of_slot(tidemark_redis_proc::key_slot(
+                format!("dlog:{{{s}}}").as_bytes(),
+            )) == Some(primary)
+        })
+        .count();
+    // connected (and where every shard's log ends read) while every node answers
+    let mut reader = LogReader::connect(&cluster_endpoint(&c.seeds()))
+        .await
+        .unwrap();
+    let timeout = Duration::from_millis(300);
+    reader.set_replica_wait(Some(ReplicaWait {
+        replicas: 1,
+        timeout,
+    }));
+    let mut pos: Vec<(u32, u64)> = Vec::new();
+    for s in 0..shards {
+        let head: Option<String> = redis::cmd("GET")
+            .arg(format!("head:{{{s}}}"))
+            .query_async(&mut log.connection())
+            .await
+            .unwrap();
+        pos.push((s, head.map_or(0, |h| h.parse().unwrap())));
+    }
+    // (the first read also subscribes to the commit hints)
+    assert!(reader
+        .read(&pos, BATCH, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_empty());
+    let replica = c.replicas_of(primary)[0];
+    c.pause(replica).unwrap();
+    let body = "x".repeat(64);
+    let digest = request_digest(&["bob"], &body);
+    for s in 0..shards {
+        let id = format!("late-{s}");
+        let req = CommitRequest {
+            sender: "alice",
+            client_id: &id,
+            recipients: &["bob"],
+            body: &body,
+            sent_at_us: 1,
+            digest: &digest,
+            claim_home: None,
+        };
+        log.commit_group(s, &[req], DEFAULT_DEDUPE_TTL_S)
+            .await
+            .unwrap();
+    }
+    // (the commits' hints reach the reader's subscription)
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let start = Instant::now();
+    let got = reader.read(&pos, BATCH, Duration::ZERO).await.unwrap();
+    println!(
+        "degraded: the replica of the node serving {on_node} of {shards} shards stopped, \
+         WAIT {timeout:?}: one read took {:.0} ms and handed on {} shards' records",
+        start.elapsed().as_secs_f64() * 1e3,
+        got.len()
+    );
+    c.resume(replica).unwrap();
 }

@@ -173,3 +173,68 @@ async fn a_core_out_of_memory_still_hands_on_confirmed_records() {
     }
     assert_eq!(got, ["zero"], "a confirmed record is handed on");
 }
+
+/// On a cluster, the confirming pipelines of one node's shards share the reader's connection
+/// to it, and each `WAIT` holds it: with that node's replica stopped they time out one after
+/// another. A read must not wait for all of them (k timeouts, past the worker's read grace
+/// with many shards) before handing on the other nodes' shards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
+    let Some(mut c) = cluster() else { return };
+    const SHARDS: u32 = 16;
+    let timeout = Duration::from_secs(2);
+    let node_of = |c: &tidemark_redis_proc::RedisCluster, s: u32| {
+        c.primary_of_slot(key_slot(format!("dlog:{{{s}}}").as_bytes()))
+    };
+    // the node that serves the most shards
+    let nodes: Vec<Option<usize>> = (0..SHARDS).map(|s| node_of(&c, s)).collect();
+    let primary = c
+        .primaries()
+        .into_iter()
+        .max_by_key(|p| nodes.iter().filter(|n| **n == Some(*p)).count())
+        .unwrap();
+    let stuck = nodes.iter().filter(|n| **n == Some(primary)).count() as u32;
+    assert!(stuck >= 6, "16 shards over 3 nodes: {stuck}");
+    let url = cluster_endpoint(&c.seeds());
+    let mut log = LogStore::connect(&url).await.unwrap();
+    let mut reader = LogReader::connect(&url).await.unwrap();
+    reader.set_replica_wait(Some(ReplicaWait {
+        replicas: 1,
+        timeout,
+    }));
+    let pos: Vec<(u32, u64)> = (0..SHARDS).map(|s| (s, 0)).collect();
+    // the first read subscribes to the commit hints (every node answers)
+    assert!(reader
+        .read(&pos, 16, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_empty());
+    let replica = c.replicas_of(primary)[0];
+    c.pause(replica).unwrap();
+    for s in 0..SHARDS {
+        log.commit(s, "alice", &format!("n-{s}"), &["bob"], "b", 1, 60)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = std::time::Instant::now();
+    let got = reader.read(&pos, 16, Duration::ZERO).await.unwrap();
+    let took = start.elapsed();
+    c.resume(replica).unwrap();
+    let handed: Vec<u32> = got.iter().map(|(s, _)| *s).collect();
+    assert!(
+        (0..SHARDS)
+            .filter(|&s| nodes[s as usize] != Some(primary))
+            .all(|s| handed.contains(&s)),
+        "the other nodes' shards are handed on: {handed:?}"
+    );
+    assert!(
+        handed.iter().all(|&s| nodes[s as usize] != Some(primary)),
+        "nothing of the node without its replica: {handed:?}"
+    );
+    // one WAIT timeout and a margin, not one per shard of that node
+    assert!(
+        took < timeout * stuck / 2,
+        "the read took {took:?} ({stuck} shards of one node, WAIT {timeout:?})"
+    );
+}

@@ -986,6 +986,12 @@ struct ClusterReader {
     /// Where the last read of each shard ended (the position a caller in step asks next).
     expect: HashMap<u32, u64>,
     last_sweep: tokio::time::Instant,
+    /// Confirming pipelines in flight (ADR-0064), at most one per shard, each with the
+    /// position it read from. The pipelines of one node share a connection, and a `WAIT`
+    /// holds it: with that node's replicas down they time out one after another. A read
+    /// waits for them at most one `WAIT` timeout and leaves the rest running, so shards on
+    /// other nodes are not held up by k timeouts.
+    confirming: HashMap<u32, tokio::task::JoinHandle<Confirmation>>,
 }
 
 impl LogReader {
@@ -1004,6 +1010,7 @@ impl LogReader {
                     dirty: Default::default(),
                     expect: HashMap::new(),
                     last_sweep: tokio::time::Instant::now(),
+                    confirming: HashMap::new(),
                 })),
             });
         }
@@ -1095,15 +1102,55 @@ impl LogReader {
                 }
             }
             ReaderInner::Cluster(r) => {
-                let reads = again.iter().map(|&(s, after)| {
+                for &(s, after) in &again {
+                    if r.confirming.contains_key(&s) {
+                        continue;
+                    }
                     let mut conn = r.conn.clone();
                     let cmds = [xread(&[(s, after)], count, Duration::ZERO), marker(s)];
-                    async move { (s, with_wait(&mut conn, &cmds, wait).await) }
-                });
+                    let task =
+                        tokio::spawn(
+                            async move { (after, with_wait(&mut conn, &cmds, wait).await) },
+                        );
+                    r.confirming.insert(s, task);
+                }
+                // this read's shards: at most one WAIT timeout (and a margin for the reply);
+                // others' confirmations that ended meanwhile are taken too
+                let until = tokio::time::Instant::now() + wait.timeout + CONFIRM_MARGIN;
+                let mut ended = Vec::new();
+                for (s, _) in &again {
+                    if let Some(task) = r.confirming.get_mut(s) {
+                        if let Ok(joined) = tokio::time::timeout_at(until, task).await {
+                            r.confirming.remove(s);
+                            ended.push((*s, joined));
+                        }
+                    }
+                }
+                let finished: Vec<u32> = r
+                    .confirming
+                    .iter()
+                    .filter(|(_, t)| t.is_finished())
+                    .map(|(s, _)| *s)
+                    .collect();
+                for s in finished {
+                    let task = r.confirming.remove(&s).expect("listed");
+                    ended.push((s, task.await));
+                }
                 let mut out = Vec::new();
-                for (s, res) in futures::future::join_all(reads).await {
+                for (s, joined) in ended {
+                    let (from, res) = match joined {
+                        Ok(r) => r,
+                        Err(e) => {
+                            return Err(redis::RedisError::from(std::io::Error::other(
+                                e.to_string(),
+                            ))
+                            .into())
+                        }
+                    };
+                    // read from where this call asks? (else: read again, from there)
+                    let asked = positions.iter().any(|&(p, after)| p == s && after == from);
                     match res {
-                        Ok(v) => {
+                        Ok(v) if asked => {
                             for (s, recs) in parse_xread(&v[0])? {
                                 if let Some(last) = recs.last() {
                                     // where a caller in step asks next
@@ -1115,6 +1162,9 @@ impl LogReader {
                                 }
                                 out.push((s, recs));
                             }
+                        }
+                        Ok(_) => {
+                            r.expect.remove(&s);
                         }
                         Err(WaitError::Redis(e)) => return Err(e.into()),
                         Err(WaitError::Short) => {
@@ -1129,6 +1179,14 @@ impl LogReader {
         }
     }
 }
+
+/// A confirming pipeline's outcome: the position it read from, and its replies (the read's
+/// first) or why it confirmed nothing.
+type Confirmation = (u64, std::result::Result<Vec<Value>, WaitError>);
+
+/// How long past its `WAIT`'s timeout a confirming pipeline's reply may take before a read
+/// stops waiting for it (it is picked up by a later read).
+const CONFIRM_MARGIN: Duration = Duration::from_millis(100);
 
 /// `mark_log_read.lua`: the write a log reader's `WAIT` covers (ADR-0064), allowed when the
 /// instance is out of memory. Sent as `EVAL`: a few bytes, only by reads that found records.

@@ -96,6 +96,14 @@ struct TaskRuns {
     running_since: Option<Instant>,
 }
 
+impl TaskRuns {
+    /// The current run has stayed up for [`crate::supervise::HEALTHY_RUN`].
+    fn up_long(&self) -> bool {
+        self.running_since
+            .is_some_and(|since| since.elapsed() >= crate::supervise::HEALTHY_RUN)
+    }
+}
+
 /// One shard's health and the handles of its gauges (registered once, set on change).
 #[derive(Debug)]
 struct Entry {
@@ -215,10 +223,7 @@ impl HealthBoard {
     /// run that was up for [`crate::supervise::HEALTHY_RUN`] starts a new streak.
     pub(crate) fn task_ended(&self, id: usize, how: &str) {
         if let Some(t) = self.tasks.lock().expect("health lock").get_mut(id) {
-            let healthy = t
-                .running_since
-                .is_some_and(|since| since.elapsed() >= crate::supervise::HEALTHY_RUN);
-            t.streak = if healthy { 1 } else { t.streak + 1 };
+            t.streak = if t.up_long() { 1 } else { t.streak + 1 };
             t.last = how.to_string();
             t.running_since = None;
         }
@@ -297,10 +302,7 @@ impl HealthBoard {
     pub fn problems(&self, stuck_after: Duration) -> Vec<String> {
         let mut out = Vec::new();
         for t in self.tasks.lock().expect("health lock").iter() {
-            let up_long = t
-                .running_since
-                .is_some_and(|since| since.elapsed() >= crate::supervise::HEALTHY_RUN);
-            if t.streak >= RESTART_LOOP && !up_long {
+            if t.streak >= RESTART_LOOP && !t.up_long() {
                 out.push(format!(
                     "task {}: restarted {} times in a row, no run up for {:?} ({}); last run {}",
                     t.name,

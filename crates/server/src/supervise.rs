@@ -96,11 +96,14 @@ pub async fn supervise<F, Fut, T, E>(
     E: std::fmt::Display + Send + 'static,
 {
     let mut delay = RESTART_MIN;
-    let id = health.as_ref().map(|h| h.register_task(task));
+    let board = health.map(|h| {
+        let id = h.register_task(task);
+        (h, id)
+    });
     loop {
         let started = Instant::now();
-        if let (Some(h), Some(id)) = (&health, id) {
-            h.task_started(id);
+        if let Some((h, id)) = &board {
+            h.task_started(*id);
         }
         let outcome = tokio::spawn(make()).await;
         if cancel.is_cancelled() {
@@ -118,8 +121,8 @@ pub async fn supervise<F, Fut, T, E>(
         tracing::error!(task, %ended, restart_in = ?delay, "supervised task ended; restarting");
         metrics::counter!("tidemark_task_restarts_total", "task" => task, "reason" => ended.reason())
             .increment(1);
-        if let (Some(h), Some(id)) = (&health, id) {
-            h.task_ended(id, &ended.to_string());
+        if let Some((h, id)) = &board {
+            h.task_ended(*id, &ended.to_string());
         }
         on_down(&ended);
         tokio::select! {

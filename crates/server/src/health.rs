@@ -229,6 +229,15 @@ impl HealthBoard {
         }
     }
 
+    /// Task `id` was asked to stop (its cancellation): whatever its runs did, it is not
+    /// failing now, and is no longer reported.
+    pub(crate) fn task_stopped(&self, id: usize) {
+        if let Some(t) = self.tasks.lock().expect("health lock").get_mut(id) {
+            t.streak = 0;
+            t.running_since = None;
+        }
+    }
+
     /// Leases mode: the shards whose lease this node holds now (kept since when they were
     /// first given).
     pub(crate) fn set_leased(&self, shards: impl IntoIterator<Item = u32>) {

@@ -107,6 +107,9 @@ pub async fn supervise<F, Fut, T, E>(
         }
         let outcome = tokio::spawn(make()).await;
         if cancel.is_cancelled() {
+            if let Some((h, id)) = &board {
+                h.task_stopped(*id);
+            }
             return;
         }
         let ended = match outcome {
@@ -126,7 +129,12 @@ pub async fn supervise<F, Fut, T, E>(
         }
         on_down(&ended);
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => {
+                if let Some((h, id)) = &board {
+                    h.task_stopped(*id);
+                }
+                return;
+            }
             _ = tokio::time::sleep(delay) => {}
         }
         delay = (delay * 2).min(RESTART_MAX);
@@ -224,6 +232,37 @@ mod tests {
         assert!(p[0].ends_with("last run panicked: boom 2"), "{p:?}");
         cancel.cancel();
         sup.await.unwrap();
+        // asked to stop, it is no longer a problem
+        let p = board.problems(Duration::from_secs(10));
+        assert!(p.is_empty(), "{p:?}");
+    }
+
+    #[tokio::test]
+    async fn a_task_stopped_while_waiting_to_restart_is_no_longer_reported() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let cancel = CancellationToken::new();
+        let board = Arc::new(HealthBoard::default());
+        let r = runs.clone();
+        let sup = tokio::spawn(supervise(
+            "failing",
+            cancel.clone(),
+            Some(board.clone()),
+            move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), String>("refused".into()) }
+            },
+            |_| {},
+        ));
+        let start = Instant::now();
+        while board.problems(Duration::from_secs(10)).is_empty() {
+            assert!(start.elapsed() < Duration::from_secs(10), "never reported");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // cancelled during a restart delay (the task is not running)
+        cancel.cancel();
+        sup.await.unwrap();
+        let p = board.problems(Duration::from_secs(10));
+        assert!(p.is_empty(), "{p:?}");
     }
 
     #[tokio::test]

@@ -217,24 +217,34 @@ async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
             .unwrap();
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let others: Vec<u32> = (0..SHARDS)
+        .filter(|&s| nodes[s as usize] != Some(primary))
+        .collect();
     let start = std::time::Instant::now();
-    let got = reader.read(&pos, 16, Duration::ZERO).await.unwrap();
+    let mut handed: Vec<u32> = Vec::new();
+    let mut reads = 0;
+    // the other nodes' shards are handed on as soon as their replicas confirm (a read may
+    // hand on some of them, the next the rest), not after the WAIT timeout the node without
+    // its replica takes: before, each read waited for that node's confirmations (one WAIT
+    // timeout per read; earlier still, one per shard of that node)
+    while !others.iter().all(|s| handed.contains(s)) && start.elapsed() < timeout * 4 {
+        let got = reader.read(&pos, 16, Duration::ZERO).await.unwrap();
+        reads += 1;
+        handed.extend(got.iter().map(|(s, _)| *s));
+    }
     let took = start.elapsed();
     c.resume(replica).unwrap();
-    let handed: Vec<u32> = got.iter().map(|(s, _)| *s).collect();
     assert!(
-        (0..SHARDS)
-            .filter(|&s| nodes[s as usize] != Some(primary))
-            .all(|s| handed.contains(&s)),
+        others.iter().all(|s| handed.contains(s)),
         "the other nodes' shards are handed on: {handed:?}"
     );
     assert!(
         handed.iter().all(|&s| nodes[s as usize] != Some(primary)),
         "nothing of the node without its replica: {handed:?}"
     );
-    // one WAIT timeout and a margin, not one per shard of that node
     assert!(
-        took < timeout * stuck / 2,
-        "the read took {took:?} ({stuck} shards of one node, WAIT {timeout:?})"
+        took < timeout / 2,
+        "the other nodes' shards took {took:?} over {reads} reads ({stuck} shards of one \
+         node without its replica, WAIT {timeout:?})"
     );
 }

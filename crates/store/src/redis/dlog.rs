@@ -1114,16 +1114,50 @@ impl LogReader {
                         );
                     r.confirming.insert(s, task);
                 }
-                // this read's shards: at most one WAIT timeout (and a margin for the reply);
-                // others' confirmations that ended meanwhile are taken too
+                // this read's shards: until all have answered, or [`CONFIRM_GRACE`] after
+                // the first answer, and at most one WAIT timeout (and a margin for the
+                // reply): the shards of a node whose replicas lag or are down do not hold up
+                // the others' records, which they did for one WAIT timeout per read (the
+                // rest are picked up by a later read); others' confirmations that ended
+                // meanwhile are taken too
                 let until = tokio::time::Instant::now() + wait.timeout + CONFIRM_MARGIN;
+                let mut deadline = until;
                 let mut ended = Vec::new();
-                for (s, _) in &again {
-                    if let Some(task) = r.confirming.get_mut(s) {
-                        if let Ok(joined) = tokio::time::timeout_at(until, task).await {
-                            r.confirming.remove(s);
-                            ended.push((*s, joined));
+                loop {
+                    let pending: Vec<u32> = again
+                        .iter()
+                        .map(|&(s, _)| s)
+                        .filter(|s| r.confirming.contains_key(s))
+                        .collect();
+                    if pending.is_empty() {
+                        break;
+                    }
+                    let confirming = &mut r.confirming;
+                    let ready = std::future::poll_fn(|cx| {
+                        let mut ready = Vec::new();
+                        for s in &pending {
+                            let task = confirming.get_mut(s).expect("pending");
+                            if let std::task::Poll::Ready(joined) =
+                                std::future::Future::poll(std::pin::Pin::new(task), cx)
+                            {
+                                ready.push((*s, joined));
+                            }
                         }
+                        if ready.is_empty() {
+                            std::task::Poll::Pending
+                        } else {
+                            std::task::Poll::Ready(ready)
+                        }
+                    });
+                    let Ok(ready) = tokio::time::timeout_at(deadline, ready).await else {
+                        break;
+                    };
+                    for (s, joined) in ready {
+                        r.confirming.remove(&s);
+                        ended.push((s, joined));
+                    }
+                    if deadline == until {
+                        deadline = until.min(tokio::time::Instant::now() + CONFIRM_GRACE);
                     }
                 }
                 let finished: Vec<u32> = r
@@ -1187,6 +1221,12 @@ type Confirmation = (u64, std::result::Result<Vec<Value>, WaitError>);
 /// How long past its `WAIT`'s timeout a confirming pipeline's reply may take before a read
 /// stops waiting for it (it is picked up by a later read).
 const CONFIRM_MARGIN: Duration = Duration::from_millis(100);
+
+/// How long a read that has some shards' confirmations waits for the rest before it hands on
+/// what it has: the confirmations of healthy replicas answer within a few milliseconds of
+/// each other, while a node whose replicas lag or are down answers only at its `WAIT`'s
+/// timeout (its shards are handed on by a later read).
+const CONFIRM_GRACE: Duration = Duration::from_millis(10);
 
 /// `mark_log_read.lua`: the write a log reader's `WAIT` covers (ADR-0064), allowed when the
 /// instance is out of memory. Sent as `EVAL`: a few bytes, only by reads that found records.

@@ -6,7 +6,7 @@
 #   scripts/with-valkey.sh cargo test -p tidemark-store --test trim_check
 #
 # Why: some server behaviour differs between the two. Redis 7.0 sets a client's replication
-# offset after every command, Valkey 8 (like Redis 7.2+) only after one that propagated, so a
+# offset after every command, Valkey 8 only after one that propagated, so a
 # `WAIT` that covers nothing the connection wrote answers at once there (ADR-0063).
 # The packages are downloaded and unpacked under target/valkey, not installed; no root needed.
 set -euo pipefail

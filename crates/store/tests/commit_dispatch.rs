@@ -899,7 +899,7 @@ async fn a_one_key_claim_whose_xadd_fails_is_taken_back(packed: bool) {
     }
     assert_eq!(e.core.head(s).await.unwrap(), 1);
     // repaired (the stream made again with record 1 alone, so its last id is 1 again; a
-    // stream's last id cannot go back below a deleted entry's on Valkey 8 or Redis 7.2+,
+    // stream's last id cannot go back below a deleted entry's on Valkey 8,
     // where `XDEL` + `XSETID 1-0` is refused): the resend commits at offset 2
     let first: Vec<(String, Vec<Vec<u8>>)> = redis::cmd("XRANGE")
         .arg(keys::dlog(s))

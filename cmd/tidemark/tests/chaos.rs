@@ -992,11 +992,76 @@ enum Quiet {
     CoreKill9,
     /// Every core connection killed (the XREAD one too); the message is sent after.
     CoreClientKill,
+    /// Mailbox Redis SIGKILLed and restarted at once, loading its AOF slowly: it answers
+    /// `LOADING` for several seconds (`key-load-delay`), then serves again by itself.
+    MailboxLoading,
+    /// Core Redis the same; the message is sent once it has loaded.
+    CoreLoading,
 }
 
 impl Quiet {
     fn on_mailbox(self) -> bool {
-        !matches!(self, Quiet::CoreKill9 | Quiet::CoreClientKill)
+        !matches!(
+            self,
+            Quiet::CoreKill9 | Quiet::CoreClientKill | Quiet::CoreLoading
+        )
+    }
+}
+
+/// Keys written before a `LOADING` fault, so that the restarted server replays them one by
+/// one at [`LOAD_DELAY_US`] each: about 6 s of `LOADING`.
+const LOAD_FILLER_KEYS: u32 = 6000;
+
+/// `key-load-delay` of a `LOADING` fault's restart, in µs per key loaded.
+const LOAD_DELAY_US: &str = "1000";
+
+/// Restarts `redis` so that it loads its AOF slowly, and checks that it answers `LOADING`.
+async fn restart_loading(redis: &mut RedisProcess, admin: &mut redis::aio::MultiplexedConnection) {
+    let _: i64 = redis::cmd("EVAL")
+        .arg("for i = 1, tonumber(ARGV[1]) do redis.call('SET', 'filler:' .. i, 'x') end return 1")
+        .arg(0)
+        .arg(LOAD_FILLER_KEYS)
+        .query_async(admin)
+        .await
+        .unwrap();
+    redis
+        .restart_with_extra(&[
+            ("key-load-delay", LOAD_DELAY_US),
+            // events (and so `LOADING` replies) between small reads of the AOF
+            ("loading-process-events-interval-bytes", "1024"),
+        ])
+        .unwrap();
+    // an inline PING on a fresh socket (no client library's connection set-up to get in
+    // the way): `-LOADING …` while it loads
+    let addr = redis.addr();
+    let seen = tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead, BufReader, Write};
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(mut sock) =
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+            {
+                let _ = sock.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut line = String::new();
+                if sock.write_all(b"PING\r\n").is_ok()
+                    && BufReader::new(&sock).read_line(&mut line).is_ok()
+                {
+                    if line.starts_with("-LOADING") {
+                        return Ok(start.elapsed());
+                    }
+                    if line.starts_with("+PONG") {
+                        return Err(format!("PONG after {:?}", start.elapsed()));
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err("no answer within 10 s".to_string())
+    })
+    .await
+    .unwrap();
+    if let Err(e) = seen {
+        panic!("the restarted server never answered LOADING: {e}");
     }
 }
 
@@ -1130,6 +1195,8 @@ async fn quiet_outage(fault: Quiet) {
             let nobody = tidemark_redis_proc::free_port().unwrap().to_string();
             run(&mut admin, &["REPLICAOF", "127.0.0.1", &nobody]).await;
         }
+        Quiet::MailboxLoading => restart_loading(&mut mailbox, &mut admin).await,
+        Quiet::CoreLoading => restart_loading(&mut core, &mut admin).await,
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut second = None;
@@ -1161,6 +1228,8 @@ async fn quiet_outage(fault: Quiet) {
         Quiet::MailboxReadonly => {
             run(&mut admin, &["REPLICAOF", "NO", "ONE"]).await;
         }
+        // it ends by itself once the AOF is loaded
+        Quiet::MailboxLoading | Quiet::CoreLoading => {}
     }
     let second = match second {
         Some(s) => s,
@@ -1238,4 +1307,6 @@ quiet_outage_tests! {
     quiet_mailbox_readonly: MailboxReadonly,
     quiet_core_kill9: CoreKill9,
     quiet_core_client_kill: CoreClientKill,
+    quiet_mailbox_loading: MailboxLoading,
+    quiet_core_loading: CoreLoading,
 }

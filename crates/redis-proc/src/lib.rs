@@ -488,6 +488,22 @@ impl RedisProcess {
     }
 }
 
+impl RedisProcess {
+    /// Kills the server (SIGKILL) and starts it again on the same port and directory with
+    /// `extra` `--name value` arguments added for this start only, without waiting for it to
+    /// answer `PING`: for fault tests that restart a server into a state such as a slow
+    /// `LOADING` (`key-load-delay`). A later [`RedisProcess::restart`] uses the original
+    /// options again.
+    pub fn restart_with_extra(&mut self, extra: &[(&str, &str)]) -> Result<(), Error> {
+        self.kill();
+        let mut opts = self.opts.clone();
+        opts.extra
+            .extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        self.child = Some(Self::spawn_once(&opts, &self.dir, self.addr.port())?);
+        Ok(())
+    }
+}
+
 impl Drop for RedisProcess {
     fn drop(&mut self) {
         self.kill();

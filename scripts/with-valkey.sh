@@ -9,10 +9,19 @@
 # offset after every command, Valkey 8 only after one that propagated, so a
 # `WAIT` that covers nothing the connection wrote answers at once there (ADR-0063).
 # The packages are downloaded and unpacked under target/valkey, not installed; no root needed.
+#
+# Only the two packages are fetched, not their dependencies: the libraries valkey-server links
+# (libjemalloc2, liblzf1, libssl3, libsystemd0) are those of Debian's redis-server, which
+# scripts/install-redis.sh installs.
 set -euo pipefail
+if [ $# -eq 0 ]; then
+  echo "usage: $0 COMMAND [ARGS...]   (runs COMMAND with Valkey 8 as redis-server on PATH)" >&2
+  exit 2
+fi
 root="$(cd "$(dirname "$0")/.." && pwd)"
-dir="${VALKEY_DIR:-$root/target/valkey}"
+dir="$(realpath -m "${VALKEY_DIR:-$root/target/valkey}")"
 if [ ! -x "$dir/bin/redis-server" ]; then
+  rm -rf "$dir/debs" "$dir/root"
   mkdir -p "$dir/apt/lists/partial" "$dir/apt/cache/archives/partial" "$dir/debs" "$dir/bin"
   echo "deb http://deb.debian.org/debian bookworm-backports main" > "$dir/apt/sources.list"
   opts=(-o "Dir::Etc::sourcelist=$dir/apt/sources.list" -o "Dir::Etc::sourceparts=-"

@@ -499,7 +499,16 @@ impl RedisProcess {
         let mut opts = self.opts.clone();
         opts.extra
             .extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let started = Instant::now();
         self.child = Some(Self::spawn_once(&opts, &self.dir, self.addr.port())?);
+        // a server that refuses its settings (or its port) exits at once: say so here, with
+        // its log's tail
+        std::thread::sleep(Duration::from_millis(200));
+        if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+            let e = self.not_ready(started.elapsed());
+            self.child = None;
+            return Err(e);
+        }
         Ok(())
     }
 }

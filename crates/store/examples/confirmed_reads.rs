@@ -171,7 +171,8 @@ async fn main() {
 }
 
 /// One node's replica stopped: one record more per shard, then reads with a 300 ms wait
-/// until every other node's shards are handed on. Each read hands on what was confirmed
+/// until every other node's shards are handed on; then one record more on one of those, and
+/// the time until it is handed on. Each read hands on what was confirmed
 /// within `CONFIRM_GRACE` of the first confirmation; that node's shards time out in tasks of
 /// their own and do not hold up the others.
 async fn degraded(c: &mut RedisCluster, log: &mut LogStore, shards: u32) {
@@ -250,6 +251,44 @@ async fn degraded(c: &mut RedisCluster, log: &mut LogStore, shards: u32) {
         start.elapsed().as_secs_f64() * 1e3,
         reads.len(),
         reads.join(", ")
+    );
+    // then one record more on one of those shards, that node's shards still unconfirmed
+    let mut later = pos.clone();
+    for (s, recs) in reader.read(&pos, BATCH, Duration::ZERO).await.unwrap() {
+        if let (Some(p), Some(last)) = (later.iter_mut().find(|(t, _)| *t == s), recs.last()) {
+            p.1 = last.offset;
+        }
+    }
+    let shard = *handed.iter().next().expect("a shard handed on");
+    let req = CommitRequest {
+        sender: "alice",
+        client_id: "later",
+        recipients: &["bob"],
+        body: &body,
+        sent_at_us: 1,
+        digest: &digest,
+        claim_home: None,
+    };
+    log.commit_group(shard, &[req], DEFAULT_DEDUPE_TTL_S)
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let mut took = None;
+    while took.is_none() && start.elapsed() < timeout * 10 {
+        let got = reader
+            .read(&later, BATCH, Duration::from_millis(500))
+            .await
+            .unwrap();
+        if got.iter().any(|(s, _)| *s == shard) {
+            took = Some(start.elapsed());
+        }
+    }
+    println!(
+        "degraded, light traffic: one record more on shard {shard} handed on after {}",
+        took.map_or("(not within 3 s)".to_string(), |t| format!(
+            "{:.1} ms",
+            t.as_secs_f64() * 1e3
+        ))
     );
     c.resume(replica).unwrap();
 }

@@ -233,7 +233,36 @@ async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
         handed.extend(got.iter().map(|(s, _)| *s));
     }
     let took = start.elapsed();
+    // then light traffic: one record more on one of the other shards, while that node's
+    // shards stay unconfirmed (their confirmations run, time out and start again); it is
+    // handed on as soon as its own replica confirms it, not after their timeouts
+    let healthy = others[0];
+    let later: Vec<(u32, u64)> = pos
+        .iter()
+        .map(|&(s, after)| (s, if others.contains(&s) { 1 } else { after }))
+        .collect();
+    log.commit(healthy, "alice", "n-late", &["bob"], "b", 1, 60)
+        .await
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut late = None;
+    while late.is_none() && start.elapsed() < timeout * 4 {
+        let got = reader
+            .read(&later, 16, Duration::from_millis(500))
+            .await
+            .unwrap();
+        late = got
+            .iter()
+            .find(|(s, recs)| *s == healthy && recs.iter().any(|r| r.offset == 2))
+            .map(|_| start.elapsed());
+    }
     c.resume(replica).unwrap();
+    let late = late.expect("the later record is handed on");
+    assert!(
+        late < timeout / 2,
+        "a later record of shard {healthy} took {late:?} while another node's shards waited \
+         for their replica (WAIT {timeout:?})"
+    );
     assert!(
         others.iter().all(|s| handed.contains(s)),
         "the other nodes' shards are handed on: {handed:?}"

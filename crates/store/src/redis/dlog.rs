@@ -989,9 +989,13 @@ struct ClusterReader {
     /// Confirming pipelines in flight (ADR-0064), at most one per shard, each with the
     /// position it read from. The pipelines of one node share a connection, and a `WAIT`
     /// holds it: with that node's replicas down they time out one after another. A read
-    /// waits for them at most one `WAIT` timeout and leaves the rest running, so shards on
-    /// other nodes are not held up by k timeouts.
+    /// waits only briefly for the ones it started (ADR-0066) and does not read a shard whose
+    /// pipeline is still running, so shards on other nodes are not held up by those
+    /// timeouts; a pipeline that ends wakes a waiting read ([`ClusterReader::done`]).
     confirming: HashMap<u32, tokio::task::JoinHandle<Confirmation>>,
+    /// Told by each confirming pipeline as it ends (a permit is kept if no read waits), so
+    /// a read blocked on hints takes the outcome at once.
+    done: std::sync::Arc<tokio::sync::Notify>,
 }
 
 impl LogReader {
@@ -1011,6 +1015,7 @@ impl LogReader {
                     expect: HashMap::new(),
                     last_sweep: tokio::time::Instant::now(),
                     confirming: HashMap::new(),
+                    done: Default::default(),
                 })),
             });
         }
@@ -1045,13 +1050,24 @@ impl LogReader {
         // with a wait, the first read only finds the shards that have records (one each): the
         // confirming read takes them all, so no record is read and parsed twice
         let first = if self.wait.is_some() { 1 } else { count };
-        let got = match &mut self.inner {
-            ReaderInner::Single(conn) => read_blocking(conn, positions, first, block).await?,
-            ReaderInner::Cluster(r) => r.read(positions, first, block).await?,
-        };
-        match self.wait {
-            Some(wait) if !got.is_empty() => self.confirmed(positions, count, &got, wait).await,
-            _ => Ok(got),
+        let deadline = tokio::time::Instant::now() + block;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let got = match &mut self.inner {
+                ReaderInner::Single(conn) => read_blocking(conn, positions, first, left).await?,
+                ReaderInner::Cluster(r) => r.read(positions, first, left).await?,
+            };
+            let Some(wait) = self.wait.filter(|_| !got.is_empty()) else {
+                return Ok(got);
+            };
+            let out = self.confirmed(positions, count, &got, wait).await?;
+            // on a cluster, confirmations not in yet end in tasks of their own and wake the
+            // next read (the shards they cover are not read meanwhile): wait for them, or for
+            // other shards' records, until the block time is over (ADR-0066)
+            let single = matches!(self.inner, ReaderInner::Single(_));
+            if !out.is_empty() || single || tokio::time::Instant::now() >= deadline {
+                return Ok(out);
+            }
         }
     }
 
@@ -1102,31 +1118,37 @@ impl LogReader {
                 }
             }
             ReaderInner::Cluster(r) => {
+                let mut mine = Vec::new();
                 for &(s, after) in &again {
                     if r.confirming.contains_key(&s) {
                         continue;
                     }
                     let mut conn = r.conn.clone();
                     let cmds = [xread(&[(s, after)], count, Duration::ZERO), marker(s)];
-                    let task =
-                        tokio::spawn(
-                            async move { (after, with_wait(&mut conn, &cmds, wait).await) },
-                        );
+                    let done = r.done.clone();
+                    let task = tokio::spawn(async move {
+                        let res = with_wait(&mut conn, &cmds, wait).await;
+                        done.notify_one();
+                        (after, res)
+                    });
                     r.confirming.insert(s, task);
+                    mine.push(s);
                 }
-                // this read's shards: until all have answered, or [`CONFIRM_GRACE`] after
-                // the first answer, and at most one WAIT timeout (and a margin for the
-                // reply): the shards of a node whose replicas lag or are down do not hold up
-                // the others' records, which they did for one WAIT timeout per read (the
-                // rest are picked up by a later read); others' confirmations that ended
-                // meanwhile are taken too
-                let until = tokio::time::Instant::now() + wait.timeout + CONFIRM_MARGIN;
+                // the confirmations this call started: until all have answered, or
+                // [`CONFIRM_GRACE`] after the first answer, and at most [`CONFIRM_PATIENCE`]
+                // (within the WAIT timeout and a margin for the reply). The shards of a node
+                // whose replicas lag or are down do not hold up the others' records, which
+                // before waited one WAIT timeout per read; what is still running ends in its
+                // task and wakes a later read. Others' confirmations that ended meanwhile are
+                // taken too.
+                let until = tokio::time::Instant::now()
+                    + CONFIRM_PATIENCE.min(wait.timeout + CONFIRM_MARGIN);
                 let mut deadline = until;
                 let mut ended = Vec::new();
                 loop {
-                    let pending: Vec<u32> = again
+                    let pending: Vec<u32> = mine
                         .iter()
-                        .map(|&(s, _)| s)
+                        .copied()
                         .filter(|s| r.confirming.contains_key(s))
                         .collect();
                     if pending.is_empty() {
@@ -1227,6 +1249,11 @@ const CONFIRM_MARGIN: Duration = Duration::from_millis(100);
 /// each other, while a node whose replicas lag or are down answers only at its `WAIT`'s
 /// timeout (its shards are handed on by a later read).
 const CONFIRM_GRACE: Duration = Duration::from_millis(10);
+
+/// The longest a read waits for the confirmations it started before it goes back to waiting
+/// for hints and for the confirmations to end (a confirmation that ends later wakes it):
+/// healthy replicas answer well within it.
+const CONFIRM_PATIENCE: Duration = Duration::from_millis(100);
 
 /// `mark_log_read.lua`: the write a log reader's `WAIT` covers (ADR-0064), allowed when the
 /// instance is out of memory. Sent as `EVAL`: a few bytes, only by reads that found records.
@@ -1358,14 +1385,25 @@ impl ClusterReader {
             if all {
                 self.last_sweep = tokio::time::Instant::now();
             }
+            // (a shard whose confirmation is still running is not read: its records are
+            // handed on once that ends, ADR-0066; one that has ended is read, so that its
+            // outcome is taken)
+            let confirming = &self.confirming;
+            let running = |s: &u32| confirming.get(s).is_some_and(|t| !t.is_finished());
             let targets: Vec<(u32, u64)> = positions
                 .iter()
                 .copied()
                 .filter(|(s, after)| {
-                    all || self.dirty.contains(s) || self.expect.get(s) != Some(after)
+                    (all || self.dirty.contains(s)
+                        || self.expect.get(s) != Some(after)
+                        || confirming.contains_key(s))
+                        && !running(s)
                 })
                 .collect();
+            // a hint for a shard not read now stays noted
+            let kept: Vec<u32> = self.dirty.iter().copied().filter(|s| running(s)).collect();
             self.dirty.clear();
+            self.dirty.extend(kept);
             if !targets.is_empty() {
                 let reads = targets.iter().map(|&(s, after)| {
                     let mut conn = self.conn.clone();
@@ -1386,6 +1424,11 @@ impl ClusterReader {
                     if recs.len() >= count {
                         self.dirty.insert(s);
                     }
+                    if recs.is_empty() {
+                        // nothing after the position now: an ended confirmation of the shard
+                        // has nothing left to hand on
+                        self.confirming.remove(&s);
+                    }
                     if !recs.is_empty() {
                         out.push((s, recs));
                     }
@@ -1394,12 +1437,15 @@ impl ClusterReader {
                     return Ok(out);
                 }
             }
-            // nothing to read: wait for a hint, the block time, or the next sweep
+            // nothing to read: wait for a hint, a confirmation's end, the block time, or the
+            // next sweep
             let sweep_at = self.last_sweep + CLUSTER_SWEEP;
+            let done = self.done.clone();
             let Some(sub) = self.sub.as_mut() else {
                 return Ok(Vec::new());
             };
             tokio::select! {
+                _ = done.notified() => {}
                 push = sub.rx.recv() => match push {
                     Some(push) => {
                         if note_push(&mut self.dirty, &push) {

@@ -221,6 +221,7 @@ async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
         .filter(|&s| nodes[s as usize] != Some(primary))
         .collect();
     let start = std::time::Instant::now();
+    let degraded = start;
     let mut handed: Vec<u32> = Vec::new();
     let mut reads = 0;
     // the other nodes' shards are handed on as soon as their replicas confirm (a read may
@@ -233,14 +234,32 @@ async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
         handed.extend(got.iter().map(|(s, _)| *s));
     }
     let took = start.elapsed();
-    // then light traffic: one record more on one of the other shards, while that node's
-    // shards stay unconfirmed (their confirmations run, time out and start again); it is
-    // handed on as soon as its own replica confirms it, not after their timeouts
     let healthy = others[0];
     let later: Vec<(u32, u64)> = pos
         .iter()
         .map(|&(s, after)| (s, if others.contains(&s) { 1 } else { after }))
         .collect();
+    // a read that finds records only on that node's shards waits (for hints, and for their
+    // confirmations to end) rather than reading them again and again
+    let xreads = |c: &tidemark_redis_proc::RedisCluster| {
+        c.primaries()
+            .into_iter()
+            .map(|p| xread_calls(&c.url(p)))
+            .sum::<u64>()
+    };
+    let before = xreads(&c);
+    let idle = reader
+        .read(&later, 16, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let spent = xreads(&c) - before;
+    // then light traffic: one record more on one of the other shards, while that node's
+    // shards stay unconfirmed (their confirmations run, time out and start again); it is
+    // handed on as soon as its own replica confirms it, not after their timeouts. It comes
+    // just after the first of those confirmations timed out, while the next still waits:
+    // a read of the first's shard then goes to that node while a `WAIT` holds a connection
+    // there (which, were it the read's own, would hold the read and this record up)
+    tokio::time::sleep_until((degraded + timeout + Duration::from_millis(300)).into()).await;
     log.commit(healthy, "alice", "n-late", &["bob"], "b", 1, 60)
         .await
         .unwrap();
@@ -257,6 +276,14 @@ async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
             .map(|_| start.elapsed());
     }
     c.resume(replica).unwrap();
+    assert!(
+        idle.is_empty(),
+        "nothing new on the other shards, nothing confirmed on that node's: {idle:?}"
+    );
+    assert!(
+        spent < 100,
+        "{spent} XREADs in a read of 1 s that had only unconfirmed shards to find"
+    );
     let late = late.expect("the later record is handed on");
     assert!(
         late < timeout / 2,
@@ -276,4 +303,16 @@ async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
         "the other nodes' shards took {took:?} over {reads} reads ({stuck} shards of one \
          node without its replica, WAIT {timeout:?})"
     );
+}
+
+/// `XREAD` calls the instance at `url` has served (`INFO commandstats`).
+fn xread_calls(url: &str) -> u64 {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(&mut conn)
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_xread:calls="))
+        .map_or(0, |r| r.split(',').next().unwrap().parse().unwrap())
 }

@@ -993,6 +993,11 @@ struct ClusterReader {
     /// pipeline is still running, so shards on other nodes are not held up by those
     /// timeouts; a pipeline that ends wakes a waiting read ([`ClusterReader::done`]).
     confirming: HashMap<u32, tokio::task::JoinHandle<Confirmation>>,
+    /// The connections the confirming pipelines run on: not [`ClusterReader::conn`], since a
+    /// `WAIT` holds its node's connection until it answers, and a node whose replicas are
+    /// away would hold every read of its shards behind its `WAIT`s, and with them (one read
+    /// joins them all) the other nodes' records (ADR-0066).
+    confirm_conn: Conn,
     /// Told by each confirming pipeline as it ends (a permit is kept if no read waits), so
     /// a read blocked on hints takes the outcome at once.
     done: std::sync::Arc<tokio::sync::Notify>,
@@ -1004,6 +1009,7 @@ impl LogReader {
     pub async fn connect(url: &str) -> Result<LogReader> {
         if crate::endpoint::is_cluster(url) {
             let conn = endpoint::connect(url, endpoint::ConnectOptions::default()).await?;
+            let confirm_conn = endpoint::connect(url, endpoint::ConnectOptions::default()).await?;
             return Ok(LogReader {
                 wait: None,
                 inner: ReaderInner::Cluster(Box::new(ClusterReader {
@@ -1015,6 +1021,7 @@ impl LogReader {
                     expect: HashMap::new(),
                     last_sweep: tokio::time::Instant::now(),
                     confirming: HashMap::new(),
+                    confirm_conn,
                     done: Default::default(),
                 })),
             });
@@ -1123,7 +1130,7 @@ impl LogReader {
                     if r.confirming.contains_key(&s) {
                         continue;
                     }
-                    let mut conn = r.conn.clone();
+                    let mut conn = r.confirm_conn.clone();
                     let cmds = [xread(&[(s, after)], count, Duration::ZERO), marker(s)];
                     let done = r.done.clone();
                     let task = tokio::spawn(async move {
@@ -1329,6 +1336,16 @@ fn parse_xread(v: &Value) -> Result<Vec<(u32, Vec<DispatchRecord>)>> {
         }
     }
     Ok(out)
+}
+
+impl Drop for ClusterReader {
+    /// A reader dropped (replaced after an error, or its worker stopped) stops its confirming
+    /// pipelines too: nobody would take their outcomes.
+    fn drop(&mut self) {
+        for task in self.confirming.values() {
+            task.abort();
+        }
+    }
 }
 
 impl ClusterReader {

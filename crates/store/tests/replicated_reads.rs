@@ -12,7 +12,7 @@ use tidemark_store::endpoint::cluster_endpoint;
 use tidemark_store::redis::dlog::{LogReader, LogStore, ReplicaWait};
 
 mod support;
-use support::cluster;
+use support::{cluster, signal};
 
 const SHARD: u32 = 3;
 
@@ -80,16 +80,6 @@ async fn held_back_until_replicated(url: &str, pause: impl FnOnce(), resume: imp
         }
     }
     assert_eq!(later, ["one"], "handed on once the replica has it");
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill -{sig} {pid}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

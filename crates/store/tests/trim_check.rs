@@ -15,17 +15,10 @@ use tidemark_store::redis::dlog::WaitPolicy;
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::redis::watermark::Layout;
 
-const SHARD: u32 = 5;
+mod support;
+use support::signal;
 
-fn signal(pid: u32, sig: &str) {
-    let ok = std::process::Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill -{sig} {pid}");
-}
+const SHARD: u32 = 5;
 
 /// Cuts every normal client connection of the instance at `url` but the caller's.
 async fn cut_clients(url: &str) {

@@ -90,3 +90,14 @@ pub fn cluster() -> Option<tidemark_redis_proc::RedisCluster> {
         .expect("start a 3+3 Redis Cluster"),
     )
 }
+
+/// Sends signal `sig` (`STOP`, `CONT`, …) to process `pid`, with `kill`.
+pub fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill -{sig} {pid}");
+}

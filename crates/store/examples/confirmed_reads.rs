@@ -213,18 +213,18 @@ async fn degraded(c: &mut RedisCluster, log: &mut LogStore, shards: u32) {
     c.pause(replica).unwrap();
     let body = "x".repeat(64);
     let digest = request_digest(&["bob"], &body);
-    for s in 0..shards {
-        let id = format!("late-{s}");
-        let req = CommitRequest {
-            sender: "alice",
-            client_id: &id,
-            recipients: &["bob"],
-            body: &body,
-            sent_at_us: 1,
-            digest: &digest,
-            claim_home: None,
-        };
-        log.commit_group(s, &[req], DEFAULT_DEDUPE_TTL_S)
+    let ids: Vec<String> = (0..shards).map(|s| format!("late-{s}")).collect();
+    let request = |client_id| CommitRequest {
+        sender: "alice",
+        client_id,
+        recipients: &["bob"],
+        body: &body,
+        sent_at_us: 1,
+        digest: &digest,
+        claim_home: None,
+    };
+    for (s, id) in (0..shards).zip(&ids) {
+        log.commit_group(s, &[request(id)], DEFAULT_DEDUPE_TTL_S)
             .await
             .unwrap();
     }
@@ -260,16 +260,7 @@ async fn degraded(c: &mut RedisCluster, log: &mut LogStore, shards: u32) {
         }
     }
     let shard = *handed.iter().next().expect("a shard handed on");
-    let req = CommitRequest {
-        sender: "alice",
-        client_id: "later",
-        recipients: &["bob"],
-        body: &body,
-        sent_at_us: 1,
-        digest: &digest,
-        claim_home: None,
-    };
-    log.commit_group(shard, &[req], DEFAULT_DEDUPE_TTL_S)
+    log.commit_group(shard, &[request("later")], DEFAULT_DEDUPE_TTL_S)
         .await
         .unwrap();
     let start = Instant::now();

@@ -60,14 +60,11 @@ async fn a_w_only_the_primary_holds_is_not_confirmed_after_a_reconnect() {
         .init_watermark(SHARD, Layout::PackedV2, 1, 5, false)
         .await
         .unwrap();
-    let mut confirmed = None;
-    for _ in 0..40 {
-        confirmed = store.confirm_replicated(SHARD, 5).await.unwrap();
-        if confirmed.is_some() {
-            break;
-        }
-    }
-    assert_eq!(confirmed, Some(5), "a W on the replica is confirmed");
+    assert_eq!(
+        confirmed_soon(&mut store, 5).await,
+        Some(5),
+        "a W on the replica is confirmed"
+    );
 
     // the replica stops (still attached: the primary counts it until its repl-timeout);
     // W = 9 reaches the primary alone, written on the store's connection
@@ -104,12 +101,20 @@ async fn a_w_only_the_primary_holds_is_not_confirmed_after_a_reconnect() {
 
     // once the replica runs again, W = 9 is confirmed
     signal(pid, "CONT");
-    let mut later = None;
+    assert_eq!(
+        confirmed_soon(&mut store, 9).await,
+        Some(9),
+        "confirmed once the replica has it"
+    );
+}
+
+/// The check's answer for `w` once it confirms something, within 40 tries (replication is
+/// quick, not instant); `None` if it never does.
+async fn confirmed_soon(store: &mut MailboxStore, w: u64) -> Option<u64> {
     for _ in 0..40 {
-        later = store.confirm_replicated(SHARD, 9).await.unwrap();
-        if later.is_some() {
-            break;
+        if let Some(got) = store.confirm_replicated(SHARD, w).await.unwrap() {
+            return Some(got);
         }
     }
-    assert_eq!(later, Some(9), "confirmed once the replica has it");
+    None
 }

@@ -1445,8 +1445,7 @@ impl ClusterReader {
                         // nothing after the position now: an ended confirmation of the shard
                         // has nothing left to hand on
                         self.confirming.remove(&s);
-                    }
-                    if !recs.is_empty() {
+                    } else {
                         out.push((s, recs));
                     }
                 }

@@ -563,7 +563,29 @@ impl Load {
             }
             if Instant::now() >= deadline {
                 assert_no_violations(&*samples.lock().await, "during the drain");
-                panic!("{missing} deliveries missing after drain");
+                let mut detail = Vec::new();
+                for (i, u) in users.iter().enumerate() {
+                    let seen = receivers[i].lock().await.seen.clone();
+                    let gone: Vec<u64> = expected
+                        .get(u.as_str())
+                        .into_iter()
+                        .flatten()
+                        .copied()
+                        .filter(|s| !seen.contains(s))
+                        .collect();
+                    if !gone.is_empty() {
+                        detail.push(format!(
+                            "{u}: missing {gone:?}; {}; last seen {:?}",
+                            mailbox_state(mb_url, u).await,
+                            &seen[seen.len().saturating_sub(5)..]
+                        ));
+                    }
+                }
+                panic!(
+                    "{missing} deliveries missing after drain:\n{}\n(serve logs: {})",
+                    detail.join("\n"),
+                    support::temp_dir("chaos").display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -707,6 +729,25 @@ async fn faults_lose_nothing_duplicate_nothing_reorder_nothing() {
     assert_eq!((o.lost, o.duplicated, o.reordered), (0, 0, 0));
     assert!(o.messages > 50, "the load ran ({} messages)", o.messages);
     drop(serve);
+}
+
+/// What mailbox Redis holds for `user` (for a failure's message): its shard and lane, the
+/// lane's W and floor, and the scores of its last entries.
+async fn mailbox_state(mb_url: &str, user: &str) -> String {
+    let r = route(user, SHARDS);
+    let wm = support::watermark(mb_url, r.shard).await;
+    let lane = wm.lanes.lane(r.lane);
+    let mut conn = redis_conn(mb_url).await;
+    let scores: redis::RedisResult<Vec<(Vec<u8>, f64)>> = conn
+        .zrange_withscores(keys::mailbox(r.shard, user), -5, -1)
+        .await;
+    let scores: Vec<u64> = scores
+        .map(|m| m.into_iter().map(|(_, s)| s as u64).collect())
+        .unwrap_or_default();
+    format!(
+        "shard {} lane {}: W {} (epoch {}), mailbox ends {scores:?}",
+        r.shard, r.lane, lane.w, wm.epoch
+    )
 }
 
 /// `CLIENT KILL` of every normal and pub/sub connection on the core and the mailbox Redis.

@@ -126,6 +126,8 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_local_runs_dropped_total", Kind::Counter, "Runs of fresh entries the materializer could not hand to a connection of this process (its queue was full, ADR-0041): that connection read its mailbox instead."),
     ("tidemark_wake_hints_deferred_total", Kind::Counter, "Wake-up hints held back for the flush (ADR-0047): their moves were handed to this process's connections as local runs and no other gateway listened; counted once per shard and step."),
     ("tidemark_wake_sweep_wakes_total", Kind::Counter, "Shards whose connections the watermark sweep woke (a move no hint announced)."),
+    ("tidemark_wake_sweep_rechecks_total", Kind::Counter, "Connections the watermark sweep made read in full because they were still below what a wake told them a whole sweep before (ADR-0067): a busy connection with a backlog, or a wake not acted on."),
+    ("tidemark_wake_sweep_recovered_total", Kind::Counter, "Reads the sweep forced (ADR-0067) that found entries a wake had not delivered to an idle connection: each one is a lost wake the sweep mended (a delivery bug worth reporting)."),
     ("tidemark_wake_sweep_errors_total", Kind::Counter, "Shards the watermark sweep skipped because their watermark could not be read (corrupt, missing); the other shards are still swept (ADR-0062)."),
     ("tidemark_commit_feed_records_total", Kind::Counter, "Records the materializer took as this process's gateway handed them over instead of reading them from the log (ADR-0049)."),
     ("tidemark_commit_feed_dropped_total", Kind::Counter, "Committed records the gateway could not hand to a materializer of this process (its queue was full, ADR-0049): they were read from the log."),

@@ -97,6 +97,13 @@ pub trait SendFault: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// True: the delivery loop of a connection of `user` ignores this wake, as if it had been
+    /// lost between the hub and the loop (whatever could lose one); with nothing else to
+    /// wake it, the sweep must find the connection behind and make it read (ADR-0067).
+    fn ignore_wake(&self, _user: &str) -> bool {
+        false
+    }
+
     /// True: the reader of a connection of `user` panics on its `sync` frame (the connection
     /// must close with 1011 and the panic be counted, like the other tasks').
     fn panic_sync(&self, _user: &str, _after: u64) -> bool {

@@ -17,7 +17,10 @@
 //! - a slow sweep ([`SWEEP_EVERY`]) reads the watermarks of the instance's shards (one
 //!   pipeline) and wakes the connections of a shard whose lowest W is above the hinted one,
 //!   or whose watermark changed with no sequenced hint since the last sweep (a publisher that
-//!   predates sequencing, or any loss not foreseen above).
+//!   predates sequencing, or any loss not foreseen above);
+//! - the same sweep checks the last step, from the hub to each connection (ADR-0067): a
+//!   connection still below the lowest W of the hints that named its user a whole sweep ago
+//!   (its [`Progress`]) is woken to read in full, and the lost wake counted and logged.
 //!
 //! In one process (ADR-0041, ADR-0047) a hint in sequence whose moves the hub itself handed
 //! out as an unbroken chain of local runs wakes only the connections that take no runs, and
@@ -55,6 +58,26 @@ struct Waiter {
     notify: Arc<Notify>,
     /// Where this process's materializer hands it fresh entries (ADR-0041); `None`: hints only.
     local: Option<LocalTx>,
+    /// What the connection has caught up to, and how the sweep makes it read (ADR-0067).
+    progress: Progress,
+    /// The highest W this hub told the connection to catch up to: the lowest W of a hint
+    /// that named its user (woken or handed as local runs) or woke its whole shard.
+    owed: u64,
+    /// `owed` as the previous sweep left it: a connection still below it at the next sweep
+    /// was told a whole sweep ago and has not caught up (ADR-0067).
+    owed_swept: u64,
+}
+
+/// Shared between a connection's delivery loop and its registration in the hub (ADR-0067):
+/// the end-to-end check that a wake the hub gave was acted on.
+#[derive(Clone, Default)]
+pub(crate) struct Progress {
+    /// Every entry of the mailbox at or below it has been pushed: the loop's `seen`, stored
+    /// each time the loop waits.
+    pub seen: Arc<AtomicU64>,
+    /// Set by the sweep for a connection behind what it was owed: the next wake reads the
+    /// mailbox in full (watermark and all), never trusting a hint or a local run.
+    pub recheck: Arc<AtomicBool>,
 }
 
 /// The registered connections of one user.
@@ -84,12 +107,14 @@ struct LocalTx {
     lost: Arc<AtomicBool>,
 }
 
-/// The connection's end of its local runs.
+/// The connection's end of its local runs (and of its registration's [`Progress`]).
 pub(crate) struct LocalRuns {
     pub rx: mpsc::Receiver<LocalRun>,
     /// Set when a run for this connection was dropped (its queue was full): the connection
     /// must read its mailbox before it trusts a local run again.
     pub lost: Arc<AtomicBool>,
+    /// What the connection reports to the hub's sweep, and hears back from it (ADR-0067).
+    pub progress: Progress,
 }
 
 /// This process's materializers hand freshly materialised hot-path entries to its gateway's
@@ -184,7 +209,10 @@ impl WakeHub {
         shard: u32,
         notify: Arc<Notify>,
     ) -> Registration {
-        self.add(user, shard, notify, None)
+        // no delivery loop behind it reports progress: always caught up for the sweep
+        let progress = Progress::default();
+        progress.seen.store(u64::MAX, Ordering::Relaxed);
+        self.add(user, shard, notify, None, progress)
     }
 
     /// [`WakeHub::register`], and the connection is also handed the fresh entries of its
@@ -201,9 +229,10 @@ impl WakeHub {
             tx,
             lost: lost.clone(),
         };
+        let progress = Progress::default();
         (
-            self.add(user, shard, notify, Some(local)),
-            LocalRuns { rx, lost },
+            self.add(user, shard, notify, Some(local), progress.clone()),
+            LocalRuns { rx, lost, progress },
         )
     }
 
@@ -213,6 +242,7 @@ impl WakeHub {
         shard: u32,
         notify: Arc<Notify>,
         local: Option<LocalTx>,
+        progress: Progress,
     ) -> Registration {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.users
@@ -225,6 +255,9 @@ impl WakeHub {
                 shard,
                 notify,
                 local,
+                progress,
+                owed: 0,
+                owed_swept: 0,
             });
         Registration {
             hub: Arc::clone(self),
@@ -359,16 +392,24 @@ impl WakeHub {
                 None => e.min_w = e.min_w.max(hint.min_w),
             }
         }
-        let users = self.users.lock().expect("wake hub lock");
+        let mut users = self.users.lock().expect("wake hub lock");
         let mut woken = 0;
         if let Some(s) = whole_shard {
-            woken += wake_where(&users, |shard| shard == s);
+            // a re-check of the whole shard, maybe in another epoch (W may have gone back):
+            // what each connection is owed starts again from this hint
+            woken += wake_where(&mut users, |shard| shard == s, Some(hint.min_w));
         }
         for user in &hint.recipients {
-            if let Some(list) = users.get(user.as_str()) {
-                for w in list.iter().filter(|w| !(handed && w.local.is_some())) {
-                    w.notify.notify_one();
-                    woken += 1;
+            if let Some(list) = users.get_mut(user.as_str()) {
+                for w in list.iter_mut() {
+                    // on the hinted shard only: a hint names the recipients of one shard
+                    if shard.is_some_and(|s| s == w.shard) {
+                        w.owed = w.owed.max(hint.min_w);
+                    }
+                    if !(handed && w.local.is_some()) {
+                        w.notify.notify_one();
+                        woken += 1;
+                    }
                 }
             }
         }
@@ -403,13 +444,14 @@ impl WakeHub {
         for e in self.hinted.lock().expect("wake hub lock").values_mut() {
             e.last = None;
         }
-        let users = self.users.lock().expect("wake hub lock");
-        wake_where(&users, |_| true);
+        let mut users = self.users.lock().expect("wake hub lock");
+        wake_where(&mut users, |_| true, None);
     }
 
     /// A sweep read `shard`'s lowest present W (`min_w`) and whether its watermark changed
     /// since the previous sweep: wakes every connection of the shard when the hints may have
-    /// missed a move. Returns how many were woken.
+    /// missed a move, and (ADR-0067) every connection of the shard still below what it was
+    /// owed at the previous sweep, flagged to read in full. Returns how many were woken.
     fn swept(&self, shard: u32, min_w: u64, changed: bool) -> usize {
         // Moves up to the end of an unbroken chain of local runs that starts at or below the
         // hinted W were handed to this gateway's connections (ADR-0041): their hint may still
@@ -424,12 +466,27 @@ impl WakeHub {
             e.since_sweep = false;
             missed
         };
-        if !missed {
-            return 0;
+        let mut users = self.users.lock().expect("wake hub lock");
+        let mut woken = 0;
+        if missed {
+            metrics::counter!("tidemark_wake_sweep_wakes_total").increment(1);
+            woken += wake_where(&mut users, |s| s == shard, Some(min_w));
         }
-        metrics::counter!("tidemark_wake_sweep_wakes_total").increment(1);
-        let users = self.users.lock().expect("wake hub lock");
-        wake_where(&users, |s| s == shard)
+        for w in users.values_mut().flatten().filter(|w| w.shard == shard) {
+            // told to catch up to `owed_swept` a whole sweep ago and still below it: a wake
+            // given but not acted on (ADR-0067), whatever lost it
+            let seen = w.progress.seen.load(Ordering::Acquire);
+            if w.owed_swept > seen {
+                w.progress.recheck.store(true, Ordering::Release);
+                metrics::counter!("tidemark_wake_sweep_rechecks_total").increment(1);
+                if !missed {
+                    w.notify.notify_one();
+                    woken += 1;
+                }
+            }
+            w.owed_swept = w.owed;
+        }
+        woken
     }
 
     /// Whether any connection waits on `shard`.
@@ -445,15 +502,21 @@ fn hands(chain: Option<(u64, u64)>, hinted: u64, w: u64) -> bool {
     chain.is_some_and(|(from, to)| from <= hinted && w <= to)
 }
 
-/// Wakes every registered connection whose shard passes `pick`. Returns how many.
-fn wake_where(users: &HashMap<String, Waiters>, pick: impl Fn(u32) -> bool) -> usize {
+/// Wakes every registered connection whose shard passes `pick`, owed `owed` from now on when
+/// given (the W the wake is for). Returns how many.
+fn wake_where(
+    users: &mut HashMap<String, Waiters>,
+    pick: impl Fn(u32) -> bool,
+    owed: Option<u64>,
+) -> usize {
     let mut woken = 0;
-    for list in users.values() {
-        for w in list {
-            if pick(w.shard) {
-                w.notify.notify_one();
-                woken += 1;
+    for w in users.values_mut().flatten() {
+        if pick(w.shard) {
+            if let Some(o) = owed {
+                w.owed = o;
             }
+            w.notify.notify_one();
+            woken += 1;
         }
     }
     woken
@@ -753,6 +816,54 @@ mod tests {
         assert_eq!(hub.hinted_w(3), 6);
     }
 
+    /// ADR-0067: a connection told by a hint to catch up to W that is still below it at the
+    /// sweep after next (a whole sweep later) is woken and flagged to read in full; one that
+    /// caught up, or was never told (its user had no entries), is left alone.
+    #[tokio::test]
+    async fn the_sweep_wakes_a_connection_still_below_what_a_hint_told_it() {
+        let hub = Arc::new(WakeHub::default());
+        let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (_ra, la) = hub.register_local("alice", 3, a.clone());
+        let (_rb, lb) = hub.register_local("bob", 3, b.clone());
+        // in sequence, names alice only: alice is owed 10
+        assert_eq!(hub.wake(Some(3), &hint(1, 1, 10, &["alice"])), 1);
+        assert!(woken(&a).await && !woken(&b).await);
+        // the first sweep after it: alice may still be reading
+        assert_eq!(hub.swept(3, 10, false), 0);
+        // a whole sweep later alice has not caught up (the wake was lost on its way): woken,
+        // to read in full; bob, never told, is not
+        assert_eq!(hub.swept(3, 10, false), 1);
+        assert!(woken(&a).await && !woken(&b).await);
+        assert!(la.progress.recheck.load(Ordering::Acquire));
+        assert!(!lb.progress.recheck.load(Ordering::Acquire));
+        // and again at every sweep until it has
+        assert_eq!(hub.swept(3, 10, false), 1);
+        assert!(woken(&a).await);
+        la.progress.seen.store(10, Ordering::Release);
+        la.progress.recheck.store(false, Ordering::Release);
+        assert_eq!(hub.swept(3, 10, false), 0);
+        assert!(!woken(&a).await && !la.progress.recheck.load(Ordering::Acquire));
+        // a hint handed to alice as local runs (ADR-0047) does not wake her, but she is
+        // owed it all the same: runs that never arrived are found too
+        let items = [item(10, 11, "alice")];
+        LocalDelivery { hub: hub.clone() }.deliver(3, &items);
+        assert_eq!(hub.wake(Some(3), &hint(1, 2, 11, &["alice"])), 0);
+        assert_eq!(hub.swept(3, 11, false), 0);
+        assert_eq!(hub.swept(3, 11, false), 1);
+        assert!(woken(&a).await && la.progress.recheck.load(Ordering::Acquire));
+        // a whole-shard re-check (a new epoch, W went back to 5) owes every connection the
+        // new W, never the old one
+        assert_eq!(hub.wake(Some(3), &hint(2, 0, 5, &[])), 2);
+        la.progress.seen.store(5, Ordering::Release);
+        lb.progress.seen.store(5, Ordering::Release);
+        assert_eq!(
+            hub.swept(3, 5, true),
+            1,
+            "the last sweep's owed 11: alice once more"
+        );
+        assert_eq!(hub.swept(3, 5, false), 0);
+    }
+
     #[tokio::test]
     async fn the_sweep_wakes_a_shard_whose_move_no_hint_announced() {
         let hub = Arc::new(WakeHub::default());
@@ -791,6 +902,9 @@ mod tests {
         let (hub, local) = local_hub();
         let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let (_ra, mut la) = hub.register_local("alice", 3, a.clone());
+        // alice's delivery loop takes every run (the sweep's own check of that, ADR-0067, is
+        // tested above)
+        la.progress.seen.store(u64::MAX, Ordering::Release);
         // bob's connection takes no runs: hints are its only wake
         let _rb = hub.register("bob", 3, b.clone());
         hub.wake(Some(3), &hint(1, 1, 10, &[]));

@@ -82,12 +82,20 @@ pub(super) async fn delivery_loop(
     let mut sizer = PageSizer::new(PAGE, target, largest_entry(&shared.opts.limits));
     // false after local runs alone: nothing to read
     let mut need_read = true;
+    // What this connection has caught up to, for the hub's sweep (ADR-0067).
+    let progress = local.progress.clone();
     loop {
+        // the first read after a wait: one the sweep forced (below) that finds entries means
+        // a wake was given and not acted on
+        let mut first_read = true;
         // Read until caught up with what is visible.
         'read: loop {
             if !need_read {
                 break 'read;
             }
+            // the sweep found this connection below what it was owed a whole sweep ago: read
+            // in full, trusting no hint and no local run
+            let forced = progress.recheck.swap(false, Ordering::AcqRel);
             if let Some(after) = latest_sync(&mut sync_rx) {
                 cursor = after;
                 (seen, seen_local) = (after, false);
@@ -99,14 +107,16 @@ pub(super) async fn delivery_loop(
             let all_woken = woke_all != woke_all_seen;
             woke_all_seen = woke_all;
             // a local run already took this connection past the hinted W: nothing to read
-            if hinted && lane_present && seen_local && !all_woken && bound <= seen {
+            if hinted && lane_present && seen_local && !all_woken && !forced && bound <= seen {
                 break 'read;
             }
             // A run lost before here is covered by a full read (the lane's W is at or past
             // the end of every run handed out, which were applied before); one lost from
             // here on sets the flag again.
             let lost = local.lost.swap(false, Ordering::AcqRel);
-            let use_hint = hinted && lane_present && !lost && bound > cursor;
+            let use_hint = hinted && lane_present && !lost && !forced && bound > cursor;
+            // a connection whose reads were failing was behind for that reason, not a lost wake
+            let was_failing = failing;
             let page = tokio::select! {
                 _ = &mut going_away => return,
                 p = async {
@@ -148,6 +158,18 @@ pub(super) async fn delivery_loop(
                     break 'read;
                 }
             };
+            if forced && first_read && !was_failing && !page.entries.is_empty() {
+                // what the sweep is for: the entries were owed and the wake did not bring them
+                metrics::counter!("tidemark_wake_sweep_recovered_total").increment(1);
+                tracing::warn!(
+                    user = %mailbox.user,
+                    shard = mailbox.route.shard,
+                    seen,
+                    entries = page.entries.len(),
+                    "the wake sweep found entries a wake did not deliver"
+                );
+            }
+            first_read = false;
             for entry in page.entries {
                 if let Ok(e) = &entry {
                     delivery_fault(&shared, &mailbox.user, e.seq);
@@ -178,6 +200,7 @@ pub(super) async fn delivery_loop(
         }
         hinted = false;
         need_read = true;
+        progress.seen.store(seen, Ordering::Release);
         tokio::select! {
             // local runs first: a hint that follows a run then finds nothing to read
             biased;
@@ -207,7 +230,13 @@ pub(super) async fn delivery_loop(
                     next = local.rx.try_recv().ok();
                 }
             }
-            _ = notify.notified() => hinted = true,
+            _ = notify.notified() => {
+                if ignore_wake(&shared, &mailbox.user) {
+                    need_read = false;
+                } else {
+                    hinted = true;
+                }
+            }
             _ = async { tick.as_mut().expect("only polled with a tick").tick().await }, if tick.is_some() => {}
             // a failed read is retried by itself (no hint may come: the quiet path)
             _ = tokio::time::sleep(retry_after), if failing => {
@@ -244,6 +273,15 @@ fn delivery_fault(shared: &Shared, user: &str, seq: u64) {
     if let Some(f) = &shared.opts.send_fault {
         assert!(!f.panic_delivery(user, seq), "delivery fault: {user} {seq}");
     }
+}
+
+/// Whether a test's fault drops this wake ([`SendFault::ignore_wake`](crate::gateway::SendFault::ignore_wake)).
+fn ignore_wake(shared: &Shared, user: &str) -> bool {
+    shared
+        .opts
+        .send_fault
+        .as_ref()
+        .is_some_and(|f| f.ignore_wake(user))
 }
 
 /// The deliver frame of `e`, counted, its latency measured when it is live.

@@ -1144,7 +1144,11 @@ async fn restart_loading(redis: &mut RedisProcess, admin: &mut redis::aio::Multi
 
 async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
     let c = redis::Client::open(url).unwrap();
-    let cfg = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    // no response timeout (blocking admin commands), and a connect that may take a loaded
+    // 2-core machine more than redis-rs' default second (a run failed on that, not on Redis)
+    let cfg = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(None)
+        .set_connection_timeout(Some(Duration::from_secs(10)));
     c.get_multiplexed_async_connection_with_config(&cfg)
         .await
         .unwrap()

@@ -1347,6 +1347,55 @@ async fn a_lost_hint_is_noticed_by_the_gap_in_the_next_ones_numbers() {
     d.shutdown().await;
 }
 
+/// A resubscription wakes every connection because hints were lost meanwhile: each must read
+/// up to its lane's W, not up to the W hinted before. Here bob's hint is lost, the shard's
+/// hinted W is above bob's cursor (a later hint for someone else), and the subscription drops
+/// and comes back (`CLIENT KILL TYPE pubsub`). Before, bob's woken read was bounded by that
+/// older hinted W and found nothing; the resubscription had also reset the shard's hint
+/// numbers, so the next hint showed no gap, and the sweep (an hour away here, and blind to it
+/// anyway once a later hint raised the hinted W) never woke him: the message waited for bob's
+/// next one. Found reading the code for the lost wake of ADR-0067.
+#[tokio::test]
+async fn a_resubscription_makes_every_connection_read_past_the_hinted_w() {
+    let (d, fault) = start_losing_hints("bob", Duration::from_secs(3600)).await;
+    let mate = shard_mate_of("bob");
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let mut mate_ws = d.ready(&mate).await;
+    let o = alice.send_ok("r0", &["bob"], "hinted").await;
+    bob.expect_seqs(&[offset_of(&o, "bob")]).await;
+    // the shard's hinted W goes past bob's cursor
+    let o = alice.send_ok("r1", &[mate.as_str()], "for the mate").await;
+    mate_ws.expect_seqs(&[offset_of(&o, &mate)]).await;
+
+    fault.on.store(true, Ordering::SeqCst);
+    let lost = alice.send_ok("r2", &["bob"], "hint lost").await;
+    let lost_seq = offset_of(&lost, "bob");
+    d.wait_visible("bob", lost_seq).await;
+    until("the hint was lost", || async {
+        fault.lost.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    fault.on.store(false, Ordering::SeqCst);
+    assert!(
+        bob.quiet_for(Duration::from_millis(300)).await.is_empty(),
+        "nothing wakes bob yet"
+    );
+
+    // the gateway's subscription drops; it comes back 500 ms later and wakes everyone
+    let client = redis::Client::open(d.mailbox_url.as_str()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(killed >= 1, "the gateway's subscription was killed");
+    bob.expect_seqs(&[lost_seq]).await;
+    d.shutdown().await;
+}
+
 /// The quiet path: the last hint is lost and nothing follows. The slow sweep of the
 /// watermarks finds W above what was hinted and wakes the shard's connections.
 #[tokio::test]

@@ -11,7 +11,8 @@
 //! that could make a connection miss an entry goes unnoticed:
 //!
 //! - a subscriber that (re)connects wakes every connection once (hints published while it was
-//!   away are lost);
+//!   away are lost), and each reads up to its lane's W, not up to the hinted W, which is from
+//!   before (ADR-0067);
 //! - a hint out of its shard's sequence (another epoch: a new owner or a re-fence; number 0: a
 //!   claim; a skipped number) wakes every connection of that shard once;
 //! - a slow sweep ([`SWEEP_EVERY`]) reads the watermarks of the instance's shards (one
@@ -66,6 +67,9 @@ struct Waiter {
     /// `owed` as the previous sweep left it: a connection still below it at the next sweep
     /// was told a whole sweep ago and has not caught up (ADR-0067).
     owed_swept: u64,
+    /// Woken with every connection (a resubscription), at no known W: the next sweep owes it
+    /// the W it reads, which is at least the W of then.
+    owed_at_sweep: bool,
 }
 
 /// Shared between a connection's delivery loop and its registration in the hub (ADR-0067):
@@ -258,6 +262,7 @@ impl WakeHub {
                 progress,
                 owed: 0,
                 owed_swept: 0,
+                owed_at_sweep: false,
             });
         Registration {
             hub: Arc::clone(self),
@@ -445,6 +450,9 @@ impl WakeHub {
             e.last = None;
         }
         let mut users = self.users.lock().expect("wake hub lock");
+        for w in users.values_mut().flatten() {
+            w.owed_at_sweep = true;
+        }
         wake_where(&mut users, |_| true, None);
     }
 
@@ -473,6 +481,9 @@ impl WakeHub {
             woken += wake_where(&mut users, |s| s == shard, Some(min_w));
         }
         for w in users.values_mut().flatten().filter(|w| w.shard == shard) {
+            if std::mem::take(&mut w.owed_at_sweep) {
+                w.owed = w.owed.max(min_w);
+            }
             // told to catch up to `owed_swept` a whole sweep ago and still below it: a wake
             // given but not acted on (ADR-0067), whatever lost it
             let seen = w.progress.seen.load(Ordering::Acquire);
@@ -862,6 +873,35 @@ mod tests {
             "the last sweep's owed 11: alice once more"
         );
         assert_eq!(hub.swept(3, 5, false), 0);
+    }
+
+    /// ADR-0067: a resubscription wakes every connection at no known W; the next sweep owes
+    /// each the W it reads, and the sweep after that flags those still below it.
+    #[tokio::test]
+    async fn after_a_resubscription_the_sweep_owes_every_connection_the_w_it_reads() {
+        let hub = Arc::new(WakeHub::default());
+        let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (_ra, la) = hub.register_local("alice", 3, a.clone());
+        let (_rb, lb) = hub.register_local("bob", 3, b.clone());
+        assert_eq!(hub.wake(Some(3), &hint(1, 1, 10, &[])), 0);
+        hub.wake_all();
+        assert!(woken(&a).await && woken(&b).await);
+        // the first hint of the new subscription shows no gap and names no one: W 12
+        assert_eq!(hub.wake(Some(3), &hint(1, 5, 12, &[])), 0);
+        // alice read to W; bob's read stopped at the hinted 10 (what ADR-0067's fix mends)
+        la.progress.seen.store(12, Ordering::Release);
+        lb.progress.seen.store(10, Ordering::Release);
+        // nothing the old sweep can see (W is what was hinted); both are owed 12 from now
+        assert_eq!(hub.swept(3, 12, false), 0);
+        // a whole sweep later bob is still below: flagged and woken, alice not
+        assert_eq!(hub.swept(3, 12, false), 1);
+        assert!(!woken(&a).await && woken(&b).await);
+        assert!(lb.progress.recheck.load(Ordering::Acquire));
+        assert!(!la.progress.recheck.load(Ordering::Acquire));
+        // caught up: left alone
+        lb.progress.seen.store(12, Ordering::Release);
+        lb.progress.recheck.store(false, Ordering::Release);
+        assert_eq!(hub.swept(3, 12, false), 0);
     }
 
     #[tokio::test]

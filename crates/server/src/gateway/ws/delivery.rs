@@ -114,7 +114,13 @@ pub(super) async fn delivery_loop(
             // the end of every run handed out, which were applied before); one lost from
             // here on sets the flag again.
             let lost = local.lost.swap(false, Ordering::AcqRel);
-            let use_hint = hinted && lane_present && !lost && !forced && bound > cursor;
+            // A wake of every connection (a resubscription: hints were lost) says nothing of
+            // W: the hinted W is from before, and the lost hints' moves are above it. Reading
+            // only up to it found nothing, and the next hint, first of the new subscription,
+            // showed no gap: the entry waited for the user's next one (a chaos run's delivery
+            // missing after 120 s of quiet).
+            let use_hint =
+                hinted && lane_present && !lost && !forced && !all_woken && bound > cursor;
             // a connection whose reads were failing was behind for that reason, not a lost wake
             let was_failing = failing;
             let page = tokio::select! {

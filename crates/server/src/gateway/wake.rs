@@ -180,7 +180,7 @@ pub(crate) struct WakeHub {
     /// Per shard, the unbroken chain of local runs handed out (ADR-0041): (W where it
     /// starts, W where it ends).
     chains: Mutex<HashMap<u32, (u64, u64)>>,
-    /// How many times every connection was woken ([`WakeHub::wake_all`]): a connection
+    /// How many times every connection was woken ([`WakeHub::resubscribed`]): a connection
     /// that sees it change reads its mailbox whatever its local runs covered.
     woke_all: AtomicU64,
 }
@@ -442,18 +442,32 @@ impl WakeHub {
         h.get(&shard).map_or(0, |e| e.min_w)
     }
 
-    /// Wakes every connection (after a subscriber (re)connects: hints may have been missed),
-    /// and forgets every shard's sequence (the next hint starts it again).
-    pub(crate) fn wake_all(&self) {
+    /// After the subscriber of the mailbox instance holding `shards` (re)connects (hints
+    /// published meanwhile are lost): wakes every connection of those shards, each to read
+    /// past the hinted W (the count every connection looks at moves), and forgets those
+    /// shards' sequences (the next hint starts each again).
+    ///
+    /// Only those shards': forgetting another instance's sequences too (as every one was
+    /// before) let a hint of that instance that skipped a number, first after the reset, pass
+    /// as in sequence, and a move whose recipients nobody knew went unannounced (ADR-0067).
+    pub(crate) fn resubscribed(&self, shards: std::ops::Range<u32>) {
         self.woke_all.fetch_add(1, Ordering::AcqRel);
-        for e in self.hinted.lock().expect("wake hub lock").values_mut() {
+        for (_, e) in self
+            .hinted
+            .lock()
+            .expect("wake hub lock")
+            .iter_mut()
+            .filter(|(s, _)| shards.contains(s))
+        {
             e.last = None;
         }
         let mut users = self.users.lock().expect("wake hub lock");
         for w in users.values_mut().flatten() {
-            w.owed_at_sweep = true;
+            if shards.contains(&w.shard) {
+                w.owed_at_sweep = true;
+            }
         }
-        wake_where(&mut users, |_| true, None);
+        wake_where(&mut users, |s| shards.contains(&s), None);
     }
 
     /// A sweep read `shard`'s lowest present W (`min_w`) and whether its watermark changed
@@ -627,10 +641,11 @@ async fn subscribe_once(
     sweep: &mut Sweep,
     cancel: &CancellationToken,
 ) -> Result<(), tidemark_store::Error> {
-    let mut sub = WakeSubscriber::connect(url, shards).await?;
+    let mut sub = WakeSubscriber::connect(url, shards.clone()).await?;
     tracing::debug!(url = %tidemark_store::redact_url(url), "wake subscription up");
-    // Anything published while we were away is lost: let every connection re-read once.
-    hub.wake_all();
+    // Anything published while we were away is lost: let every connection of the instance's
+    // shards re-read once.
+    hub.resubscribed(shards);
     let mut tick = tokio::time::interval(sweep.every.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -821,10 +836,16 @@ mod tests {
         // the same epoch resuming in sequence wakes only the named
         assert_eq!(hub.wake(Some(3), &hint(9, 1, 5, &["bob"])), 1);
         // after a resubscription any next number is accepted
-        hub.wake_all();
+        hub.resubscribed(0..8);
         assert!(woken(&a).await && woken(&b).await && woken(&c).await);
         assert_eq!(hub.wake(Some(3), &hint(9, 40, 6, &["bob"])), 1);
         assert_eq!(hub.hinted_w(3), 6);
+        assert!(woken(&b).await);
+        // but only on the shards of the instance that resubscribed: shard 3's sequence is
+        // kept when another instance's subscriber comes back, so a skipped number still shows
+        hub.resubscribed(8..16);
+        assert!(!woken(&a).await && !woken(&b).await && !woken(&c).await);
+        assert_eq!(hub.wake(Some(3), &hint(9, 42, 7, &[])), 2, "41 was skipped");
     }
 
     /// ADR-0067: a connection told by a hint to catch up to W that is still below it at the
@@ -884,7 +905,7 @@ mod tests {
         let (_ra, la) = hub.register_local("alice", 3, a.clone());
         let (_rb, lb) = hub.register_local("bob", 3, b.clone());
         assert_eq!(hub.wake(Some(3), &hint(1, 1, 10, &[])), 0);
-        hub.wake_all();
+        hub.resubscribed(0..8);
         assert!(woken(&a).await && woken(&b).await);
         // the first hint of the new subscription shows no gap and names no one: W 12
         assert_eq!(hub.wake(Some(3), &hint(1, 5, 12, &[])), 0);

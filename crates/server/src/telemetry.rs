@@ -131,6 +131,7 @@ const METRICS: &[(&str, Kind, &str)] = &[
     ("tidemark_wake_sweep_errors_total", Kind::Counter, "Shards the watermark sweep skipped because their watermark could not be read (corrupt, missing); the other shards are still swept (ADR-0062)."),
     ("tidemark_commit_feed_records_total", Kind::Counter, "Records the materializer took as this process's gateway handed them over instead of reading them from the log (ADR-0049)."),
     ("tidemark_commit_feed_dropped_total", Kind::Counter, "Committed records the gateway could not hand to a materializer of this process (its queue was full, ADR-0049): they were read from the log."),
+    ("tidemark_commit_feed_quiet_waits_total", Kind::Counter, "Blocking log reads of a materializer in feed mode that had found nothing for ten polls in a row: a quiet process waits on the log instead of polling it every 100 ms (ADR-0068)."),
     ("tidemark_commit_feed_switches_total", Kind::Counter, "Switches of a materializer between feed mode (records handed over, the log polled) and log mode (XREAD BLOCK), by `to` (ADR-0049); to log when the log held records the feed did not carry."),
     ("tidemark_shard_min_w", Kind::Gauge, "Lowest present W of each owned shard."),
     ("tidemark_shard_head", Kind::Gauge, "Log head of each owned shard (kept live for stopped shards)."),

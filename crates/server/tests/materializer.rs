@@ -14,7 +14,7 @@ use tidemark_protocol::entry::decode_entry;
 use tidemark_redis_proc::RedisProcess;
 use tidemark_server::health::{HealthBoard, ShardStatus};
 use tidemark_server::materializer::{
-    ChunkFault, CommitFeed, MaterializerOptions, Worker, FEED_POLL,
+    ChunkFault, CommitFeed, MaterializerOptions, Worker, FEED_POLL, QUIET_POLLS,
 };
 use tidemark_store::keys;
 use tidemark_store::redis::dlog::{DispatchRecord, LogStore, DEFAULT_DEDUPE_TTL_S};
@@ -369,6 +369,67 @@ async fn handed_over_records_are_not_read_back_and_the_rest_is_found_by_itself()
         let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
         got == want
     })
+    .await;
+    w.stop().await;
+}
+
+/// ADR-0068: a worker in feed mode with nothing to do waits on the log instead of polling it
+/// every FEED_POLL, so an idle process reads core Redis about once per block time, not ten
+/// times a second; a record committed elsewhere (not handed over) and one handed over both
+/// still arrive at once during that wait, with no more traffic.
+#[tokio::test]
+async fn a_quiet_worker_in_feed_mode_waits_on_the_log_instead_of_polling_it() {
+    let mut e = env().await;
+    let feed = CommitFeed::default();
+    // a long block time, so that a record that waited for its end shows
+    let block = Duration::from_secs(2);
+    let opts = MaterializerOptions {
+        feed: Some(feed.clone()),
+        block,
+        ..fast_opts()
+    };
+    let w = start_worker(&e, opts).await;
+    let u = "quiet-user";
+    let s = route(u).shard;
+    // log mode first; the feed is tried after the first read that ends a second or more
+    // after the start and finds no backlog: this record's
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut want = vec![send_fed(&mut e, &feed, "q0", &[u], &[]).await[&s]];
+    until_within("the first record", Duration::from_secs(3), || async {
+        let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
+        got == want
+    })
+    .await;
+    // quiet from here: after QUIET_POLLS empty polls the worker waits on the log
+    tokio::time::sleep(FEED_POLL * (QUIET_POLLS + 5)).await;
+    reset_core_stats(&e).await;
+    let window = Duration::from_secs(3);
+    tokio::time::sleep(window).await;
+    let calls = xread_calls(&e).await;
+    // polling: one read per FEED_POLL (30 in the window); waiting: one per block (2)
+    let most = (window.as_millis() / block.as_millis()) as u64 + 4;
+    assert!(
+        calls <= most,
+        "{calls} XREADs in {window:?} of no traffic (at most {most}: one per block time)"
+    );
+    // a record handed over ends the wait at once
+    want.push(send_fed(&mut e, &feed, "q1", &[u], &[]).await[&s]);
+    until_within("a record handed over", Duration::from_secs(1), || async {
+        let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
+        got == want
+    })
+    .await;
+    // quiet again; a record committed elsewhere (never handed over) ends it too
+    tokio::time::sleep(FEED_POLL * (QUIET_POLLS + 5)).await;
+    want.push(send_fed(&mut e, &feed, "q2", &[u], &[s]).await[&s]);
+    until_within(
+        "a record committed elsewhere",
+        Duration::from_secs(1),
+        || async {
+            let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
+            got == want
+        },
+    )
     .await;
     w.stop().await;
 }

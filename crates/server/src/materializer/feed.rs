@@ -9,7 +9,9 @@
 //!                        reads the log (non-blocking XREAD, after what it holds) only every
 //!                        FEED_POLL, 10 ms after a hole in what it was handed (a record
 //!                        committed elsewhere, dropped, or answered out of order) and at once
-//!                        when `lost` is set
+//!                        when `lost` is set; once QUIET_POLLS polls in a row found nothing
+//!                        and nothing was handed over between them, it waits on the log
+//!                        (XREAD BLOCK) instead of polling it, until anything arrives (ADR-0068)
 //!   worker, log mode:    XREAD BLOCK as before; what is handed over is kept above the read
 //!                        positions, for the next try of feed mode
 //! ```
@@ -137,6 +139,12 @@ fn drop_through(m: &mut BTreeMap<u64, DispatchRecord>, pos: u64) {
 /// In feed mode, how often the log is read anyway (records the feed did not carry: another
 /// gateway's commits, a dropped offer); also the longest such a record waits then.
 pub const FEED_POLL: Duration = Duration::from_millis(100);
+/// In feed mode, how many polls in a row that found nothing, with nothing handed over between
+/// them, make the worker quiet: it then waits on the log with a blocking read (which any
+/// commit to its shards ends at once, its own included) instead of polling it every
+/// [`FEED_POLL`], so an idle process costs core Redis two reads a second, as log mode does,
+/// not ten (ADR-0068).
+pub const QUIET_POLLS: u32 = 10;
 /// In feed mode, how soon the log is read after a hole shows in what was handed over (and
 /// is still there): two flushes of one core instance may answer out of order, so most holes
 /// close by themselves within a millisecond or two.
@@ -174,6 +182,9 @@ pub(crate) struct FeedState {
     /// Records a poll found that the feed had not handed over yet, and when: each is this
     /// process's own commit if its offer follows within [`SUSPECT_GRACE`], else another's.
     suspects: HashMap<(u32, u64), Instant>,
+    /// Polls in a row that found nothing while nothing was handed over: at [`QUIET_POLLS`]
+    /// the log is waited on instead of polled (ADR-0068).
+    quiet_polls: u32,
 }
 
 impl FeedState {
@@ -188,6 +199,7 @@ impl FeedState {
             poll_at: now,
             hole_since: None,
             suspects: HashMap::new(),
+            quiet_polls: 0,
         }
     }
 
@@ -275,6 +287,7 @@ impl Worker {
             }
             hole |= !m.is_empty() && run.len() < batch;
             if !run.is_empty() {
+                f.quiet_polls = 0;
                 metrics::counter!("tidemark_commit_feed_records_total").increment(run.len() as u64);
                 out.push((s, run));
             }
@@ -302,7 +315,8 @@ impl Worker {
     /// A read in feed mode: the shards' handed-over records that continue their read
     /// positions, as soon as there are any; the log (non-blocking) every [`FEED_POLL`], soon
     /// after a hole, and at once after a dropped offer; otherwise nothing once `block` has
-    /// passed.
+    /// passed. A quiet worker ([`QUIET_POLLS`]) waits on the log for the rest of `block`
+    /// instead, if that is longer than a poll's interval.
     pub(super) async fn feed_read(
         &mut self,
         positions: &[(u32, u64)],
@@ -329,8 +343,14 @@ impl Worker {
                 return FeedRead::Batches(batches);
             }
             let now = Instant::now();
-            if f.rx.lost.swap(false, Ordering::AcqRel) || now >= due {
-                return self.feed_poll(positions).await;
+            let left = deadline.saturating_duration_since(now);
+            let lost = f.rx.lost.swap(false, Ordering::AcqRel);
+            if f.quiet_polls >= QUIET_POLLS && !hole && !lost && left >= FEED_POLL {
+                // ADR-0068: nothing for a while; any commit to these shards ends the wait
+                return self.feed_poll(positions, left, cancel).await;
+            }
+            if lost || now >= due {
+                return self.feed_poll(positions, Duration::ZERO, cancel).await;
             }
             let wake = deadline.min(due);
             let got = tokio::select! {
@@ -354,11 +374,18 @@ impl Worker {
         }
     }
 
-    /// Polls the log (no blocking) after what was handed over: each shard from the end of
-    /// its records that continue its position, which come first in its batch. Records in
-    /// the log that the feed never handed over put the worker back in log mode: someone
-    /// else commits to these shards.
-    async fn feed_poll(&mut self, positions: &[(u32, u64)]) -> FeedRead {
+    /// Polls the log after what was handed over: each shard from the end of its records that
+    /// continue its position, which come first in its batch. Records in the log that the
+    /// feed never handed over put the worker back in log mode: someone else commits to
+    /// these shards. A non-zero `block` waits on the log up to that long (a quiet worker,
+    /// ADR-0068): the records of this process's own commits are in the log before they are
+    /// handed over, so they end the wait as anyone's do.
+    async fn feed_poll(
+        &mut self,
+        positions: &[(u32, u64)],
+        block: Duration,
+        cancel: &CancellationToken,
+    ) -> FeedRead {
         self.drain_feed();
         let (mut batches, _) = self.fed_batches(positions);
         let ends: BTreeMap<u32, u64> = batches
@@ -369,12 +396,23 @@ impl Worker {
             .iter()
             .map(|&(s, pos)| (s, ends.get(&s).copied().unwrap_or(pos)))
             .collect();
+        // a wait only with nothing in hand (what was handed over goes now)
+        let block = if batches.is_empty() {
+            block
+        } else {
+            Duration::ZERO
+        };
+        if !block.is_zero() {
+            metrics::counter!("tidemark_commit_feed_quiet_waits_total").increment(1);
+        }
         let reader = self.reader.as_mut().expect("the reader is here");
-        let read = tokio::time::timeout(
-            READ_GRACE,
-            reader.read(&from, self.opts.batch, Duration::ZERO),
-        )
-        .await;
+        let read = tokio::select! {
+            _ = cancel.cancelled() => return FeedRead::Cancelled,
+            r = tokio::time::timeout(
+                block + READ_GRACE,
+                reader.read(&from, self.opts.batch, block),
+            ) => r,
+        };
         let polled = match read {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => return FeedRead::Failed(e.to_string()),
@@ -391,6 +429,11 @@ impl Worker {
         let f = self.feed.as_mut().expect("feed mode has a feed");
         f.hole_since = None;
         f.poll_at = now + FEED_POLL;
+        if batches.is_empty() {
+            f.quiet_polls = f.quiet_polls.saturating_add(1);
+        } else {
+            f.quiet_polls = 0;
+        }
         if f.suspects.is_empty() {
             f.backoff = FEED_TRIAL_FIRST;
         }

@@ -57,7 +57,7 @@ mod shard;
 mod worker;
 
 pub use fault::{ChunkFault, RandomChunkFault};
-pub use feed::{CommitFeed, ShardFeed, FEED_POLL, FEED_QUEUE};
+pub use feed::{CommitFeed, ShardFeed, FEED_POLL, FEED_QUEUE, QUIET_POLLS};
 pub use worker::Worker;
 
 /// Most shards garbage-collected in one loop iteration.

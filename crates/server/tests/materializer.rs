@@ -375,14 +375,15 @@ async fn handed_over_records_are_not_read_back_and_the_rest_is_found_by_itself()
 
 /// ADR-0068: a worker in feed mode with nothing to do waits on the log instead of polling it
 /// every FEED_POLL, so an idle process reads core Redis about once per block time, not ten
-/// times a second; a record committed elsewhere (not handed over) and one handed over both
-/// still arrive at once during that wait, with no more traffic.
+/// times a second; a record handed over and one committed elsewhere (never handed over) each
+/// end that wait at once, with no more traffic, and after a record the worker polls again
+/// (it is still in feed mode, not in log mode, whose reads would also be few).
 #[tokio::test]
 async fn a_quiet_worker_in_feed_mode_waits_on_the_log_instead_of_polling_it() {
     let mut e = env().await;
     let feed = CommitFeed::default();
-    // a long block time, so that a record that waited for its end shows
-    let block = Duration::from_secs(2);
+    // a long block time: a record held until the wait's end would take 10 s, not < 1 s
+    let block = Duration::from_secs(10);
     let opts = MaterializerOptions {
         feed: Some(feed.clone()),
         block,
@@ -395,43 +396,70 @@ async fn a_quiet_worker_in_feed_mode_waits_on_the_log_instead_of_polling_it() {
     // after the start and finds no backlog: this record's
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let mut want = vec![send_fed(&mut e, &feed, "q0", &[u], &[]).await[&s]];
-    until_within("the first record", Duration::from_secs(3), || async {
-        let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
-        got == want
+    until_within("the first record", Duration::from_secs(3), || {
+        mailbox_is(&e, u, &want)
     })
     .await;
-    // quiet from here: after QUIET_POLLS empty polls the worker waits on the log
-    tokio::time::sleep(FEED_POLL * (QUIET_POLLS + 5)).await;
-    reset_core_stats(&e).await;
-    let window = Duration::from_secs(3);
-    tokio::time::sleep(window).await;
-    let calls = xread_calls(&e).await;
-    // polling: one read per FEED_POLL (30 in the window); waiting: one per block (2)
-    let most = (window.as_millis() / block.as_millis()) as u64 + 4;
+    // feed mode polls after a record: several reads within a second (log mode: one at most)
+    let polls = xreads_in(&e, FEED_POLL * 8).await;
     assert!(
-        calls <= most,
-        "{calls} XREADs in {window:?} of no traffic (at most {most}: one per block time)"
+        polls >= 4,
+        "{polls} XREADs in the 800 ms after a record: not polling"
     );
-    // a record handed over ends the wait at once
+    // quiet once QUIET_POLLS polls in a row found nothing: sampled until it shows (at most
+    // one read per 300 ms), so a slow machine's longer polls do not count against it
+    let mut quiet = false;
+    for _ in 0..30 {
+        if xreads_in(&e, Duration::from_millis(300)).await <= 1 {
+            quiet = true;
+            break;
+        }
+    }
+    assert!(
+        quiet,
+        "still polling {QUIET_POLLS} polls after the last record"
+    );
+    let window = Duration::from_secs(3);
+    let calls = xreads_in(&e, window).await;
+    // polling: one read per FEED_POLL (30 in the window); waiting: one per block (1)
+    assert!(
+        calls <= 3,
+        "{calls} XREADs in {window:?} of no traffic (at most 3: one per block time)"
+    );
+    // a record handed over ends the wait at once, and the worker polls again after it
     want.push(send_fed(&mut e, &feed, "q1", &[u], &[]).await[&s]);
-    until_within("a record handed over", Duration::from_secs(1), || async {
-        let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
-        got == want
+    until_within("a record handed over", Duration::from_secs(1), || {
+        mailbox_is(&e, u, &want)
     })
     .await;
-    // quiet again; a record committed elsewhere (never handed over) ends it too
-    tokio::time::sleep(FEED_POLL * (QUIET_POLLS + 5)).await;
+    let polls = xreads_in(&e, FEED_POLL * 8).await;
+    assert!(
+        polls >= 4,
+        "{polls} XREADs in the 800 ms after a record: not in feed mode"
+    );
+    // quiet again; a record committed elsewhere (never handed over) ends the wait too
+    tokio::time::sleep(FEED_POLL * (QUIET_POLLS + 10)).await;
     want.push(send_fed(&mut e, &feed, "q2", &[u], &[s]).await[&s]);
     until_within(
         "a record committed elsewhere",
         Duration::from_secs(1),
-        || async {
-            let got: Vec<u64> = mailbox(&e, u).await.into_iter().map(|(s, _)| s).collect();
-            got == want
-        },
+        || mailbox_is(&e, u, &want),
     )
     .await;
     w.stop().await;
+}
+
+/// Whether `u`'s mailbox holds exactly the entries `want`, in that order.
+async fn mailbox_is(e: &Env, u: &str, want: &[u64]) -> bool {
+    let got: Vec<u64> = mailbox(e, u).await.into_iter().map(|(s, _)| s).collect();
+    got == want
+}
+
+/// `XREAD` calls core Redis serves during the next `d`.
+async fn xreads_in(e: &Env, d: Duration) -> u64 {
+    reset_core_stats(e).await;
+    tokio::time::sleep(d).await;
+    xread_calls(e).await
 }
 
 /// Counts the lane chunk writes the chunked path makes (fails none).

@@ -306,3 +306,156 @@ fn xread_calls(url: &str) -> u64 {
         .find_map(|l| l.strip_prefix("cmdstat_xread:calls="))
         .map_or(0, |r| r.split(',').next().unwrap().parse().unwrap())
 }
+
+/// Runs `CONFIG SET name value` on the instance at `url`.
+fn config_set(url: &str, name: &str, value: &str) {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query(&mut conn)
+        .unwrap();
+}
+
+/// `INFO replication`'s `min_slaves_good_slaves` of the instance at `url` (`None` when not
+/// reported: no `min-replicas-to-write`).
+fn good_replicas(url: &str) -> Option<u64> {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("replication")
+        .query(&mut conn)
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("min_slaves_good_slaves:"))
+        .map(|n| n.trim().parse().unwrap())
+}
+
+/// ADR-0069: a node that refuses the confirmations' marker write (`min-replicas-to-write 1`
+/// with its replica away: `NOREPLICAS`) holds back only its own shards' records. Before, the
+/// error failed every read that found records there, so the other nodes' records were never
+/// handed on for as long as it lasted. When the node accepts writes again, its shards'
+/// records are handed on with no more traffic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refuses_confirmations_holds_back_only_its_own_shards() {
+    let Some(mut c) = cluster() else { return };
+    const SHARDS: u32 = 16;
+    let node_of = |c: &tidemark_redis_proc::RedisCluster, s: u32| {
+        c.primary_of_slot(key_slot(format!("dlog:{{{s}}}").as_bytes()))
+    };
+    let nodes: Vec<Option<usize>> = (0..SHARDS).map(|s| node_of(&c, s)).collect();
+    let primary = c
+        .primaries()
+        .into_iter()
+        .max_by_key(|p| nodes.iter().filter(|n| **n == Some(*p)).count())
+        .unwrap();
+    let (mine, others): (Vec<u32>, Vec<u32>) =
+        (0..SHARDS).partition(|&s| nodes[s as usize] == Some(primary));
+    let url = cluster_endpoint(&c.seeds());
+    let mut log = LogStore::connect(&url).await.unwrap();
+    let mut reader = LogReader::connect(&url).await.unwrap();
+    reader.set_replica_wait(Some(ReplicaWait {
+        replicas: 1,
+        timeout: Duration::from_millis(300),
+    }));
+    let pos: Vec<(u32, u64)> = (0..SHARDS).map(|s| (s, 0)).collect();
+    assert!(reader
+        .read(&pos, 16, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_empty());
+    // that node's shards get a record while it still takes writes; then it refuses them
+    for &s in &mine {
+        log.commit(s, "alice", &format!("m-{s}"), &["bob"], "b", 1, 60)
+            .await
+            .unwrap();
+    }
+    let node = c.url(primary);
+    config_set(&node, "min-replicas-max-lag", "1");
+    config_set(&node, "min-replicas-to-write", "1");
+    let replica = c.replicas_of(primary)[0];
+    c.pause(replica).unwrap();
+    let since = std::time::Instant::now();
+    while good_replicas(&node) != Some(0) {
+        assert!(
+            since.elapsed() < Duration::from_secs(15),
+            "the node still counts its paused replica"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // for 3 s the other nodes' shards get records, one at a time: each is handed on although
+    // that node refuses (before, a read that took one of its failed confirmations failed)
+    let mut at: std::collections::BTreeMap<u32, u64> = (0..SHARDS).map(|s| (s, 0)).collect();
+    let start = std::time::Instant::now();
+    let mut handed: Vec<u32> = Vec::new();
+    let mut failed = None;
+    let mut slowest = Duration::ZERO;
+    let mut i = 0;
+    while failed.is_none() && start.elapsed() < Duration::from_secs(3) {
+        let s = others[i % others.len()];
+        i += 1;
+        let off = log
+            .commit(s, "alice", &format!("o-{i}"), &["bob"], "b", 1, 60)
+            .await
+            .unwrap()
+            .offset;
+        let sent = std::time::Instant::now();
+        while at[&s] < off && sent.elapsed() < Duration::from_secs(2) {
+            let pos: Vec<(u32, u64)> = at.iter().map(|(s, a)| (*s, *a)).collect();
+            match reader.read(&pos, 16, Duration::from_millis(200)).await {
+                Ok(got) => {
+                    for (g, recs) in got {
+                        handed.push(g);
+                        at.insert(g, recs.last().unwrap().offset);
+                    }
+                }
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        assert!(
+            failed.is_some() || at[&s] >= off,
+            "shard {s}'s record {off} not handed on in 2 s"
+        );
+        slowest = slowest.max(sent.elapsed());
+    }
+    // the node takes writes again: its shards' records come with no more traffic
+    c.resume(replica).unwrap();
+    config_set(&node, "min-replicas-to-write", "0");
+    let back = std::time::Instant::now();
+    let mut recovered: Vec<u32> = Vec::new();
+    while failed.is_none()
+        && !mine.iter().all(|s| recovered.contains(s))
+        && back.elapsed() < Duration::from_secs(20)
+    {
+        let pos: Vec<(u32, u64)> = at.iter().map(|(s, a)| (*s, *a)).collect();
+        let got = reader
+            .read(&pos, 16, Duration::from_millis(500))
+            .await
+            .unwrap();
+        for (g, recs) in got {
+            recovered.push(g);
+            at.insert(g, recs.last().unwrap().offset);
+        }
+    }
+    assert_eq!(
+        failed, None,
+        "a read failed while one node refused its confirmations (the other nodes' records \
+         were not handed on)"
+    );
+    assert!(
+        slowest < Duration::from_secs(1),
+        "the other nodes' records took up to {slowest:?} to be handed on"
+    );
+    assert!(
+        handed.iter().all(|s| !mine.contains(s)),
+        "nothing of the refusing node's shards: {handed:?}"
+    );
+    assert!(
+        mine.iter().all(|s| recovered.contains(s)),
+        "the node's shards once it takes writes again, within {:?}: {recovered:?} of {mine:?}",
+        back.elapsed()
+    );
+}

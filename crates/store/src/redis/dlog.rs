@@ -1001,6 +1001,14 @@ struct ClusterReader {
     /// Told by each confirming pipeline as it ends (a permit is kept if no read waits), so
     /// a read blocked on hints takes the outcome at once.
     done: std::sync::Arc<tokio::sync::Notify>,
+    /// Shards whose last confirmation ended in an error of Redis (ADR-0069): their node
+    /// refused the marker write (`NOREPLICAS` under `min-replicas-to-write` with its replicas
+    /// away, say) or the pipeline failed. Such a shard is neither read nor confirmed again
+    /// before the instant given, and the wait doubles with each error in a row
+    /// ([`CONFIRM_RETRY_MIN`] to [`CONFIRM_RETRY_MAX`]): one node's refusals hold back only
+    /// its own shards' records, where before they failed every read, and with it every other
+    /// node's records, for as long as they lasted.
+    confirm_backoff: HashMap<u32, (tokio::time::Instant, Duration)>,
 }
 
 impl LogReader {
@@ -1023,6 +1031,7 @@ impl LogReader {
                     confirming: HashMap::new(),
                     confirm_conn,
                     done: Default::default(),
+                    confirm_backoff: HashMap::new(),
                 })),
             });
         }
@@ -1126,8 +1135,17 @@ impl LogReader {
             }
             ReaderInner::Cluster(r) => {
                 let mut mine = Vec::new();
+                let now = tokio::time::Instant::now();
                 for &(s, after) in &again {
                     if r.confirming.contains_key(&s) {
+                        continue;
+                    }
+                    if r.confirm_backoff
+                        .get(&s)
+                        .is_some_and(|(until, _)| *until > now)
+                    {
+                        // a shard whose confirmation failed: read again after its wait
+                        r.expect.remove(&s);
                         continue;
                     }
                     let mut conn = r.confirm_conn.clone();
@@ -1212,6 +1230,9 @@ impl LogReader {
                     };
                     // read from where this call asks? (else: read again, from there)
                     let asked = positions.iter().any(|&(p, after)| p == s && after == from);
+                    if !matches!(res, Err(WaitError::Redis(_))) {
+                        r.confirm_backoff.remove(&s);
+                    }
                     match res {
                         Ok(v) if asked => {
                             for (s, recs) in parse_xread(&v[0])? {
@@ -1229,7 +1250,25 @@ impl LogReader {
                         Ok(_) => {
                             r.expect.remove(&s);
                         }
-                        Err(WaitError::Redis(e)) => return Err(e.into()),
+                        Err(WaitError::Redis(e)) => {
+                            // this shard's records wait, the others' go on (ADR-0069)
+                            let next = r
+                                .confirm_backoff
+                                .get(&s)
+                                .map_or(CONFIRM_RETRY_MIN, |(_, d)| {
+                                    (*d * 2).min(CONFIRM_RETRY_MAX)
+                                });
+                            r.confirm_backoff
+                                .insert(s, (tokio::time::Instant::now() + next, next));
+                            r.expect.remove(&s);
+                            tracing::warn!(
+                                shard = s,
+                                error = %e,
+                                retry_in = ?next,
+                                "confirming log records on the core replicas failed; the \
+                                 shard's records are held back and confirmed again later"
+                            );
+                        }
                         Err(WaitError::Short) => {
                             not_confirmed(&[(s, 0)], wait);
                             // not where a caller in step asks next: read it again then
@@ -1265,6 +1304,12 @@ const CONFIRM_PATIENCE: Duration = Duration::from_millis(100);
 /// `mark_log_read.lua`: the write a log reader's `WAIT` covers (ADR-0064), allowed when the
 /// instance is out of memory. Sent as `EVAL`: a few bytes, only by reads that found records.
 const MARK_LOG_READ: &str = include_str!("lua/core/mark_log_read.lua");
+
+/// The first wait before a shard whose confirmation failed with an error is read and
+/// confirmed again (ADR-0069); it doubles with each error in a row up to
+/// [`CONFIRM_RETRY_MAX`].
+const CONFIRM_RETRY_MIN: Duration = Duration::from_millis(100);
+const CONFIRM_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// Logs records held back by [`LogReader::confirmed`].
 fn not_confirmed(shards: &[(u32, u64)], wait: ReplicaWait) {
@@ -1405,8 +1450,14 @@ impl ClusterReader {
             // (a shard whose confirmation is still running is not read: its records are
             // handed on once that ends, ADR-0066; one that has ended is read, so that its
             // outcome is taken)
+            // (nor is one whose confirmation failed, until its wait is over: ADR-0069)
             let confirming = &self.confirming;
-            let running = |s: &u32| confirming.get(s).is_some_and(|t| !t.is_finished());
+            let now = tokio::time::Instant::now();
+            let backoff = &self.confirm_backoff;
+            let running = |s: &u32| {
+                confirming.get(s).is_some_and(|t| !t.is_finished())
+                    || backoff.get(s).is_some_and(|(until, _)| *until > now)
+            };
             let targets: Vec<(u32, u64)> = positions
                 .iter()
                 .copied()
@@ -1453,9 +1504,14 @@ impl ClusterReader {
                     return Ok(out);
                 }
             }
-            // nothing to read: wait for a hint, a confirmation's end, the block time, or the
-            // next sweep
-            let sweep_at = self.last_sweep + CLUSTER_SWEEP;
+            // nothing to read: wait for a hint, a confirmation's end, the block time, the
+            // next sweep, or the end of a failed confirmation's wait
+            let sweep_at = self
+                .confirm_backoff
+                .values()
+                .map(|(until, _)| *until)
+                .filter(|until| *until > now)
+                .fold(self.last_sweep + CLUSTER_SWEEP, |a, b| a.min(b));
             let done = self.done.clone();
             let Some(sub) = self.sub.as_mut() else {
                 return Ok(Vec::new());

@@ -383,8 +383,9 @@ async fn a_node_that_refuses_confirmations_holds_back_only_its_own_shards() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // for 3 s the other nodes' shards get records, one at a time: each is handed on although
-    // that node refuses (before, a read that took one of its failed confirmations failed)
+    // for 3 s the other nodes' shards get records, one at a time: each is handed on (within
+    // 1.5 s: a `WAIT` of 300 ms that a busy replica misses costs one more) although that node
+    // refuses (before, a read that took one of its failed confirmations failed)
     let mut at: std::collections::BTreeMap<u32, u64> = (0..SHARDS).map(|s| (s, 0)).collect();
     let start = std::time::Instant::now();
     let mut handed: Vec<u32> = Vec::new();
@@ -431,13 +432,14 @@ async fn a_node_that_refuses_confirmations_holds_back_only_its_own_shards() {
         && back.elapsed() < Duration::from_secs(20)
     {
         let pos: Vec<(u32, u64)> = at.iter().map(|(s, a)| (*s, *a)).collect();
-        let got = reader
-            .read(&pos, 16, Duration::from_millis(500))
-            .await
-            .unwrap();
-        for (g, recs) in got {
-            recovered.push(g);
-            at.insert(g, recs.last().unwrap().offset);
+        match reader.read(&pos, 16, Duration::from_millis(500)).await {
+            Ok(got) => {
+                for (g, recs) in got {
+                    recovered.push(g);
+                    at.insert(g, recs.last().unwrap().offset);
+                }
+            }
+            Err(e) => failed = Some(format!("after the node took writes again: {e}")),
         }
     }
     assert_eq!(
@@ -446,7 +448,7 @@ async fn a_node_that_refuses_confirmations_holds_back_only_its_own_shards() {
          were not handed on)"
     );
     assert!(
-        slowest < Duration::from_secs(1),
+        slowest < Duration::from_millis(1500),
         "the other nodes' records took up to {slowest:?} to be handed on"
     );
     assert!(

@@ -1250,16 +1250,20 @@ impl LogReader {
                         Ok(_) => {
                             r.expect.remove(&s);
                         }
+                        // the connection's own trouble: a new reader is the remedy
+                        Err(WaitError::Redis(e)) if connection_trouble(&e) => return Err(e.into()),
                         Err(WaitError::Redis(e)) => {
-                            // this shard's records wait, the others' go on (ADR-0069)
-                            let next = r
-                                .confirm_backoff
-                                .get(&s)
-                                .map_or(CONFIRM_RETRY_MIN, |(_, d)| {
+                            // the node refused (an error reply): this shard's records wait,
+                            // the others' go on (ADR-0069); the wait doubles while the
+                            // errors follow one another, and starts over after a pause
+                            let now = tokio::time::Instant::now();
+                            let next = match r.confirm_backoff.get(&s) {
+                                Some((until, d)) if now <= *until + CONFIRM_RETRY_MAX => {
                                     (*d * 2).min(CONFIRM_RETRY_MAX)
-                                });
-                            r.confirm_backoff
-                                .insert(s, (tokio::time::Instant::now() + next, next));
+                                }
+                                _ => CONFIRM_RETRY_MIN,
+                            };
+                            r.confirm_backoff.insert(s, (now + next, next));
                             r.expect.remove(&s);
                             tracing::warn!(
                                 shard = s,
@@ -1310,6 +1314,18 @@ const MARK_LOG_READ: &str = include_str!("lua/core/mark_log_read.lua");
 /// [`CONFIRM_RETRY_MAX`].
 const CONFIRM_RETRY_MIN: Duration = Duration::from_millis(100);
 const CONFIRM_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Whether an error of a confirming pipeline is its connection's (I/O, a timeout, a dropped
+/// or refused connection, one redis-rs says needs a new connection), not a reply of the
+/// node: such an error still fails the read, so that the worker replaces the reader and its
+/// connections (ADR-0069).
+fn connection_trouble(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_unrecoverable_error()
+}
 
 /// Logs records held back by [`LogReader::confirmed`].
 fn not_confirmed(shards: &[(u32, u64)], wait: ReplicaWait) {
@@ -1494,8 +1510,9 @@ impl ClusterReader {
                     }
                     if recs.is_empty() {
                         // nothing after the position now: an ended confirmation of the shard
-                        // has nothing left to hand on
+                        // has nothing left to hand on (nor a failed one's wait to keep)
                         self.confirming.remove(&s);
+                        self.confirm_backoff.remove(&s);
                     } else {
                         out.push((s, recs));
                     }

@@ -454,6 +454,70 @@ fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
         .map(str::trim)
 }
 
+/// How many times [`RedisCluster::start`] starts a new cluster that does not form.
+pub const START_ATTEMPTS: u32 = 3;
+
+/// `redis-cli ARGS`, the password (if any) in `REDISCLI_AUTH`, its output captured.
+fn cli_command(password: Option<&str>, args: &[String]) -> Command {
+    let mut cmd = Command::new("redis-cli");
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    match password {
+        Some(p) => cmd.env("REDISCLI_AUTH", p),
+        None => cmd.env_remove("REDISCLI_AUTH"),
+    };
+    cmd
+}
+
+/// `redis-cli ARGS` judged as [`cli_result`] does, killed and failed with
+/// [`Error::ClusterCli`] if it has not exited within `limit` (`--cluster create` waits for
+/// ever for a cluster that does not join).
+fn cli_within(
+    password: Option<&str>,
+    step: &'static str,
+    args: &[String],
+    limit: Duration,
+) -> Result<String, Error> {
+    let mut child = cli_command(password, args).spawn()?;
+    let deadline = std::time::Instant::now() + limit;
+    while child.try_wait()?.is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            return Err(Error::ClusterCli {
+                step,
+                output: format!(
+                    "timed out after {limit:?}: {}",
+                    tail(&String::from_utf8_lossy(&out.stdout), 4)
+                ),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cli_result(step, child.wait_with_output()?)
+}
+
+/// `redis-cli`'s output as [`RedisCluster::redis_cli`] judges it: its text, or
+/// [`Error::ClusterCli`] unless it exited 0 with no `[ERR]` line.
+fn cli_result(step: &'static str, out: std::process::Output) -> Result<String, Error> {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // redis-cli --cluster reports some failures ("[ERR] …") with exit code 0
+    let err_line = text.lines().any(|l| l.starts_with("[ERR]"));
+    if !out.status.success() || err_line {
+        return Err(Error::ClusterCli {
+            step,
+            output: format!("{}: {}", out.status, tail(&text, 8)),
+        });
+    }
+    Ok(text)
+}
+
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     all[all.len().saturating_sub(lines)..].join(" | ")
@@ -462,7 +526,33 @@ fn tail(text: &str, lines: usize) -> String {
 impl RedisCluster {
     /// Starts the cluster (or restarts the one in `opts.base_dir`) and waits until it is
     /// consistent ([`wait_consistent`](Self::wait_consistent)), at most `opts.timeout`.
+    ///
+    /// A new cluster on ports of its own choosing (no `base_dir`, no `ports`) that does not
+    /// form (`redis-cli --cluster create` failing or timing out, or no consistent view in
+    /// time) is started again from scratch on other ports, up to [`START_ATTEMPTS`] times:
+    /// nodes of another cluster on the same box that were stopped a moment ago (another
+    /// test's, on ports picked again here) can still gossip to ports now ours, and a node
+    /// that learns of them never lets `--cluster create` finish. That hung a CI-like run
+    /// for minutes; each attempt is now bounded by `opts.timeout`.
     pub fn start(opts: ClusterOptions) -> Result<RedisCluster, Error> {
+        if opts.base_dir.is_some() || opts.ports.is_some() {
+            return RedisCluster::start_once(opts);
+        }
+        let mut attempt = 1;
+        loop {
+            match RedisCluster::start_once(opts.clone()) {
+                Err(e @ (Error::ClusterCli { .. } | Error::ClusterNotReady { .. }))
+                    if attempt < START_ATTEMPTS =>
+                {
+                    eprintln!("redis cluster did not form ({e}); starting again on other ports");
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn start_once(opts: ClusterOptions) -> Result<RedisCluster, Error> {
         validate(&opts)?;
         if !redis_server_available() {
             return Err(Error::NotInstalled);
@@ -581,7 +671,7 @@ impl RedisCluster {
                 cluster.opts.replicas_per_primary.to_string(),
                 "--cluster-yes".into(),
             ]);
-            cluster.redis_cli("create", &args)?;
+            cluster.redis_cli_within("create", &args, cluster.opts.timeout)?;
         }
         let what = if reused {
             "restarted cluster consistent"
@@ -602,33 +692,21 @@ impl RedisCluster {
         Ok(cluster)
     }
 
+    /// [`cli_within`] with this cluster's password.
+    fn redis_cli_within(
+        &self,
+        step: &'static str,
+        args: &[String],
+        limit: Duration,
+    ) -> Result<String, Error> {
+        cli_within(self.opts.requirepass.as_deref(), step, args, limit)
+    }
+
     /// Runs `redis-cli ARGS` (password in `REDISCLI_AUTH`), failing with
     /// [`Error::ClusterCli`] unless it exits 0.
     fn redis_cli(&self, step: &'static str, args: &[String]) -> Result<String, Error> {
-        let mut cmd = Command::new("redis-cli");
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        match &self.opts.requirepass {
-            Some(p) => cmd.env("REDISCLI_AUTH", p),
-            None => cmd.env_remove("REDISCLI_AUTH"),
-        };
-        let out = cmd.output()?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        // redis-cli --cluster reports some failures ("[ERR] …") with exit code 0
-        let err_line = text.lines().any(|l| l.starts_with("[ERR]"));
-        if !out.status.success() || err_line {
-            return Err(Error::ClusterCli {
-                step,
-                output: format!("{}: {}", out.status, tail(&text, 8)),
-            });
-        }
-        Ok(text)
+        let out = cli_command(self.opts.requirepass.as_deref(), args).output()?;
+        cli_result(step, out)
     }
 
     /// Number of nodes.
@@ -1288,6 +1366,31 @@ fn expect_text(c: &mut Conn, args: &[&str]) -> Result<String, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `redis-cli` that never exits (here a `BLPOP` with no timeout, as `--cluster create`
+    /// waiting for a cluster that does not join) is killed at the limit and reported.
+    #[test]
+    fn a_redis_cli_that_never_exits_is_killed_at_its_limit() {
+        if !redis_server_available() || !redis_cli_available() {
+            eprintln!("SKIPPED: needs redis-server and redis-cli (scripts/install-redis.sh)");
+            return;
+        }
+        let r = RedisProcess::start().unwrap();
+        let port = r.port().to_string();
+        let args = |a: &[&str]| -> Vec<String> { a.iter().map(|a| a.to_string()).collect() };
+        let t = std::time::Instant::now();
+        let blpop = args(&["-p", &port, "BLPOP", "nothing", "0"]);
+        let e = cli_within(None, "blpop", &blpop, Duration::from_millis(300)).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(
+            matches!(&e, Error::ClusterCli { step: "blpop", output } if output.contains("timed out")),
+            "{e:?}"
+        );
+        // one that exits is judged as before
+        let ping = args(&["-p", &port, "PING"]);
+        let out = cli_within(None, "ping", &ping, Duration::from_secs(10)).unwrap();
+        assert!(out.contains("PONG"), "{out}");
+    }
 
     #[test]
     fn key_slot_follows_the_cluster_spec() {

@@ -173,32 +173,13 @@ async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
     let Some(mut c) = cluster() else { return };
     const SHARDS: u32 = 16;
     let timeout = Duration::from_secs(2);
-    let node_of = |c: &tidemark_redis_proc::RedisCluster, s: u32| {
-        c.primary_of_slot(key_slot(format!("dlog:{{{s}}}").as_bytes()))
-    };
-    // the node that serves the most shards
-    let nodes: Vec<Option<usize>> = (0..SHARDS).map(|s| node_of(&c, s)).collect();
-    let primary = c
-        .primaries()
-        .into_iter()
-        .max_by_key(|p| nodes.iter().filter(|n| **n == Some(*p)).count())
-        .unwrap();
+    let (primary, nodes) = busiest_primary(&c, SHARDS);
     let stuck = nodes.iter().filter(|n| **n == Some(primary)).count() as u32;
     assert!(stuck >= 6, "16 shards over 3 nodes: {stuck}");
     let url = cluster_endpoint(&c.seeds());
     let mut log = LogStore::connect(&url).await.unwrap();
-    let mut reader = LogReader::connect(&url).await.unwrap();
-    reader.set_replica_wait(Some(ReplicaWait {
-        replicas: 1,
-        timeout,
-    }));
+    let mut reader = waiting_reader(&url, SHARDS, timeout).await;
     let pos: Vec<(u32, u64)> = (0..SHARDS).map(|s| (s, 0)).collect();
-    // the first read subscribes to the commit hints (every node answers)
-    assert!(reader
-        .read(&pos, 16, Duration::ZERO)
-        .await
-        .unwrap()
-        .is_empty());
     let replica = c.replicas_of(primary)[0];
     c.pause(replica).unwrap();
     for s in 0..SHARDS {
@@ -295,16 +276,55 @@ async fn a_node_without_its_replica_does_not_hold_up_the_other_nodes_shards() {
     );
 }
 
+/// A reader of the cluster at `url` that waits for one replica (`WAIT` `timeout`), after its
+/// first read of shards `0..shards` (which subscribes to their commit hints: every node
+/// answers) found nothing.
+async fn waiting_reader(url: &str, shards: u32, timeout: Duration) -> LogReader {
+    let mut reader = LogReader::connect(url).await.unwrap();
+    reader.set_replica_wait(Some(ReplicaWait {
+        replicas: 1,
+        timeout,
+    }));
+    let pos: Vec<(u32, u64)> = (0..shards).map(|s| (s, 0)).collect();
+    assert!(reader
+        .read(&pos, 16, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_empty());
+    reader
+}
+
+/// The primary that serves the most of shards `0..shards`, and each shard's primary.
+fn busiest_primary(
+    c: &tidemark_redis_proc::RedisCluster,
+    shards: u32,
+) -> (usize, Vec<Option<usize>>) {
+    let nodes: Vec<Option<usize>> = (0..shards)
+        .map(|s| c.primary_of_slot(key_slot(format!("dlog:{{{s}}}").as_bytes())))
+        .collect();
+    let primary = c
+        .primaries()
+        .into_iter()
+        .max_by_key(|p| nodes.iter().filter(|n| **n == Some(*p)).count())
+        .unwrap();
+    (primary, nodes)
+}
+
+/// The value of `field` in `INFO section` of the instance at `url`, if it is there.
+fn info_field(url: &str, section: &str, field: &str) -> Option<String> {
+    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
+    let info: String = redis::cmd("INFO").arg(section).query(&mut conn).unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .map(|v| v.trim().to_string())
+}
+
 /// `XREAD` calls the instance at `url` has served (`INFO commandstats`).
 fn xread_calls(url: &str) -> u64 {
-    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut conn)
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_xread:calls="))
-        .map_or(0, |r| r.split(',').next().unwrap().parse().unwrap())
+    info_field(url, "commandstats", "cmdstat_xread").map_or(0, |v| {
+        let calls = v.split(',').next().unwrap();
+        calls.strip_prefix("calls=").unwrap().parse().unwrap()
+    })
 }
 
 /// Runs `CONFIG SET name value` on the instance at `url`.
@@ -321,14 +341,7 @@ fn config_set(url: &str, name: &str, value: &str) {
 /// `INFO replication`'s `min_slaves_good_slaves` of the instance at `url` (`None` when not
 /// reported: no `min-replicas-to-write`).
 fn good_replicas(url: &str) -> Option<u64> {
-    let mut conn = redis::Client::open(url).unwrap().get_connection().unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("replication")
-        .query(&mut conn)
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("min_slaves_good_slaves:"))
-        .map(|n| n.trim().parse().unwrap())
+    info_field(url, "replication", "min_slaves_good_slaves").map(|n| n.parse().unwrap())
 }
 
 /// ADR-0069: a node that refuses the confirmations' marker write (`min-replicas-to-write 1`
@@ -340,30 +353,12 @@ fn good_replicas(url: &str) -> Option<u64> {
 async fn a_node_that_refuses_confirmations_holds_back_only_its_own_shards() {
     let Some(mut c) = cluster() else { return };
     const SHARDS: u32 = 16;
-    let node_of = |c: &tidemark_redis_proc::RedisCluster, s: u32| {
-        c.primary_of_slot(key_slot(format!("dlog:{{{s}}}").as_bytes()))
-    };
-    let nodes: Vec<Option<usize>> = (0..SHARDS).map(|s| node_of(&c, s)).collect();
-    let primary = c
-        .primaries()
-        .into_iter()
-        .max_by_key(|p| nodes.iter().filter(|n| **n == Some(*p)).count())
-        .unwrap();
+    let (primary, nodes) = busiest_primary(&c, SHARDS);
     let (mine, others): (Vec<u32>, Vec<u32>) =
         (0..SHARDS).partition(|&s| nodes[s as usize] == Some(primary));
     let url = cluster_endpoint(&c.seeds());
     let mut log = LogStore::connect(&url).await.unwrap();
-    let mut reader = LogReader::connect(&url).await.unwrap();
-    reader.set_replica_wait(Some(ReplicaWait {
-        replicas: 1,
-        timeout: Duration::from_millis(300),
-    }));
-    let pos: Vec<(u32, u64)> = (0..SHARDS).map(|s| (s, 0)).collect();
-    assert!(reader
-        .read(&pos, 16, Duration::ZERO)
-        .await
-        .unwrap()
-        .is_empty());
+    let mut reader = waiting_reader(&url, SHARDS, Duration::from_millis(300)).await;
     // that node's shards get a record while it still takes writes; then it refuses them
     for &s in &mine {
         log.commit(s, "alice", &format!("m-{s}"), &["bob"], "b", 1, 60)

@@ -162,6 +162,7 @@ const ZERO_LABELS: &[(&str, &[(&str, &str)])] = &[
     ),
     ("tidemark_errors_total", &[("code", "redis")]),
     ("tidemark_errors_total", &[("code", "log_read")]),
+    ("tidemark_errors_total", &[("code", "log_confirm")]),
     ("tidemark_errors_total", &[("code", "internal")]),
     ("tidemark_client_errors_total", &[("code", "bad_request")]),
     ("tidemark_client_errors_total", &[("code", "unauthorized")]),

@@ -417,6 +417,8 @@ async fn a_node_that_refuses_confirmations_holds_back_only_its_own_shards() {
         );
         slowest = slowest.max(sent.elapsed());
     }
+    // the refusals were seen as such (held per shard, counted), not as something else
+    let refused = reader.take_confirm_errors();
     // the node takes writes again: its shards' records come with no more traffic
     c.resume(replica).unwrap();
     config_set(&node, "min-replicas-to-write", "0");
@@ -441,6 +443,10 @@ async fn a_node_that_refuses_confirmations_holds_back_only_its_own_shards() {
         failed, None,
         "a read failed while one node refused its confirmations (the other nodes' records \
          were not handed on)"
+    );
+    assert!(
+        refused > 0,
+        "no confirmation of the refusing node's shards ended in an error"
     );
     assert!(
         slowest < Duration::from_millis(1500),

@@ -454,6 +454,12 @@ impl Worker {
                 }
             };
             self.log_read_ok();
+            // confirmations a node refused: held back per shard, counted here (ADR-0069)
+            let refused = self.reader.as_mut().map_or(0, |r| r.take_confirm_errors());
+            if refused > 0 {
+                metrics::counter!("tidemark_errors_total", "code" => "log_confirm")
+                    .increment(refused);
+            }
             backlog = batches.iter().any(|(_, r)| r.len() >= self.opts.batch);
             if !self.feed_on() {
                 self.feed_after_log_read(backlog);

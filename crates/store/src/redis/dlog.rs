@@ -1009,6 +1009,10 @@ struct ClusterReader {
     /// its own shards' records, where before they failed every read, and with it every other
     /// node's records, for as long as they lasted.
     confirm_backoff: HashMap<u32, (tokio::time::Instant, Duration)>,
+    /// Confirmations that ended in an error reply since [`LogReader::take_confirm_errors`]
+    /// last took them: the worker counts them in its metrics (the warning alone is easy to
+    /// miss).
+    confirm_errors: u64,
 }
 
 impl LogReader {
@@ -1032,6 +1036,7 @@ impl LogReader {
                     confirm_conn,
                     done: Default::default(),
                     confirm_backoff: HashMap::new(),
+                    confirm_errors: 0,
                 })),
             });
         }
@@ -1046,6 +1051,15 @@ impl LogReader {
             inner: ReaderInner::Single(conn),
             wait: None,
         })
+    }
+
+    /// Confirmations that ended in an error reply of a node and held back only their shard
+    /// (ADR-0069), since the last call; zero on one instance (there an error fails the read).
+    pub fn take_confirm_errors(&mut self) -> u64 {
+        match &mut self.inner {
+            ReaderInner::Cluster(r) => std::mem::take(&mut r.confirm_errors),
+            ReaderInner::Single(_) => 0,
+        }
     }
 
     /// Hand on only records confirmed on `wait.replicas` core replicas (ADR-0064); `None`:
@@ -1264,6 +1278,7 @@ impl LogReader {
                                 _ => CONFIRM_RETRY_MIN,
                             };
                             r.confirm_backoff.insert(s, (now + next, next));
+                            r.confirm_errors += 1;
                             r.expect.remove(&s);
                             tracing::warn!(
                                 shard = s,

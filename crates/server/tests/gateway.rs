@@ -1304,6 +1304,31 @@ async fn start_hints_only(fault: Arc<dyn ChunkFault>, sweep: Duration) -> Deploy
     .await
 }
 
+/// alice sends bob a message (client id `id`) while his shard's hints are lost: it is
+/// stored, its hint lost, and nothing wakes bob for 300 ms. Returns its seq.
+async fn send_with_bobs_hint_lost(
+    d: &Deployment,
+    fault: &LoseHints,
+    alice: &mut gateway_support::Ws,
+    bob: &mut gateway_support::Ws,
+    id: &str,
+) -> u64 {
+    fault.on.store(true, Ordering::SeqCst);
+    let lost = alice.send_ok(id, &["bob"], "hint lost").await;
+    let lost_seq = offset_of(&lost, "bob");
+    d.wait_visible("bob", lost_seq).await;
+    until("the hint was lost", || async {
+        fault.lost.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    fault.on.store(false, Ordering::SeqCst);
+    assert!(
+        bob.quiet_for(Duration::from_millis(300)).await.is_empty(),
+        "nothing wakes bob yet"
+    );
+    lost_seq
+}
+
 /// A user of `user`'s shard other than `user`.
 fn shard_mate_of(user: &str) -> String {
     let s = route(user).shard;
@@ -1326,19 +1351,7 @@ async fn a_lost_hint_is_noticed_by_the_gap_in_the_next_ones_numbers() {
     let o = alice.send_ok("g0", &["bob"], "hinted").await;
     bob.expect_seqs(&[offset_of(&o, "bob")]).await;
 
-    fault.on.store(true, Ordering::SeqCst);
-    let lost = alice.send_ok("g1", &["bob"], "hint lost").await;
-    let lost_seq = offset_of(&lost, "bob");
-    d.wait_visible("bob", lost_seq).await;
-    until("the hint was lost", || async {
-        fault.lost.load(Ordering::SeqCst) > 0
-    })
-    .await;
-    fault.on.store(false, Ordering::SeqCst);
-    assert!(
-        bob.quiet_for(Duration::from_millis(300)).await.is_empty(),
-        "nothing wakes bob yet"
-    );
+    let lost_seq = send_with_bobs_hint_lost(&d, &fault, &mut alice, &mut bob, "g1").await;
 
     // the next hint of the shard names only the mate, but its number shows the gap
     let o = alice.send_ok("g2", &[mate.as_str()], "for the mate").await;
@@ -1367,19 +1380,7 @@ async fn a_resubscription_makes_every_connection_read_past_the_hinted_w() {
     let o = alice.send_ok("r1", &[mate.as_str()], "for the mate").await;
     mate_ws.expect_seqs(&[offset_of(&o, &mate)]).await;
 
-    fault.on.store(true, Ordering::SeqCst);
-    let lost = alice.send_ok("r2", &["bob"], "hint lost").await;
-    let lost_seq = offset_of(&lost, "bob");
-    d.wait_visible("bob", lost_seq).await;
-    until("the hint was lost", || async {
-        fault.lost.load(Ordering::SeqCst) > 0
-    })
-    .await;
-    fault.on.store(false, Ordering::SeqCst);
-    assert!(
-        bob.quiet_for(Duration::from_millis(300)).await.is_empty(),
-        "nothing wakes bob yet"
-    );
+    let lost_seq = send_with_bobs_hint_lost(&d, &fault, &mut alice, &mut bob, "r2").await;
 
     // the gateway's subscription drops; it comes back 500 ms later and wakes everyone
     let client = redis::Client::open(d.mailbox_url.as_str()).unwrap();

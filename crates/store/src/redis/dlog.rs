@@ -1149,17 +1149,9 @@ impl LogReader {
             }
             ReaderInner::Cluster(r) => {
                 let mut mine = Vec::new();
-                let now = tokio::time::Instant::now();
+                // (no shard in a failed confirmation's wait is here: the read left it out)
                 for &(s, after) in &again {
                     if r.confirming.contains_key(&s) {
-                        continue;
-                    }
-                    if r.confirm_backoff
-                        .get(&s)
-                        .is_some_and(|(until, _)| *until > now)
-                    {
-                        // a shard whose confirmation failed: read again after its wait
-                        r.expect.remove(&s);
                         continue;
                     }
                     let mut conn = r.confirm_conn.clone();

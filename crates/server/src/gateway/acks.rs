@@ -91,7 +91,9 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
             .iter()
             .map(|w| (w.item.0, w.item.1.as_str(), w.item.2))
             .collect();
-        metrics::histogram!("tidemark_ack_batch_size").record(acks.len() as f64);
+        crate::telemetry::hot()
+            .ack_batch_size
+            .record(acks.len() as f64);
         let results = store.ack_mailboxes(&acks).await;
         drop(acks);
         answer(batch, results);

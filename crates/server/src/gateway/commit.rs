@@ -237,9 +237,9 @@ impl CommitPath {
         if let Some(f) = failure {
             return Err(f);
         }
-        metrics::counter!("tidemark_commits_total").increment(1);
+        crate::telemetry::hot().commits.increment(1);
         if duplicates > 0 {
-            metrics::counter!("tidemark_commit_duplicates_total").increment(1);
+            crate::telemetry::hot().commit_duplicates.increment(1);
         }
         Ok(offsets)
     }

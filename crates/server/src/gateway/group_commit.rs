@@ -215,7 +215,9 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
             }
             Next::Stop => return,
         };
-        metrics::histogram!("tidemark_commit_round_size").record(round.len() as f64);
+        crate::telemetry::hot()
+            .commit_round_size
+            .record(round.len() as f64);
         // by shard, each in queue order
         let mut by_shard: BTreeMap<u32, Vec<Waiting<Pending, Answer>>> = BTreeMap::new();
         for w in round {
@@ -301,7 +303,7 @@ async fn commit_parts(
         .map(|((shard, _), reqs)| (*shard, reqs.as_slice()))
         .collect();
     let n: usize = reqs.iter().map(Vec::len).sum();
-    metrics::histogram!("tidemark_commit_group_size").record(n as f64);
+    crate::telemetry::hot().commit_group_size.record(n as f64);
     let results = core.commit_parts(&refs, dedupe_ttl_s).await;
     drop(refs);
     drop(reqs);

@@ -654,7 +654,7 @@ async fn subscribe_once(
             _ = cancel.cancelled() => return Ok(()),
             msg = sub.next() => {
                 let Some(msg) = msg? else { return Ok(()) };
-                metrics::counter!("tidemark_wake_hints_total").increment(1);
+                crate::telemetry::hot().wake_hints.increment(1);
                 if let Some(hint) = &msg.hint {
                     hub.wake(msg.shard, hint);
                 }

@@ -288,7 +288,9 @@ impl Worker {
             hole |= !m.is_empty() && run.len() < batch;
             if !run.is_empty() {
                 f.quiet_polls = 0;
-                metrics::counter!("tidemark_commit_feed_records_total").increment(run.len() as u64);
+                crate::telemetry::hot()
+                    .commit_feed_records
+                    .increment(run.len() as u64);
                 out.push((s, run));
             }
         }

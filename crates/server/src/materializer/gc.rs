@@ -106,7 +106,9 @@ impl Worker {
             }
         }
         if deferred > 0 {
-            metrics::counter!("tidemark_wake_hints_deferred_total").increment(deferred);
+            crate::telemetry::hot()
+                .wake_hints_deferred
+                .increment(deferred);
         }
         for (pace, due) in self.hint_pace.iter_mut().zip(&flush) {
             if *due {

@@ -212,7 +212,7 @@ impl Worker {
         if applied > 0 && !handed {
             self.shard_mut(s).unhanded = true;
         }
-        metrics::counter!("tidemark_materialized_total", "path" => "hot").increment(applied);
+        crate::telemetry::hot().materialized_hot.increment(applied);
         if applied > 0 {
             self.clear_held(s);
         }

@@ -299,10 +299,10 @@ fn deliver(e: Entry, highest: &mut u64, connected_at_us: u64) -> Out {
         *highest = seq;
         if e.sent_at_us >= connected_at_us {
             let lat = now_us().saturating_sub(e.sent_at_us) as f64 / 1e6;
-            metrics::histogram!("tidemark_delivery_latency_seconds").record(lat);
+            crate::telemetry::hot().delivery_latency_seconds.record(lat);
         }
     }
-    metrics::counter!("tidemark_deliveries_total").increment(1);
+    crate::telemetry::hot().deliveries.increment(1);
     Out::Deliver {
         seq,
         text: ServerFrame::Deliver(e).to_json(),

@@ -105,7 +105,8 @@ impl<'a> Reader<'a> {
         };
         let out = match res {
             Ok(offsets) => {
-                metrics::histogram!("tidemark_send_ack_seconds")
+                crate::telemetry::hot()
+                    .send_ack_seconds
                     .record(received.elapsed().as_secs_f64());
                 text(&ServerFrame::SendAck { id, offsets })
             }
@@ -143,7 +144,7 @@ impl<'a> Reader<'a> {
             Ok(Ok(cursor)) => {
                 self.last_ack = self.last_ack.max(cursor);
                 self.ack_backoff = READ_RETRY_FIRST;
-                metrics::counter!("tidemark_acks_total").increment(1);
+                crate::telemetry::hot().acks.increment(1);
                 self.submit_ack();
                 true
             }
@@ -178,7 +179,7 @@ impl<'a> Reader<'a> {
         match self.mailbox.ack(self.pending_ack).await {
             Ok(cursor) => {
                 self.last_ack = self.last_ack.max(cursor);
-                metrics::counter!("tidemark_acks_total").increment(1);
+                crate::telemetry::hot().acks.increment(1);
                 true
             }
             Err(e) => {

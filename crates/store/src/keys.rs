@@ -32,39 +32,57 @@
 //! dedupe record. A send to several shards still claims the bare digest first and writes a
 //! `dd:` record per shard.
 
+/// `<prefix>{<shard>}` and then `tail`, in one allocation of the right size. The server makes
+/// several of these keys per message, and `format!`'s machinery cost several times the copy
+/// (callgrind, ADR-0071); the names are exactly the `format!` forms (tested).
+fn tagged(prefix: &str, shard: u32, tail: &[&str]) -> String {
+    let mut n = itoa::Buffer::new();
+    let s = n.format(shard);
+    let len = prefix.len() + s.len() + 2 + tail.iter().map(|t| t.len()).sum::<usize>();
+    let mut k = String::with_capacity(len);
+    k.push_str(prefix);
+    k.push('{');
+    k.push_str(s);
+    k.push('}');
+    for t in tail {
+        k.push_str(t);
+    }
+    k
+}
+
 /// `wm:{s}`.
 pub fn wm(shard: u32) -> String {
-    format!("wm:{{{shard}}}")
+    tagged("wm:", shard, &[])
 }
 
 /// `mb:{s}:<user>`: the user's mailbox, a sorted set scored by MailboxSeq.
 pub fn mailbox(shard: u32, user: &str) -> String {
-    format!("mb:{{{shard}}}:{user}")
+    tagged("mb:", shard, &[":", user])
 }
 
 /// `ack:{s}`: per-user acked seq of the shard's mailboxes.
 pub fn acks(shard: u32) -> String {
-    format!("ack:{{{shard}}}")
+    tagged("ack:", shard, &[])
 }
 
 /// `wmsync:{s}`: the W the GC last asked the replicas to confirm before trimming the core
 /// log. Written for its replication: the `WAIT` after it covers everything the primary held
 /// when W was read (ADR-0063); only with a mailbox replica wait.
 pub fn wm_sync(shard: u32) -> String {
-    format!("wmsync:{{{shard}}}")
+    tagged("wmsync:", shard, &[])
 }
 
 /// `dlogsync:{s}`: the offset of the last record a log reader asked the core replicas to
 /// confirm before handing it on. Written for its replication: the `WAIT` after it covers every
 /// record the primary held when the log was read (ADR-0064); only with a core replica wait.
 pub fn dlog_sync(shard: u32) -> String {
-    format!("dlogsync:{{{shard}}}")
+    tagged("dlogsync:", shard, &[])
 }
 
 /// `owner:{s}`: the epoch of the process materialising the shard, set with a short expiry and
 /// refreshed while it runs (deleted on a clean stop): how offline tools tell a live owner.
 pub fn owner(shard: u32) -> String {
-    format!("owner:{{{shard}}}")
+    tagged("owner:", shard, &[])
 }
 
 /// `stg:{s}:<o>`: staging state (durable lanes) of record `o`.
@@ -74,27 +92,27 @@ pub fn staging(shard: u32, offset: u64) -> String {
 
 /// Prefix of staging keys, for `gc_completed_dispatch`.
 pub fn staging_prefix(shard: u32) -> String {
-    format!("stg:{{{shard}}}:")
+    tagged("stg:", shard, &[":"])
 }
 
 /// `stgidx:{s}`: index of offsets that have staging state.
 pub fn staging_index(shard: u32) -> String {
-    format!("stgidx:{{{shard}}}")
+    tagged("stgidx:", shard, &[])
 }
 
 /// `dlog:{s}`: the shard's dispatch log (a stream).
 pub fn dlog(shard: u32) -> String {
-    format!("dlog:{{{shard}}}")
+    tagged("dlog:", shard, &[])
 }
 
 /// `dlogwake:{s}`: sharded Pub/Sub channel of commit hints on a Redis Cluster (ADR-0032).
 pub fn dlog_wake(shard: u32) -> String {
-    format!("dlogwake:{{{shard}}}")
+    tagged("dlogwake:", shard, &[])
 }
 
 /// `head:{s}`: last offset assigned in `dlog:{s}`.
 pub fn head(shard: u32) -> String {
-    format!("head:{{{shard}}}")
+    tagged("head:", shard, &[])
 }
 
 /// `msgid:{h}:<n>:<sender><client id>`: which message (request digest) a sender's client id
@@ -102,13 +120,33 @@ pub fn head(shard: u32) -> String {
 /// whatever shards its recipients fall in. A one-shard send's claim made inside its commit
 /// holds `"<offset>:<digest>"` in a deployment of identity version 2 (ADR-0040).
 pub fn message_id(shard: u32, sender: &str, client_id: &str) -> String {
-    format!("msgid:{{{shard}}}:{}:{sender}{client_id}", sender.len())
+    tagged(
+        "msgid:",
+        shard,
+        &[
+            ":",
+            itoa::Buffer::new().format(sender.len()),
+            ":",
+            sender,
+            client_id,
+        ],
+    )
 }
 
 /// `dd:{s}:<n>:<sender><client id>`, n the sender's length in bytes (decimal): the dedupe
 /// record of (sender, client id). Unambiguous for any two strings.
 pub fn dedupe(shard: u32, sender: &str, client_id: &str) -> String {
-    format!("dd:{{{shard}}}:{}:{sender}{client_id}", sender.len())
+    tagged(
+        "dd:",
+        shard,
+        &[
+            ":",
+            itoa::Buffer::new().format(sender.len()),
+            ":",
+            sender,
+            client_id,
+        ],
+    )
 }
 
 /// `dd:{s}:<sender>\0<client id>`: the earlier, ambiguous form of [`dedupe`]. Read by
@@ -120,12 +158,12 @@ pub fn dedupe_legacy(shard: u32, sender: &str, client_id: &str) -> String {
 
 /// `wake:{s}`: Pub/Sub channel of materialisation hints.
 pub fn wake(shard: u32) -> String {
-    format!("wake:{{{shard}}}")
+    tagged("wake:", shard, &[])
 }
 
 /// `lease:{s}`: the node that owns shard `s` (a PX lease on the shard's core instance).
 pub fn lease(shard: u32) -> String {
-    format!("lease:{{{shard}}}")
+    tagged("lease:", shard, &[])
 }
 
 /// `{tidemark}:nodes`: the live nodes, scored by when their record expires (core instance 0).
@@ -133,3 +171,43 @@ pub const NODES: &str = "{tidemark}:nodes";
 
 /// Prefix of a node's record: `{tidemark}:node:<id>`.
 pub const NODE_PREFIX: &str = "{tidemark}:node:";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key built with [`tagged`] is the name its `format!` form gave, byte for byte:
+    /// the keys name data already stored, so not one may change.
+    #[test]
+    fn keys_are_the_format_forms() {
+        let users = ["", "bob", "alice-1", "ünïcödé", "a:b{c}", "a\0b"];
+        for shard in [0, 1, 9, 10, 63, 64, 999, 1000, 65_535, u32::MAX] {
+            assert_eq!(wm(shard), format!("wm:{{{shard}}}"));
+            assert_eq!(acks(shard), format!("ack:{{{shard}}}"));
+            assert_eq!(wm_sync(shard), format!("wmsync:{{{shard}}}"));
+            assert_eq!(dlog_sync(shard), format!("dlogsync:{{{shard}}}"));
+            assert_eq!(owner(shard), format!("owner:{{{shard}}}"));
+            assert_eq!(staging_prefix(shard), format!("stg:{{{shard}}}:"));
+            assert_eq!(staging_index(shard), format!("stgidx:{{{shard}}}"));
+            assert_eq!(dlog(shard), format!("dlog:{{{shard}}}"));
+            assert_eq!(dlog_wake(shard), format!("dlogwake:{{{shard}}}"));
+            assert_eq!(head(shard), format!("head:{{{shard}}}"));
+            assert_eq!(wake(shard), format!("wake:{{{shard}}}"));
+            assert_eq!(lease(shard), format!("lease:{{{shard}}}"));
+            for u in users {
+                assert_eq!(mailbox(shard, u), format!("mb:{{{shard}}}:{u}"));
+                for c in users {
+                    let n = u.len();
+                    assert_eq!(
+                        message_id(shard, u, c),
+                        format!("msgid:{{{shard}}}:{n}:{u}{c}")
+                    );
+                    assert_eq!(dedupe(shard, u, c), format!("dd:{{{shard}}}:{n}:{u}{c}"));
+                }
+            }
+        }
+        // the capacity is the length: one allocation, none grown
+        let k = message_id(12, "alice", "m-1");
+        assert_eq!(k.capacity(), k.len());
+    }
+}

@@ -52,12 +52,18 @@ pub fn encode(min_w: u64, recipients: &[&str]) -> Vec<u8> {
 }
 
 fn encode_with(min_w: u64, seq: Option<HintSeq>, recipients: &[&str]) -> Vec<u8> {
-    let mut out = min_w.to_string().into_bytes();
+    // integers with itoa, not `format!` (a hint per shard step; ADR-0071)
+    let mut out = itoa::Buffer::new().format(min_w).as_bytes().to_vec();
     out.push(b'\n');
     if let Some(q) = seq {
-        let tag = format!("\0{}:{}", q.epoch, q.seq);
-        out.push(tag.len() as u8); // at most 1 + 20 + 1 + 20 bytes
-        out.extend_from_slice(tag.as_bytes());
+        // the tag "\0<epoch>:<seq>", after its length (at most 1 + 20 + 1 + 20 bytes)
+        let (mut e, mut n) = (itoa::Buffer::new(), itoa::Buffer::new());
+        let (e, n) = (e.format(q.epoch).as_bytes(), n.format(q.seq).as_bytes());
+        out.push((2 + e.len() + n.len()) as u8);
+        out.push(0);
+        out.extend_from_slice(e);
+        out.push(b':');
+        out.extend_from_slice(n);
     }
     out.extend_from_slice(&encode_recipients(recipients));
     out
@@ -315,6 +321,13 @@ mod tests {
         };
         let p = h.encode();
         assert_eq!(WakeHint::decode(&p), Some(h));
+        // the bytes the `format!` encoder wrote (ADR-0071 only changed how they are made)
+        let tag = format!("\0{}:{}", u64::MAX, u64::MAX);
+        let mut was = format!("{}\n", 42).into_bytes();
+        was.push(tag.len() as u8);
+        was.extend_from_slice(tag.as_bytes());
+        was.extend_from_slice(&crate::redis::dlog::encode_recipients(&["alice", "bob"]));
+        assert_eq!(p, was);
         // what a gateway before ADR-0035 decodes: the tag is one more "recipient", which no
         // valid user id can be
         let old = crate::redis::dlog::decode_recipients(&p[3..]).unwrap();

@@ -221,7 +221,18 @@ pub fn request_digest(recipients: &[&str], body: &str) -> String {
     }
     bytes.extend_from_slice(&u32::MAX.to_be_bytes());
     bytes.extend_from_slice(body.as_bytes());
-    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&bytes))
+    hex32(xxhash_rust::xxh3::xxh3_128(&bytes))
+}
+
+/// `v` as 32 lowercase hex digits, the `{:032x}` form without `format!`'s machinery (made
+/// once per send; ADR-0071).
+fn hex32(v: u128) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, d) in out.iter_mut().enumerate() {
+        *d = DIGITS[((v >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    String::from_utf8(out.to_vec()).expect("hex digits are ASCII")
 }
 
 /// What a client id names, as [`LogStore::claim_message_id`] finds it.
@@ -1357,10 +1368,25 @@ fn xread(positions: &[(u32, u64)], count: usize, block: Duration) -> redis::Cmd 
     for (s, _) in positions {
         cmd.arg(keys::dlog(*s));
     }
+    let mut id = [0u8; STREAM_ID_MAX];
     for (_, after) in positions {
-        cmd.arg(format!("{after}-0"));
+        cmd.arg(stream_id(*after, &mut id));
     }
     cmd
+}
+
+/// The longest stream id [`stream_id`] writes: 20 digits (u64) and `-0`.
+const STREAM_ID_MAX: usize = 22;
+
+/// The log's stream id of offset `o`, `"<o>-0"`, written into `buf` without an allocation (an
+/// `XREAD` names one per shard it reads; ADR-0071).
+fn stream_id(o: u64, buf: &mut [u8; STREAM_ID_MAX]) -> &[u8] {
+    let mut n = itoa::Buffer::new();
+    let digits = n.format(o).as_bytes();
+    let len = digits.len();
+    buf[..len].copy_from_slice(digits);
+    buf[len..len + 2].copy_from_slice(b"-0");
+    &buf[..len + 2]
 }
 
 /// [`xread`] on one instance.
@@ -1584,6 +1610,31 @@ fn shard_of_dlog_key(k: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
+
+    /// [`stream_id`] writes what `format!("{o}-0")` does, to the longest offset.
+    #[test]
+    fn stream_id_is_the_format_form() {
+        let mut buf = [0u8; STREAM_ID_MAX];
+        for o in [0, 1, 9, 10, 99, 281_474_976_710_655, u64::MAX] {
+            assert_eq!(stream_id(o, &mut buf), format!("{o}-0").as_bytes());
+        }
+    }
+
+    /// The digest's hex is `format!("{:032x}")`'s, digit for digit: stored claims and dedupe
+    /// records hold it, and a resend must match them.
+    #[test]
+    fn hex32_is_the_format_form() {
+        let mut v: u128 = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210;
+        for x in [0, 1, 0xf, 0x10, u128::MAX, u128::MAX / 3, 1 << 127] {
+            assert_eq!(hex32(x), format!("{x:032x}"));
+        }
+        for _ in 0..1000 {
+            v = v
+                .wrapping_mul(0x2545_f491_4f6c_dd1d)
+                .wrapping_add(0x9e37_79b9);
+            assert_eq!(hex32(v), format!("{v:032x}"));
+        }
+    }
     use super::*;
 
     #[test]

@@ -693,8 +693,25 @@ impl LogStore {
                     .sum::<usize>()
             })
             .sum();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&COMMIT_DISPATCH.sha).arg(n_keys);
+        // the command's buffers sized once, from above: grown argument by argument they were
+        // reallocated several times per call (ADR-0071)
+        let msgs: usize = parts.iter().map(|(_, reqs)| reqs.len()).sum();
+        let bytes: usize = parts
+            .iter()
+            .flat_map(|(_, reqs)| reqs.iter())
+            .map(|r| {
+                // three keys and the record or its fields (each holding sender and client
+                // id), the recipients, the body, the digest and the small numbers
+                4 * (r.sender.len() + r.client_id.len())
+                    + r.recipients.iter().map(|x| x.len() + 1).sum::<usize>()
+                    + r.body.len()
+                    + 160
+            })
+            .sum::<usize>()
+            + 64 * parts.len()
+            + 96;
+        let mut cmd = redis::Cmd::with_capacity(6 + n_keys + 2 * parts.len() + 7 * msgs, bytes);
+        cmd.arg("EVALSHA").arg(&COMMIT_DISPATCH.sha).arg(n_keys);
         for (shard, reqs) in parts {
             let shard = *shard;
             cmd.arg(keys::dlog(shard)).arg(keys::head(shard));
@@ -1359,8 +1376,10 @@ fn not_confirmed(shards: &[(u32, u64)], wait: ReplicaWait) {
 /// `XREAD COUNT count [BLOCK block] STREAMS dlog:{s}… after…` (no `BLOCK` for a zero
 /// `block`: `BLOCK 0` would wait for ever).
 fn xread(positions: &[(u32, u64)], count: usize, block: Duration) -> redis::Cmd {
-    let mut cmd = redis::cmd("XREAD");
-    cmd.arg("COUNT").arg(count);
+    // sized once (a key and an id per shard): grown argument by argument it was reallocated
+    // several times per read (ADR-0071)
+    let mut cmd = redis::Cmd::with_capacity(6 + 2 * positions.len(), 48 + 40 * positions.len());
+    cmd.arg("XREAD").arg("COUNT").arg(count);
     if !block.is_zero() {
         cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
     }

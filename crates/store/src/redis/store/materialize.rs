@@ -105,8 +105,18 @@ impl MailboxStore {
     fn materialize_cmd(&self, shard: u32, epoch: &str, run: &[SingleItem]) -> Cmd {
         let single = run.iter().all(|it| it.recipients.len() == 1);
         let keys: usize = run.iter().map(|it| it.recipients.len()).sum();
-        let mut c = redis::cmd("EVALSHA");
-        c.arg(&self.set.materialize_fresh_single_recipient.sha)
+        // sized once: the watermark's and each mailbox's key, and per record its numbers
+        // and entry (ADR-0071)
+        let bytes: usize = run
+            .iter()
+            .map(|it| {
+                it.entry.len() + 48 + it.recipients.iter().map(|r| r.len() + 16).sum::<usize>()
+            })
+            .sum::<usize>()
+            + 128;
+        let mut c = redis::Cmd::with_capacity(5 + keys + 4 * run.len(), bytes);
+        c.arg("EVALSHA")
+            .arg(&self.set.materialize_fresh_single_recipient.sha)
             .arg(keys + 1)
             .arg(keys::wm(shard));
         for it in run {

@@ -50,6 +50,14 @@ fn tagged(prefix: &str, shard: u32, tail: &[&str]) -> String {
     k
 }
 
+/// `<prefix>{<shard>}:<n>:<sender><client id>`, n the sender's length in bytes (decimal): the
+/// unambiguous form of the dedupe record and the id claim.
+fn sender_keyed(prefix: &str, shard: u32, sender: &str, client_id: &str) -> String {
+    let mut n = itoa::Buffer::new();
+    let len = n.format(sender.len());
+    tagged(prefix, shard, &[":", len, ":", sender, client_id])
+}
+
 /// `wm:{s}`.
 pub fn wm(shard: u32) -> String {
     tagged("wm:", shard, &[])
@@ -120,33 +128,13 @@ pub fn head(shard: u32) -> String {
 /// whatever shards its recipients fall in. A one-shard send's claim made inside its commit
 /// holds `"<offset>:<digest>"` in a deployment of identity version 2 (ADR-0040).
 pub fn message_id(shard: u32, sender: &str, client_id: &str) -> String {
-    tagged(
-        "msgid:",
-        shard,
-        &[
-            ":",
-            itoa::Buffer::new().format(sender.len()),
-            ":",
-            sender,
-            client_id,
-        ],
-    )
+    sender_keyed("msgid:", shard, sender, client_id)
 }
 
 /// `dd:{s}:<n>:<sender><client id>`, n the sender's length in bytes (decimal): the dedupe
 /// record of (sender, client id). Unambiguous for any two strings.
 pub fn dedupe(shard: u32, sender: &str, client_id: &str) -> String {
-    tagged(
-        "dd:",
-        shard,
-        &[
-            ":",
-            itoa::Buffer::new().format(sender.len()),
-            ":",
-            sender,
-            client_id,
-        ],
-    )
+    sender_keyed("dd:", shard, sender, client_id)
 }
 
 /// `dd:{s}:<sender>\0<client id>`: the earlier, ambiguous form of [`dedupe`]. Read by

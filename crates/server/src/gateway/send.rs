@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 pub(crate) use super::commit::SendFailure;
 use super::state::Shared;
-use super::users::Users;
+use super::users::UserRef;
 
 /// How long a send waits for room among the commits in flight before `overloaded`.
 pub(crate) const PERMIT_WAIT: Duration = Duration::from_millis(100);
@@ -26,15 +26,15 @@ pub(crate) const PERMIT_WAIT: Duration = Duration::from_millis(100);
 pub(crate) struct CommitPermit {
     user_permits: Option<OwnedSemaphorePermit>,
     permits: Option<OwnedSemaphorePermit>,
-    users: Arc<Users>,
-    user: String,
+    /// The sender's entry, let go of after the permits (so it can be seen idle).
+    user: UserRef,
 }
 
 impl Drop for CommitPermit {
     fn drop(&mut self) {
         self.permits.take();
         self.user_permits.take();
-        self.users.commits_released(&self.user);
+        // then `user` lets go of the entry
     }
 }
 
@@ -50,9 +50,8 @@ async fn acquire(sem: Arc<Semaphore>, n: u32, deadline: Instant) -> Option<Owned
 /// [`PendingPermit::wait`] takes the rest, waiting [`PERMIT_WAIT`] at most.
 pub(crate) struct PendingPermit {
     permit: CommitPermit,
-    /// The gateway's semaphore (the user's share is in `user_sem`).
+    /// The gateway's semaphore (the user's share is the permit's user's).
     gateway: Arc<Semaphore>,
-    user_sem: Arc<Semaphore>,
     /// Permits of the user's share and of the gateway.
     mine: u32,
     n: u32,
@@ -63,7 +62,8 @@ impl PendingPermit {
     pub(crate) async fn wait(mut self) -> Result<CommitPermit, SendFailure> {
         let deadline = Instant::now() + PERMIT_WAIT;
         if self.permit.user_permits.is_none() {
-            self.permit.user_permits = acquire(self.user_sem.clone(), self.mine, deadline).await;
+            let user_sem = Arc::clone(self.permit.user.entry().commits());
+            self.permit.user_permits = acquire(user_sem, self.mine, deadline).await;
             if self.permit.user_permits.is_none() {
                 return Err(user_overloaded());
             }
@@ -92,13 +92,15 @@ fn user_overloaded() -> SendFailure {
 /// (`rate_limited`), then room for its commits (one permit per shard touched) in the user's
 /// share and in the gateway. `Ok(Err(pending))` when some permits were not free at once
 /// (the caller awaits [`PendingPermit::wait`]; ADR-0061: the reader handles a frame without
-/// an allocation when nothing waits).
+/// an allocation when nothing waits). `user` is the connection's own reference to the
+/// user's entry (ADR-0072: no lookup in the user table).
 pub(crate) fn try_reserve(
     shared: &Shared,
-    user: &str,
+    user: &UserRef,
     req: &SendRequest,
 ) -> Result<Result<CommitPermit, PendingPermit>, SendFailure> {
-    if let Err(wait) = shared.users.take_send(user) {
+    let entry = user.entry();
+    if let Err(wait) = shared.users.take_send(entry) {
         return Err((
             ErrorCode::RateLimited,
             format!(
@@ -110,25 +112,25 @@ pub(crate) fn try_reserve(
     let shards = shards_touched(&req.to, &shared.map);
     let n = shards.clamp(1, shared.commit_permits()) as u32;
     let mine = n.min(shared.users.commit_share() as u32);
-    let user_sem = shared.users.commits(user);
-    let gateway = Arc::clone(&shared.commits);
-    let mut permit = CommitPermit {
-        user_permits: None,
-        permits: None,
-        users: Arc::clone(&shared.users),
-        user: user.to_string(),
+    let user_permits = Arc::clone(entry.commits())
+        .try_acquire_many_owned(mine)
+        .ok();
+    let gateway = &shared.commits;
+    let permits = match user_permits {
+        Some(_) => Arc::clone(gateway).try_acquire_many_owned(n).ok(),
+        None => None,
     };
-    permit.user_permits = user_sem.clone().try_acquire_many_owned(mine).ok();
-    if permit.user_permits.is_some() {
-        permit.permits = gateway.clone().try_acquire_many_owned(n).ok();
-        if permit.permits.is_some() {
-            return Ok(Ok(permit));
-        }
+    let permit = CommitPermit {
+        user_permits,
+        permits,
+        user: user.clone_ref(),
+    };
+    if permit.permits.is_some() {
+        return Ok(Ok(permit));
     }
     Ok(Err(PendingPermit {
         permit,
-        gateway,
-        user_sem,
+        gateway: Arc::clone(gateway),
         mine,
         n,
     }))
@@ -149,13 +151,15 @@ fn shards_touched(to: &[String], map: &tidemark_store::topology::ShardMap) -> us
 }
 
 /// Admits `req` from `user` ([`try_reserve`]), waiting for permits [`PERMIT_WAIT`] at most
-/// (`overloaded` if no room frees up meanwhile).
+/// (`overloaded` if no room frees up meanwhile). For a send without a connection (HTTP):
+/// looks the user up in the table.
 pub(crate) async fn reserve(
     shared: &Shared,
     user: &str,
     req: &SendRequest,
 ) -> Result<CommitPermit, SendFailure> {
-    match try_reserve(shared, user, req)? {
+    let user = shared.users.user_ref(user);
+    match try_reserve(shared, &user, req)? {
         Ok(permit) => Ok(permit),
         Err(pending) => pending.wait().await,
     }

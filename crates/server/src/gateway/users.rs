@@ -6,7 +6,8 @@
 //! refers to it (no connection, no commit in flight, a full bucket).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Semaphore;
@@ -22,16 +23,26 @@ pub(crate) struct Users {
 }
 
 struct Table {
-    users: HashMap<String, UserState>,
+    users: HashMap<Arc<str>, Arc<UserEntry>>,
     /// Sweep idle entries once the table grows to this size.
     sweep_at: usize,
 }
 
-struct UserState {
-    connections: usize,
+/// What is live for one user. Held by the table, by each open connection of the user and by
+/// each commit permit of the user's: a send on a connection reaches its user's semaphore and
+/// bucket through the connection's handle, without the table's lock or a lookup by name
+/// (ADR-0072: three lookups under the table's lock per send were 2 % of the server's CPU).
+pub(crate) struct UserEntry {
+    name: Arc<str>,
+    /// Open WebSockets; changed only under the table's lock, where the cap is checked.
+    connections: AtomicUsize,
     /// The user's share of commit permits (held while a send commits or waits in a queue).
     commits: Arc<Semaphore>,
-    /// Send tokens and when they were last refilled.
+    /// Send tokens and when they were last refilled (touched only with a rate limit).
+    bucket: Mutex<Bucket>,
+}
+
+struct Bucket {
     tokens: f64,
     refilled: Instant,
 }
@@ -70,35 +81,53 @@ impl Users {
         self.commit_share
     }
 
-    /// Runs `f` on `user`'s entry (created if missing), refilled to now.
-    fn with<T>(&self, user: &str, f: impl FnOnce(&mut UserState) -> T) -> T {
-        let mut t = self.table.lock().expect("user table lock");
-        if !t.users.contains_key(user) {
-            if t.users.len() >= t.sweep_at {
-                let now = Instant::now();
-                let rate = self.rate;
-                t.users.retain(|_, u| !u.idle(now, rate));
-                t.sweep_at = (t.users.len() * 2).max(SWEEP_MIN);
-            }
-            let burst = self.rate.map_or(0.0, |(_, b)| b);
-            t.users.insert(
-                user.to_string(),
-                UserState {
-                    connections: 0,
-                    commits: Arc::new(Semaphore::new(self.commit_share)),
-                    tokens: burst,
-                    refilled: Instant::now(),
-                },
-            );
+    /// `user`'s entry, created if missing, with the table locked.
+    fn entry_locked(&self, t: &mut Table, user: &str) -> Arc<UserEntry> {
+        if let Some(e) = t.users.get(user) {
+            return Arc::clone(e);
         }
-        let u = t.users.get_mut(user).expect("just inserted");
-        if let Some((rate, burst)) = self.rate {
+        if t.users.len() >= t.sweep_at {
             let now = Instant::now();
-            let dt = now.saturating_duration_since(u.refilled).as_secs_f64();
-            u.tokens = (u.tokens + dt * rate).min(burst);
-            u.refilled = now;
+            t.users.retain(|_, u| !UserEntry::idle(u, now, self.rate));
+            t.sweep_at = (t.users.len() * 2).max(SWEEP_MIN);
         }
-        f(u)
+        let name: Arc<str> = Arc::from(user);
+        let entry = Arc::new(UserEntry {
+            name: Arc::clone(&name),
+            connections: AtomicUsize::new(0),
+            commits: Arc::new(Semaphore::new(self.commit_share)),
+            bucket: Mutex::new(Bucket {
+                tokens: self.rate.map_or(0.0, |(_, b)| b),
+                refilled: Instant::now(),
+            }),
+        });
+        t.users.insert(name, Arc::clone(&entry));
+        entry
+    }
+
+    /// A reference to `user`'s entry (created if missing), for a send that has no connection
+    /// (HTTP).
+    pub(crate) fn user_ref(self: &Arc<Self>, user: &str) -> UserRef {
+        let mut t = self.table.lock().expect("user table lock");
+        let entry = self.entry_locked(&mut t, user);
+        UserRef {
+            users: Arc::clone(self),
+            entry: Some(entry),
+        }
+    }
+
+    /// Lets go of `entry`; its table entry goes if nothing refers to it any more. Only the
+    /// holder that takes the count to the table's one reference locks the table: while a
+    /// connection of the user is open, no release of a commit does.
+    fn release(&self, entry: Arc<UserEntry>) {
+        let weak: Weak<UserEntry> = Arc::downgrade(&entry);
+        let name = Arc::clone(&entry.name);
+        drop(entry);
+        // A holder that dropped at the same time sees the same count or a lower one: the
+        // last one to drop always looks.
+        if weak.strong_count() <= 1 {
+            self.tidy(&name);
+        }
     }
 
     /// Drops `user`'s entry if nothing refers to it any more.
@@ -106,7 +135,7 @@ impl Users {
         let mut t = self.table.lock().expect("user table lock");
         if t.users
             .get(user)
-            .is_some_and(|u| u.idle(Instant::now(), self.rate))
+            .is_some_and(|u| UserEntry::idle(u, Instant::now(), self.rate))
         {
             t.users.remove(user);
         }
@@ -114,78 +143,134 @@ impl Users {
 
     /// Opens a WebSocket of `user`, or `None` when the user has `max_connections_per_user`.
     pub(crate) fn connect(self: &Arc<Self>, user: &str) -> Option<UserConnection> {
-        let ok = self.with(user, |u| {
-            if u.connections >= self.max_connections {
-                return false;
+        let entry = {
+            let mut t = self.table.lock().expect("user table lock");
+            let entry = self.entry_locked(&mut t, user);
+            if entry.connections.load(Ordering::Relaxed) >= self.max_connections {
+                None
+            } else {
+                entry.connections.fetch_add(1, Ordering::Relaxed);
+                Some(entry)
             }
-            u.connections += 1;
-            true
-        });
-        if !ok {
-            self.tidy(user);
-            return None;
+        };
+        match entry {
+            Some(entry) => Some(UserConnection {
+                user: UserRef {
+                    users: Arc::clone(self),
+                    entry: Some(entry),
+                },
+            }),
+            None => {
+                self.tidy(user);
+                None
+            }
         }
-        Some(UserConnection {
-            users: Arc::clone(self),
-            user: user.to_string(),
-        })
     }
 
-    /// Takes one send from `user`'s bucket, or says how long until one is there.
-    pub(crate) fn take_send(&self, user: &str) -> Result<(), Duration> {
-        let Some((rate, _)) = self.rate else {
+    /// Takes one send from the bucket of `entry`'s user, or says how long until one is there.
+    pub(crate) fn take_send(&self, entry: &UserEntry) -> Result<(), Duration> {
+        let Some((rate, burst)) = self.rate else {
             return Ok(());
         };
-        self.with(user, |u| {
-            if u.tokens >= 1.0 {
-                u.tokens -= 1.0;
-                Ok(())
-            } else {
-                Err(Duration::from_secs_f64((1.0 - u.tokens) / rate))
-            }
+        let mut b = entry.bucket.lock().expect("user bucket lock");
+        let now = Instant::now();
+        let dt = now.saturating_duration_since(b.refilled).as_secs_f64();
+        b.tokens = (b.tokens + dt * rate).min(burst);
+        b.refilled = now;
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - b.tokens) / rate))
+        }
+    }
+}
+
+impl UserEntry {
+    /// The user's commit semaphore (a share of the gateway's permits).
+    pub(crate) fn commits(&self) -> &Arc<Semaphore> {
+        &self.commits
+    }
+
+    /// Nothing refers to `this` but the table (no connection, no commit, no send on its way to
+    /// a permit) and its bucket is full. `this` is the table's reference.
+    fn idle(this: &Arc<UserEntry>, now: Instant, rate: Option<(f64, f64)>) -> bool {
+        if Arc::strong_count(this) != 1
+            || this.connections.load(Ordering::Relaxed) != 0
+            || Arc::strong_count(&this.commits) != 1
+        {
+            return false;
+        }
+        rate.is_none_or(|(rate, burst)| {
+            let b = this.bucket.lock().expect("user bucket lock");
+            let dt = now.saturating_duration_since(b.refilled).as_secs_f64();
+            b.tokens + dt * rate >= burst
         })
     }
-
-    /// `user`'s commit semaphore (a share of the gateway's permits).
-    pub(crate) fn commits(&self, user: &str) -> Arc<Semaphore> {
-        self.with(user, |u| Arc::clone(&u.commits))
-    }
-
-    /// Called when a holder of `user`'s commit semaphore is done with it.
-    pub(crate) fn commits_released(&self, user: &str) {
-        self.tidy(user);
-    }
 }
 
-impl UserState {
-    fn idle(&self, now: Instant, rate: Option<(f64, f64)>) -> bool {
-        let bucket_full = rate.is_none_or(|(rate, burst)| {
-            let dt = now.saturating_duration_since(self.refilled).as_secs_f64();
-            self.tokens + dt * rate >= burst
-        });
-        // The table holds one reference; any other is a commit or a waiter.
-        self.connections == 0 && Arc::strong_count(&self.commits) == 1 && bucket_full
-    }
-}
-
-/// An open WebSocket of a user; the count drops with it.
-pub(crate) struct UserConnection {
+/// A holder's reference to a user's entry: its drop lets go of the entry properly (the
+/// table's entry goes with the last one, [`Users::release`]).
+pub(crate) struct UserRef {
     users: Arc<Users>,
-    user: String,
+    /// `Some` until dropped.
+    entry: Option<Arc<UserEntry>>,
+}
+
+impl UserRef {
+    /// The user's entry.
+    pub(crate) fn entry(&self) -> &Arc<UserEntry> {
+        self.entry.as_ref().expect("held until dropped")
+    }
+
+    /// Another reference to the same entry (two reference counts, no lock).
+    pub(crate) fn clone_ref(&self) -> UserRef {
+        UserRef {
+            users: Arc::clone(&self.users),
+            entry: self.entry.clone(),
+        }
+    }
+}
+
+impl Drop for UserRef {
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            self.users.release(entry);
+        }
+    }
+}
+
+/// An open WebSocket of a user; the count drops with it. It holds the user's entry, so the
+/// connection's sends reach it without the table ([`UserConnection::user`]).
+pub(crate) struct UserConnection {
+    user: UserRef,
+}
+
+impl UserConnection {
+    /// The connection's user.
+    pub(crate) fn user(&self) -> &UserRef {
+        &self.user
+    }
 }
 
 impl Drop for UserConnection {
     fn drop(&mut self) {
-        self.users.with(&self.user, |u| {
-            u.connections = u.connections.saturating_sub(1)
-        });
-        self.users.tidy(&self.user);
+        // under the lock, like the cap's check; then `user` lets go of the entry
+        let _t = self.user.users.table.lock().expect("user table lock");
+        self.user
+            .entry()
+            .connections
+            .fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entries(users: &Users) -> usize {
+        users.table.lock().unwrap().users.len()
+    }
 
     #[test]
     fn connections_are_capped_per_user_and_released() {
@@ -201,36 +286,88 @@ mod tests {
 
     #[test]
     fn the_bucket_refills_at_the_rate() {
-        let users = Users::new(16, 4096, 0, 20.0, 3.0);
+        let users = Arc::new(Users::new(16, 4096, 0, 20.0, 3.0));
+        let a = users.user_ref("a");
         for _ in 0..3 {
-            users.take_send("a").unwrap();
+            users.take_send(a.entry()).unwrap();
         }
-        let wait = users.take_send("a").unwrap_err();
+        let wait = users.take_send(a.entry()).unwrap_err();
         assert!(wait <= Duration::from_millis(50), "{wait:?}");
-        users.take_send("b").unwrap(); // another user's bucket
+        // another user's bucket
+        users.take_send(users.user_ref("b").entry()).unwrap();
         std::thread::sleep(Duration::from_millis(60));
-        users.take_send("a").unwrap();
-        // off: never limited
-        let off = Users::new(16, 4096, 0, 0.0, 0.0);
-        for _ in 0..10_000 {
-            off.take_send("a").unwrap();
+        users.take_send(a.entry()).unwrap();
+        // a connection's handle and a lookup by name reach the same bucket
+        let c = users.connect("c").unwrap();
+        for _ in 0..3 {
+            users.take_send(c.user().entry()).unwrap();
         }
-        assert!(off.table.lock().unwrap().users.is_empty());
+        assert!(users.take_send(users.user_ref("c").entry()).is_err());
+        // off: never limited
+        let off = Arc::new(Users::new(16, 4096, 0, 0.0, 0.0));
+        let a = off.user_ref("a");
+        for _ in 0..10_000 {
+            off.take_send(a.entry()).unwrap();
+        }
+        drop(a);
+        assert_eq!(entries(&off), 0);
     }
 
     #[test]
     fn idle_entries_are_dropped() {
         let users = Arc::new(Users::new(16, 64, 4, 0.0, 0.0));
         let c = users.connect("a").unwrap();
-        let sem = users.commits("a");
+        // a commit of the connection's, as a send's permit holds it
+        let commit = c.user().clone_ref();
+        let permit = Arc::clone(commit.entry().commits())
+            .try_acquire_owned()
+            .unwrap();
         drop(c);
-        assert_eq!(
-            users.table.lock().unwrap().users.len(),
-            1,
-            "a commit holds it"
-        );
-        drop(sem);
-        users.commits_released("a");
-        assert!(users.table.lock().unwrap().users.is_empty());
+        assert_eq!(entries(&users), 1, "a commit holds it");
+        drop(permit);
+        assert_eq!(entries(&users), 1, "its reference holds it");
+        drop(commit);
+        assert_eq!(entries(&users), 0);
+        // a full bucket is idle; one being refilled is kept for its user's next connection
+        let limited = Arc::new(Users::new(16, 64, 4, 1.0, 2.0));
+        let r = limited.user_ref("a");
+        limited.take_send(r.entry()).unwrap();
+        drop(r);
+        assert_eq!(entries(&limited), 1, "the bucket is not full");
+    }
+
+    /// Connections and commits of one user come and go on several threads at once: when all
+    /// are gone the entry is gone (the last holder to let go always looks at the table), and
+    /// while one is held the count of connections is right.
+    #[test]
+    fn the_last_holder_lets_the_entry_go_under_concurrency() {
+        let users = Arc::new(Users::new(1_000, 4096, 0, 0.0, 0.0));
+        for round in 0..50 {
+            let threads: Vec<_> = (0..4)
+                .map(|t| {
+                    let users = Arc::clone(&users);
+                    std::thread::spawn(move || {
+                        for i in 0..200 {
+                            let c = users.connect("a").unwrap();
+                            let refs: Vec<_> =
+                                (0..(i + t) % 4).map(|_| c.user().clone_ref()).collect();
+                            if i % 2 == 0 {
+                                drop(c);
+                                drop(refs);
+                            } else {
+                                drop(refs);
+                                drop(c);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            assert_eq!(entries(&users), 0, "round {round}: an idle entry was left");
+        }
+        let c = users.connect("a").unwrap();
+        assert_eq!(c.user().entry().connections.load(Ordering::Relaxed), 1);
     }
 }

@@ -42,6 +42,7 @@ use super::auth::{authenticate, Caller, Endpoint};
 use super::http::error_response;
 use super::listener::ConnSlot;
 use super::state::Shared;
+use super::users::UserRef;
 
 mod delivery;
 mod outbox;
@@ -144,11 +145,11 @@ pub(crate) async fn handler(
                 slot.set_write_stall(shared.opts.slow_client_grace * 2 + CLOSE_GRACE);
             }
             let _slot = slot;
-            let _user_conn = user_conn;
             if shared.stop.is_cancelled() {
                 return;
             }
-            run(shared, caller, socket).await;
+            let user = user_conn.user().clone_ref();
+            run(shared, caller, socket, user).await;
         })
 }
 
@@ -167,8 +168,9 @@ impl Drop for ConnectedGauge {
     }
 }
 
-/// One connection, from upgrade to close.
-async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
+/// One connection, from upgrade to close. `user` is the connection's reference to its user's
+/// entry (the user's limits).
+async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket, user_ref: UserRef) {
     let Caller {
         user,
         expires_at_unix,
@@ -277,6 +279,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket) {
         tx: &tx,
         sync_tx,
         sender_id: Arc::from(user.as_str()),
+        user: user_ref,
         sends: Default::default(),
         commit_in_flight: None,
         written,

@@ -25,6 +25,7 @@ use crate::gateway::acks::AckAnswer;
 use crate::gateway::mailbox::Mailbox;
 use crate::gateway::send::{self, CommitPermit, SendFailure};
 use crate::gateway::state::Shared;
+use crate::gateway::users::UserRef;
 
 /// A send waiting for the one in flight, with its commit permit and when it arrived.
 type QueuedSend = (SendRequest, CommitPermit, Instant);
@@ -44,6 +45,9 @@ pub(super) struct Reader<'a> {
     pub(super) sync_tx: mpsc::Sender<u64>,
     /// The sender's id, shared by its commits (one `Arc` clone per send, not a `String`).
     pub(super) sender_id: Arc<str>,
+    /// The connection's reference to its user's entry: the user's limits, reached without
+    /// the user table (ADR-0072).
+    pub(super) user: UserRef,
     /// Sends received while one is in flight, in order (at most [`SEND_QUEUE`]: when full,
     /// the reader reads no more frames until the commit in flight ends; backpressure).
     pub(super) sends: VecDeque<QueuedSend>,
@@ -368,7 +372,7 @@ impl<'a> Reader<'a> {
                 Then::Reply(text(&e.to_server_frame()))
             }
             Ok(ClientFrame::Send(req)) => {
-                match send::try_reserve(self.shared, &self.mailbox.user, &req) {
+                match send::try_reserve(self.shared, &self.user, &req) {
                     Ok(Ok(permit)) => {
                         // committed after the sends before it, in order
                         self.sends.push_back((req, permit, received));

@@ -329,7 +329,27 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
     // ---- (b) upgrade: a packed-v2 owner starts while the old one still runs ----
     let mut new = serve(&core_url, &mb_url, "packed-v2", logs.join("new.log"));
     new.wait_listening().await;
-    // claimed (epoch + 1), nothing converted yet: conversion is lazy, on the next write
+    // claimed (epoch + 1), nothing converted yet: conversion is lazy, on the next write.
+    // The listener is bound before the shards are claimed (everything that can fail is
+    // checked first), so a connect can succeed before the claims: wait for them. (An
+    // assertion right after the connect failed once in CI with shard 0 still at epoch 2.)
+    for s in 0..SHARDS {
+        let (mb, c) = (mb_url.clone(), conn.clone());
+        wait_for(
+            &format!("shard {s} claimed by the new owner"),
+            20,
+            move || {
+                let (mb, mut c) = (mb.clone(), c.clone());
+                async move {
+                    match wm_state(&mb, &mut c, s).await {
+                        (l, 3, 1216) if l == "packed-v1" => Ok(()),
+                        other => Err(format!("{other:?}")),
+                    }
+                }
+            },
+        )
+        .await;
+    }
     assert_wms(&mb_url, &mut conn, ("packed-v1", 3, 1216), "").await;
     send_phase(&new.ws_url(), "b", &users, &mut expected).await;
     check_delivered(&new.ws_url(), &expected).await;

@@ -10,6 +10,7 @@ use tidemark_protocol::{ErrorCode, ServerFrame};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
+use super::going_away::GoingAway;
 use super::outbox::{Out, Outbox};
 use super::{error_frame, until_cancelled, PAGE};
 use crate::gateway::http::largest_entry;
@@ -70,8 +71,8 @@ pub(super) async fn delivery_loop(
     let mut hinted = false;
     let mut lane_present = false;
     let push = |out: Out| until_cancelled(&conn, tx.send(out));
-    // registered once, not per wait (see `until_cancelled`)
-    let going_away = conn.cancelled();
+    // registered once, not per wait (see `until_cancelled`), and no lock per poll (ADR-0073)
+    let going_away = GoingAway::new(conn.clone());
     tokio::pin!(going_away);
     // Pages of about what the queue holds: a client that does not read holds little.
     let target = shared

@@ -45,6 +45,7 @@ use super::state::Shared;
 use super::users::UserRef;
 
 mod delivery;
+mod going_away;
 mod outbox;
 mod reader;
 

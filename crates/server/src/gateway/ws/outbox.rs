@@ -13,6 +13,7 @@ use tidemark_protocol::CloseCode;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::going_away::GoingAway;
 use super::{OUT_CAPACITY, WRITE_BATCH};
 
 /// What the writer sends.
@@ -206,8 +207,8 @@ pub(super) async fn writer(
     // a lock to register and one to unregister, three times per frame. The work comes first
     // in each `select!`: the wait is polled only when the work is pending (`kill` is
     // cancelled after the close grace, when the writer is stuck on a client that does not
-    // read).
-    let killed = kill.cancelled();
+    // read). Polling it takes no lock (ADR-0073).
+    let killed = GoingAway::new(kill);
     tokio::pin!(killed);
     'outer: loop {
         let first = tokio::select! {

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::delivery::{READ_RETRY_FIRST, READ_RETRY_MAX};
+use super::going_away::GoingAway;
 use super::outbox::{Out, Outbox};
 use super::{error_frame, text, until_cancelled, EXPIRY_RECHECK, SEND_QUEUE};
 use crate::gateway::acks::AckAnswer;
@@ -210,11 +211,11 @@ impl<'a> Reader<'a> {
         // Every end of the connection (the server stops, the client stalls, the delivery loop
         // panicked) cancels `conn`, waited for by one future registered once (ADR-0061: each
         // poll of a token's wait takes two locks, and three waits were polled on every
-        // wake). The frame comes first (`biased`): a reader woken by a frame takes it without
+        // wake), which takes no lock when polled (ADR-0073). The frame comes first (`biased`): a reader woken by a frame takes it without
         // polling the others; they are polled whenever the socket has nothing (tokio's
         // cooperative budget makes a socket that always has data answer "pending" every 128
         // reads).
-        let going_away = conn.cancelled();
+        let going_away = GoingAway::new(conn.clone());
         tokio::pin!(going_away);
         loop {
             // The fields the branches below use, read (or borrowed apart) before the futures

@@ -301,6 +301,30 @@ where
     }
 }
 
+/// Waits (at most `secs`) until every shard's watermark is `want`: (layout, epoch, blob
+/// length).
+async fn wait_wms(
+    mb_url: &str,
+    conn: &redis::aio::MultiplexedConnection,
+    want: (&'static str, u64, u64),
+    what: &str,
+    secs: u64,
+) {
+    for s in 0..SHARDS {
+        let (mb, c) = (mb_url.to_string(), conn.clone());
+        wait_for(&format!("shard {s} {what}"), secs, move || {
+            let (mb, mut c) = (mb.clone(), c.clone());
+            async move {
+                match wm_state(&mb, &mut c, s).await {
+                    (l, e, n) if (l.as_str(), e, n) == want => Ok(()),
+                    other => Err(format!("{other:?}")),
+                }
+            }
+        })
+        .await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn upgrade_v1_to_v2_then_offline_downgrade() {
     let t0 = Instant::now();
@@ -333,40 +357,26 @@ async fn upgrade_v1_to_v2_then_offline_downgrade() {
     // The listener is bound before the shards are claimed (everything that can fail is
     // checked first), so a connect can succeed before the claims: wait for them. (An
     // assertion right after the connect failed once in CI with shard 0 still at epoch 2.)
-    for s in 0..SHARDS {
-        let (mb, c) = (mb_url.clone(), conn.clone());
-        wait_for(
-            &format!("shard {s} claimed by the new owner"),
-            20,
-            move || {
-                let (mb, mut c) = (mb.clone(), c.clone());
-                async move {
-                    match wm_state(&mb, &mut c, s).await {
-                        (l, 3, 1216) if l == "packed-v1" => Ok(()),
-                        other => Err(format!("{other:?}")),
-                    }
-                }
-            },
-        )
-        .await;
-    }
+    wait_wms(
+        &mb_url,
+        &conn,
+        ("packed-v1", 3, 1216),
+        "claimed by the new owner",
+        20,
+    )
+    .await;
     assert_wms(&mb_url, &mut conn, ("packed-v1", 3, 1216), "").await;
     send_phase(&new.ws_url(), "b", &users, &mut expected).await;
     check_delivered(&new.ws_url(), &expected).await;
     // every shard was written: packed-v2, 19 bytes once its lanes meet again
-    for s in 0..SHARDS {
-        let (mb, c) = (mb_url.clone(), conn.clone());
-        wait_for(&format!("shard {s} packed-v2 19 bytes"), 10, move || {
-            let (mb, mut c) = (mb.clone(), c.clone());
-            async move {
-                match wm_state(&mb, &mut c, s).await {
-                    (l, 3, 19) if l == "packed-v2" => Ok(()),
-                    other => Err(format!("{other:?}")),
-                }
-            }
-        })
-        .await;
-    }
+    wait_wms(
+        &mb_url,
+        &conn,
+        ("packed-v2", 3, 19),
+        "packed-v2 19 bytes",
+        10,
+    )
+    .await;
     // the old owner failed closed on every shard: /healthz 503, one line per shard
     let old_port = old.port;
     wait_for(

@@ -146,6 +146,12 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU32, Ordering};
 
+    /// How long a test waits for restarts before it says there were none: a bound for a
+    /// restart that never comes, not a timing. Each panic prints its message, and with
+    /// `RUST_BACKTRACE` set also a backtrace symbolized from the test binary's debug info on
+    /// the runtime's thread; on a loaded box that took more than 5 s in CI.
+    const NO_RESTART: Duration = Duration::from_secs(60);
+
     #[tokio::test]
     async fn a_panicking_task_is_restarted_until_cancelled() {
         let runs = Arc::new(AtomicU32::new(0));
@@ -176,7 +182,7 @@ mod tests {
         ));
         let start = Instant::now();
         while runs.load(Ordering::SeqCst) < 3 {
-            assert!(start.elapsed() < Duration::from_secs(5), "not restarted");
+            assert!(start.elapsed() < NO_RESTART, "not restarted");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         cancel.cancel();
@@ -216,7 +222,7 @@ mod tests {
         ));
         let start = Instant::now();
         while runs.load(Ordering::SeqCst) <= crate::health::RESTART_LOOP {
-            assert!(start.elapsed() < Duration::from_secs(10), "not restarted");
+            assert!(start.elapsed() < NO_RESTART, "not restarted");
             // below the threshold it is a hiccup, not a problem
             if runs.load(Ordering::SeqCst) < crate::health::RESTART_LOOP {
                 assert!(board.problems(Duration::from_secs(10)).is_empty());

@@ -24,11 +24,10 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 pub(crate) struct GoingAway {
     /// The token's own wait, polled only with `waker` (so it stays registered with it).
     wait: Pin<Box<WaitForCancellationFutureOwned>>,
-    /// Set by `waker` when the token's wait was notified; the task's waker.
+    /// Set by `waker` when the token's wait was notified (and at the start, so that the
+    /// first poll polls the wait); the task's waker.
     signal: Arc<Signal>,
     waker: Waker,
-    /// The token's wait has not been polled yet.
-    first: bool,
 }
 
 struct Signal {
@@ -50,14 +49,13 @@ impl Wake for Signal {
 impl GoingAway {
     pub(crate) fn new(token: CancellationToken) -> GoingAway {
         let signal = Arc::new(Signal {
-            fired: AtomicBool::new(false),
+            fired: AtomicBool::new(true),
             task: AtomicWaker::new(),
         });
         GoingAway {
             wait: Box::pin(token.cancelled_owned()),
             waker: Waker::from(Arc::clone(&signal)),
             signal,
-            first: true,
         }
     }
 }
@@ -69,8 +67,7 @@ impl Future for GoingAway {
         let this = self.get_mut();
         // before the flag is read: a notification after the read wakes this task
         this.signal.task.register(cx.waker());
-        if this.first || this.signal.fired.swap(false, Ordering::AcqRel) {
-            this.first = false;
+        if this.signal.fired.swap(false, Ordering::AcqRel) {
             let mut own = Context::from_waker(&this.waker);
             if this.wait.as_mut().poll(&mut own).is_ready() {
                 return Poll::Ready(());

@@ -176,6 +176,13 @@ struct MaterializerArgs {
     /// much more latency. 0: read again at once.
     #[arg(long, default_value_t = 2)]
     read_linger_ms: u64,
+    /// How long, in milliseconds, WebSocket acks gather before they are written to their
+    /// mailbox instance (ADR-0074): a connection's cursor is written at most once per
+    /// interval. A crashed gateway's clients get at most this much of what they acked again;
+    /// a closing connection writes its last ack at once.
+    #[arg(long, default_value_t = tidemark_server::gateway::DEFAULT_ACK_INTERVAL.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    ack_interval_ms: u64,
     /// Do not hand fresh entries from this process's materializers straight to its
     /// connections (ADR-0041): every delivery is read from the mailbox after its wake hint,
     /// as on a gateway-only node.
@@ -431,6 +438,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
                 local_delivery: !a.materializer.no_local_delivery,
                 commit_feed: !a.materializer.no_commit_feed,
                 commit_linger: std::time::Duration::from_micros(a.materializer.commit_linger_us),
+                ack_interval: std::time::Duration::from_millis(a.materializer.ack_interval_ms),
                 ..gateway_options(
                     &a.listeners,
                     &a.limits,
@@ -489,7 +497,9 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         cmd.arg("--read-linger-ms")
             .arg(a.materializer.read_linger_ms.to_string())
             .arg("--commit-linger-us")
-            .arg(a.materializer.commit_linger_us.to_string());
+            .arg(a.materializer.commit_linger_us.to_string())
+            .arg("--ack-interval-ms")
+            .arg(a.materializer.ack_interval_ms.to_string());
         if a.materializer.no_local_delivery {
             cmd.arg("--no-local-delivery");
         }
@@ -663,6 +673,7 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 local_delivery: !a.materializer.no_local_delivery,
                 commit_feed: !a.materializer.no_commit_feed,
                 commit_linger: std::time::Duration::from_micros(a.materializer.commit_linger_us),
+                ack_interval: std::time::Duration::from_millis(a.materializer.ack_interval_ms),
                 ..gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls)
             },
             materializer: MaterializerOptions {

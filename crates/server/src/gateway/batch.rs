@@ -1,7 +1,7 @@
 //! The queue shape of grouped acks ([`super::acks`], per mailbox instance): items wait in a
 //! keyed queue with their answer channel; the first item into an idle queue makes its caller
-//! start one flush task for that key, which takes batches ([`Queues::next_batch`]) until the
-//! queue is empty, and answers every item ([`answer`]). At most one flush runs per key.
+//! start one flush task for that key, which takes what is queued ([`Queues::take_all`]) until
+//! the queue is empty, and answers every item ([`answer`]). At most one flush runs per key.
 //! (Group commit, [`super::group_commit`], used it too until ADR-0045 gave it two flush
 //! tasks per core instance and a linger; it shares [`Waiting`] and [`answer`].)
 
@@ -49,16 +49,15 @@ impl<T, A> Queues<T, A> {
         (rx, !std::mem::replace(&mut q.running, true))
     }
 
-    /// The flush task's next batch of `key`, oldest first, at most `max`; `None` when the
-    /// queue is empty, and then the flush has ended (the next push starts another).
-    pub(crate) fn next_batch(&self, key: usize, max: usize) -> Option<Vec<Waiting<T, A>>> {
+    /// Everything queued under `key`, oldest first; `None` when the queue is empty, and then
+    /// the flush has ended (the next push starts another).
+    pub(crate) fn take_all(&self, key: usize) -> Option<Vec<Waiting<T, A>>> {
         let mut q = self.queues[key].lock().expect("not poisoned");
         if q.waiting.is_empty() {
             q.running = false;
             return None;
         }
-        let n = q.waiting.len().min(max);
-        Some(q.waiting.drain(..n).collect())
+        Some(std::mem::take(&mut q.waiting))
     }
 
     /// Held by the flush task of `key`: if the task panics, the key is free for the next

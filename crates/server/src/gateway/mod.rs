@@ -57,6 +57,7 @@ use crate::health::HealthBoard;
 use tidemark_store::topology::ShardMap;
 
 mod acks;
+pub use acks::DEFAULT_ACK_INTERVAL;
 mod admin;
 mod auth;
 mod batch;
@@ -199,6 +200,12 @@ pub struct GatewayOptions {
     /// The handle `run::serve` shares between this gateway and its materializers when
     /// `commit_feed` applies; `None`: nothing is handed over.
     pub feed: Option<crate::materializer::CommitFeed>,
+    /// How long the WebSocket acks of a mailbox instance gather before they are written, in
+    /// pipelines (ADR-0038, ADR-0074): a connection's cursor is written at most once per
+    /// interval, with the highest seq it acked. A gateway that crashes loses at most this
+    /// much of its clients' acks (those entries are delivered again); a closing connection
+    /// writes its last ack at once, and HTTP acks are written before their reply.
+    pub ack_interval: Duration,
     /// Fault injection for tests (`None` in service).
     pub send_fault: Option<std::sync::Arc<dyn SendFault>>,
 }
@@ -211,6 +218,7 @@ impl Default for GatewayOptions {
         GatewayOptions {
             core_wait: Default::default(),
             commit_linger: DEFAULT_COMMIT_LINGER,
+            ack_interval: acks::DEFAULT_ACK_INTERVAL,
             clients: true,
             limits: Limits::default(),
             token_secret: None,

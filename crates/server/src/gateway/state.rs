@@ -76,7 +76,12 @@ impl Shared {
             opts.send_rate_per_user,
             f64::from(opts.send_burst_per_user),
         ));
-        let acks = AckQueue::new(mailboxes.clone(), tracker.clone());
+        let acks = AckQueue::new(
+            mailboxes.clone(),
+            opts.ack_interval,
+            stop.clone(),
+            tracker.clone(),
+        );
         let hub = opts
             .local
             .as_ref()

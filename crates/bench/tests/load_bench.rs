@@ -32,6 +32,7 @@ fn tiny(layouts: Vec<Layout>) -> LoadOptions {
         progress: false,
         read_policy: ReadPolicy::default(),
         commit_linger: None,
+        ack_interval: None,
     }
 }
 

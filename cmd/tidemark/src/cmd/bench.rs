@@ -150,6 +150,10 @@ pub struct LoadArgs {
     /// --commit-linger-us`, ADR-0045); default: the gateway's.
     #[arg(long)]
     commit_linger_us: Option<u64>,
+    /// Local deployment: the gateway's ack interval in milliseconds (`serve
+    /// --ack-interval-ms`, ADR-0074); default: the gateway's.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    ack_interval_ms: Option<u64>,
     /// A running deployment's gateways instead (ws://…/v1/ws, comma-separated: clients are
     /// spread over them round-robin). The generator then runs on one thread.
     #[arg(long, value_delimiter = ',')]
@@ -229,6 +233,7 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
         progress: !a.no_progress,
         read_policy: load::ReadPolicy::default(),
         commit_linger: a.commit_linger_us.map(std::time::Duration::from_micros),
+        ack_interval: a.ack_interval_ms.map(std::time::Duration::from_millis),
     })
 }
 

@@ -106,6 +106,8 @@ pub struct LoadOptions {
     pub read_policy: ReadPolicy,
     /// A local deployment's commit linger (ADR-0045); `None`: the gateway's default.
     pub commit_linger: Option<Duration>,
+    /// A local deployment's ack interval (ADR-0074); `None`: the gateway's default.
+    pub ack_interval: Option<Duration>,
 }
 
 impl Default for LoadOptions {
@@ -123,6 +125,7 @@ impl Default for LoadOptions {
             progress: false,
             read_policy: ReadPolicy::default(),
             commit_linger: None,
+            ack_interval: None,
         }
     }
 }

@@ -85,6 +85,9 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
             commit_linger: opts
                 .commit_linger
                 .unwrap_or(tidemark_server::gateway::DEFAULT_COMMIT_LINGER),
+            ack_interval: opts
+                .ack_interval
+                .unwrap_or(tidemark_server::gateway::DEFAULT_ACK_INTERVAL),
             ..GatewayOptions::default()
         },
         materializer: MaterializerOptions::default(),

@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""For scripts/perf/hot_callgrind.sh: drives one redis-server with hot-path steps (materialize_fresh_single_recipient.lua, packed-v2):
+each step = K shards with one record each, one EVALSHA per shard in one pipeline (as the
+materializer sends them at 5,000 msg/s over 64 shards). --wait: 200 warm-up steps, 'ready', a
+line on stdin, then STEPS measured steps; prints records=N.
+usage: hot_callgrind.py PORT K STEPS [--wait]   (SCRIPT=path: another script)"""
+import os, random, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from resp import R
+port, k, steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+src = os.environ.get("SCRIPT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../crates/store/src/redis/lua/v2/materialize_fresh_single_recipient.lua")
+r = R(port)
+sha = r.cmd("SCRIPT", "LOAD", open(src).read()).decode()
+def blob(w):
+    b = w.to_bytes(6, "big")
+    return b"\x01" + b + (0).to_bytes(6, "big") + b
+for s in range(64):
+    r.cmd("HSET", "wm:{%d}" % s, "wm_layout", "packed-v2", "wm_epoch", "7", "wm_blob", blob(0))
+w = [0] * 64
+random.seed(1)
+def entry(o):
+    return b"%d" % o + b"\x00" * 8 + b"\x08user-042" + b"x" * 120
+def step():
+    cmds = []
+    for s in random.sample(range(64), k):
+        o = w[s] + 1
+        cmds.append(["EVALSHA", sha, 2, "wm:{%d}" % s, "mb:{%d}:u%d" % (s, random.randrange(1000)), "7", o, w[s], entry(o)])
+        w[s] = o
+    rep = r.pipe(cmds)
+for _ in range(200):
+    step()
+if "--wait" in sys.argv:
+    print("ready", flush=True)
+    sys.stdin.readline()
+for _ in range(steps):
+    step()
+print("records=%d" % (steps * k), flush=True)

@@ -7,16 +7,12 @@ usage: hot_callgrind.py PORT K STEPS [--wait]   (SCRIPT=path: another script)"""
 import os, random, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from resp import R
+from hot_lib import init_watermarks
 port, k, steps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 src = os.environ.get("SCRIPT") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../crates/store/src/redis/lua/v2/materialize_fresh_single_recipient.lua")
 r = R(port)
 sha = r.cmd("SCRIPT", "LOAD", open(src).read()).decode()
-def blob(w):
-    b = w.to_bytes(6, "big")
-    return b"\x01" + b + (0).to_bytes(6, "big") + b
-for s in range(64):
-    r.cmd("HSET", "wm:{%d}" % s, "wm_layout", "packed-v2", "wm_epoch", "7", "wm_blob", blob(0))
-w = [0] * 64
+w = init_watermarks(r, 7)
 random.seed(1)
 def entry(o):
     return b"%d" % o + b"\x00" * 8 + b"\x08user-042" + b"x" * 120

@@ -15,6 +15,7 @@ usage: hot_step_cost.py PORT PID MODE K STEPS    (MODE: calls | packed)
 import os, random, re, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from resp import R
+from hot_lib import init_watermarks
 
 port, pid, mode, k, steps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
 assert mode in ("calls", "packed")
@@ -27,13 +28,7 @@ r = R(port)
 sha = r.cmd("SCRIPT", "LOAD", src).decode()
 r.cmd("FLUSHALL")
 
-def blob(w):
-    b = w.to_bytes(6, "big")
-    return b"\x01" + b + (0).to_bytes(6, "big") + b
-
-for s in range(64):
-    r.cmd("HSET", "wm:{%d}" % s, "wm_layout", "packed-v2", "wm_epoch", "1", "wm_blob", blob(0))
-w = [0] * 64
+w = init_watermarks(r, 1)
 
 def ticks():
     f = open("/proc/%d/stat" % pid).read().split()

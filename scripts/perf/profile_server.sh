@@ -8,6 +8,7 @@
 # /proc/<pid>/stat, and the generator's report). Needs perf and a release build with debug info.
 # LOAD_ARGS: more arguments for `bench load` (for example "--fanout 8").
 # PERF=0: only the CPU figure (no perf attached), for side-by-side comparisons of two binaries.
+# PERF_HZ: perf's sampling rate (default 199 per second).
 set -euo pipefail
 RATE=${1:?rate} SECS=${2:?seconds} OUT=${3:?output prefix} CLIENTS=${4:-1000}
 BIN=${5:-$(dirname "$0")/../../target/release/tidemark}
@@ -28,7 +29,7 @@ done
 T0=$(ticks); U0=$(uticks); W0=$(date +%s.%N)
 C0=$(curl -s "http://127.0.0.1:$PORT/metrics" | awk '/^tidemark_commits_total/ {print $2}')
 if [ "${PERF:-1}" = 1 ]; then
-  perf record -F 199 --call-graph dwarf,32768 -p "$UP" -o "$DIR/perf.data" -- sleep $((SECS * 2 / 3)) 2>/dev/null >/dev/null
+  perf record -F ${PERF_HZ:-199} --call-graph dwarf,32768 -p "$UP" -o "$DIR/perf.data" -- sleep $((SECS * 2 / 3)) 2>/dev/null >/dev/null
 else
   sleep $((SECS * 2 / 3))
 fi

@@ -10,6 +10,7 @@
 # (inclusive) in OUT.txt. Under valgrind the server runs ~50× slower and on one thread at a
 # time, so keep RATE low (100–200 msg/s): the figure is the per-message work at a low rate
 # (little batching), not the 5,000 msg/s figure; compare binaries with the same arguments.
+# LOAD_ARGS: more arguments for `bench load` (for example "--fanout 8").
 # Needs valgrind (apt-get install valgrind) and a release build with debug info.
 set -euo pipefail
 OUT=${1:?output prefix} RATE=${2:-100} SECS=${3:-20} CLIENTS=${4:-100}
@@ -32,7 +33,7 @@ UP_WAIT=600
 trap 'kill $UP ${LOAD:-} 2>/dev/null; wait $UP 2>/dev/null; rm -rf "$DIR" "$WRAP"' EXIT
 metric() { curl -s --max-time 10 "http://127.0.0.1:$PORT/metrics" | awk -v m="^$1" '$0 ~ m {print $2}'; }
 "$REAL_BIN" bench load --target "ws://127.0.0.1:$PORT/v1/ws" --core-urls "$CORE" --mailbox-urls "$MAILBOX" \
-  --clients "$CLIENTS" --rate "$RATE" --duration "$SECS" --no-progress --json "$OUT.json" >"$OUT.load.txt" 2>&1 &
+  --clients "$CLIENTS" --rate "$RATE" --duration "$SECS" --no-progress --json "$OUT.json" ${LOAD_ARGS:-} >"$OUT.load.txt" 2>&1 &
 LOAD=$!
 for _ in $(seq 1200); do [ -n "$(metric tidemark_commits_total)" ] && break; sleep 0.1; done
 # the connections are up and sending: count from here

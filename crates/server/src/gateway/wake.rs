@@ -36,7 +36,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use axum::extract::ws::Utf8Bytes;
 use tidemark_protocol::entry::{decode_entry, Entry};
+use tidemark_protocol::ServerFrame;
 use tidemark_store::redis::store::{MailboxStore, SingleItem};
 use tidemark_store::redis::watermark::ShardWatermark;
 use tidemark_store::wake::{HintSeq, WakeHint, WakeSubscriber};
@@ -101,7 +103,32 @@ pub(crate) struct LocalRun {
     /// The shard's W after this run (every lane: the hot path runs on uniform watermarks).
     pub to: u64,
     /// The user's entries of this run, ascending.
-    pub entries: Vec<Entry>,
+    pub entries: Vec<LocalEntry>,
+}
+
+/// One entry of a local run, with its `deliver` frame serialised once for every connection
+/// it goes to (a record of several recipients, or a user with several connections, shares
+/// one frame: each connection takes a reference, not a copy to serialise again).
+#[derive(Clone)]
+pub(crate) struct LocalEntry {
+    /// The entry's seq (its log offset).
+    pub seq: u64,
+    /// When it was sent (µs since the Unix epoch): a live delivery's latency is measured from it.
+    pub sent_at_us: u64,
+    /// The `deliver` frame, as the connection writes it.
+    pub frame: Utf8Bytes,
+}
+
+impl LocalEntry {
+    /// The entry and its `deliver` frame.
+    pub(crate) fn new(e: Entry) -> LocalEntry {
+        let (seq, sent_at_us) = (e.seq, e.sent_at_us);
+        LocalEntry {
+            seq,
+            sent_at_us,
+            frame: ServerFrame::Deliver(e).to_json().into(),
+        }
+    }
 }
 
 /// The hub's end of a connection's local runs.
@@ -290,14 +317,14 @@ impl WakeHub {
             c.0
         };
         // per connection (registration id): its queue, its notifier, its entries
-        let mut runs: Vec<(u64, LocalTx, Arc<Notify>, Vec<Entry>)> = Vec::new();
+        let mut runs: Vec<(u64, LocalTx, Arc<Notify>, Vec<LocalEntry>)> = Vec::new();
         {
             let users = self.users.lock().expect("wake hub lock");
             for item in items {
-                // decoded once per entry (not per recipient), as a reader would decode it;
-                // one that does not decode makes its connections read (their own decoding
-                // reports it)
-                let mut entry: Option<Option<Entry>> = None;
+                // decoded and serialised once per entry (not per recipient or connection), as a
+                // reader would decode it; one that does not decode makes its connections read
+                // (their own decoding reports it)
+                let mut entry: Option<Option<LocalEntry>> = None;
                 for recipient in &item.recipients {
                     let Some(list) = users.get(recipient.as_str()) else {
                         continue;
@@ -314,6 +341,7 @@ impl WakeHub {
                         decode_entry(&item.entry)
                             .ok()
                             .filter(|e| e.seq == item.offset)
+                            .map(LocalEntry::new)
                     });
                     for (w, l) in local {
                         let at = match runs.iter().position(|r| r.0 == w.id) {
@@ -790,6 +818,33 @@ mod tests {
         for rx in [&mut la, &mut lb, &mut lb2, &mut lc] {
             assert!(rx.rx.try_recv().is_err(), "one run per connection");
         }
+    }
+
+    /// An entry's `deliver` frame is serialised once: every connection it goes to (several
+    /// recipients of one record, several connections of one user) holds the same bytes, and
+    /// they are the frame a mailbox read of the entry gives.
+    #[tokio::test]
+    async fn an_entrys_frame_is_serialised_once_for_all_its_connections() {
+        let (hub, local) = local_hub();
+        let n = || Arc::new(Notify::new());
+        let (_ra, mut la) = hub.register_local("alice", 3, n());
+        let (_rb, mut lb) = hub.register_local("bob", 3, n());
+        let (_rb2, mut lb2) = hub.register_local("bob", 3, n());
+        let mut both = item(10, 11, "alice");
+        both.recipients = vec!["alice".into(), "bob".into()];
+        let expected = ServerFrame::Deliver(decode_entry(&both.entry).unwrap()).to_json();
+        local.deliver(3, &[both]);
+        let frame = |l: &mut LocalRuns| {
+            let mut run = l.rx.try_recv().unwrap();
+            assert_eq!(run.entries.len(), 1);
+            let e = run.entries.pop().unwrap();
+            assert_eq!((e.seq, e.sent_at_us), (11, 7));
+            e.frame
+        };
+        let (a, b, b2) = (frame(&mut la), frame(&mut lb), frame(&mut lb2));
+        assert_eq!(a.as_str(), expected);
+        assert_eq!(a.as_ptr(), b.as_ptr(), "one serialisation, shared");
+        assert_eq!(a.as_ptr(), b2.as_ptr(), "one serialisation, shared");
     }
 
     /// Whether `n` holds a wake permit (consumes it).

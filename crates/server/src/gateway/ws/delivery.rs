@@ -16,7 +16,7 @@ use super::{error_frame, until_cancelled, PAGE};
 use crate::gateway::http::largest_entry;
 use crate::gateway::mailbox::{Mailbox, PageSizer};
 use crate::gateway::state::Shared;
-use crate::gateway::wake::{LocalRun, LocalRuns};
+use crate::gateway::wake::{LocalEntry, LocalRun, LocalRuns};
 use tidemark_protocol::entry::Entry;
 
 /// A failed mailbox read (or ack write, `reader.rs`) is retried after this, doubling up to
@@ -226,7 +226,7 @@ pub(super) async fn delivery_loop(
                     for e in entries {
                         delivery_fault(&shared, &mailbox.user, e.seq);
                         cursor = e.seq;
-                        if !push(deliver(e, &mut highest, connected_at_us)).await {
+                        if !push(deliver_local(e, &mut highest, connected_at_us)).await {
                             return;
                         }
                     }
@@ -264,7 +264,12 @@ pub(super) async fn delivery_loop(
 /// the entries to push (those above `seen`; `seen` moves to the run's end), or `None` when
 /// the run cannot be trusted and the mailbox must be read: a run was lost (`lost`), or the
 /// run's chain starts above `seen` (a move this connection was not handed).
-fn take_run(seen: &mut u64, by_run: &mut bool, run: LocalRun, lost: bool) -> Option<Vec<Entry>> {
+fn take_run(
+    seen: &mut u64,
+    by_run: &mut bool,
+    run: LocalRun,
+    lost: bool,
+) -> Option<Vec<LocalEntry>> {
     if lost || run.chain_from > *seen {
         return None;
     }
@@ -291,23 +296,38 @@ fn ignore_wake(shared: &Shared, user: &str) -> bool {
         .is_some_and(|f| f.ignore_wake(user))
 }
 
-/// The deliver frame of `e`, counted, its latency measured when it is live.
+/// The deliver frame of `e` (read from the mailbox), counted, its latency measured when it
+/// is live.
 fn deliver(e: Entry, highest: &mut u64, connected_at_us: u64) -> Out {
-    let seq = e.seq;
-    // latency of live deliveries only: an entry committed before this connection opened is
-    // a replay (a reconnect, a late reader), whose age says nothing about the delivery path
+    count_delivery(e.seq, e.sent_at_us, highest, connected_at_us);
+    Out::Deliver {
+        seq: e.seq,
+        text: ServerFrame::Deliver(e).to_json().into(),
+    }
+}
+
+/// The deliver frame of a local run's entry (serialised once by the hub), counted, its
+/// latency measured when it is live.
+fn deliver_local(e: LocalEntry, highest: &mut u64, connected_at_us: u64) -> Out {
+    count_delivery(e.seq, e.sent_at_us, highest, connected_at_us);
+    Out::Deliver {
+        seq: e.seq,
+        text: e.frame,
+    }
+}
+
+/// Counts a delivery of `seq`, and measures its latency when it is live: an entry committed
+/// before this connection opened is a replay (a reconnect, a late reader), whose age says
+/// nothing about the delivery path; so is one at or below the highest seq pushed.
+fn count_delivery(seq: u64, sent_at_us: u64, highest: &mut u64, connected_at_us: u64) {
     if seq > *highest {
         *highest = seq;
-        if e.sent_at_us >= connected_at_us {
-            let lat = now_us().saturating_sub(e.sent_at_us) as f64 / 1e6;
+        if sent_at_us >= connected_at_us {
+            let lat = now_us().saturating_sub(sent_at_us) as f64 / 1e6;
             crate::telemetry::hot().delivery_latency_seconds.record(lat);
         }
     }
     crate::telemetry::hot().deliveries.increment(1);
-    Out::Deliver {
-        seq,
-        text: ServerFrame::Deliver(e).to_json(),
-    }
 }
 
 /// The last of the queued `sync`s, if any.
@@ -323,13 +343,13 @@ fn latest_sync(rx: &mut mpsc::Receiver<u64>) -> Option<u64> {
 mod tests {
     use super::*;
 
-    fn entry(seq: u64) -> Entry {
-        Entry {
+    fn entry(seq: u64) -> LocalEntry {
+        LocalEntry::new(Entry {
             seq,
             from: "alice".into(),
             body: format!("m{seq}"),
             sent_at_us: 1,
-        }
+        })
     }
 
     fn run(chain_from: u64, to: u64, seqs: &[u64]) -> LocalRun {
@@ -340,7 +360,7 @@ mod tests {
         }
     }
 
-    fn seqs(v: Option<Vec<Entry>>) -> Option<Vec<u64>> {
+    fn seqs(v: Option<Vec<LocalEntry>>) -> Option<Vec<u64>> {
         v.map(|v| v.into_iter().map(|e| e.seq).collect())
     }
 

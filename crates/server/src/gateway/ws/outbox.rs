@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, WebSocket};
+use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket};
 use futures::stream::SplitSink;
 use futures::SinkExt;
 use tidemark_protocol::CloseCode;
@@ -20,8 +20,8 @@ use super::{OUT_CAPACITY, WRITE_BATCH};
 pub(super) enum Out {
     /// A server frame (already JSON).
     Text(String),
-    /// A `deliver` frame of `seq`.
-    Deliver { seq: u64, text: String },
+    /// A `deliver` frame of `seq` (shared with the other connections of a local run's entry).
+    Deliver { seq: u64, text: Utf8Bytes },
     /// A ping (keep-alive probe).
     Ping,
     /// Close the socket after what is queued before.
@@ -32,7 +32,8 @@ impl Out {
     /// Bytes this frame holds while queued.
     pub(super) fn bytes(&self) -> usize {
         match self {
-            Out::Text(t) | Out::Deliver { text: t, .. } => t.len(),
+            Out::Text(t) => t.len(),
+            Out::Deliver { text, .. } => text.len(),
             Out::Ping | Out::Close(_) => 0,
         }
     }
@@ -235,7 +236,7 @@ pub(super) async fn writer(
                     }
                     // Handed to the socket: from now on the client may ack it.
                     written.fetch_max(seq, Ordering::Relaxed);
-                    Message::Text(text.into())
+                    Message::Text(text)
                 }
                 Out::Ping => Message::Ping(Default::default()),
                 Out::Close(code) => {

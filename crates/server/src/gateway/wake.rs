@@ -739,6 +739,16 @@ mod tests {
         }
     }
 
+    /// alice's connection and bob's two, all on shard 3, taking local runs; the
+    /// registrations must be kept (dropping one unregisters it).
+    fn alice_and_two_bobs(hub: &Arc<WakeHub>) -> ([Registration; 3], [LocalRuns; 3]) {
+        let n = || Arc::new(Notify::new());
+        let (ra, la) = hub.register_local("alice", 3, n());
+        let (rb, lb) = hub.register_local("bob", 3, n());
+        let (rb2, lb2) = hub.register_local("bob", 3, n());
+        ([ra, rb, rb2], [la, lb, lb2])
+    }
+
     /// A hub and the materializer's handle on it, as one process wires them (ADR-0041).
     fn local_hub() -> (Arc<WakeHub>, LocalDelivery) {
         let hub = Arc::new(WakeHub::default());
@@ -794,11 +804,8 @@ mod tests {
     #[tokio::test]
     async fn a_run_of_many_recipients_goes_to_each_of_their_connections() {
         let (hub, local) = local_hub();
-        let n = || Arc::new(Notify::new());
-        let (_ra, mut la) = hub.register_local("alice", 3, n());
-        let (_rb, mut lb) = hub.register_local("bob", 3, n());
-        let (_rb2, mut lb2) = hub.register_local("bob", 3, n());
-        let (_rc, mut lc) = hub.register_local("carol", 3, n());
+        let (_regs, [mut la, mut lb, mut lb2]) = alice_and_two_bobs(&hub);
+        let (_rc, mut lc) = hub.register_local("carol", 3, Arc::new(Notify::new()));
         let mut to_three = item(10, 11, "alice");
         to_three.recipients = vec!["alice".into(), "bob".into(), "dave".into()];
         let mut twice = item(11, 12, "bob");
@@ -826,10 +833,7 @@ mod tests {
     #[tokio::test]
     async fn an_entrys_frame_is_serialised_once_for_all_its_connections() {
         let (hub, local) = local_hub();
-        let n = || Arc::new(Notify::new());
-        let (_ra, mut la) = hub.register_local("alice", 3, n());
-        let (_rb, mut lb) = hub.register_local("bob", 3, n());
-        let (_rb2, mut lb2) = hub.register_local("bob", 3, n());
+        let (_regs, [mut la, mut lb, mut lb2]) = alice_and_two_bobs(&hub);
         let mut both = item(10, 11, "alice");
         both.recipients = vec!["alice".into(), "bob".into()];
         let expected = ServerFrame::Deliver(decode_entry(&both.entry).unwrap()).to_json();

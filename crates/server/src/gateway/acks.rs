@@ -104,12 +104,15 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
             () = tokio::time::sleep(inner.interval) => {}
             () = inner.stop.cancelled() => {}
         }
-        let Some(mut queued) = inner.queues.take_all(instance) else {
+        let Some(queued) = inner.queues.take_all(instance) else {
             return;
         };
-        while !queued.is_empty() {
-            let rest = queued.split_off(queued.len().min(MAX_ACK_BATCH));
-            let batch = std::mem::replace(&mut queued, rest);
+        let mut queued = queued.into_iter();
+        loop {
+            let batch: Vec<_> = queued.by_ref().take(MAX_ACK_BATCH).collect();
+            if batch.is_empty() {
+                break;
+            }
             let acks: Vec<(u32, &str, u64)> = batch
                 .iter()
                 .map(|w| (w.item.0, w.item.1.as_str(), w.item.2))

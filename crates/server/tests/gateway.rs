@@ -731,6 +731,35 @@ async fn a_caught_up_connection_gets_fresh_entries_without_reading_its_mailbox()
     }
 }
 
+/// ADR-0077: a moved shard whose hint waits for the flush (ADR-0047; here all the test long)
+/// stays moved over many steps, and its health is not updated again on the steps where it did
+/// not move. The health board (`/healthz`, the shard gauges) must still follow W after every
+/// message, each of which moves the shard again while its hint waits.
+#[tokio::test]
+async fn a_shards_health_follows_its_w_while_its_hint_waits_for_the_flush() {
+    let m = MaterializerOptions {
+        hint_linger: Duration::from_secs(3600),
+        // no GC in the window: it updates the health too
+        gc_interval: Duration::from_secs(3600),
+        gc_idle_interval: Duration::from_secs(3600),
+        ..MaterializerOptions::default()
+    };
+    let d = start_full(|o| o.recheck_interval = None, m).await;
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let s = shard_of("bob");
+    for i in 0..5 {
+        let o = alice.send_ok(&format!("h{i}"), &["bob"], "x").await;
+        let off = offset_of(&o, "bob");
+        bob.expect_seqs(&[off]).await;
+        let health = &d.health;
+        until(&format!("shard {s}'s health at W={off}"), || async move {
+            health.snapshot().get(&s).is_some_and(|h| h.min_w == off)
+        })
+        .await;
+    }
+    d.shutdown().await;
+}
+
 /// ADR-0041: a client that stops reading makes its connection drop the local runs it cannot
 /// queue; while it reads again, more runs arrive and are queued after the lost ones. The lost
 /// runs must not be skipped: everything arrives, in order, once (and, the quiet path, with

@@ -260,18 +260,25 @@ impl Worker {
     }
 
     /// Each shard's handed-over records that continue its read position (at most a batch);
-    /// true when some shard holds records after a hole.
+    /// true when some shard holds records after a hole. `positions` is in shard order (as
+    /// [`Worker::scan`] gives it): the shards with records handed over are looked up in it,
+    /// a few per step, where each of the 64 positions was looked up in the records (ADR-0077).
     fn fed_batches(&mut self, positions: &[(u32, u64)]) -> (Vec<(u32, Vec<DispatchRecord>)>, bool) {
+        debug_assert!(
+            positions.windows(2).all(|w| w[0].0 < w[1].0),
+            "in shard order"
+        );
         let batch = self.opts.batch;
         let Some(f) = self.feed.as_mut() else {
             return (Vec::new(), false);
         };
         let mut out = Vec::new();
         let mut hole = false;
-        for &(s, pos) in positions {
-            let Some(m) = f.fed.get_mut(&s) else {
+        for (&s, m) in f.fed.iter_mut() {
+            let Ok(i) = positions.binary_search_by_key(&s, |p| p.0) else {
                 continue;
             };
+            let pos = positions[i].1;
             drop_through(m, pos);
             let mut run = Vec::new();
             let mut at = pos;

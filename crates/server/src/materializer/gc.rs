@@ -47,15 +47,21 @@ impl Worker {
             if sh.moved || !sh.pending.is_empty() || sh.retry.is_some() || sh.held.is_some() {
                 sh.quiet = false;
             }
-            // a shard stopped in this step may still have moved before: hint it
-            if sh.moved {
+            // a shard stopped in this step may still have moved before: hint it. Its health
+            // is updated for every move; a shard whose hint the last pass deferred and that
+            // has not moved since (its W is the one shown, and nothing unhanded came) is not
+            // updated again on every step until the flush (ADR-0077)
+            let carried = sh.deferred && !sh.unhanded && sh.shown_w == Some(sh.min_w);
+            if sh.moved && !carried {
+                sh.shown_w = Some(sh.min_w);
                 let min_w = sh.min_w;
                 self.health.update(sh.shard, |h| {
                     h.min_w = min_w;
                     h.last_progress = now;
                 });
             }
-            if sh.moved && !sh.unhanded && !flush[sh.mb] {
+            sh.deferred = sh.moved && !sh.unhanded && !flush[sh.mb];
+            if sh.deferred {
                 // handed to this process's connections; no one else listens: at the flush
                 deferred += 1;
                 self.hint_pace[sh.mb].waiting_since.get_or_insert(now);

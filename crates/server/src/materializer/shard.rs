@@ -9,6 +9,24 @@ use super::worker::Worker;
 use super::{DISCONTINUITY_RECHECK, LOG_REMINDER, RETRY_MAX, RETRY_MIN};
 use crate::health::ShardStatus;
 
+/// What [`Worker::scan`] found on every owned shard at the top of a step.
+pub(super) struct StepScan {
+    /// Running shards whose retry is due: resynced before the step reads.
+    pub(super) due: Vec<u32>,
+    /// Running shards whose lease gate is open (read, or waiting for their retry), for the
+    /// health board; empty unless asked for.
+    pub(super) served: Vec<u32>,
+    /// The shards read now and where from: running, gate open, not waiting for a retry.
+    /// In shard order (the owned shards' map is ordered).
+    pub(super) positions: Vec<(u32, u64)>,
+    /// Some running shard's lease gate is closed (it opens again by itself: look soon).
+    pub(super) gated: bool,
+    /// The earliest retry due among running shards.
+    pub(super) next_retry: Option<Instant>,
+    /// Some shard has records waiting for the chunked path.
+    pub(super) any_pending: bool,
+}
+
 pub(super) struct OwnedShard {
     pub(super) shard: u32,
     pub(super) mb: usize,
@@ -48,6 +66,12 @@ pub(super) struct OwnedShard {
     /// (a read that met a node with a stale role, such as a restarted primary that has not
     /// yet learnt it was replaced, finds nothing for a moment).
     pub(super) missing_since: Option<Instant>,
+    /// The W the hint pass last gave the health board, and whether that pass deferred the
+    /// shard's hint to the flush (ADR-0047): a moved shard stays moved over the steps its hint
+    /// waits, and on those where it did not move again (the same W, nothing unhanded) its
+    /// health is not updated again (ADR-0077).
+    pub(super) shown_w: Option<u64>,
+    pub(super) deferred: bool,
 }
 
 impl OwnedShard {
@@ -72,6 +96,8 @@ impl OwnedShard {
             min_w: 0,
             last_gc: Instant::now(),
             missing_since: None,
+            shown_w: None,
+            deferred: false,
         }
     }
 }
@@ -147,15 +173,55 @@ impl Worker {
         self.health.set_retrying(shard, why);
     }
 
-    /// Runs the resync of every shard whose retry is due; a failed resync backs off further.
-    pub(super) async fn retry_due(&mut self) {
-        let now = Instant::now();
-        let due: Vec<u32> = self
-            .owned
-            .values()
-            .filter(|sh| !sh.stopped && sh.retry.is_some_and(|r| r.due <= now))
-            .map(|sh| sh.shard)
-            .collect();
+    /// One look at every owned shard at the top of a step (ADR-0077): what the loop needs
+    /// from all of them, gathered in one pass where four passes gathered it before (the
+    /// retries due, the shards read and where from, the earliest retry, whether any records
+    /// wait for the chunked path). Every owned shard is still looked at on every step.
+    /// `served`: whether the health board's list of served shards is wanted (it is sent at
+    /// most every `SERVED_EVERY`).
+    pub(super) fn scan(&self, now: Instant, served: bool) -> StepScan {
+        let gate = self.opts.lease_gate.as_ref();
+        let mut scan = StepScan {
+            due: Vec::new(),
+            served: Vec::with_capacity(if served { self.owned.len() } else { 0 }),
+            positions: Vec::with_capacity(self.owned.len()),
+            gated: false,
+            next_retry: None,
+            any_pending: false,
+        };
+        for sh in self.owned.values() {
+            scan.any_pending |= !sh.pending.is_empty();
+            if sh.stopped {
+                continue;
+            }
+            if let Some(r) = sh.retry {
+                if r.due <= now {
+                    scan.due.push(sh.shard);
+                }
+                scan.next_retry = Some(scan.next_retry.map_or(r.due, |d: Instant| d.min(r.due)));
+            }
+            // One look at each running shard's lease gate (leases mode, see ownership.rs):
+            // the shards whose lease is still ours are read (unless waiting for a retry), the
+            // others looked at again soon. Two looks could disagree — a gate closed at the
+            // first that the lease loop re-opened before the second — and leave the worker
+            // waiting for a stop that never comes while the shard stays leased here.
+            if gate.is_some_and(|g| !g.may_write(sh.shard)) {
+                scan.gated = true;
+                continue;
+            }
+            if served {
+                scan.served.push(sh.shard);
+            }
+            if sh.retry.is_none() {
+                scan.positions.push((sh.shard, sh.read_pos));
+            }
+        }
+        scan
+    }
+
+    /// Runs the resync of each shard in `due` (their retry is due); a failed resync backs off
+    /// further.
+    pub(super) async fn resync_due(&mut self, due: Vec<u32>) {
         for s in due {
             match self.resync(s).await {
                 Ok(()) => {
@@ -179,15 +245,6 @@ impl Worker {
                 }
             }
         }
-    }
-
-    /// Earliest retry due among shards in retry.
-    pub(super) fn next_retry(&self) -> Option<Instant> {
-        self.owned
-            .values()
-            .filter(|sh| !sh.stopped)
-            .filter_map(|sh| sh.retry.map(|r| r.due))
-            .min()
     }
 
     /// Holds shard `s` for `why` (an empty lane, a log discontinuity): its records in memory

@@ -14,7 +14,7 @@ use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
 
 use super::feed::{FeedRead, FeedState};
-use super::shard::OwnedShard;
+use super::shard::{OwnedShard, StepScan};
 use super::{
     Error, MaterializerOptions, GATE_RECHECK, OWNER_MARK_REFRESH, READ_GRACE, RETRY_MAX, RETRY_MIN,
 };
@@ -209,6 +209,8 @@ impl Worker {
                     min_w,
                     last_gc: Instant::now() - Duration::from_secs(3600),
                     missing_since: None,
+                    shown_w: None,
+                    deferred: false,
                 },
             );
             w.health.update(s, |h| {
@@ -321,13 +323,16 @@ impl Worker {
         }
     }
 
+    /// Whether the health board is due to hear which shards the loop goes through (at most
+    /// every [`SERVED_EVERY`]).
+    fn served_due(&self) -> bool {
+        self.served_at.is_none_or(|t| t.elapsed() >= SERVED_EVERY)
+    }
+
     /// Tells the health board that the loop went through `shards` (read, or waiting for their
     /// retry) just now: a running shard it does not go through for long is reported (see
-    /// [`crate::health::NOT_SERVED_AFTER`]). At most every [`SERVED_EVERY`].
+    /// [`crate::health::NOT_SERVED_AFTER`]). Called when [`Worker::served_due`] said so.
     fn mark_served(&mut self, shards: &[u32]) {
-        if self.served_at.is_some_and(|t| t.elapsed() < SERVED_EVERY) {
-            return;
-        }
         self.served_at = Some(Instant::now());
         self.health.mark_served(shards);
     }
@@ -351,29 +356,25 @@ impl Worker {
                 return Ok(());
             }
             self.refresh_marks().await;
-            self.retry_due().await;
-            let gate = self.opts.lease_gate.clone();
-            // One look at each running shard's lease gate (leases mode, see ownership.rs): the
-            // shards whose lease is still ours are read (unless waiting for a retry), the
-            // others looked at again soon. Two looks could disagree — a gate closed at the
-            // first that the lease loop re-opened before the second — and leave the worker
-            // waiting for a stop that never comes while the shard stays leased here.
-            // sized once: grown push by push they were reallocated 7 times each per loop
-            let mut positions: Vec<(u32, u64)> = Vec::with_capacity(self.owned.len());
-            let mut served: Vec<u32> = Vec::with_capacity(self.owned.len());
-            let mut gated = false;
-            for sh in self.owned.values().filter(|sh| !sh.stopped) {
-                if gate.as_ref().is_some_and(|g| !g.may_write(sh.shard)) {
-                    gated = true;
-                    continue;
-                }
-                served.push(sh.shard);
-                if sh.retry.is_none() {
-                    positions.push((sh.shard, sh.read_pos));
-                }
+            // one pass over the owned shards (ADR-0077); the shards whose retry is due are
+            // resynced first, and the pass is made again after them
+            let want_served = self.served_due();
+            let mut scan = self.scan(Instant::now(), want_served);
+            if !scan.due.is_empty() {
+                self.resync_due(std::mem::take(&mut scan.due)).await;
+                scan = self.scan(Instant::now(), want_served);
             }
-            self.mark_served(&served);
-            let mut next_retry = self.next_retry();
+            let StepScan {
+                served,
+                positions,
+                gated,
+                mut next_retry,
+                any_pending,
+                ..
+            } = scan;
+            if want_served {
+                self.mark_served(&served);
+            }
             // a closed lease gate opens again by itself (the next renewal): look again soon
             if gated {
                 let soon = Instant::now() + GATE_RECHECK;
@@ -406,7 +407,6 @@ impl Worker {
                         }
                     }
                     last_read = Some(Instant::now());
-                    let any_pending = self.owned.values().any(|sh| !sh.pending.is_empty());
                     let mut block = if any_pending {
                         Duration::from_millis(20)
                     } else {

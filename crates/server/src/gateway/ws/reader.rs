@@ -217,12 +217,22 @@ impl<'a> Reader<'a> {
         // reads).
         let going_away = GoingAway::new(conn.clone());
         tokio::pin!(going_away);
+        // The retry of a failed ack write: one timer, set when a retry is due (ADR-0077; a
+        // timer built in the `select!` was built and dropped on every frame, 0.4 % of the
+        // server's CPU samples at 5,000 msg/s). Only polled while a retry is due.
+        let ack_retry = tokio::time::sleep_until(last_seen);
+        tokio::pin!(ack_retry);
+        let mut ack_retry_set: Option<tokio::time::Instant> = None;
         loop {
             // The fields the branches below use, read (or borrowed apart) before the futures
             // borrow the two in flight.
             let reading = self.sends.len() < SEND_QUEUE;
             let has_expiry = self.expires_at.is_some();
             let ack_retry_at = self.ack_retry_at;
+            if let Some(at) = ack_retry_at.filter(|&at| ack_retry_set != Some(at)) {
+                ack_retry.as_mut().reset(at);
+            }
+            ack_retry_set = ack_retry_at;
             let acking = self.ack_in_flight.is_some();
             let committing = self.commit_in_flight.is_some();
             let ack_in_flight = &mut self.ack_in_flight;
@@ -266,8 +276,7 @@ impl<'a> Reader<'a> {
                     keepalive.as_mut().reset(next.min(idle_at));
                     continue;
                 }
-                _ = tokio::time::sleep_until(ack_retry_at.unwrap_or(last_seen)),
-                    if ack_retry_at.is_some() => {
+                _ = &mut ack_retry, if ack_retry_at.is_some() => {
                     self.ack_retry_at = None;
                     self.submit_ack();
                     continue;

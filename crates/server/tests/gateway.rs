@@ -687,6 +687,16 @@ async fn live_delivery_is_woken_by_hints_not_the_recheck() {
     d.shutdown().await;
 }
 
+/// Materializer options with no GC within a test's window (the GC reads mailboxes and updates
+/// the shards' health, which some tests count or watch).
+fn without_gc() -> MaterializerOptions {
+    MaterializerOptions {
+        gc_interval: Duration::from_secs(3600),
+        gc_idle_interval: Duration::from_secs(3600),
+        ..MaterializerOptions::default()
+    }
+}
+
 /// ADR-0041: in one process, a connection that is caught up gets what the materializer just
 /// wrote for it without reading its mailbox back. Twenty live messages, one at a time, cost
 /// (almost) no mailbox read; with the local runs off each costs one.
@@ -694,11 +704,7 @@ async fn live_delivery_is_woken_by_hints_not_the_recheck() {
 async fn a_caught_up_connection_gets_fresh_entries_without_reading_its_mailbox() {
     for local in [true, false] {
         // no GC in the window: its script reads with ZRANGEBYSCORE too
-        let quiet = MaterializerOptions {
-            gc_interval: Duration::from_secs(3600),
-            gc_idle_interval: Duration::from_secs(3600),
-            ..MaterializerOptions::default()
-        };
+        let quiet = without_gc();
         let d = start_full(
             |o| {
                 o.recheck_interval = None;
@@ -740,9 +746,7 @@ async fn a_shards_health_follows_its_w_while_its_hint_waits_for_the_flush() {
     let m = MaterializerOptions {
         hint_linger: Duration::from_secs(3600),
         // no GC in the window: it updates the health too
-        gc_interval: Duration::from_secs(3600),
-        gc_idle_interval: Duration::from_secs(3600),
-        ..MaterializerOptions::default()
+        ..without_gc()
     };
     let d = start_full(|o| o.recheck_interval = None, m).await;
     let (mut bob, mut alice) = d.pair("bob", "alice").await;
@@ -1703,9 +1707,7 @@ async fn hints_of_handed_moves_wait_until_another_gateway_listens() {
         // an idle read that blocks longer than the test waits: the flush must not depend on
         // the read timing out
         block: Duration::from_secs(60),
-        gc_interval: Duration::from_secs(3600),
-        gc_idle_interval: Duration::from_secs(3600),
-        ..MaterializerOptions::default()
+        ..without_gc()
     };
     let d = start_full(|o| o.recheck_interval = None, opts).await;
     let (mut bob, mut alice) = d.pair("bob", "alice").await;

@@ -325,15 +325,16 @@ impl Worker {
 
     /// Whether the health board is due to hear which shards the loop goes through (at most
     /// every [`SERVED_EVERY`]).
-    fn served_due(&self) -> bool {
-        self.served_at.is_none_or(|t| t.elapsed() >= SERVED_EVERY)
+    fn served_due(&self, now: Instant) -> bool {
+        self.served_at
+            .is_none_or(|t| now.saturating_duration_since(t) >= SERVED_EVERY)
     }
 
     /// Tells the health board that the loop went through `shards` (read, or waiting for their
-    /// retry) just now: a running shard it does not go through for long is reported (see
+    /// retry) at `now`: a running shard it does not go through for long is reported (see
     /// [`crate::health::NOT_SERVED_AFTER`]). Called when [`Worker::served_due`] said so.
-    fn mark_served(&mut self, shards: &[u32]) {
-        self.served_at = Some(Instant::now());
+    fn mark_served(&mut self, now: Instant, shards: &[u32]) {
+        self.served_at = Some(now);
         self.health.mark_served(shards);
     }
 
@@ -358,11 +359,14 @@ impl Worker {
             self.refresh_marks().await;
             // one pass over the owned shards (ADR-0077); the shards whose retry is due are
             // resynced first, and the pass is made again after them
-            let want_served = self.served_due();
-            let mut scan = self.scan(Instant::now(), want_served);
+            // (one clock read for the step's head, again only after resyncs)
+            let mut now = Instant::now();
+            let want_served = self.served_due(now);
+            let mut scan = self.scan(now, want_served);
             if !scan.due.is_empty() {
                 self.resync_due(std::mem::take(&mut scan.due)).await;
-                scan = self.scan(Instant::now(), want_served);
+                now = Instant::now();
+                scan = self.scan(now, want_served);
             }
             let StepScan {
                 served,
@@ -373,11 +377,11 @@ impl Worker {
                 ..
             } = scan;
             if want_served {
-                self.mark_served(&served);
+                self.mark_served(now, &served);
             }
             // a closed lease gate opens again by itself (the next renewal): look again soon
             if gated {
-                let soon = Instant::now() + GATE_RECHECK;
+                let soon = now + GATE_RECHECK;
                 next_retry = Some(next_retry.map_or(soon, |d| d.min(soon)));
             }
             if positions.is_empty() {

@@ -3,7 +3,6 @@
 //! nothing pending, held or retrying) `gc_completed_dispatch`, the log trimmed to the lowest
 //! W, the head checked against W and the log checked to continue from W.
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use tidemark_store::redis::store::Gc;
@@ -18,7 +17,8 @@ impl Worker {
     pub(super) async fn publish_and_gc(&mut self) -> Result<(), Error> {
         let now = Instant::now();
         // one pipeline of PUBLISH per mailbox instance, not one round trip per shard
-        let mut pubs: BTreeMap<usize, Vec<(u32, WakeHint)>> = BTreeMap::new();
+        // indexed by the instance's number (a `Vec`, not a map built per step: ADR-0078)
+        let mut pubs: Vec<Vec<(u32, WakeHint)>> = Vec::new();
         let mut gc_due = Vec::new();
         // per mailbox instance: every hint goes out now (ADR-0047: anything but a process
         // whose own gateway was handed the moves as local runs, alone on the instance's
@@ -82,7 +82,10 @@ impl Worker {
                     .as_ref()
                     .is_some_and(|f| f.lose_hint(sh.shard, seq.seq));
                 if !lost {
-                    pubs.entry(sh.mb).or_default().push((
+                    if pubs.len() <= sh.mb {
+                        pubs.resize_with(sh.mb + 1, Vec::new);
+                    }
+                    pubs[sh.mb].push((
                         sh.shard,
                         WakeHint {
                             min_w: sh.min_w,
@@ -127,7 +130,10 @@ impl Worker {
                 pace.waiting_since = None;
             }
         }
-        for (mb, hints) in pubs {
+        for (mb, hints) in pubs.into_iter().enumerate() {
+            if hints.is_empty() {
+                continue;
+            }
             let published = publish_wake(&self.mailboxes[mb], &hints).await;
             if let Ok(reached) = published {
                 // more than this process's own gateway (one subscription per instance)

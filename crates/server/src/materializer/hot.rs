@@ -2,8 +2,6 @@
 //! the hot path: records of one recipient (of up to [`MAX_HOT_RECIPIENTS`] on packed-v2,
 //! ADR-0048) on a uniform watermark, pipelined across shards.
 
-use std::collections::BTreeMap;
-
 use tidemark_protocol::entry::encode_entry;
 use tidemark_store::redis::dlog::DispatchRecord;
 use tidemark_store::redis::store::{Materialized, SingleItem, MAX_HOT_RECIPIENTS};
@@ -23,11 +21,19 @@ pub(super) fn single_item(rec: &DispatchRecord) -> SingleItem {
     }
 }
 
-/// A routed read batch: per mailbox instance, the hot items of each shard (shard, epoch,
-/// items) and, in the same order, the records they came from.
+/// One mailbox instance's part of a routed read batch: the hot items of each shard (shard,
+/// epoch, items) and, in the same order, the records they came from.
+#[derive(Default)]
+struct MailboxRun {
+    batches: Vec<(u32, u64, Vec<SingleItem>)>,
+    recs: Vec<Vec<DispatchRecord>>,
+}
+
+/// A routed read batch: each mailbox instance's part, indexed by the instance's number (a
+/// `Vec`, not a map built per step: ADR-0078); instances past the last with hot items are left
+/// out, and an instance with none has an empty part.
 pub(super) struct Routed {
-    hot: BTreeMap<usize, Vec<(u32, u64, Vec<SingleItem>)>>,
-    hot_recs: BTreeMap<usize, Vec<Vec<DispatchRecord>>>,
+    hot: Vec<MailboxRun>,
 }
 
 impl Worker {
@@ -37,10 +43,9 @@ impl Worker {
     pub(super) fn route(&mut self, batches: Vec<(u32, Vec<DispatchRecord>)>) -> Routed {
         // Route records: hot items per mailbox instance, the rest to pending.
         let mut holes = Vec::new();
-        let mut hot: BTreeMap<usize, Vec<(u32, u64, Vec<SingleItem>)>> = BTreeMap::new();
-        // each hot item's record, in the same order: a record the script sends back
+        // with each hot item its record, in the same order: a record the script sends back
         // (NotUniform) goes to the chunked path as it was read, never decoded back
-        let mut hot_recs: BTreeMap<usize, Vec<Vec<DispatchRecord>>> = BTreeMap::new();
+        let mut hot: Vec<MailboxRun> = Vec::new();
         let gate = self.opts.lease_gate.clone();
         for (s, recs) in batches {
             let map = &self.map;
@@ -85,8 +90,12 @@ impl Worker {
                 }
             }
             if !items.is_empty() {
-                hot.entry(sh.mb).or_default().push((s, sh.epoch, items));
-                hot_recs.entry(sh.mb).or_default().push(recs_of_items);
+                if hot.len() <= sh.mb {
+                    hot.resize_with(sh.mb + 1, MailboxRun::default);
+                }
+                let run = &mut hot[sh.mb];
+                run.batches.push((s, sh.epoch, items));
+                run.recs.push(recs_of_items);
             }
             if let Some((w, next)) = hole {
                 // records before the hole still go through; the shard then waits
@@ -96,15 +105,17 @@ impl Worker {
         for (s, w, next) in holes {
             self.hold_discontinuity(s, w, next);
         }
-        Routed { hot, hot_recs }
+        Routed { hot }
     }
 
     /// Applies a routed batch: the hot items (one pipeline per mailbox instance), then the
     /// pending records, then the wake hints and a little GC.
     pub(super) async fn apply(&mut self, routed: Routed) -> Result<(), Error> {
-        let Routed { hot, mut hot_recs } = routed;
         let gate = self.opts.lease_gate.clone();
-        for (mb, batches) in hot {
+        for (mb, MailboxRun { batches, recs }) in routed.hot.into_iter().enumerate() {
+            if batches.is_empty() {
+                continue;
+            }
             let outcomes = self.mailboxes[mb].materialize_batches(&batches).await?;
             if let Some(f) = &self.opts.fault {
                 if batches
@@ -116,7 +127,6 @@ impl Worker {
                     )));
                 }
             }
-            let recs = hot_recs.remove(&mb).unwrap_or_default();
             for (((s, _, items), recs), outs) in batches.into_iter().zip(recs).zip(outcomes) {
                 match outs {
                     Ok(outs) => self.handle_hot(s, items, recs, outs).await?,

@@ -53,6 +53,7 @@ mod fault;
 mod feed;
 mod gc;
 mod hot;
+mod owned;
 mod shard;
 mod worker;
 

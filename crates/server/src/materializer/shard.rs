@@ -17,7 +17,7 @@ pub(super) struct StepScan {
     /// health board; empty unless asked for.
     pub(super) served: Vec<u32>,
     /// The shards read now and where from: running, gate open, not waiting for a retry.
-    /// In shard order (the owned shards' map is ordered).
+    /// In shard order (the owned shards are kept in shard order, ADR-0078).
     pub(super) positions: Vec<(u32, u64)>,
     /// Some running shard's lease gate is closed (it opens again by itself: look soon).
     pub(super) gated: bool,

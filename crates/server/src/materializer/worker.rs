@@ -14,6 +14,7 @@ use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
 
 use super::feed::{FeedRead, FeedState};
+use super::owned::OwnedShards;
 use super::shard::{OwnedShard, StepScan};
 use super::{
     Error, MaterializerOptions, GATE_RECHECK, OWNER_MARK_REFRESH, READ_GRACE, RETRY_MAX, RETRY_MIN,
@@ -37,7 +38,7 @@ pub struct Worker {
     pub(super) ahead: Option<Ahead>,
     pub(super) mailboxes: Vec<MailboxStore>,
     /// The state of every shard this worker owns (running or stopped), by shard.
-    pub(super) owned: BTreeMap<u32, OwnedShard>,
+    pub(super) owned: OwnedShards,
     pub(super) opts: MaterializerOptions,
     pub(super) health: Arc<HealthBoard>,
     /// Current delay before replacing a failed log connection (None: reads are healthy).
@@ -125,7 +126,7 @@ impl Worker {
             read_wait,
             ahead: None,
             mailboxes,
-            owned: BTreeMap::new(),
+            owned: OwnedShards::default(),
             opts,
             health,
             read_backoff: None,

@@ -25,7 +25,6 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use tidemark_protocol::SendRequest;
 use tidemark_server::gateway::CommitPath;
 use tidemark_server::health::HealthBoard;
 use tidemark_store::redis::dlog::WaitPolicy;
@@ -240,14 +239,11 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
                         to.push(u.clone());
                     }
                 }
-                let req = SendRequest {
-                    id: format!("m{n}"),
-                    to,
-                    body: format!("{sender}:{n:06}:{body_tail}"),
-                };
+                let id = format!("m{n}");
+                let body = format!("{sender}:{n:06}:{body_tail}");
                 n += 1;
                 let t = Instant::now();
-                let r = path.commit(&sender, &req).await;
+                let r = path.commit(&sender, &id, to, body).await;
                 let measuring = counters.measuring.load(Ordering::Relaxed);
                 counters.all_sends.fetch_add(1, Ordering::Relaxed);
                 match r {

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tidemark_protocol::{ErrorCode, SendRequest};
+use tidemark_protocol::ErrorCode;
 use tidemark_store::redis::dlog::{LogStore, WaitPolicy, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
@@ -119,17 +119,21 @@ impl CommitPath {
         self.cores[self.map.core_of(shard)].clone()
     }
 
-    /// Commits `req` from `sender` to every shard it touches. Returns shard → offset.
+    /// Commits the send `id` from `sender` (recipients `to`, `body`) to every shard it
+    /// touches. Returns shard → offset. The recipients and the body are taken, not borrowed:
+    /// a send to one shard hands them to its commit as they are, without copies (ADR-0079).
     pub async fn commit(
         &self,
         sender: &str,
-        req: &SendRequest,
+        id: &str,
+        to: Vec<String>,
+        body: String,
     ) -> Result<BTreeMap<u32, u64>, SendFailure> {
         let sent_at_us = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
-        let groups = group_by_shard(&req.to, &self.map);
+        let groups = group_by_shard(&to, &self.map);
         // a shard stopped here because its watermark is corrupt takes no new message: refused
         // before anything commits (else it would wait, acknowledged, until a repair)
         if let Some(&bad) = groups.keys().find(|&&s| self.health.is_corrupt(s)) {
@@ -143,8 +147,7 @@ impl CommitPath {
         }
         // one digest for the whole message: a resend with the same id must be the same
         // message on every shard (the same recipients, the same body)
-        let all: Vec<&str> = req.to.iter().map(String::as_str).collect();
-        let digest = &tidemark_store::redis::dlog::request_digest(&all, &req.body);
+        let digest = tidemark_store::redis::dlog::request_digest(&to, &body);
         // the id is bound to the message on the sender's own shard first, so that a reuse is
         // refused before any shard commits (a shard the first message did not touch has no
         // dedupe record to compare with). A send to one shard whose commit call can reach the
@@ -162,38 +165,64 @@ impl CommitPath {
         if !folded {
             let claim = self
                 .core(home)
-                .claim_message_id(home, sender, &req.id, digest, DEFAULT_DEDUPE_TTL_S)
+                .claim_message_id(home, sender, id, &digest, DEFAULT_DEDUPE_TTL_S)
                 .await
                 .map_err(|e| {
-                    tracing::warn!(sender, id = %req.id, error = %e, "message id claim failed");
+                    tracing::warn!(sender, id, error = %e, "message id claim failed");
                     (
                         ErrorCode::Internal,
                         "commit failed; retry with the same id".to_string(),
                     )
                 })?;
             if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
-                return Err(id_reused(&req.id));
+                return Err(id_reused(id));
             }
         }
+        // each shard's part: a send to one shard (the usual case) hands its recipients on as
+        // they are; one to several copies each shard's out
+        let parts: Vec<(u32, Vec<String>)> = if groups.len() == 1 {
+            let shard = *groups.keys().next().expect("one shard");
+            drop(groups);
+            vec![(shard, to)]
+        } else {
+            groups
+                .into_iter()
+                .map(|(shard, rcpts)| (shard, rcpts.into_iter().map(str::to_string).collect()))
+                .collect()
+        };
+        // the last part takes the body and the digest, the others copies
+        let last = parts.len().saturating_sub(1);
+        let (mut body, mut digest) = (Some(body), Some(digest));
+        let mut take = |i: usize| {
+            if i == last {
+                (body.take(), digest.take())
+            } else {
+                (body.clone(), digest.clone())
+            }
+        };
         // each shard's commit joins that shard's next group call
-        let commits = groups.iter().map(|(&shard, rcpts)| {
-            let msg = Pending {
-                shard,
-                sender: sender.to_string(),
-                client_id: req.id.clone(),
-                recipients: rcpts.iter().map(|r| r.to_string()).collect(),
-                body: req.body.clone(),
-                sent_at_us,
-                digest: digest.clone(),
-                claim_home: folded.then_some(home),
-            };
-            let groups = &self.groups;
-            async move { (shard, groups.commit(msg).await) }
-        });
+        let commits = parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, (shard, recipients))| {
+                let (body, digest) = take(i);
+                let msg = Pending {
+                    shard,
+                    sender: sender.to_string(),
+                    client_id: id.to_string(),
+                    recipients,
+                    body: body.expect("taken once, by the last part"),
+                    sent_at_us,
+                    digest: digest.expect("taken once, by the last part"),
+                    claim_home: folded.then_some(home),
+                };
+                let groups = &self.groups;
+                async move { (shard, groups.commit(msg).await) }
+            });
         let results = tokio::time::timeout(COMMIT_TIMEOUT, futures::future::join_all(commits))
             .await
             .map_err(|_| {
-                tracing::warn!(sender, id = %req.id, "commit timed out");
+                tracing::warn!(sender, id, "commit timed out");
                 (
                     ErrorCode::Internal,
                     "commit timed out; retry with the same id".to_string(),
@@ -209,12 +238,12 @@ impl CommitPath {
                     offsets.insert(shard, c.offset);
                 }
                 Err(StoreError::IdReused { shard, offset }) => {
-                    tracing::info!(shard, offset, sender, id = %req.id, "id reused for another message");
+                    tracing::info!(shard, offset, sender, id, "id reused for another message");
                     // Permanent too: the id names another message.
-                    failure = Some(id_reused(&req.id));
+                    failure = Some(id_reused(id));
                 }
                 Err(StoreError::LogExhausted { shard }) => {
-                    tracing::error!(shard, sender, id = %req.id, "dispatch log exhausted: commit refused");
+                    tracing::error!(shard, sender, id, "dispatch log exhausted: commit refused");
                     // Permanent: it wins over a transient failure of another shard.
                     failure = Some((
                         ErrorCode::LogExhausted,
@@ -224,7 +253,7 @@ impl CommitPath {
                     ));
                 }
                 Err(e) => {
-                    tracing::warn!(shard, sender, id = %req.id, code = e.code(), error = %e, "commit failed");
+                    tracing::warn!(shard, sender, id, code = e.code(), error = %e, "commit failed");
                     if failure.is_none() {
                         failure = Some((
                             ErrorCode::Internal,

@@ -236,17 +236,13 @@ async fn send_message(
         Ok(p) => p,
         Err((code, message)) => return error_response(code, message),
     };
-    let res = send::commit(&shared, &user, &req).await;
+    let (id, res) = send::commit(&shared, &user, req).await;
     drop(permit);
     match res {
         Ok(offsets) => {
             metrics::histogram!("tidemark_send_ack_seconds")
                 .record(received.elapsed().as_secs_f64());
-            Json(SendResponse {
-                id: req.id,
-                offsets,
-            })
-            .into_response()
+            Json(SendResponse { id, offsets }).into_response()
         }
         Err((code, message)) => error_response(code, message),
     }

@@ -165,12 +165,15 @@ pub(crate) async fn reserve(
     }
 }
 
-/// Commits `req` from `sender` to every shard it touches ([`CommitPath::commit`](super::commit::CommitPath::commit)). Returns
-/// shard → offset.
+/// Commits the send `req` from `sender` to every shard it touches
+/// ([`CommitPath::commit`](super::commit::CommitPath::commit)), taking its recipients and
+/// body; returns its id (for the answer) and shard → offset.
 pub(crate) async fn commit(
     shared: &Shared,
     sender: &str,
-    req: &SendRequest,
-) -> Result<BTreeMap<u32, u64>, SendFailure> {
-    shared.commit.commit(sender, req).await
+    req: SendRequest,
+) -> (String, Result<BTreeMap<u32, u64>, SendFailure>) {
+    let SendRequest { id, to, body } = req;
+    let res = shared.commit.commit(sender, &id, to, body).await;
+    (id, res)
 }

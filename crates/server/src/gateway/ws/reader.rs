@@ -90,9 +90,9 @@ impl<'a> Reader<'a> {
             if let Some(f) = &shared.opts.send_fault {
                 assert!(!f.panic_commit(&user, &req.id), "send fault: {}", req.id);
             }
-            let res = send::commit(shared, &user, &req).await;
+            let (id, res) = send::commit(shared, &user, req).await;
             drop(permit);
-            (req.id, received, res)
+            (id, received, res)
         })));
     }
 

@@ -6,8 +6,87 @@ mod cmd;
 /// mimalloc instead of glibc's malloc: the gateway allocates per frame and per Redis command,
 /// and glibc's allocator was ~17 % of the server's CPU under load (`scripts/perf/
 /// profile_server.sh`, docs/performance.md "CPU per message").
+#[cfg(not(feature = "alloc-count"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// With the `alloc-count` feature (a build for measurements): mimalloc, with every allocation
+/// and reallocation counted and exported on `/metrics`.
+#[cfg(feature = "alloc-count")]
+#[global_allocator]
+static GLOBAL: alloc_count::Counting = alloc_count::Counting;
+
+#[cfg(feature = "alloc-count")]
+mod alloc_count {
+    //! Counts allocations per thread slot (no shared cache line between the runtime's
+    //! threads, so counting barely changes what it counts) and sums the slots when read.
+
+    use std::alloc::{GlobalAlloc, Layout};
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+    const SLOTS: usize = 64;
+
+    #[repr(align(128))]
+    struct Slot {
+        allocs: AtomicU64,
+        reallocs: AtomicU64,
+    }
+
+    #[allow(clippy::declare_interior_mutable_const)]
+    const EMPTY: Slot = Slot {
+        allocs: AtomicU64::new(0),
+        reallocs: AtomicU64::new(0),
+    };
+    static COUNTS: [Slot; SLOTS] = [EMPTY; SLOTS];
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+    thread_local! {
+        // const-initialised: reading it never allocates
+        static MINE: Cell<usize> = const { Cell::new(usize::MAX) };
+    }
+
+    fn slot() -> &'static Slot {
+        let i = MINE
+            .try_with(|m| {
+                if m.get() == usize::MAX {
+                    m.set(NEXT.fetch_add(1, Relaxed) % SLOTS);
+                }
+                m.get()
+            })
+            .unwrap_or(0);
+        &COUNTS[i]
+    }
+
+    /// mimalloc, counted.
+    pub struct Counting;
+
+    // SAFETY: every call is passed on to mimalloc unchanged; only counters are touched.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            slot().allocs.fetch_add(1, Relaxed);
+            unsafe { mimalloc::MiMalloc.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            slot().allocs.fetch_add(1, Relaxed);
+            unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            slot().reallocs.fetch_add(1, Relaxed);
+            unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+        }
+    }
+
+    /// (allocations, reallocations) since the process started.
+    pub fn counts() -> (u64, u64) {
+        COUNTS.iter().fold((0, 0), |(a, r), s| {
+            (a + s.allocs.load(Relaxed), r + s.reallocs.load(Relaxed))
+        })
+    }
+}
 
 use std::process::ExitCode;
 
@@ -79,6 +158,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     cmd::logs::init();
+    #[cfg(feature = "alloc-count")]
+    tidemark_server::telemetry::set_allocation_counts(alloc_count::counts);
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     match rt.block_on(run(cli)) {
         Ok(code) => code,

@@ -86,6 +86,17 @@ pub fn count_error(code: tidemark_protocol::ErrorCode) {
     }
 }
 
+/// The process's allocation counts (allocations, reallocations), when its binary counts them:
+/// the `tidemark` binary's `alloc-count` feature, a build for measurements only
+/// (docs/performance.md). Unset in a normal build, and then no gauge is exported.
+static ALLOCATION_COUNTS: OnceLock<fn() -> (u64, u64)> = OnceLock::new();
+
+/// Makes `/metrics` export `f`'s counts as `tidemark_allocations_total` and
+/// `tidemark_reallocations_total` (the first call wins).
+pub fn set_allocation_counts(f: fn() -> (u64, u64)) {
+    let _ = ALLOCATION_COUNTS.set(f);
+}
+
 /// Sets the standard `process_cpu_seconds_total` (user + system CPU of this process) and
 /// `process_resident_memory_bytes` gauges from `/proc/self` (Linux), so CPU per message can be
 /// computed from `/metrics` alone (issue 15). Does nothing where `/proc` is unreadable.
@@ -111,6 +122,11 @@ pub fn record_process_metrics() {
             }
         }
     }
+    if let Some(counts) = ALLOCATION_COUNTS.get() {
+        let (allocs, reallocs) = counts();
+        metrics::gauge!("tidemark_allocations_total").set(allocs as f64);
+        metrics::gauge!("tidemark_reallocations_total").set(reallocs as f64);
+    }
     if let Ok(statm) = std::fs::read_to_string("/proc/self/statm") {
         if let Some(Ok(pages)) = statm.split_whitespace().nth(1).map(str::parse::<f64>) {
             if page > 0 {
@@ -134,6 +150,8 @@ enum Kind {
 const METRICS: &[(&str, Kind, &str)] = &[
     ("process_cpu_seconds_total", Kind::Gauge, "User and system CPU time of this process, seconds."),
     ("process_resident_memory_bytes", Kind::Gauge, "Resident memory of this process, bytes."),
+    ("tidemark_allocations_total", Kind::Gauge, "Heap allocations of this process since it started; only in a build with the alloc-count feature (measurements)."),
+    ("tidemark_reallocations_total", Kind::Gauge, "Heap reallocations of this process since it started; only in a build with the alloc-count feature (measurements)."),
     ("tidemark_build_info", Kind::Gauge, "Always 1; the label `version` is the build's version."),
     ("tidemark_commits_total", Kind::Counter, "Shard commits (a message to N shards counts N)."),
     ("tidemark_commit_duplicates_total", Kind::Counter, "Shard commits answered from dedupe (resends)."),

@@ -12,17 +12,20 @@ use super::worker::Worker;
 use super::Error;
 use crate::health::ShardStatus;
 
-pub(super) fn single_item(rec: &DispatchRecord) -> SingleItem {
+/// The hot item of `rec`, which takes the record's recipients (ADR-0080: not copied; the
+/// record keeps an empty list, and gets them back if it goes to the chunked path).
+pub(super) fn single_item(rec: &mut DispatchRecord) -> SingleItem {
     SingleItem {
         offset: rec.offset,
         prev: rec.prev,
-        recipients: rec.recipients.clone(),
+        recipients: std::mem::take(&mut rec.recipients),
         entry: encode_entry(rec.offset, rec.sent_at_us, &rec.sender, &rec.body),
     }
 }
 
 /// One mailbox instance's part of a routed read batch: the hot items of each shard (shard,
-/// epoch, items) and, in the same order, the records they came from.
+/// epoch, items) and, in the same order, the records they came from (whose recipients the
+/// items hold).
 #[derive(Default)]
 struct MailboxRun {
     batches: Vec<(u32, u64, Vec<SingleItem>)>,
@@ -63,7 +66,7 @@ impl Worker {
             let mut items = Vec::new();
             let mut recs_of_items = Vec::new();
             let mut hole = None;
-            for rec in recs {
+            for mut rec in recs {
                 if rec.offset <= sh.read_pos {
                     continue; // already read (a re-read after resync overlaps)
                 }
@@ -83,7 +86,7 @@ impl Worker {
                 sh.read_pos = rec.offset;
                 if sh.pending.is_empty() && sh.uniform && (1..=most).contains(&rec.recipients.len())
                 {
-                    items.push(single_item(&rec));
+                    items.push(single_item(&mut rec));
                     recs_of_items.push(rec);
                 } else {
                     sh.pending.push_back(Pending::new(rec, map));
@@ -156,11 +159,14 @@ impl Worker {
     pub(super) async fn handle_hot(
         &mut self,
         s: u32,
-        items: Vec<SingleItem>,
+        mut items: Vec<SingleItem>,
         mut recs: Vec<DispatchRecord>,
         outs: Vec<Materialized>,
     ) -> Result<(), Error> {
         let mut applied = 0u64;
+        // the items taken (applied or replayed): their recipients are named in the shard's
+        // next hint, once the run has been handed on
+        let mut taken = 0;
         // every record applied, none replayed: W went from the first one's prev to the last
         // one's offset, and the run can be handed to this process's connections (ADR-0041)
         let mut fresh = outs.len() == items.len();
@@ -168,18 +174,22 @@ impl Worker {
             fresh &= matches!(out, Materialized::Applied { .. });
             match out {
                 Materialized::Applied { .. } | Materialized::Replay { .. } => {
+                    taken = i + 1;
                     let sh = self.shard_mut(s);
-                    sh.touched.extend(items[i].recipients.iter().cloned());
                     sh.moved = true;
                     sh.min_w = sh.min_w.max(items[i].offset);
                     applied += 1;
                 }
                 Materialized::NotUniform => {
                     // The rest goes to the chunked path, in order, ahead of later pending,
-                    // each as the record it was read as.
+                    // each as the record it was read as (its recipients given back).
                     let moved: Vec<Pending> = recs
                         .drain(i..)
-                        .map(|rec| Pending::new(rec, &self.map))
+                        .zip(items.drain(i..))
+                        .map(|(mut rec, item)| {
+                            rec.recipients = item.recipients;
+                            Pending::new(rec, &self.map)
+                        })
                         .collect();
                     let sh = self.shard_mut(s);
                     sh.uniform = false;
@@ -196,6 +206,12 @@ impl Worker {
                         "gap: re-reading from W"
                     );
                     metrics::counter!("tidemark_gaps_total").increment(1);
+                    // named before the resync, which may fail and end the step here
+                    let sh = self.shard_mut(s);
+                    for item in items.drain(..taken) {
+                        sh.touched.extend(item.recipients);
+                    }
+                    taken = 0;
                     self.resync(s).await?;
                     break;
                 }
@@ -219,6 +235,12 @@ impl Worker {
             }
             _ => false,
         };
+        if taken > 0 {
+            let sh = self.shard_mut(s);
+            for item in items.drain(..taken) {
+                sh.touched.extend(item.recipients);
+            }
+        }
         if applied > 0 && !handed {
             self.shard_mut(s).unhanded = true;
         }

@@ -127,7 +127,7 @@ impl CommitPath {
         sender: &str,
         id: &str,
         to: Vec<String>,
-        body: String,
+        mut body: String,
     ) -> Result<BTreeMap<u32, u64>, SendFailure> {
         let sent_at_us = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -147,7 +147,7 @@ impl CommitPath {
         }
         // one digest for the whole message: a resend with the same id must be the same
         // message on every shard (the same recipients, the same body)
-        let digest = tidemark_store::redis::dlog::request_digest(&to, &body);
+        let mut digest = tidemark_store::redis::dlog::request_digest(&to, &body);
         // the id is bound to the message on the sender's own shard first, so that a reuse is
         // refused before any shard commits (a shard the first message did not touch has no
         // dedupe record to compare with). A send to one shard whose commit call can reach the
@@ -179,7 +179,7 @@ impl CommitPath {
             }
         }
         // each shard's part: a send to one shard (the usual case) hands its recipients on as
-        // they are; one to several copies each shard's out
+        // they are; a send to several shards copies each shard's recipients
         let parts: Vec<(u32, Vec<String>)> = if groups.len() == 1 {
             let shard = *groups.keys().next().expect("one shard");
             drop(groups);
@@ -192,10 +192,9 @@ impl CommitPath {
         };
         // the last part takes the body and the digest, the others copies
         let last = parts.len().saturating_sub(1);
-        let (mut body, mut digest) = (Some(body), Some(digest));
         let mut take = |i: usize| {
             if i == last {
-                (body.take(), digest.take())
+                (std::mem::take(&mut body), std::mem::take(&mut digest))
             } else {
                 (body.clone(), digest.clone())
             }
@@ -211,9 +210,9 @@ impl CommitPath {
                     sender: sender.to_string(),
                     client_id: id.to_string(),
                     recipients,
-                    body: body.expect("taken once, by the last part"),
+                    body,
                     sent_at_us,
-                    digest: digest.expect("taken once, by the last part"),
+                    digest,
                     claim_home: folded.then_some(home),
                 };
                 let groups = &self.groups;

@@ -82,10 +82,7 @@ impl Worker {
                     .as_ref()
                     .is_some_and(|f| f.lose_hint(sh.shard, seq.seq));
                 if !lost {
-                    if pubs.len() <= sh.mb {
-                        pubs.resize_with(sh.mb + 1, Vec::new);
-                    }
-                    pubs[sh.mb].push((
+                    super::grown_to(&mut pubs, sh.mb).push((
                         sh.shard,
                         WakeHint {
                             min_w: sh.min_w,

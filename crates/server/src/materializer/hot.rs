@@ -93,10 +93,7 @@ impl Worker {
                 }
             }
             if !items.is_empty() {
-                if hot.len() <= sh.mb {
-                    hot.resize_with(sh.mb + 1, MailboxRun::default);
-                }
-                let run = &mut hot[sh.mb];
+                let run = super::grown_to(&mut hot, sh.mb);
                 run.batches.push((s, sh.epoch, items));
                 run.recs.push(recs_of_items);
             }
@@ -207,10 +204,7 @@ impl Worker {
                     );
                     metrics::counter!("tidemark_gaps_total").increment(1);
                     // named before the resync, which may fail and end the step here
-                    let sh = self.shard_mut(s);
-                    for item in items.drain(..taken) {
-                        sh.touched.extend(item.recipients);
-                    }
+                    self.name_in_hint(s, &mut items, taken);
                     taken = 0;
                     self.resync(s).await?;
                     break;
@@ -235,12 +229,7 @@ impl Worker {
             }
             _ => false,
         };
-        if taken > 0 {
-            let sh = self.shard_mut(s);
-            for item in items.drain(..taken) {
-                sh.touched.extend(item.recipients);
-            }
-        }
+        self.name_in_hint(s, &mut items, taken);
         if applied > 0 && !handed {
             self.shard_mut(s).unhanded = true;
         }
@@ -249,5 +238,14 @@ impl Worker {
             self.clear_held(s);
         }
         Ok(())
+    }
+
+    /// Moves the recipients of the first `taken` items (applied or replayed) into shard
+    /// `s`'s next hint (ADR-0080: moved, not copied).
+    fn name_in_hint(&mut self, s: u32, items: &mut Vec<SingleItem>, taken: usize) {
+        let sh = self.shard_mut(s);
+        for item in items.drain(..taken) {
+            sh.touched.extend(item.recipients);
+        }
     }
 }

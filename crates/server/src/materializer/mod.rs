@@ -178,3 +178,12 @@ impl Error {
         }
     }
 }
+
+/// `v[i]`, growing `v` with defaults up to `i` first: the per-step lists indexed by mailbox
+/// instance (ADR-0078), which allocate nothing on a step that has nothing for any instance.
+fn grown_to<T: Default>(v: &mut Vec<T>, i: usize) -> &mut T {
+    if v.len() <= i {
+        v.resize_with(i + 1, T::default);
+    }
+    &mut v[i]
+}

@@ -345,11 +345,29 @@ async fn a_corrupt_shard_stops_only_itself() {
     );
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("shard_unavailable"), "{body}");
+    // a send to the corrupt shard and another is refused whole: the other shard commits
+    // nothing either (the send to several shards takes the grouped path, ADR-0081)
+    let on_shard_2 = (0..)
+        .map(|i| format!("v{i}"))
+        .find(|u| support::route(u, SHARDS).shard == 2)
+        .unwrap();
+    let (status, body) = support::http_post(
+        port,
+        "/v1/messages?user=alice",
+        &format!(r#"{{"id":"c-2","to":["{on_shard_2}","{on_shard_1}"],"body":"x"}}"#),
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("shard 1 is stopped"), "{body}");
     let mut commits = LogStore::connect(&core.url()).await.unwrap();
     assert_eq!(
         commits.head(1).await.unwrap(),
         0,
         "nothing committed to shard 1"
+    );
+    assert_eq!(
+        commits.head(2).await.unwrap(),
+        0,
+        "nothing committed to shard 2"
     );
     commits
         .commit(0, "a", "m1", &["bob"], "hi", 1, DEFAULT_DEDUPE_TTL_S)

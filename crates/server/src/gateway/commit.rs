@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tidemark_protocol::ErrorCode;
-use tidemark_store::redis::dlog::{LogStore, WaitPolicy, DEFAULT_DEDUPE_TTL_S};
+use tidemark_store::redis::dlog::{Committed, LogStore, WaitPolicy, DEFAULT_DEDUPE_TTL_S};
 use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
 use tokio_util::task::TaskTracker;
@@ -121,7 +121,8 @@ impl CommitPath {
 
     /// Commits the send `id` from `sender` (recipients `to`, `body`) to every shard it
     /// touches. Returns shard → offset. The recipients and the body are taken, not borrowed:
-    /// a send to one shard hands them to its commit as they are, without copies (ADR-0079).
+    /// a send to one shard hands them to its commit as they are, without copies (ADR-0079),
+    /// and builds no grouping, no list of parts and no join (ADR-0081).
     pub async fn commit(
         &self,
         sender: &str,
@@ -133,10 +134,20 @@ impl CommitPath {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0);
-        let groups = group_by_shard(&to, &self.map);
+        // nearly every send has its recipients in one shard (one recipient, most often):
+        // found without grouping them; the others are grouped by shard
+        let one = one_shard(&to, &self.map);
+        let groups = match one {
+            Some(_) => BTreeMap::new(),
+            None => group_by_shard(&to, &self.map),
+        };
         // a shard stopped here because its watermark is corrupt takes no new message: refused
         // before anything commits (else it would wait, acknowledged, until a repair)
-        if let Some(&bad) = groups.keys().find(|&&s| self.health.is_corrupt(s)) {
+        if let Some(bad) = one
+            .into_iter()
+            .chain(groups.keys().copied())
+            .find(|&s| self.health.is_corrupt(s))
+        {
             return Err((
                 ErrorCode::ShardUnavailable,
                 format!(
@@ -154,13 +165,13 @@ impl CommitPath {
         // claim key (the same instance; on a Redis Cluster the same shard) claims inside that
         // call instead: one round trip, not two (ADR-0037).
         let home = self.map.route(sender).shard;
-        let folded = match groups.keys().next() {
-            Some(&only) if groups.len() == 1 => {
+        let folded = match one {
+            Some(only) => {
                 let core = &self.cores[self.map.core_of(only)];
                 only == home
                     || (!core.is_cluster() && self.map.core_of(home) == self.map.core_of(only))
             }
-            _ => false,
+            None => false,
         };
         if !folded {
             let claim = self
@@ -178,20 +189,39 @@ impl CommitPath {
                 return Err(id_reused(id));
             }
         }
-        // each shard's part: a send to one shard (the usual case) hands its recipients on as
-        // they are; a send to several shards copies each shard's recipients
-        let parts: Vec<(u32, Vec<String>)> = if groups.len() == 1 {
-            let shard = *groups.keys().next().expect("one shard");
-            drop(groups);
-            vec![(shard, to)]
-        } else {
-            groups
-                .into_iter()
-                .map(|(shard, rcpts)| (shard, rcpts.into_iter().map(str::to_string).collect()))
-                .collect()
+        let pending = |shard, recipients, body, digest| Pending {
+            shard,
+            sender: sender.to_string(),
+            client_id: id.to_string(),
+            recipients,
+            body,
+            sent_at_us,
+            digest,
+            claim_home: folded.then_some(home),
         };
-        // the last part takes the body and the digest, the others copies
-        let last = parts.len().saturating_sub(1);
+        let timed_out = || {
+            tracing::warn!(sender, id, "commit timed out");
+            (
+                ErrorCode::Internal,
+                "commit timed out; retry with the same id".to_string(),
+            )
+        };
+        if let Some(shard) = one {
+            // one shard: its part takes the recipients, the body and the digest as they are
+            drop(groups);
+            let msg = pending(shard, to, body, digest);
+            let r = tokio::time::timeout(COMMIT_TIMEOUT, self.groups.commit(msg))
+                .await
+                .map_err(|_| timed_out())?;
+            return answer(sender, id, std::iter::once((shard, r)));
+        }
+        // several shards: each part copies its shard's recipients; the last part takes the
+        // body and the digest, the others copies
+        let last = groups.len().saturating_sub(1);
+        let parts: Vec<(u32, Vec<String>)> = groups
+            .into_iter()
+            .map(|(shard, rcpts)| (shard, rcpts.into_iter().map(str::to_string).collect()))
+            .collect();
         let mut take = |i: usize| {
             if i == last {
                 (std::mem::take(&mut body), std::mem::take(&mut digest))
@@ -205,72 +235,75 @@ impl CommitPath {
             .enumerate()
             .map(|(i, (shard, recipients))| {
                 let (body, digest) = take(i);
-                let msg = Pending {
-                    shard,
-                    sender: sender.to_string(),
-                    client_id: id.to_string(),
-                    recipients,
-                    body,
-                    sent_at_us,
-                    digest,
-                    claim_home: folded.then_some(home),
-                };
+                let msg = pending(shard, recipients, body, digest);
                 let groups = &self.groups;
                 async move { (shard, groups.commit(msg).await) }
             });
         let results = tokio::time::timeout(COMMIT_TIMEOUT, futures::future::join_all(commits))
             .await
-            .map_err(|_| {
-                tracing::warn!(sender, id, "commit timed out");
-                (
-                    ErrorCode::Internal,
-                    "commit timed out; retry with the same id".to_string(),
-                )
-            })?;
-        let mut offsets = BTreeMap::new();
-        let mut duplicates = 0u64;
-        let mut failure: Option<SendFailure> = None;
-        for (shard, r) in results {
-            match r {
-                Ok(c) => {
-                    duplicates += u64::from(c.duplicate);
-                    offsets.insert(shard, c.offset);
-                }
-                Err(StoreError::IdReused { shard, offset }) => {
-                    tracing::info!(shard, offset, sender, id, "id reused for another message");
-                    // Permanent too: the id names another message.
-                    failure = Some(id_reused(id));
-                }
-                Err(StoreError::LogExhausted { shard }) => {
-                    tracing::error!(shard, sender, id, "dispatch log exhausted: commit refused");
-                    // Permanent: it wins over a transient failure of another shard.
+            .map_err(|_| timed_out())?;
+        answer(sender, id, results)
+    }
+}
+
+/// The shard of `to` when all its recipients are in one shard; `None` when they are in
+/// several, or there are none.
+fn one_shard(to: &[String], map: &ShardMap) -> Option<u32> {
+    let (first, rest) = to.split_first()?;
+    let shard = map.route(first).shard;
+    rest.iter()
+        .all(|r| map.route(r).shard == shard)
+        .then_some(shard)
+}
+
+/// A send's answer from its parts' results (shard, result): shard → offset when every part
+/// committed; else the failure the client is told (`log_exhausted` wins: permanent).
+fn answer(
+    sender: &str,
+    id: &str,
+    results: impl IntoIterator<Item = (u32, Result<Committed, StoreError>)>,
+) -> Result<BTreeMap<u32, u64>, SendFailure> {
+    let mut offsets = BTreeMap::new();
+    let mut duplicates = 0u64;
+    let mut failure: Option<SendFailure> = None;
+    for (shard, r) in results {
+        match r {
+            Ok(c) => {
+                duplicates += u64::from(c.duplicate);
+                offsets.insert(shard, c.offset);
+            }
+            Err(StoreError::IdReused { shard, offset }) => {
+                tracing::info!(shard, offset, sender, id, "id reused for another message");
+                // Permanent too: the id names another message.
+                failure = Some(id_reused(id));
+            }
+            Err(StoreError::LogExhausted { shard }) => {
+                tracing::error!(shard, sender, id, "dispatch log exhausted: commit refused");
+                // Permanent: it wins over a transient failure of another shard.
+                failure = Some((
+                    ErrorCode::LogExhausted,
+                    format!("shard {shard} has used up its log offsets; the send cannot complete"),
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(shard, sender, id, code = e.code(), error = %e, "commit failed");
+                if failure.is_none() {
                     failure = Some((
-                        ErrorCode::LogExhausted,
-                        format!(
-                            "shard {shard} has used up its log offsets; the send cannot complete"
-                        ),
+                        ErrorCode::Internal,
+                        format!("commit to shard {shard} failed; retry with the same id"),
                     ));
-                }
-                Err(e) => {
-                    tracing::warn!(shard, sender, id, code = e.code(), error = %e, "commit failed");
-                    if failure.is_none() {
-                        failure = Some((
-                            ErrorCode::Internal,
-                            format!("commit to shard {shard} failed; retry with the same id"),
-                        ));
-                    }
                 }
             }
         }
-        if let Some(f) = failure {
-            return Err(f);
-        }
-        crate::telemetry::hot().commits.increment(1);
-        if duplicates > 0 {
-            crate::telemetry::hot().commit_duplicates.increment(1);
-        }
-        Ok(offsets)
     }
+    if let Some(f) = failure {
+        return Err(f);
+    }
+    crate::telemetry::hot().commits.increment(1);
+    if duplicates > 0 {
+        crate::telemetry::hot().commit_duplicates.increment(1);
+    }
+    Ok(offsets)
 }
 
 fn id_reused(id: &str) -> SendFailure {

@@ -32,65 +32,205 @@
 //! dedupe record. A send to several shards still claims the bare digest first and writes a
 //! `dd:` record per shard.
 
-/// `<prefix>{<shard>}` and then `tail`, in one allocation of the right size. The server makes
-/// several of these keys per message, and `format!`'s machinery cost several times the copy
-/// (callgrind, ADR-0071); the names are exactly the `format!` forms (tested).
-fn tagged(prefix: &str, shard: u32, tail: &[&str]) -> String {
-    let mut n = itoa::Buffer::new();
-    let s = n.format(shard);
-    let len = prefix.len() + s.len() + 2 + tail.iter().map(|t| t.len()).sum::<usize>();
-    let mut k = String::with_capacity(len);
-    k.push_str(prefix);
-    k.push('{');
-    k.push_str(s);
-    k.push('}');
-    for t in tail {
-        k.push_str(t);
-    }
-    k
+/// A shard-tagged key not yet written out: `<prefix>{<shard>}` and then its tail. The layout
+/// of every such key is here once, and a key is either made a `String` ([`Key::into_string`])
+/// or written straight into a redis-rs command's buffer as an argument (its [`ToRedisArgs`]):
+/// the keys a commit call and a hot-path call name per message then need no `String` of
+/// their own (ADR-0082). Both give the same bytes (tested).
+///
+/// [`ToRedisArgs`]: redis::ToRedisArgs
+#[derive(Clone, Copy, Debug)]
+pub struct Key<'a> {
+    prefix: &'static str,
+    shard: u32,
+    tail: Tail<'a>,
 }
 
-/// `<prefix>{<shard>}:<n>:<sender><client id>`, n the sender's length in bytes (decimal): the
-/// unambiguous form of the dedupe record and the id claim.
-fn sender_keyed(prefix: &str, shard: u32, sender: &str, client_id: &str) -> String {
-    let mut n = itoa::Buffer::new();
-    let len = n.format(sender.len());
-    tagged(prefix, shard, &[":", len, ":", sender, client_id])
+/// What follows `<prefix>{<shard>}`.
+#[derive(Clone, Copy, Debug)]
+enum Tail<'a> {
+    None,
+    /// `:<s>`
+    Colon(&'a str),
+    /// `:<n>:<sender><client id>`, n the sender's length in bytes (decimal)
+    Sender {
+        sender: &'a str,
+        client_id: &'a str,
+    },
+    /// `:<sender>\0<client id>` (the legacy dedupe form)
+    Legacy {
+        sender: &'a str,
+        client_id: &'a str,
+    },
+}
+
+impl<'a> Key<'a> {
+    const fn new(prefix: &'static str, shard: u32, tail: Tail<'a>) -> Self {
+        Key {
+            prefix,
+            shard,
+            tail,
+        }
+    }
+
+    /// Hands the key's bytes to `f`, piece by piece, in order.
+    fn pieces(&self, mut f: impl FnMut(&[u8])) {
+        let mut n = itoa::Buffer::new();
+        f(self.prefix.as_bytes());
+        f(b"{");
+        f(n.format(self.shard).as_bytes());
+        f(b"}");
+        match self.tail {
+            Tail::None => {}
+            Tail::Colon(t) => {
+                f(b":");
+                f(t.as_bytes());
+            }
+            Tail::Sender { sender, client_id } => {
+                f(b":");
+                f(n.format(sender.len()).as_bytes());
+                f(b":");
+                f(sender.as_bytes());
+                f(client_id.as_bytes());
+            }
+            Tail::Legacy { sender, client_id } => {
+                f(b":");
+                f(sender.as_bytes());
+                f(b"\0");
+                f(client_id.as_bytes());
+            }
+        }
+    }
+
+    /// The key's length in bytes.
+    fn len(&self) -> usize {
+        let mut len = 0;
+        self.pieces(|p| len += p.len());
+        len
+    }
+
+    /// The key as a `String`, in one allocation of its length.
+    pub fn into_string(self) -> String {
+        let mut k = Vec::with_capacity(self.len());
+        self.pieces(|p| k.extend_from_slice(p));
+        // the pieces are the prefix, ASCII, decimal digits and whole `&str`s
+        String::from_utf8(k).expect("a key is UTF-8")
+    }
+
+    /// `wm:{s}` ([`wm`]).
+    pub const fn wm(shard: u32) -> Self {
+        Key::new("wm:", shard, Tail::None)
+    }
+
+    /// `mb:{s}:<user>` ([`mailbox`]).
+    pub const fn mailbox(shard: u32, user: &'a str) -> Self {
+        Key::new("mb:", shard, Tail::Colon(user))
+    }
+
+    /// `ack:{s}` ([`acks`]).
+    pub const fn acks(shard: u32) -> Self {
+        Key::new("ack:", shard, Tail::None)
+    }
+
+    /// `wake:{s}` ([`wake`]).
+    pub const fn wake(shard: u32) -> Self {
+        Key::new("wake:", shard, Tail::None)
+    }
+
+    /// `dlog:{s}` ([`dlog`]).
+    pub const fn dlog(shard: u32) -> Self {
+        Key::new("dlog:", shard, Tail::None)
+    }
+
+    /// `head:{s}` ([`head`]).
+    pub const fn head(shard: u32) -> Self {
+        Key::new("head:", shard, Tail::None)
+    }
+
+    /// `msgid:{h}:<n>:<sender><client id>` ([`message_id`]).
+    pub const fn message_id(shard: u32, sender: &'a str, client_id: &'a str) -> Self {
+        Key::new("msgid:", shard, Tail::Sender { sender, client_id })
+    }
+
+    /// `dd:{s}:<n>:<sender><client id>` ([`dedupe`]).
+    pub const fn dedupe(shard: u32, sender: &'a str, client_id: &'a str) -> Self {
+        Key::new("dd:", shard, Tail::Sender { sender, client_id })
+    }
+
+    /// `dd:{s}:<sender>\0<client id>` ([`dedupe_legacy`]).
+    pub const fn dedupe_legacy(shard: u32, sender: &'a str, client_id: &'a str) -> Self {
+        Key::new("dd:", shard, Tail::Legacy { sender, client_id })
+    }
+}
+
+impl redis::ToRedisArgs for Key<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        // assembled on the stack and handed over in one piece: writing each piece through
+        // redis-rs' `io::Write` for the next argument cost twice the instructions of the
+        // `String` it replaces (callgrind); a key longer than the buffer (a long sender and
+        // id) is made a `String` as before
+        let mut buf = [0u8; 256];
+        let mut len = 0;
+        let mut fits = true;
+        self.pieces(|p| {
+            if fits && len + p.len() <= buf.len() {
+                buf[len..len + p.len()].copy_from_slice(p);
+                len += p.len();
+            } else {
+                fits = false;
+            }
+        });
+        if fits {
+            out.write_arg(&buf[..len]);
+        } else {
+            out.write_arg(self.into_string().as_bytes());
+        }
+    }
+}
+
+/// `<prefix>{<shard>}` with no tail, in one allocation of the right size. The server makes
+/// several of these keys per message, and `format!`'s machinery cost several times the copy
+/// (callgrind, ADR-0071); the names are exactly the `format!` forms (tested).
+fn tagged(prefix: &'static str, shard: u32) -> String {
+    Key::new(prefix, shard, Tail::None).into_string()
 }
 
 /// `wm:{s}`.
 pub fn wm(shard: u32) -> String {
-    tagged("wm:", shard, &[])
+    tagged("wm:", shard)
 }
 
 /// `mb:{s}:<user>`: the user's mailbox, a sorted set scored by MailboxSeq.
 pub fn mailbox(shard: u32, user: &str) -> String {
-    tagged("mb:", shard, &[":", user])
+    Key::mailbox(shard, user).into_string()
 }
 
 /// `ack:{s}`: per-user acked seq of the shard's mailboxes.
 pub fn acks(shard: u32) -> String {
-    tagged("ack:", shard, &[])
+    tagged("ack:", shard)
 }
 
 /// `wmsync:{s}`: the W the GC last asked the replicas to confirm before trimming the core
 /// log. Written for its replication: the `WAIT` after it covers everything the primary held
 /// when W was read (ADR-0063); only with a mailbox replica wait.
 pub fn wm_sync(shard: u32) -> String {
-    tagged("wmsync:", shard, &[])
+    tagged("wmsync:", shard)
 }
 
 /// `dlogsync:{s}`: the offset of the last record a log reader asked the core replicas to
 /// confirm before handing it on. Written for its replication: the `WAIT` after it covers every
 /// record the primary held when the log was read (ADR-0064); only with a core replica wait.
 pub fn dlog_sync(shard: u32) -> String {
-    tagged("dlogsync:", shard, &[])
+    tagged("dlogsync:", shard)
 }
 
 /// `owner:{s}`: the epoch of the process materialising the shard, set with a short expiry and
 /// refreshed while it runs (deleted on a clean stop): how offline tools tell a live owner.
 pub fn owner(shard: u32) -> String {
-    tagged("owner:", shard, &[])
+    tagged("owner:", shard)
 }
 
 /// `stg:{s}:<o>`: staging state (durable lanes) of record `o`.
@@ -100,27 +240,27 @@ pub fn staging(shard: u32, offset: u64) -> String {
 
 /// Prefix of staging keys, for `gc_completed_dispatch`.
 pub fn staging_prefix(shard: u32) -> String {
-    tagged("stg:", shard, &[":"])
+    Key::new("stg:", shard, Tail::Colon("")).into_string()
 }
 
 /// `stgidx:{s}`: index of offsets that have staging state.
 pub fn staging_index(shard: u32) -> String {
-    tagged("stgidx:", shard, &[])
+    tagged("stgidx:", shard)
 }
 
 /// `dlog:{s}`: the shard's dispatch log (a stream).
 pub fn dlog(shard: u32) -> String {
-    tagged("dlog:", shard, &[])
+    tagged("dlog:", shard)
 }
 
 /// `dlogwake:{s}`: sharded Pub/Sub channel of commit hints on a Redis Cluster (ADR-0032).
 pub fn dlog_wake(shard: u32) -> String {
-    tagged("dlogwake:", shard, &[])
+    tagged("dlogwake:", shard)
 }
 
 /// `head:{s}`: last offset assigned in `dlog:{s}`.
 pub fn head(shard: u32) -> String {
-    tagged("head:", shard, &[])
+    tagged("head:", shard)
 }
 
 /// `msgid:{h}:<n>:<sender><client id>`: which message (request digest) a sender's client id
@@ -128,30 +268,30 @@ pub fn head(shard: u32) -> String {
 /// whatever shards its recipients fall in. A one-shard send's claim made inside its commit
 /// holds `"<offset>:<digest>"` in a deployment of identity version 2 (ADR-0040).
 pub fn message_id(shard: u32, sender: &str, client_id: &str) -> String {
-    sender_keyed("msgid:", shard, sender, client_id)
+    Key::message_id(shard, sender, client_id).into_string()
 }
 
 /// `dd:{s}:<n>:<sender><client id>`, n the sender's length in bytes (decimal): the dedupe
 /// record of (sender, client id). Unambiguous for any two strings.
 pub fn dedupe(shard: u32, sender: &str, client_id: &str) -> String {
-    sender_keyed("dd:", shard, sender, client_id)
+    Key::dedupe(shard, sender, client_id).into_string()
 }
 
 /// `dd:{s}:<sender>\0<client id>`: the earlier, ambiguous form of [`dedupe`]. Read by
 /// `commit_dispatch.lua` (never written) so that records written before the change still
 /// dedupe for the rest of their 24 h.
 pub fn dedupe_legacy(shard: u32, sender: &str, client_id: &str) -> String {
-    format!("dd:{{{shard}}}:{sender}\0{client_id}")
+    Key::dedupe_legacy(shard, sender, client_id).into_string()
 }
 
 /// `wake:{s}`: Pub/Sub channel of materialisation hints.
 pub fn wake(shard: u32) -> String {
-    tagged("wake:", shard, &[])
+    tagged("wake:", shard)
 }
 
 /// `lease:{s}`: the node that owns shard `s` (a PX lease on the shard's core instance).
 pub fn lease(shard: u32) -> String {
-    tagged("lease:", shard, &[])
+    tagged("lease:", shard)
 }
 
 /// `{tidemark}:nodes`: the live nodes, scored by when their record expires (core instance 0).
@@ -164,8 +304,19 @@ pub const NODE_PREFIX: &str = "{tidemark}:node:";
 mod tests {
     use super::*;
 
-    /// Every key built with [`tagged`] is the name its `format!` form gave, byte for byte:
-    /// the keys name data already stored, so not one may change.
+    /// A [`Key`] written into a command is one argument holding exactly its `String` form.
+    fn written(k: Key<'_>) -> String {
+        let args = redis::ToRedisArgs::to_redis_args(&k);
+        assert_eq!(args.len(), 1, "one argument");
+        let mut cmd = redis::Cmd::new();
+        cmd.arg("X").arg(k).arg("Y");
+        assert_eq!(cmd.args_iter().count(), 3, "one argument in a command");
+        String::from_utf8(args.into_iter().next().unwrap()).unwrap()
+    }
+
+    /// Every key built with [`Key`] is the name its `format!` form gave, byte for byte, as a
+    /// `String` and written into a command: the keys name data already stored, so not one
+    /// may change.
     #[test]
     fn keys_are_the_format_forms() {
         let users = ["", "bob", "alice-1", "ünïcödé", "a:b{c}", "a\0b"];
@@ -182,8 +333,14 @@ mod tests {
             assert_eq!(head(shard), format!("head:{{{shard}}}"));
             assert_eq!(wake(shard), format!("wake:{{{shard}}}"));
             assert_eq!(lease(shard), format!("lease:{{{shard}}}"));
+            assert_eq!(written(Key::wm(shard)), wm(shard));
+            assert_eq!(written(Key::acks(shard)), acks(shard));
+            assert_eq!(written(Key::wake(shard)), wake(shard));
+            assert_eq!(written(Key::dlog(shard)), dlog(shard));
+            assert_eq!(written(Key::head(shard)), head(shard));
             for u in users {
                 assert_eq!(mailbox(shard, u), format!("mb:{{{shard}}}:{u}"));
+                assert_eq!(written(Key::mailbox(shard, u)), mailbox(shard, u));
                 for c in users {
                     let n = u.len();
                     assert_eq!(
@@ -191,9 +348,29 @@ mod tests {
                         format!("msgid:{{{shard}}}:{n}:{u}{c}")
                     );
                     assert_eq!(dedupe(shard, u, c), format!("dd:{{{shard}}}:{n}:{u}{c}"));
+                    assert_eq!(
+                        dedupe_legacy(shard, u, c),
+                        format!("dd:{{{shard}}}:{u}\0{c}")
+                    );
+                    assert_eq!(
+                        written(Key::message_id(shard, u, c)),
+                        message_id(shard, u, c)
+                    );
+                    assert_eq!(written(Key::dedupe(shard, u, c)), dedupe(shard, u, c));
+                    assert_eq!(
+                        written(Key::dedupe_legacy(shard, u, c)),
+                        dedupe_legacy(shard, u, c)
+                    );
                 }
             }
         }
+        // a key longer than the stack buffer is written whole too
+        let long = "s".repeat(128);
+        let id = "i".repeat(200);
+        assert_eq!(
+            written(Key::message_id(7, &long, &id)),
+            format!("msgid:{{7}}:128:{long}{id}")
+        );
         // the capacity is the length: one allocation, none grown
         let k = message_id(12, "alice", "m-1");
         assert_eq!(k.capacity(), k.len());

@@ -158,7 +158,7 @@ pub async fn publish_wake(store: &MailboxStore, hints: &[(u32, WakeHint)]) -> Re
         .iter()
         .map(|(shard, hint)| {
             let mut c = redis::cmd(verb);
-            c.arg(keys::wake(*shard)).arg(hint.encode());
+            c.arg(keys::Key::wake(*shard)).arg(hint.encode());
             (*shard, c)
         })
         .collect();

@@ -54,7 +54,7 @@ use super::scripts::COMMIT_DISPATCH;
 use super::watermark::U48_MAX;
 use crate::endpoint::{self, Conn};
 use crate::error::{Error, Result};
-use crate::keys;
+use crate::keys::{self, Key};
 use crate::redis::replicas::{client_info, conn_id, with_wait, ConnId, ReplicaConfirm, WaitError};
 pub use crate::redis::replicas::{has_replicas, ReplicaWait, WaitPolicy};
 
@@ -739,19 +739,20 @@ impl LogStore {
         cmd.arg("EVALSHA").arg(&COMMIT_DISPATCH.sha).arg(n_keys);
         for (shard, reqs) in parts {
             let shard = *shard;
-            cmd.arg(keys::dlog(shard)).arg(keys::head(shard));
+            // the keys are written into the command's buffer, with no `String` each (ADR-0082)
+            cmd.arg(Key::dlog(shard)).arg(Key::head(shard));
             for r in reqs {
                 if let (true, Some(home)) = (compact(r), r.claim_home) {
-                    cmd.arg(keys::message_id(home, r.sender, r.client_id));
+                    cmd.arg(Key::message_id(home, r.sender, r.client_id));
                     continue;
                 }
-                let dedupe = keys::dedupe(shard, r.sender, r.client_id);
+                let dedupe = Key::dedupe(shard, r.sender, r.client_id);
                 let claim = match r.claim_home {
-                    Some(home) => keys::message_id(home, r.sender, r.client_id),
-                    None => dedupe.clone(), // not touched (flag '0'); same slot
+                    Some(home) => Key::message_id(home, r.sender, r.client_id),
+                    None => dedupe, // not touched (flag '0'); same slot
                 };
                 cmd.arg(dedupe)
-                    .arg(keys::dedupe_legacy(shard, r.sender, r.client_id))
+                    .arg(Key::dedupe_legacy(shard, r.sender, r.client_id))
                     .arg(claim);
             }
         }
@@ -1410,7 +1411,7 @@ fn xread(positions: &[(u32, u64)], count: usize, block: Duration) -> redis::Cmd 
     }
     cmd.arg("STREAMS");
     for (s, _) in positions {
-        cmd.arg(keys::dlog(*s));
+        cmd.arg(Key::dlog(*s));
     }
     let mut id = [0u8; STREAM_ID_MAX];
     for (_, after) in positions {

@@ -120,7 +120,8 @@ impl MailboxStore {
                 c.arg(&self.set.ack_mailbox.sha).arg(2 * idx.len());
                 for &i in idx {
                     let (shard, user, _) = acks[i];
-                    c.arg(keys::acks(shard)).arg(keys::mailbox(shard, user));
+                    c.arg(keys::Key::acks(shard))
+                        .arg(keys::Key::mailbox(shard, user));
                 }
                 for &i in idx {
                     let (_, user, seq) = acks[i];

@@ -118,10 +118,11 @@ impl MailboxStore {
         c.arg("EVALSHA")
             .arg(&self.set.materialize_fresh_single_recipient.sha)
             .arg(keys + 1)
-            .arg(keys::wm(shard));
+            .arg(keys::Key::wm(shard));
+        // the keys are written into the command's buffer, with no `String` each (ADR-0082)
         for it in run {
             for r in &it.recipients {
-                c.arg(keys::mailbox(shard, r));
+                c.arg(keys::Key::mailbox(shard, r));
             }
         }
         c.arg(epoch);

@@ -276,44 +276,45 @@ fn pack(by_shard: BTreeMap<u32, Vec<Waiting<Pending, Answer>>>) -> Vec<Parts> {
     calls
 }
 
-/// Commits the parts of several shards in one script call (ADR-0051) and answers them.
+/// Commits the parts of several shards in one script call (ADR-0051) and answers them. The
+/// requests borrow the queued sends' fields as they are (their recipients too) and sit in one
+/// list for the call, answered in one list (ADR-0083).
 async fn commit_parts(
     mut core: LogStore,
     parts: Parts,
     dedupe_ttl_s: u64,
     feed: Option<&CommitFeed>,
 ) {
-    let recipients: Vec<Vec<Vec<&str>>> = parts
+    let n: usize = parts.iter().map(|(_, group)| group.len()).sum();
+    let reqs: Vec<CommitRequest<'_, String>> = parts
         .iter()
-        .map(|(_, group)| {
-            group
-                .iter()
-                .map(|w| w.item.recipients.iter().map(String::as_str).collect())
-                .collect()
+        .flat_map(|(_, group)| group.iter().map(request))
+        .collect();
+    let mut at = 0;
+    let refs: Vec<(u32, &[CommitRequest<'_, String>])> = parts
+        .iter()
+        .map(|(shard, group)| {
+            let part = &reqs[at..at + group.len()];
+            at += group.len();
+            (*shard, part)
         })
         .collect();
-    let reqs: Vec<Vec<CommitRequest<'_>>> = parts
-        .iter()
-        .zip(&recipients)
-        .map(|((_, group), rs)| group.iter().zip(rs).map(|(w, rs)| request(w, rs)).collect())
-        .collect();
-    let refs: Vec<(u32, &[CommitRequest<'_>])> = parts
-        .iter()
-        .zip(&reqs)
-        .map(|((shard, _), reqs)| (*shard, reqs.as_slice()))
-        .collect();
-    let n: usize = reqs.iter().map(Vec::len).sum();
     crate::telemetry::hot().commit_group_size.record(n as f64);
-    let results = core.commit_parts(&refs, dedupe_ttl_s).await;
+    let results = core.commit_flat(&refs, dedupe_ttl_s).await;
     drop(refs);
     drop(reqs);
-    drop(recipients);
     match results {
         Ok(results) => {
-            for ((shard, group), results) in parts.into_iter().zip(results) {
+            let mut results = results.into_iter();
+            for (shard, group) in parts {
+                let results = results.by_ref().take(group.len());
                 match feed.and_then(|f| f.shard(shard)) {
                     Some(feed) => answer_and_offer(&feed, group, results),
-                    None => answer(group, Ok(results)),
+                    None => {
+                        for (w, r) in group.into_iter().zip(results) {
+                            let _ = w.tx.send(r);
+                        }
+                    }
                 }
             }
         }
@@ -325,12 +326,12 @@ async fn commit_parts(
     }
 }
 
-/// What the script needs of a queued message.
-fn request<'a>(w: &'a Waiting<Pending, Answer>, recipients: &'a [&'a str]) -> CommitRequest<'a> {
+/// What the script needs of a queued message (its fields borrowed as they are).
+fn request(w: &Waiting<Pending, Answer>) -> CommitRequest<'_, String> {
     CommitRequest {
         sender: &w.item.sender,
         client_id: &w.item.client_id,
-        recipients,
+        recipients: &w.item.recipients,
         body: &w.item.body,
         sent_at_us: w.item.sent_at_us,
         digest: &w.item.digest,
@@ -360,7 +361,7 @@ async fn commit_shard(
 fn answer_and_offer(
     feed: &ShardFeed<'_>,
     group: Vec<Waiting<Pending, Answer>>,
-    results: Vec<Answer>,
+    results: impl Iterator<Item = Answer>,
 ) {
     for (Waiting { item, tx }, r) in group.into_iter().zip(results) {
         let fresh = match &r {

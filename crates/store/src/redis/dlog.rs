@@ -89,15 +89,17 @@ pub struct Committed {
     pub duplicate: bool,
 }
 
-/// One message of a group commit ([`LogStore::commit_group`]).
+/// One message of a group commit ([`LogStore::commit_group`]). `R` is how the recipients are
+/// held: `&str` by default, or the `String`s a caller already has (the gateway's queued
+/// sends), so that no list of `&str` is built per message (ADR-0083).
 #[derive(Debug, Clone, Copy)]
-pub struct CommitRequest<'a> {
+pub struct CommitRequest<'a, R = &'a str> {
     /// Sender user id.
     pub sender: &'a str,
     /// Client-chosen message id (dedupe key with the sender).
     pub client_id: &'a str,
     /// Recipients of this shard, in the order given by the sender.
-    pub recipients: &'a [&'a str],
+    pub recipients: &'a [R],
     /// Message body.
     pub body: &'a str,
     /// Commit time, µs since the Unix epoch.
@@ -113,15 +115,16 @@ pub struct CommitRequest<'a> {
 }
 
 /// Encodes recipients as `[len u8][bytes]…`.
-pub fn encode_recipients(rs: &[&str]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(rs.iter().map(|r| r.len() + 1).sum());
+pub fn encode_recipients<R: AsRef<str>>(rs: &[R]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(rs.iter().map(|r| r.as_ref().len() + 1).sum());
     push_recipients(&mut out, rs);
     out
 }
 
 /// Appends `[len u8][bytes]…` of `rs` to `out` (both record forms store recipients so).
-fn push_recipients(out: &mut Vec<u8>, rs: &[&str]) {
+fn push_recipients<R: AsRef<str>>(out: &mut Vec<u8>, rs: &[R]) {
     for r in rs {
+        let r = r.as_ref();
         debug_assert!(!r.is_empty() && r.len() <= 128);
         out.push(r.len() as u8);
         out.extend_from_slice(r.as_bytes());
@@ -133,26 +136,40 @@ const PACKED_FORM: u8 = 1;
 
 /// Packs a message for field `m` of a log entry (ADR-0055; the layout at the top of this
 /// module). `sender` is 1..=128 bytes (checked by the gateway before any commit).
-pub fn encode_record(
+pub fn encode_record<R: AsRef<str>>(
     sender: &str,
     client_id: &str,
-    recipients: &[&str],
+    recipients: &[R],
     sent_at_us: u64,
     body: &str,
 ) -> Vec<u8> {
+    let mut out = Vec::new();
+    push_record(&mut out, sender, client_id, recipients, sent_at_us, body);
+    out
+}
+
+/// [`encode_record`] appended to `out` (a commit call packs its messages one after another
+/// in one buffer: ADR-0083).
+fn push_record<R: AsRef<str>>(
+    out: &mut Vec<u8>,
+    sender: &str,
+    client_id: &str,
+    recipients: &[R],
+    sent_at_us: u64,
+    body: &str,
+) {
     debug_assert!(!sender.is_empty() && sender.len() <= 128);
-    let r_len: usize = recipients.iter().map(|r| r.len() + 1).sum();
-    let mut out = Vec::with_capacity(18 + sender.len() + client_id.len() + r_len + body.len());
+    let r_len: usize = recipients.iter().map(|r| r.as_ref().len() + 1).sum();
+    out.reserve(18 + sender.len() + client_id.len() + r_len + body.len());
     out.push(PACKED_FORM);
     out.push(sender.len() as u8);
     out.extend_from_slice(sender.as_bytes());
     out.extend_from_slice(&(client_id.len() as u32).to_be_bytes());
     out.extend_from_slice(client_id.as_bytes());
     out.extend_from_slice(&(r_len as u32).to_be_bytes());
-    push_recipients(&mut out, recipients);
+    push_recipients(out, recipients);
     out.extend_from_slice(&sent_at_us.to_be_bytes());
     out.extend_from_slice(body.as_bytes());
-    out
 }
 
 /// A packed record's message, taken apart: (sender, client id, recipients, sent_at_us,
@@ -545,17 +562,14 @@ impl LogStore {
     /// every message that was committed or a duplicate (the refused ones wrote nothing).
     /// The outer `Err` is a failure of the call itself (connection, script error): nothing
     /// is known of the messages, and a resend of each is deduplicated.
-    pub async fn commit_group(
+    pub async fn commit_group<R: AsRef<str> + Sync>(
         &mut self,
         shard: u32,
-        reqs: &[CommitRequest<'_>],
+        reqs: &[CommitRequest<'_, R>],
         dedupe_ttl_s: u64,
     ) -> Result<Vec<Result<Committed>>> {
-        if reqs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut out = self.commit_parts(&[(shard, reqs)], dedupe_ttl_s).await?;
-        Ok(out.pop().expect("one answer per part"))
+        // one part: the flat answers are the part's
+        self.commit_flat(&[(shard, reqs)], dedupe_ttl_s).await
     }
 
     /// [`LogStore::commit_group`] of several shards' groups in one call (ADR-0051): each part
@@ -565,51 +579,45 @@ impl LogStore {
     /// not stop the others. One instance only: on a Redis
     /// Cluster (one slot per call) more than one part is [`Error::InvalidArgument`], before
     /// anything is sent. Parts may name the same shard twice (its messages in order).
-    pub async fn commit_parts(
+    pub async fn commit_parts<R: AsRef<str> + Sync>(
         &mut self,
-        parts: &[(u32, &[CommitRequest<'_>])],
+        parts: &[(u32, &[CommitRequest<'_, R>])],
         dedupe_ttl_s: u64,
     ) -> Result<Vec<Vec<Result<Committed>>>> {
-        // an empty part is answered (with nothing) but not sent
-        let sent: Vec<usize> = (0..parts.len())
-            .filter(|&i| !parts[i].1.is_empty())
-            .collect();
-        let mut all: Vec<Vec<Result<Committed>>> = parts.iter().map(|_| Vec::new()).collect();
-        if sent.is_empty() {
-            return Ok(all);
-        }
-        let parts: Vec<(u32, Vec<&CommitRequest<'_>>)> = sent
+        let mut flat = self.commit_flat(parts, dedupe_ttl_s).await?.into_iter();
+        Ok(parts
             .iter()
-            .map(|&i| (parts[i].0, parts[i].1.iter().collect()))
-            .collect();
-        let answers = self.commit_sent_parts(&parts, dedupe_ttl_s).await?;
-        for (i, a) in sent.into_iter().zip(answers) {
-            all[i] = a;
-        }
-        Ok(all)
+            .map(|(_, reqs)| flat.by_ref().take(reqs.len()).collect())
+            .collect())
     }
 
-    /// [`LogStore::commit_parts`] of parts that are not empty.
-    async fn commit_sent_parts(
+    /// [`LogStore::commit_parts`] answered in one list: the answers of every part one after
+    /// another, in the parts' order (as many as there are messages). What the gateway's group
+    /// commit calls: one list per call, not one per part (ADR-0083). An empty part is
+    /// answered with nothing and not sent.
+    pub async fn commit_flat<R: AsRef<str> + Sync>(
         &mut self,
-        parts: &[(u32, Vec<&CommitRequest<'_>>)],
+        parts: &[(u32, &[CommitRequest<'_, R>])],
         dedupe_ttl_s: u64,
-    ) -> Result<Vec<Vec<Result<Committed>>>> {
+    ) -> Result<Vec<Result<Committed>>> {
+        let mut sent = parts.iter().filter(|(_, reqs)| !reqs.is_empty());
+        let Some(&(first, first_reqs)) = sent.next() else {
+            return Ok(Vec::new());
+        };
         if self.conn.is_cluster() {
-            if parts.len() > 1 {
+            if sent.next().is_some() {
                 return Err(Error::InvalidArgument(format!(
                     "one commit call on a Redis Cluster holds one shard, not {}",
-                    parts.len()
+                    parts.iter().filter(|(_, reqs)| !reqs.is_empty()).count()
                 )));
             }
-            let (shard, reqs) = &parts[0];
-            if let Some(home) = reqs
+            if let Some(home) = first_reqs
                 .iter()
                 .filter_map(|r| r.claim_home)
-                .find(|h| h != shard)
+                .find(|&h| h != first)
             {
                 return Err(Error::InvalidArgument(format!(
-                    "a commit to shard {shard} cannot claim an id on shard {home} of a Redis \
+                    "a commit to shard {first} cannot claim an id on shard {home} of a Redis \
                      Cluster (another slot)"
                 )));
             }
@@ -622,67 +630,63 @@ impl LogStore {
             .await?;
         // one-key messages whose claim is a bare digest of theirs: again, with their dedupe
         // keys (ADR-0043; rare: a claim written before ADR-0040, or by a two-step claim)
-        let again: Vec<(usize, Vec<usize>)> = out
-            .iter()
-            .enumerate()
-            .map(|(p, answers)| {
-                (
-                    p,
-                    (0..answers.len())
-                        .filter(|&i| answers[i].is_none())
-                        .collect::<Vec<_>>(),
-                )
-            })
-            .filter(|(_, idx)| !idx.is_empty())
-            .collect();
-        if !again.is_empty() {
-            let retry: Vec<(u32, Vec<&CommitRequest<'_>>)> = again
+        if out.iter().any(Option::is_none) {
+            // the flat index of each message sent again, and those messages by part
+            let mut at = Vec::new();
+            let mut reqs: Vec<(u32, Vec<&CommitRequest<'_, R>>)> = Vec::new();
+            let mut i = 0;
+            for (shard, part) in parts {
+                let mut again = Vec::new();
+                for r in part.iter() {
+                    if out[i].is_none() {
+                        at.push(i);
+                        again.push(r);
+                    }
+                    i += 1;
+                }
+                if !again.is_empty() {
+                    reqs.push((*shard, again));
+                }
+            }
+            let retry: Vec<(u32, &[&CommitRequest<'_, R>])> = reqs
                 .iter()
-                .map(|(p, idx)| (parts[*p].0, idx.iter().map(|&i| parts[*p].1[i]).collect()))
+                .map(|(shard, reqs)| (*shard, reqs.as_slice()))
                 .collect();
             let answers = self
                 .commit_call(&retry, dedupe_ttl_s, false, &mut ran_on)
                 .await?;
-            for ((p, idx), part_answers) in again.into_iter().zip(answers) {
-                for (i, a) in idx.into_iter().zip(part_answers) {
-                    out[p][i] = a;
-                }
+            for (i, a) in at.into_iter().zip(answers) {
+                out[i] = a;
             }
         }
         // (the call with every key answers every message)
-        let mut out: Vec<Vec<Result<Committed>>> = out
+        let mut out: Vec<Result<Committed>> = out
             .into_iter()
-            .map(|answers| {
-                answers
-                    .into_iter()
-                    .map(|a| {
-                        a.unwrap_or_else(|| {
-                            Err(Error::UnexpectedReply {
-                                script: "commit_dispatch",
-                                detail: "a message left unanswered".into(),
-                            })
-                        })
+            .map(|a| {
+                a.unwrap_or_else(|| {
+                    Err(Error::UnexpectedReply {
+                        script: "commit_dispatch",
+                        detail: "a message left unanswered".into(),
                     })
-                    .collect()
+                })
             })
             .collect();
         // a duplicate waits too: the first commit may not have reached the replicas yet; a
         // refusal (exhausted log, id reused) wrote nothing: no replica needed. One WAIT covers
         // every write made on the connection before it, so every part of the call.
-        let acked = out.iter().flatten().any(|r| r.is_ok());
+        let acked = out.iter().any(|r| r.is_ok());
         if let (Some(w), true) = (self.wait, acked) {
-            if let Err(e) = self
-                .confirm
-                .confirm(&self.conn, parts[0].0, w, &ran_on)
-                .await
-            {
-                for (answers, (shard, _)) in out.iter_mut().zip(parts) {
-                    for r in answers.iter_mut().filter(|r| r.is_ok()) {
+            if let Err(e) = self.confirm.confirm(&self.conn, first, w, &ran_on).await {
+                let shards = parts
+                    .iter()
+                    .flat_map(|(shard, reqs)| std::iter::repeat_n(*shard, reqs.len()));
+                for (r, shard) in out.iter_mut().zip(shards) {
+                    if r.is_ok() {
                         *r = Err(match &e {
                             Error::NotReplicated {
                                 replicas, wanted, ..
                             } => Error::NotReplicated {
-                                shard: *shard,
+                                shard,
                                 replicas: *replicas,
                                 wanted: *wanted,
                             },
@@ -695,53 +699,66 @@ impl LogStore {
         Ok(out)
     }
 
-    /// One `commit_dispatch.lua` call of `parts`: each message's answer, by part, `None` for
-    /// a one-key message (flag '3', sent only when `one_key` and the deployment claims with
-    /// one key) that needs its dedupe keys (the script's `{4, 0}`: nothing was written for
-    /// it). With `one_key` false every claiming message is sent with its three keys.
-    async fn commit_call(
+    /// One `commit_dispatch.lua` call of `parts` (empty parts are left out of it): each
+    /// message's answer, in one list in the parts' order, `None` for a one-key message (flag
+    /// '3', sent only when `one_key` and the deployment claims with one key) that needs its
+    /// dedupe keys (the script's `{4, 0}`: nothing was written for it). With `one_key` false
+    /// every claiming message is sent with its three keys. `T` is a request or a reference
+    /// to one (the retry of [`LogStore::commit_flat`]).
+    async fn commit_call<'r, R, T>(
         &mut self,
-        parts: &[(u32, Vec<&CommitRequest<'_>>)],
+        parts: &[(u32, &[T])],
         dedupe_ttl_s: u64,
         one_key: bool,
         ran_on: &mut Vec<Option<ConnId>>,
-    ) -> Result<Vec<Vec<Option<Result<Committed>>>>> {
+    ) -> Result<Vec<Option<Result<Committed>>>>
+    where
+        R: AsRef<str> + Sync + 'r,
+        T: std::borrow::Borrow<CommitRequest<'r, R>> + Sync,
+    {
         // ADR-0043: a one-key claim passes only its claim's key
         let one_key = one_key && self.one_key_claims;
-        let compact = |r: &CommitRequest<'_>| one_key && r.claim_home.is_some();
-        let n_keys: usize = parts
-            .iter()
+        let compact = |r: &CommitRequest<'_, R>| one_key && r.claim_home.is_some();
+        let sent = || parts.iter().filter(|(_, reqs)| !reqs.is_empty());
+        let n_keys: usize = sent()
             .map(|(_, reqs)| {
                 2 + reqs
                     .iter()
-                    .map(|r| if compact(r) { 1 } else { 3 })
+                    .map(|r| if compact(r.borrow()) { 1 } else { 3 })
                     .sum::<usize>()
             })
             .sum();
         // the command's buffers sized once, from above: grown argument by argument they were
         // reallocated several times per call (ADR-0071)
-        let msgs: usize = parts.iter().map(|(_, reqs)| reqs.len()).sum();
-        let bytes: usize = parts
-            .iter()
+        let msgs: usize = sent().map(|(_, reqs)| reqs.len()).sum();
+        let n_parts = sent().count();
+        let mut record_max = 0;
+        let bytes: usize = sent()
             .flat_map(|(_, reqs)| reqs.iter())
             .map(|r| {
+                let r = r.borrow();
                 // three keys and the record or its fields (each holding sender and client
                 // id), the recipients, the body, the digest and the small numbers
-                4 * (r.sender.len() + r.client_id.len())
-                    + r.recipients.iter().map(|x| x.len() + 1).sum::<usize>()
-                    + r.body.len()
-                    + 160
+                let rcpts = r
+                    .recipients
+                    .iter()
+                    .map(|x| x.as_ref().len() + 1)
+                    .sum::<usize>();
+                record_max =
+                    record_max.max(18 + r.sender.len() + r.client_id.len() + rcpts + r.body.len());
+                4 * (r.sender.len() + r.client_id.len()) + rcpts + r.body.len() + 160
             })
             .sum::<usize>()
-            + 64 * parts.len()
+            + 64 * n_parts
             + 96;
-        let mut cmd = redis::Cmd::with_capacity(6 + n_keys + 2 * parts.len() + 7 * msgs, bytes);
+        let mut cmd = redis::Cmd::with_capacity(6 + n_keys + 2 * n_parts + 7 * msgs, bytes);
         cmd.arg("EVALSHA").arg(&COMMIT_DISPATCH.sha).arg(n_keys);
-        for (shard, reqs) in parts {
+        for (shard, reqs) in sent() {
             let shard = *shard;
             // the keys are written into the command's buffer, with no `String` each (ADR-0082)
             cmd.arg(Key::dlog(shard)).arg(Key::head(shard));
-            for r in reqs {
+            for r in reqs.iter() {
+                let r = r.borrow();
                 if let (true, Some(home)) = (compact(r), r.claim_home) {
                     cmd.arg(Key::message_id(home, r.sender, r.client_id));
                     continue;
@@ -758,24 +775,30 @@ impl LogStore {
         }
         let packed = self.packed_records;
         cmd.arg(dedupe_ttl_s.max(1))
-            .arg(parts.len())
+            .arg(n_parts)
             .arg(if packed { "m" } else { "f" });
-        for (shard, reqs) in parts {
+        // each packed record is made in one buffer for the call, not a `Vec` each (ADR-0083)
+        let mut record = Vec::with_capacity(if packed { record_max } else { 0 });
+        for (shard, reqs) in sent() {
             cmd.arg(reqs.len());
             if self.conn.is_cluster() {
                 cmd.arg(keys::dlog_wake(*shard));
             } else {
                 cmd.arg("");
             }
-            for r in reqs {
+            for r in reqs.iter() {
+                let r = r.borrow();
                 if packed {
-                    cmd.arg(encode_record(
+                    record.clear();
+                    push_record(
+                        &mut record,
                         r.sender,
                         r.client_id,
                         r.recipients,
                         r.sent_at_us,
                         r.body,
-                    ));
+                    );
+                    cmd.arg(&record[..]);
                 } else {
                     cmd.arg(r.sender)
                         .arg(r.client_id)
@@ -791,7 +814,9 @@ impl LogStore {
                 });
             }
         }
-        let (v, conn) = self.eval_commit(&cmd, parts[0].0).await?;
+        drop(record);
+        let first = sent().next().map_or(0, |(shard, _)| *shard);
+        let (v, conn) = self.eval_commit(&cmd, first).await?;
         ran_on.push(conn);
         let bad = || Error::UnexpectedReply {
             script: "commit_dispatch",
@@ -800,18 +825,17 @@ impl LogStore {
         let Value::Array(a) = &v else {
             return Err(bad());
         };
-        if a.len() != 2 * parts.iter().map(|(_, reqs)| reqs.len()).sum::<usize>() {
+        if a.len() != 2 * msgs {
             return Err(bad());
         }
         let mut pairs = a.chunks(2);
-        let mut out = Vec::with_capacity(parts.len());
-        for (shard, reqs) in parts {
+        let mut out = Vec::with_capacity(msgs);
+        for (shard, reqs) in sent() {
             let shard = *shard;
-            let mut answers = Vec::with_capacity(reqs.len());
-            for r in reqs {
+            for r in reqs.iter() {
                 // (zip would take one pair too many from the shared iterator)
                 let pair = pairs.next().expect("length checked");
-                answers.push(match (&pair[0], &pair[1]) {
+                out.push(match (&pair[0], &pair[1]) {
                     (Value::Int(s), Value::Int(o)) if *s == 0 || *s == 1 => Some(Ok(Committed {
                         offset: *o as u64,
                         duplicate: *s == 1,
@@ -821,7 +845,7 @@ impl LogStore {
                         shard,
                         offset: *o as u64,
                     })),
-                    (Value::Int(4), Value::Int(0)) if compact(r) => None,
+                    (Value::Int(4), Value::Int(0)) if compact(r.borrow()) => None,
                     (Value::Int(5), Value::BulkString(e)) => Some(Err(Error::LogAheadOfHead {
                         shard,
                         detail: String::from_utf8_lossy(e).into_owned(),
@@ -833,7 +857,6 @@ impl LogStore {
                     _ => return Err(bad()),
                 });
             }
-            out.push(answers);
         }
         Ok(out)
     }

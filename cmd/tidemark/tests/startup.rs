@@ -333,31 +333,29 @@ async fn a_corrupt_shard_stops_only_itself() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(body.lines().count(), 1, "only shard 1: {body}");
-    // sends to the corrupt shard are refused before anything commits (issue 10, item 4)
-    let on_shard_1 = (0..)
-        .map(|i| format!("u{i}"))
-        .find(|u| support::route(u, SHARDS).shard == 1)
-        .unwrap();
-    let (status, body) = support::http_post(
-        port,
-        "/v1/messages?user=alice",
-        &format!(r#"{{"id":"c-1","to":["{on_shard_1}"],"body":"x"}}"#),
-    );
-    assert_eq!(status, 503, "{body}");
-    assert!(body.contains("shard_unavailable"), "{body}");
-    // a send to the corrupt shard and another is refused whole: the other shard commits
-    // nothing either (the send to several shards takes the grouped path, ADR-0081)
-    let on_shard_2 = (0..)
-        .map(|i| format!("v{i}"))
-        .find(|u| support::route(u, SHARDS).shard == 2)
-        .unwrap();
-    let (status, body) = support::http_post(
-        port,
-        "/v1/messages?user=alice",
-        &format!(r#"{{"id":"c-2","to":["{on_shard_2}","{on_shard_1}"],"body":"x"}}"#),
-    );
-    assert_eq!(status, 503, "{body}");
-    assert!(body.contains("shard 1 is stopped"), "{body}");
+    // sends to the corrupt shard are refused before anything commits (issue 10, item 4); a
+    // send to it and another shard is refused whole, and the other shard commits nothing
+    // either (a send to several shards takes the grouped path, ADR-0081)
+    let user_on = |shard| {
+        (0..)
+            .map(|i| format!("u{i}"))
+            .find(|u| support::route(u, SHARDS).shard == shard)
+            .unwrap()
+    };
+    let (on_shard_1, on_shard_2) = (user_on(1), user_on(2));
+    for (id, to) in [
+        ("c-1", format!(r#""{on_shard_1}""#)),
+        ("c-2", format!(r#""{on_shard_2}","{on_shard_1}""#)),
+    ] {
+        let (status, body) = support::http_post(
+            port,
+            "/v1/messages?user=alice",
+            &format!(r#"{{"id":"{id}","to":[{to}],"body":"x"}}"#),
+        );
+        assert_eq!(status, 503, "{id}: {body}");
+        assert!(body.contains("shard_unavailable"), "{id}: {body}");
+        assert!(body.contains("shard 1 is stopped"), "{id}: {body}");
+    }
     let mut commits = LogStore::connect(&core.url()).await.unwrap();
     assert_eq!(
         commits.head(1).await.unwrap(),

@@ -267,6 +267,22 @@ mod tests {
             prop_assert_eq!(e.encode(), bytes);
         }
 
+        /// The borrowed `deliver` frame is the owned one's text, for any entry (quotes,
+        /// backslashes, control and non-ASCII characters included).
+        #[test]
+        fn deliver_json_is_the_frames_text(
+            seq in 0..=MAX_SEQ,
+            sent_at_us in any::<u64>(),
+            from in "\\PC{1,40}|[\"\\\\\u{0}-\u{1f}a]{1,10}",
+            body in "\\PC{0,200}|[\"\\\\\u{0}-\u{1f}\u{7f}é😀]{0,30}",
+        ) {
+            let e = Entry { seq, from, body, sent_at_us };
+            prop_assert_eq!(
+                crate::frames::deliver_json(e.seq, &e.from, &e.body, e.sent_at_us),
+                crate::ServerFrame::Deliver(e.clone()).to_json()
+            );
+        }
+
         #[test]
         fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
             if let Ok(e) = decode_entry(&bytes) {

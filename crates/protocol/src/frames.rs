@@ -121,6 +121,28 @@ impl ServerFrame {
     }
 }
 
+/// The `deliver` frame of a stored entry whose sender and body are borrowed (a decoded
+/// [`crate::entry::EntryHead`]): the same text as `ServerFrame::Deliver(entry).to_json()`,
+/// without making the entry's `String`s first (tested against it).
+pub fn deliver_json(seq: u64, from: &str, body: &str, sent_at_us: u64) -> String {
+    /// `ServerFrame::Deliver(Entry)`'s fields, in its order, borrowed.
+    #[derive(Serialize)]
+    #[serde(tag = "type", rename = "deliver")]
+    struct Deliver<'a> {
+        seq: u64,
+        from: &'a str,
+        body: &'a str,
+        sent_at_us: u64,
+    }
+    serde_json::to_string(&Deliver {
+        seq,
+        from,
+        body,
+        sent_at_us,
+    })
+    .expect("a deliver frame always serialises")
+}
+
 impl ClientFrame {
     /// The frame as the JSON text of one WebSocket text frame.
     pub fn to_json(&self) -> String {

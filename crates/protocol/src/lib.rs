@@ -35,7 +35,7 @@ pub mod token;
 pub use close::CloseCode;
 pub use entry::{decode_entry, decode_entry_head, encode_entry, Entry, EntryHead};
 pub use error::{Error, ErrorCode};
-pub use frames::{parse_client_frame, ClientFrame, FrameError, Limits, ServerFrame};
+pub use frames::{deliver_json, parse_client_frame, ClientFrame, FrameError, Limits, ServerFrame};
 pub use http::{
     parse_ack_request, parse_mailbox_query, parse_send_request, AckRequest, AckResponse, ErrorBody,
     ErrorDetail, MailboxPage, MailboxQuery, SendRequest, SendResponse,

@@ -37,8 +37,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::ws::Utf8Bytes;
-use tidemark_protocol::entry::{decode_entry, Entry};
-use tidemark_protocol::ServerFrame;
+use tidemark_protocol::deliver_json;
+use tidemark_protocol::entry::decode_entry_head;
 use tidemark_store::redis::store::{MailboxStore, SingleItem};
 use tidemark_store::redis::watermark::ShardWatermark;
 use tidemark_store::wake::{HintSeq, WakeHint, WakeSubscriber};
@@ -121,13 +121,28 @@ pub(crate) struct LocalEntry {
 
 impl LocalEntry {
     /// The entry and its `deliver` frame.
-    pub(crate) fn new(e: Entry) -> LocalEntry {
+    #[cfg(test)]
+    pub(crate) fn new(e: tidemark_protocol::entry::Entry) -> LocalEntry {
         let (seq, sent_at_us) = (e.seq, e.sent_at_us);
         LocalEntry {
             seq,
             sent_at_us,
-            frame: ServerFrame::Deliver(e).to_json().into(),
+            frame: tidemark_protocol::ServerFrame::Deliver(e).to_json().into(),
         }
+    }
+
+    /// The entry stored as `bytes` at `seq`, checked as
+    /// [`decode_entry`](tidemark_protocol::entry::decode_entry) checks it (and that it is the
+    /// entry of `seq`), its frame serialised from the borrowed bytes without the entry's own
+    /// `String`s (ADR-0084); `None` when it does not decode.
+    pub(crate) fn decode(bytes: &[u8], seq: u64) -> Option<LocalEntry> {
+        let head = decode_entry_head(bytes).ok().filter(|h| h.seq == seq)?;
+        let body = std::str::from_utf8(head.body).ok()?;
+        Some(LocalEntry {
+            seq,
+            sent_at_us: head.sent_at_us,
+            frame: deliver_json(seq, head.from, body, head.sent_at_us).into(),
+        })
     }
 }
 
@@ -337,12 +352,8 @@ impl WakeHub {
                     if local.peek().is_none() {
                         continue;
                     }
-                    let entry = entry.get_or_insert_with(|| {
-                        decode_entry(&item.entry)
-                            .ok()
-                            .filter(|e| e.seq == item.offset)
-                            .map(LocalEntry::new)
-                    });
+                    let entry =
+                        entry.get_or_insert_with(|| LocalEntry::decode(&item.entry, item.offset));
                     for (w, l) in local {
                         let at = match runs.iter().position(|r| r.0 == w.id) {
                             Some(i) => i,
@@ -700,6 +711,8 @@ async fn subscribe_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tidemark_protocol::entry::decode_entry;
+    use tidemark_protocol::ServerFrame;
 
     #[tokio::test]
     async fn hints_wake_named_users_only() {
@@ -849,6 +862,31 @@ mod tests {
         assert_eq!(a.as_str(), expected);
         assert_eq!(a.as_ptr(), b.as_ptr(), "one serialisation, shared");
         assert_eq!(a.as_ptr(), b2.as_ptr(), "one serialisation, shared");
+    }
+
+    /// A local entry decodes only as a mailbox read would: the entry of its own seq, with a
+    /// UTF-8 sender and body; its frame is the mailbox read's frame of it.
+    #[test]
+    fn a_local_entry_decodes_as_a_read_would() {
+        let bytes = tidemark_protocol::entry::encode_entry(11, 7, "alice", "h\"i\u{1}é");
+        let e = LocalEntry::decode(&bytes, 11).expect("decodes");
+        assert_eq!((e.seq, e.sent_at_us), (11, 7));
+        assert_eq!(
+            e.frame.as_str(),
+            ServerFrame::Deliver(decode_entry(&bytes).unwrap()).to_json()
+        );
+        assert!(
+            LocalEntry::decode(&bytes, 12).is_none(),
+            "another seq's entry"
+        );
+        assert!(LocalEntry::decode(&bytes[..10], 11).is_none(), "truncated");
+        let mut bad = bytes.clone();
+        *bad.last_mut().unwrap() = 0xff;
+        assert!(decode_entry(&bad).is_err());
+        assert!(
+            LocalEntry::decode(&bad, 11).is_none(),
+            "a body that is not UTF-8"
+        );
     }
 
     /// Whether `n` holds a wake permit (consumes it).

@@ -86,9 +86,9 @@ impl<T, A> Drop for Running<'_, T, A> {
 }
 
 /// Answers a batch: each item its own result, or every item the call's error.
-pub(crate) fn answer<T, R, E: Clone>(
+pub(crate) fn answer<T, R, E: Clone, I: IntoIterator<Item = Result<R, E>>>(
     batch: Vec<Waiting<T, Result<R, E>>>,
-    results: Result<Vec<Result<R, E>>, E>,
+    results: Result<I, E>,
 ) {
     match results {
         Ok(results) => {

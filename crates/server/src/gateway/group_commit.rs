@@ -310,17 +310,13 @@ async fn commit_parts(
                 let results = results.by_ref().take(group.len());
                 match feed.and_then(|f| f.shard(shard)) {
                     Some(feed) => answer_and_offer(&feed, group, results),
-                    None => {
-                        for (w, r) in group.into_iter().zip(results) {
-                            let _ = w.tx.send(r);
-                        }
-                    }
+                    None => answer(group, Ok(results)),
                 }
             }
         }
         Err(e) => {
             for (_, group) in parts {
-                answer(group, Err(e.clone()));
+                answer(group, Err::<Vec<Answer>, _>(e.clone()));
             }
         }
     }

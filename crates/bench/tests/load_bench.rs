@@ -33,6 +33,7 @@ fn tiny(layouts: Vec<Layout>) -> LoadOptions {
         read_policy: ReadPolicy::default(),
         commit_linger: None,
         ack_interval: None,
+        read_linger: None,
     }
 }
 

@@ -154,6 +154,10 @@ pub struct LoadArgs {
     /// --ack-interval-ms`, ADR-0074); default: the gateway's.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     ack_interval_ms: Option<u64>,
+    /// Local deployment: the materializers' read linger in milliseconds (`serve
+    /// --read-linger-ms`, ADR-0042); default: the materializer's.
+    #[arg(long)]
+    read_linger_ms: Option<u64>,
     /// A running deployment's gateways instead (ws://…/v1/ws, comma-separated: clients are
     /// spread over them round-robin). The generator then runs on one thread.
     #[arg(long, value_delimiter = ',')]
@@ -234,6 +238,7 @@ fn load_options(a: &LoadArgs) -> anyhow::Result<LoadOptions> {
         read_policy: load::ReadPolicy::default(),
         commit_linger: a.commit_linger_us.map(std::time::Duration::from_micros),
         ack_interval: a.ack_interval_ms.map(std::time::Duration::from_millis),
+        read_linger: a.read_linger_ms.map(std::time::Duration::from_millis),
     })
 }
 

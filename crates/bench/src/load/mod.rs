@@ -108,6 +108,9 @@ pub struct LoadOptions {
     pub commit_linger: Option<Duration>,
     /// A local deployment's ack interval (ADR-0074); `None`: the gateway's default.
     pub ack_interval: Option<Duration>,
+    /// A local deployment's materializer read linger (ADR-0042); `None`: the materializer's
+    /// default.
+    pub read_linger: Option<Duration>,
 }
 
 impl Default for LoadOptions {
@@ -126,6 +129,7 @@ impl Default for LoadOptions {
             read_policy: ReadPolicy::default(),
             commit_linger: None,
             ack_interval: None,
+            read_linger: None,
         }
     }
 }

@@ -90,7 +90,13 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
                 .unwrap_or(tidemark_server::gateway::DEFAULT_ACK_INTERVAL),
             ..GatewayOptions::default()
         },
-        materializer: MaterializerOptions::default(),
+        materializer: {
+            let defaults = MaterializerOptions::default();
+            MaterializerOptions {
+                read_linger: opts.read_linger.unwrap_or(defaults.read_linger),
+                ..defaults
+            }
+        },
         appendfsync: local.appendfsync.clone(),
         cluster: false,
         node: None,

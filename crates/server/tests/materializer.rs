@@ -1294,6 +1294,43 @@ async fn live_reads_linger_and_a_backlog_is_read_at_once() {
     }
 }
 
+/// ADR-0042 and ADR-0085, the quiet path of the linger: it spaces a read from the start of
+/// the read before it and no more, so once the reads that follow a record are done (the read
+/// ahead, a linger after it) the loop waits in a blocking read, and the first record after a
+/// quiet spell is taken at once, not a linger later. Seen to fail (1.0 s) with a linger
+/// waited after every read that found records.
+#[tokio::test]
+async fn the_first_record_after_a_quiet_spell_is_not_held_by_the_linger() {
+    let mut e = env().await;
+    let linger = Duration::from_secs(1);
+    let opts = MaterializerOptions {
+        read_linger: linger,
+        // longer than the linger, as the defaults are (500 ms against 4 ms)
+        block: Duration::from_secs(3),
+        ..fast_opts()
+    };
+    let w = start_worker(&e, opts).await;
+    send(&mut e, "alice", "q0", &["bob"], "before").await;
+    wait_until("the first record", || async {
+        mailbox(&e, "bob").await.len() == 1
+    })
+    .await;
+    // quiet: past the read ahead and the linger after it, inside the next blocking read
+    tokio::time::sleep(linger * 5 / 2).await;
+    let sent = Instant::now();
+    send(&mut e, "alice", "q1", &["bob"], "after the quiet spell").await;
+    wait_until("the record after the quiet spell", || async {
+        mailbox(&e, "bob").await.len() == 2
+    })
+    .await;
+    assert!(
+        sent.elapsed() < linger / 2,
+        "the record after a quiet spell took {:?} (linger {linger:?})",
+        sent.elapsed()
+    );
+    w.stop().await;
+}
+
 /// ADR-0046, the quiet path of a fence: a second owner claims the shards, and no record
 /// comes after it. The first owner never applies anything again, so no script answers it
 /// `fenced`; its garbage collection sees the newer epoch and stops the shard as `Fenced`

@@ -174,7 +174,7 @@ struct MaterializerArgs {
     /// Shortest time, in milliseconds, between two log reads of a materializer when the last
     /// one found no backlog (ADR-0042): fewer, larger reads of live traffic for at most this
     /// much more latency. 0: read again at once.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = tidemark_server::materializer::DEFAULT_READ_LINGER.as_millis() as u64)]
     read_linger_ms: u64,
     /// How long, in milliseconds, WebSocket acks gather before they are written to their
     /// mailbox instance (ADR-0074): a connection's cursor is written at most once per

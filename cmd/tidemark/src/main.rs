@@ -160,7 +160,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// mimalloc asks for huge pages on its arenas (`madvise(MADV_HUGEPAGE)`), and it returns
 /// memory to the system a second after it falls idle. Each time the gateway touched such
 /// memory again, the kernel zeroed a whole 2 MiB page: 2–8 % of the server's CPU samples at
-/// 5,000 msg/s went to that, and 0.1–0.2 % with this off. The flag is inherited by the
+/// 5,000 msg/s went to that, and 0.1–0.5 % with this off. The flag is inherited by the
 /// redis-servers `up` starts, which is what Redis recommends for itself (it warns about THP,
 /// and turns it off for its own process by default). Does nothing off Linux; a kernel that
 /// refuses it leaves THP as it was.

@@ -91,7 +91,8 @@ static UPKEEP_RUNS: OnceLock<Arc<AtomicU64>> = OnceLock::new();
 /// with `build_recorder` (ours: the gateway renders it itself) gets no upkeep of its own, so
 /// a process nobody scraped kept every sample of `send_ack` latency, delivery latency and
 /// batch sizes: about 45 bytes more heap per message, for ever (ADR-0086). A panic inside one
-/// upkeep is caught and logged; the next runs as planned.
+/// upkeep is caught, logged and counted (`tidemark_errors_total{code="metrics_upkeep"}`);
+/// the next runs as planned.
 fn spawn_upkeep(handle: PrometheusHandle, every: Duration) -> Arc<AtomicU64> {
     let runs = Arc::new(AtomicU64::new(0));
     let counted = runs.clone();
@@ -102,6 +103,7 @@ fn spawn_upkeep(handle: PrometheusHandle, every: Duration) -> Arc<AtomicU64> {
             let upkeep = std::panic::AssertUnwindSafe(|| handle.run_upkeep());
             if std::panic::catch_unwind(upkeep).is_err() {
                 tracing::error!("the metrics upkeep panicked; it runs again at the next interval");
+                metrics::counter!("tidemark_errors_total", "code" => "metrics_upkeep").increment(1);
             }
             counted.fetch_add(1, Ordering::Relaxed);
         })

@@ -90,12 +90,11 @@ pub(crate) async fn run_local(opts: &LoadOptions, local: &Local) -> Result<RunRe
                 .unwrap_or(tidemark_server::gateway::DEFAULT_ACK_INTERVAL),
             ..GatewayOptions::default()
         },
-        materializer: {
-            let defaults = MaterializerOptions::default();
-            MaterializerOptions {
-                read_linger: opts.read_linger.unwrap_or(defaults.read_linger),
-                ..defaults
-            }
+        materializer: MaterializerOptions {
+            read_linger: opts
+                .read_linger
+                .unwrap_or(tidemark_server::materializer::DEFAULT_READ_LINGER),
+            ..MaterializerOptions::default()
         },
         appendfsync: local.appendfsync.clone(),
         cluster: false,

@@ -1136,3 +1136,49 @@ async fn a_commit_dropped_while_its_replica_wait_blocks_does_not_hold_the_next_o
         "{second:?}"
     );
 }
+
+/// `trim_many` (ADR-0088): the trims of several shards go in one call, each shard's log is
+/// trimmed to its own point, and a log that cannot be trimmed fails alone.
+#[tokio::test]
+async fn several_logs_are_trimmed_in_one_call_each_to_its_own_point() {
+    let mut e = env().await;
+    for s in 0..3 {
+        for i in 0..4 {
+            e.commit(s, ("alice", &format!("t{s}-{i}")), "x", i).await;
+        }
+    }
+    // shard 3's log key holds a string: its XTRIM is refused (WRONGTYPE)
+    let _: () = e.raw.set(keys::dlog(3), "not a stream").await.unwrap();
+    let results = e
+        .core
+        .trim_many(&[(0, 2), (3, 1), (1, 4), (2, 0)])
+        .await
+        .unwrap();
+    let results: Vec<Result<u64, String>> = results
+        .into_iter()
+        .map(|r| r.map_err(|e| e.to_string()))
+        .collect();
+    assert_eq!(results[0], Ok(2), "shard 0: records 1 and 2 go");
+    assert!(
+        results[1].as_ref().is_err_and(|e| e.contains("WRONGTYPE")),
+        "shard 3 fails alone: {:?}",
+        results[1]
+    );
+    assert_eq!(results[2], Ok(4), "shard 1: every record goes");
+    assert_eq!(results[3], Ok(0), "shard 2: nothing at or below 0");
+    let kept = |recs: Vec<tidemark_store::redis::dlog::DispatchRecord>| {
+        recs.iter().map(|r| r.offset).collect::<Vec<_>>()
+    };
+    assert_eq!(kept(e.core.read_after(0, 0, 10).await.unwrap()), vec![3, 4]);
+    assert!(e.core.read_after(1, 0, 10).await.unwrap().is_empty());
+    assert_eq!(
+        kept(e.core.read_after(2, 0, 10).await.unwrap()),
+        vec![1, 2, 3, 4]
+    );
+    // the heads are not trims' business
+    for s in 0..3 {
+        assert_eq!(e.core.head(s).await.unwrap(), 4);
+    }
+    // nothing to trim: no call, no result
+    assert!(e.core.trim_many(&[]).await.unwrap().is_empty());
+}

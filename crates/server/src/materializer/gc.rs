@@ -1,7 +1,8 @@
 //! After each step: one wake hint per shard that moved (pipelined per mailbox instance), and
 //! once a second per shard (every `gc_idle_interval` while the shard is quiet: caught up,
-//! nothing pending, held or retrying) `gc_completed_dispatch`, the log trimmed to the lowest
-//! W, the head checked against W and the log checked to continue from W.
+//! nothing pending, held or retrying) `gc_completed_dispatch`, the head checked against W and
+//! the log checked to continue from W. The log's trim to the lowest W is queued and sent with
+//! other shards' trims in one call (ADR-0088: one `fdatasync` of core Redis for many).
 
 use std::time::Instant;
 
@@ -153,15 +154,67 @@ impl Worker {
         }
         for s in gc_due {
             // GC only frees space: a failure is retried at the next interval, nothing else
-            if let Err(e) = self.gc_shard(s).await {
-                tracing::warn!(shard = s, error = %e, "gc failed; retried later");
-                metrics::counter!("tidemark_errors_total", "code" => "gc").increment(1);
+            match self.gc_shard(s).await {
+                Ok(Some(upto)) => self.trim_later(s, upto, now),
+                Ok(None) => {}
+                Err(e) => gc_failed(s, &e),
             }
+        }
+        let due = self.trims.len() >= super::TRIMS_PER_CALL
+            || self
+                .trims_since
+                .is_some_and(|t| now.saturating_duration_since(t) >= self.opts.gc_interval);
+        if due {
+            self.send_trims().await;
         }
         Ok(())
     }
 
-    pub(super) async fn gc_shard(&mut self, s: u32) -> Result<(), Error> {
+    /// Queues the trim of shard `s`'s log to `upto` (a later one of the same shard replaces
+    /// it: trims only go up).
+    fn trim_later(&mut self, s: u32, upto: u64, now: Instant) {
+        match self.trims.iter_mut().find(|t| t.0 == s) {
+            Some(t) => t.1 = t.1.max(upto),
+            None => self.trims.push((s, upto)),
+        }
+        self.trims_since.get_or_insert(now);
+    }
+
+    /// Sends the queued trims in one call (ADR-0088). Each is checked again first: a shard
+    /// stopped since (fenced, corrupt) or whose lease is no longer ours is not trimmed, as
+    /// [`Self::gc_shard`] would not have trimmed it now. A failed trim is only logged and
+    /// counted: the next GC of its shard finds it due again.
+    pub(super) async fn send_trims(&mut self) {
+        self.trims_since = None;
+        let mut trims = std::mem::take(&mut self.trims);
+        trims.retain(|&(s, _)| {
+            self.owned.get(&s).is_some_and(|sh| !sh.stopped)
+                && self.opts.lease_gate.as_ref().is_none_or(|g| g.may_write(s))
+        });
+        if trims.is_empty() {
+            return;
+        }
+        match self.core.trim_many(&trims).await {
+            Ok(results) => {
+                for (&(s, _), r) in trims.iter().zip(results) {
+                    if let Err(e) = r {
+                        gc_failed(s, &e.into());
+                    }
+                }
+            }
+            Err(e) => {
+                let e: Error = e.into();
+                for &(s, _) in &trims {
+                    gc_failed(s, &e);
+                }
+            }
+        }
+    }
+
+    /// One shard's GC; returns how far its log may be trimmed (`Some(upto)`: the records at or
+    /// below `upto` are on every mailbox lane and, where asked, on the mailbox replicas),
+    /// which the caller queues ([`Self::trim_later`]).
+    pub(super) async fn gc_shard(&mut self, s: u32) -> Result<Option<u64>, Error> {
         let mb = self.owned[&s].mb;
         if self.owned[&s].stopped {
             // no GC for a stopped shard (fenced, corrupt): only its head and lag
@@ -170,7 +223,7 @@ impl Worker {
                 h.head = head;
                 h.log_exhausted = head >= U48_MAX;
             });
-            return Ok(());
+            return Ok(None);
         }
         let gc = match self.mailboxes[mb].gc_completed(s, 1000).await {
             Err(e) if e.code() == "no_watermark" => {
@@ -181,10 +234,12 @@ impl Worker {
                 if self.owned[&s].retry.is_none() {
                     self.schedule_retry(s, "watermark missing");
                 }
-                return Ok(());
+                return Ok(None);
             }
             other => other?,
         };
+        // how far the log may be trimmed (the caller trims it)
+        let mut trim = None;
         match gc {
             Gc::Done { min_w, epoch, .. } => {
                 if let Some(current) = epoch.filter(|&e| e != self.owned[&s].epoch) {
@@ -205,7 +260,7 @@ impl Worker {
                             current_epoch: Some(current),
                         },
                     );
-                    return Ok(());
+                    return Ok(None);
                 }
                 let min_w = min_w.unwrap_or(0);
                 if min_w < self.owned[&s].min_w {
@@ -214,14 +269,14 @@ impl Worker {
                     // (the quiet path: no new traffic may ever come for this shard)
                     // (the resync logs and counts it)
                     self.schedule_retry(s, "watermark went backwards");
-                    return Ok(());
+                    return Ok(None);
                 }
                 // the log below W goes only once W is on the replicas asked for: a replica
                 // promoted after a mailbox primary's loss re-materialises from the log
                 if min_w > 0 {
                     if let Some(w) = self.mailboxes[mb].confirm_replicated(s, min_w).await? {
                         if w > 0 {
-                            self.core.trim(s, w).await?;
+                            trim = Some(w);
                         }
                     } else {
                         metrics::counter!("tidemark_trim_deferred_total").increment(1);
@@ -287,6 +342,12 @@ impl Worker {
                 );
             }
         }
-        Ok(())
+        Ok(trim)
     }
+}
+
+/// A shard's GC that failed: logged and counted; it is retried at the next interval.
+fn gc_failed(s: u32, e: &Error) {
+    tracing::warn!(shard = s, error = %e, "gc failed; retried later");
+    metrics::counter!("tidemark_errors_total", "code" => "gc").increment(1);
 }

@@ -64,6 +64,11 @@ pub use worker::Worker;
 /// Most shards garbage-collected in one loop iteration.
 const GC_SHARDS_PER_LOOP: usize = 4;
 
+/// Log trims queued by GC are sent once this many are waiting, or once the first has waited
+/// `gc_interval` (ADR-0088): 64 shards collected once a second make 4 trim calls a second
+/// instead of 64, each of which costs core Redis an `fdatasync`.
+const TRIMS_PER_CALL: usize = 16;
+
 /// [`MaterializerOptions::hint_linger`]'s default: how late a gateway that has just subscribed
 /// may hear of moves this process's connections were handed, and about how often each
 /// moving shard is hinted meanwhile (ADR-0047).

@@ -52,6 +52,11 @@ pub struct Worker {
     /// The records this process's gateway commits to these shards, and whether the loop
     /// takes them instead of reading the logs (ADR-0049).
     pub(super) feed: Option<FeedState>,
+    /// Log trims that GC found due and has not sent yet, `(shard, upto)`, and when the first
+    /// of them was found: sent together (ADR-0088), so that core Redis pays one `fdatasync`
+    /// for many shards' trims, not one each.
+    pub(super) trims: Vec<(u32, u64)>,
+    pub(super) trims_since: Option<Instant>,
 }
 
 /// How one mailbox instance's wake hints are paced (ADR-0047). A hint that only announces
@@ -134,6 +139,8 @@ impl Worker {
             served_at: None,
             hint_pace: Vec::new(),
             feed,
+            trims: Vec::new(),
+            trims_since: None,
         };
         w.hint_pace = w.mailboxes.iter().map(|_| HintPace::new()).collect();
         let mut corrupt = Vec::new();

@@ -7,10 +7,18 @@
 # jemalloc purges by elapsed time and serverCron rehashes by time: both vary with how long
 # valgrind takes, so both are turned off. With callgrind_drive's counts, runs of one workload
 # agree within 0.3 %.
+# REDIS_SERVER: the redis-server to run (default: the one on PATH; scripts/perf/redis_symbols.sh
+# builds one with symbols, so that callgrind_annotate names every function). CG_AOF=1: with
+# `appendonly yes` and `appendfsync always`, as `tidemark up` runs core and mailbox Redis: a
+# script's writes are then also propagated to the AOF (its data dir is a temporary dir).
 callgrind_redis() {
   CG_PORT=$((20000 + RANDOM % 20000))
+  local aof=(--appendonly no)
+  if [ "${CG_AOF:-0}" = 1 ]; then
+    aof=(--appendonly yes --appendfsync always --dir "$(mktemp -d)")
+  fi
   MALLOC_CONF=dirty_decay_ms:-1,muzzy_decay_ms:-1 valgrind --tool=callgrind --callgrind-out-file="$1" \
-    redis-server --port "$CG_PORT" --save '' --appendonly no --activerehashing no >"$1.log" 2>&1 &
+    "${REDIS_SERVER:-redis-server}" --port "$CG_PORT" --save '' "${aof[@]}" --activerehashing no >"$1.log" 2>&1 &
   CG_PID=$!
   for _ in $(seq 1 100); do redis-cli -p "$CG_PORT" ping >/dev/null 2>&1 && break; sleep 0.2; done
 }

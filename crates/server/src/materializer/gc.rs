@@ -267,7 +267,9 @@ impl Worker {
                     // W went backwards under us (a promoted mailbox replica that lacked our
                     // last writes): re-read and re-materialise now, not at the next record
                     // (the quiet path: no new traffic may ever come for this shard)
-                    // (the resync logs and counts it)
+                    // (the resync logs and counts it); a trim queued for the shard is
+                    // dropped: the W it was queued at may no longer be the mailbox side's
+                    self.trims.retain(|t| t.0 != s);
                     self.schedule_retry(s, "watermark went backwards");
                     return Ok(None);
                 }

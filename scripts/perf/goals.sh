@@ -96,7 +96,12 @@ fi
 {
   echo "# Issue 15's goals, $(date -u '+%Y-%m-%d %H:%M') UTC"
   echo
-  echo "Binary \`$BIN\`$(git -C "$HERE" rev-parse --short HEAD 2>/dev/null | sed 's/^/ (tree at /; s/$/)/'); $ROUNDS rounds at 5,000 msg/s. Raw output next to this file."
+  # the working tree's commit, and whether it had changes (which a binary built from it holds)
+  tree=$(git -C "$HERE" rev-parse --short HEAD 2>/dev/null || true)
+  if [ -n "$tree" ] && [ -n "$(git -C "$HERE" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    tree="$tree with uncommitted changes"
+  fi
+  echo "Binary \`$BIN\`${tree:+ (working tree at $tree)}; $ROUNDS rounds at 5,000 msg/s. Raw output next to this file."
   echo
   echo "| goal | measured | |"
   echo "|---|---|---|"

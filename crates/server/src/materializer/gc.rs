@@ -184,7 +184,7 @@ impl Worker {
     /// stopped since (fenced, corrupt) or whose lease is no longer ours is not trimmed, as
     /// [`Self::gc_shard`] would not have trimmed it now. A failed trim is only logged and
     /// counted: the next GC of its shard finds it due again.
-    pub(super) async fn send_trims(&mut self) {
+    async fn send_trims(&mut self) {
         self.trims_since = None;
         let mut trims = std::mem::take(&mut self.trims);
         trims.retain(|&(s, _)| {
@@ -267,9 +267,7 @@ impl Worker {
                     // W went backwards under us (a promoted mailbox replica that lacked our
                     // last writes): re-read and re-materialise now, not at the next record
                     // (the quiet path: no new traffic may ever come for this shard)
-                    // (the resync logs and counts it); a trim queued for the shard is
-                    // dropped: the W it was queued at may no longer be the mailbox side's
-                    self.trims.retain(|t| t.0 != s);
+                    // (the resync logs and counts it)
                     self.schedule_retry(s, "watermark went backwards");
                     return Ok(None);
                 }

@@ -155,6 +155,10 @@ impl Worker {
     /// Puts `shard` in retry after `why`: its records in memory are dropped and, after the
     /// backoff, it re-reads its watermark and resumes from its lowest W.
     pub(super) fn schedule_retry(&mut self, shard: u32, why: &str) {
+        // the shard is read again from W: a log trim queued for it (ADR-0088) goes, as the W it
+        // was queued at may no longer be the mailbox side's (a W gone backwards, a watermark
+        // lost); its next GC queues one from the W then confirmed
+        self.trims.retain(|t| t.0 != shard);
         let Some(sh) = self.owned.get_mut(&shard) else {
             return;
         };

@@ -240,3 +240,63 @@ async fn a_round_carries_every_shard_of_its_instance_and_rounds_keep_the_linger_
         t1.elapsed()
     );
 }
+
+/// ADR-0089: a connection's sends to one shard (each claiming its id in its commit call) are
+/// queued for a round as soon as they arrive, not one round each. With a linger of one
+/// second: after a first send (a quiet instance: at once), ten sends made back to back by the
+/// same connection to three shards are all answered, in the order sent, before a second
+/// linger has passed (one round each would take ten seconds). A send to two shards (its id
+/// claimed first, in a call of its own) between two sends to one shard keeps its place: the
+/// mailbox of the shared recipient holds the three in the order sent, and so do the answers.
+#[tokio::test]
+async fn a_connections_sends_share_a_round_and_keep_their_order() {
+    use std::time::{Duration, Instant};
+    const LINGER: Duration = Duration::from_secs(1);
+    let d = gateway_support::start_with(|o| o.commit_linger = LINGER).await;
+    let rcpts = gateway_support::users_in_distinct_shards("p", 3);
+    let r: Vec<&str> = rcpts.iter().map(String::as_str).collect();
+    let mut alice = d.ready("alice").await;
+
+    let t0 = Instant::now();
+    alice.send_ok("first", &[r[0]], "lead").await;
+    for i in 0..10 {
+        alice
+            .send_only(&format!("q{i}"), &[r[i % 3]], &format!("body {i}"))
+            .await;
+    }
+    let mut last = BTreeMap::new();
+    for i in 0..10 {
+        let a = answer(&mut alice).await;
+        assert_eq!(a["type"], "send_ack", "{a}");
+        assert_eq!(a["id"], format!("q{i}"), "answers in the order sent");
+        let to = r[i % 3];
+        let off = offset_of(a["offsets"].as_object().unwrap(), to);
+        if let Some(prev) = last.insert(to, off) {
+            assert!(off > prev, "a shard's offsets follow the order sent");
+        }
+    }
+    assert!(
+        t0.elapsed() < 2 * LINGER,
+        "ten sends of one connection took {:?}: not one round",
+        t0.elapsed()
+    );
+
+    alice.send_only("a", &[r[0]], "A").await;
+    alice.send_only("b", &[r[0], r[1]], "B").await;
+    alice.send_only("c", &[r[0]], "C").await;
+    let mut offs = Vec::new();
+    for id in ["a", "b", "c"] {
+        let a = answer(&mut alice).await;
+        assert_eq!(a["type"], "send_ack", "{a}");
+        assert_eq!(a["id"], id, "answers in the order sent");
+        offs.push(offset_of(a["offsets"].as_object().unwrap(), r[0]));
+    }
+    assert!(offs[0] < offs[1] && offs[1] < offs[2], "log order {offs:?}");
+    // r[0]'s mailbox: the lead, the four q sends to it, then A, B, C
+    let got = delivered(&d, r[0], 8).await;
+    let bodies: Vec<&str> = got.values().map(|(_, b)| b.as_str()).collect();
+    assert_eq!(
+        bodies,
+        ["lead", "body 0", "body 3", "body 6", "body 9", "A", "B", "C"]
+    );
+}

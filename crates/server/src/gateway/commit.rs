@@ -22,7 +22,7 @@ use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
 use tokio_util::task::TaskTracker;
 
-use super::group_commit::{GroupCommit, Pending};
+use super::group_commit::{received, GroupCommit, Pending};
 use super::GatewayError;
 use crate::health::HealthBoard;
 
@@ -119,6 +119,53 @@ impl CommitPath {
         self.cores[self.map.core_of(shard)].clone()
     }
 
+    /// The quick path of a send (ADR-0089): when all of `to` is in one shard and that shard's
+    /// commit call can claim the id too (ADR-0037: the sender's shard is on the same instance,
+    /// or on a Redis Cluster is that shard), that shard and the sender's; else `None` (the
+    /// send takes [`CommitPath::commit`]'s path: several shards, or a claim of its own first).
+    pub(crate) fn quick_shard(&self, sender: &str, to: &[String]) -> Option<(u32, u32)> {
+        let shard = one_shard(to, &self.map)?;
+        let home = self.map.route(sender).shard;
+        let core = &self.cores[self.map.core_of(shard)];
+        (shard == home || (!core.is_cluster() && self.map.core_of(home) == self.map.core_of(shard)))
+            .then_some((shard, home))
+    }
+
+    /// Begins a send on the quick path ([`CommitPath::quick_shard`] gave `shard` and `home`):
+    /// it joins its instance's queue before this returns. A connection that begins its sends
+    /// one after another therefore has them committed in that order, together in a round
+    /// when they fit, while it waits for the first answer ([`Begun::finish`]).
+    pub(crate) fn begin_quick(
+        &self,
+        (shard, home): (u32, u32),
+        sender: &str,
+        id: &str,
+        to: Vec<String>,
+        body: String,
+    ) -> Begun {
+        // a shard stopped here because its watermark is corrupt takes no new message: refused
+        // before anything commits (else it would wait, acknowledged, until a repair)
+        if self.health.is_corrupt(shard) {
+            return Begun::Refused(shard_stopped(shard));
+        }
+        let digest = tidemark_store::redis::dlog::request_digest(&to, &body);
+        let msg = Pending {
+            shard,
+            sender: sender.to_string(),
+            client_id: id.to_string(),
+            recipients: to,
+            body,
+            sent_at_us: now_us(),
+            digest,
+            claim_home: Some(home),
+        };
+        Begun::Queued {
+            shard,
+            answer: self.groups.enqueue(msg),
+            deadline: tokio::time::Instant::now() + COMMIT_TIMEOUT,
+        }
+    }
+
     /// Commits the send `id` from `sender` (recipients `to`, `body`) to every shard it
     /// touches. Returns shard → offset. The recipients and the body are taken, not borrowed:
     /// a send to one shard hands them to its commit as they are, without copies (ADR-0079),
@@ -130,10 +177,14 @@ impl CommitPath {
         to: Vec<String>,
         mut body: String,
     ) -> Result<BTreeMap<u32, u64>, SendFailure> {
-        let sent_at_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0);
+        // a send to one shard whose call claims its id too: the quick path (ADR-0089)
+        if let Some(quick) = self.quick_shard(sender, &to) {
+            return self
+                .begin_quick(quick, sender, id, to, body)
+                .finish(sender, id)
+                .await;
+        }
+        let sent_at_us = now_us();
         // nearly every send has its recipients in one shard (one recipient, most often):
         // found without grouping them; the others are grouped by shard
         let one = one_shard(&to, &self.map);
@@ -148,46 +199,30 @@ impl CommitPath {
             .chain(groups.keys().copied())
             .find(|&s| self.health.is_corrupt(s))
         {
-            return Err((
-                ErrorCode::ShardUnavailable,
-                format!(
-                    "shard {bad} is stopped (corrupt watermark) until an operator repairs it; \
-                     nothing was committed"
-                ),
-            ));
+            return Err(shard_stopped(bad));
         }
         // one digest for the whole message: a resend with the same id must be the same
         // message on every shard (the same recipients, the same body)
         let mut digest = tidemark_store::redis::dlog::request_digest(&to, &body);
         // the id is bound to the message on the sender's own shard first, so that a reuse is
         // refused before any shard commits (a shard the first message did not touch has no
-        // dedupe record to compare with). A send to one shard whose commit call can reach the
-        // claim key (the same instance; on a Redis Cluster the same shard) claims inside that
-        // call instead: one round trip, not two (ADR-0037).
+        // dedupe record to compare with). (A send to one shard whose commit call can reach the
+        // claim key, the same instance or on a Redis Cluster the same shard, claims inside
+        // that call instead, one round trip, not two: ADR-0037, the quick path above.)
         let home = self.map.route(sender).shard;
-        let folded = match one {
-            Some(only) => {
-                let core = &self.cores[self.map.core_of(only)];
-                only == home
-                    || (!core.is_cluster() && self.map.core_of(home) == self.map.core_of(only))
-            }
-            None => false,
-        };
-        if !folded {
-            let claim = self
-                .core(home)
-                .claim_message_id(home, sender, id, &digest, DEFAULT_DEDUPE_TTL_S)
-                .await
-                .map_err(|e| {
-                    tracing::warn!(sender, id, error = %e, "message id claim failed");
-                    (
-                        ErrorCode::Internal,
-                        "commit failed; retry with the same id".to_string(),
-                    )
-                })?;
-            if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
-                return Err(id_reused(id));
-            }
+        let claim = self
+            .core(home)
+            .claim_message_id(home, sender, id, &digest, DEFAULT_DEDUPE_TTL_S)
+            .await
+            .map_err(|e| {
+                tracing::warn!(sender, id, error = %e, "message id claim failed");
+                (
+                    ErrorCode::Internal,
+                    "commit failed; retry with the same id".to_string(),
+                )
+            })?;
+        if claim == tidemark_store::redis::dlog::IdClaim::OtherMessage {
+            return Err(id_reused(id));
         }
         let pending = |shard, recipients, body, digest| Pending {
             shard,
@@ -197,15 +232,9 @@ impl CommitPath {
             body,
             sent_at_us,
             digest,
-            claim_home: folded.then_some(home),
+            claim_home: None,
         };
-        let timed_out = || {
-            tracing::warn!(sender, id, "commit timed out");
-            (
-                ErrorCode::Internal,
-                "commit timed out; retry with the same id".to_string(),
-            )
-        };
+        let timed_out = || timed_out(sender, id);
         if let Some(shard) = one {
             // one shard: its part takes the recipients, the body and the digest as they are
             drop(groups);
@@ -244,6 +273,69 @@ impl CommitPath {
             .map_err(|_| timed_out())?;
         answer(sender, id, results)
     }
+}
+
+/// A send begun on the quick path ([`CommitPath::begin_quick`]).
+pub(crate) enum Begun {
+    /// Queued for its instance's next round: the answer comes on `answer`, by `deadline`.
+    Queued {
+        shard: u32,
+        answer: tokio::sync::oneshot::Receiver<Result<Committed, StoreError>>,
+        deadline: tokio::time::Instant,
+    },
+    /// Refused before anything was queued (its shard is stopped).
+    Refused(SendFailure),
+}
+
+impl Begun {
+    /// The send's answer: shard → offset, or why it failed.
+    pub(crate) async fn finish(
+        self,
+        sender: &str,
+        id: &str,
+    ) -> Result<BTreeMap<u32, u64>, SendFailure> {
+        match self {
+            Begun::Refused(f) => Err(f),
+            Begun::Queued {
+                shard,
+                answer: rx,
+                deadline,
+            } => {
+                let r = tokio::time::timeout_at(deadline, rx)
+                    .await
+                    .map_err(|_| timed_out(sender, id))?;
+                answer(sender, id, std::iter::once((shard, received(r))))
+            }
+        }
+    }
+}
+
+/// Microseconds since the Unix epoch (a record's `sent_at_us`).
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+/// A send refused because `shard` is stopped (its watermark is corrupt).
+fn shard_stopped(shard: u32) -> SendFailure {
+    (
+        ErrorCode::ShardUnavailable,
+        format!(
+            "shard {shard} is stopped (corrupt watermark) until an operator repairs it; nothing \
+             was committed"
+        ),
+    )
+}
+
+/// A send whose commit did not answer within [`COMMIT_TIMEOUT`].
+fn timed_out(sender: &str, id: &str) -> SendFailure {
+    tracing::warn!(sender, id, "commit timed out");
+    (
+        ErrorCode::Internal,
+        "commit timed out; retry with the same id".to_string(),
+    )
 }
 
 /// The shard of `to` when all its recipients are in one shard; `None` when they are in

@@ -141,6 +141,14 @@ impl GroupCommit {
     /// Commits `msg` to its shard with the next round of that shard's instance; its own
     /// answer.
     pub(crate) async fn commit(&self, msg: Pending) -> Answer {
+        received(self.enqueue(msg).await)
+    }
+
+    /// Queues `msg` for the next round of its shard's instance now, without waiting: the
+    /// answer comes on the receiver ([`received`] reads it). Messages queued one after another
+    /// are committed in that order (ADR-0089: a connection queues its sends to one shard
+    /// together).
+    pub(crate) fn enqueue(&self, msg: Pending) -> tokio::sync::oneshot::Receiver<Answer> {
         let instance = self.inner.map.core_of(msg.shard);
         let (tx, rx) = tokio::sync::oneshot::channel();
         let start = {
@@ -155,14 +163,19 @@ impl GroupCommit {
             let inner = self.inner.clone();
             self.inner.tracker.spawn(flush(inner, instance));
         }
-        // the flush task ended without an answer (a panic): the send fails, retryable
-        rx.await.unwrap_or_else(|_| {
-            Err(StoreError::UnexpectedReply {
-                script: "commit_dispatch",
-                detail: "the group commit stopped before answering".into(),
-            })
-        })
+        rx
     }
+}
+
+/// The answer of a message queued by [`GroupCommit::enqueue`]; a flush task that ended
+/// without answering (a panic) fails the send, retryable.
+pub(crate) fn received(answer: Result<Answer, tokio::sync::oneshot::error::RecvError>) -> Answer {
+    answer.unwrap_or_else(|_| {
+        Err(StoreError::UnexpectedReply {
+            script: "commit_dispatch",
+            detail: "the group commit stopped before answering".into(),
+        })
+    })
 }
 
 impl Inner {

@@ -1,6 +1,12 @@
 //! The reader side of a connection: parses client frames ([`Reader`]) — sends are committed
-//! one after another, in the order received, by the reader itself (ADR-0054: no task of
-//! their own), syncs go to the delivery loop, acks are capped and coalesced.
+//! in the order received, by the reader itself (ADR-0054: no task of their own), syncs go to
+//! the delivery loop, acks are capped and coalesced.
+//!
+//! A send to one shard whose commit call claims its id too (nearly every send) is begun as
+//! soon as it is admitted and nothing slower is ahead of it: it joins its core instance's
+//! queue at once, so several sends of one connection share a round (ADR-0089); their answers
+//! are written in order. Any other send (several shards, or an id claimed first) waits until
+//! everything before it is answered, and what comes after it waits for it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -23,6 +29,7 @@ use super::going_away::GoingAway;
 use super::outbox::{Out, Outbox};
 use super::{error_frame, text, until_cancelled, EXPIRY_RECHECK, SEND_QUEUE};
 use crate::gateway::acks::AckAnswer;
+use crate::gateway::commit::Begun;
 use crate::gateway::mailbox::Mailbox;
 use crate::gateway::send::{self, CommitPermit, SendFailure};
 use crate::gateway::state::Shared;
@@ -30,6 +37,11 @@ use crate::gateway::users::UserRef;
 
 /// A send waiting for the one in flight, with its commit permit and when it arrived.
 type QueuedSend = (SendRequest, CommitPermit, Instant);
+
+/// A send begun on the quick path (ADR-0089), waiting for its answer: its id, when it
+/// arrived, its permit, and its commit (`None`: a test's send fault fired for it; the
+/// connection's commit panics when it comes to the front).
+type BegunSend = (String, Instant, CommitPermit, Option<Begun>);
 
 /// What a commit in flight ends with: the send's id, when it arrived, and shard → offset or
 /// why it failed; `Err`: the commit panicked (with the panic's message).
@@ -49,12 +61,20 @@ pub(super) struct Reader<'a> {
     /// The connection's reference to its user's entry: the user's limits, reached without
     /// the user table (ADR-0072).
     pub(super) user: UserRef,
-    /// Sends received while one is in flight, in order (at most [`SEND_QUEUE`]: when full,
-    /// the reader reads no more frames until the commit in flight ends; backpressure).
+    /// Sends received and not yet begun, in order (with [`Reader::begun`], at most
+    /// [`SEND_QUEUE`]: when full, the reader reads no more frames until a commit ends;
+    /// backpressure).
     pub(super) sends: VecDeque<QueuedSend>,
-    /// The connection's one commit in flight: a connection commits its sends one after
-    /// another, so that a client's sends to one mailbox keep their order.
+    /// Sends begun on the quick path (ADR-0089), already queued for their rounds in the order
+    /// received, their answers not yet written.
+    pub(super) begun: VecDeque<BegunSend>,
+    /// The answer awaited now: the front of [`Reader::begun`], or a send of the slow path
+    /// (then `slow_in_flight`). Answers are written in the order the sends came.
     pub(super) commit_in_flight: Option<CommitInFlight<'a>>,
+    /// The commit in flight is a send of the slow path (several shards, or an id claimed
+    /// first), whose parts join their queues only after an await: nothing after it is begun
+    /// until it is answered, so that a client's sends to one mailbox keep their order.
+    pub(super) slow_in_flight: bool,
     pub(super) written: Arc<AtomicU64>,
     pub(super) last_ack: u64,
     /// Highest ack received but not yet written to Redis (acks are coalesced).
@@ -76,20 +96,56 @@ pub(super) struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    /// Starts the commit of the next queued send, unless one is in flight.
+    /// Begins the queued sends of the quick path that nothing slower precedes (ADR-0089),
+    /// then, unless an answer is awaited, awaits the next: the oldest begun send, else the
+    /// next send of the slow path.
     fn start_commit(&mut self) {
+        let shared: &'a Arc<Shared> = self.shared;
+        // a send's fault (tests) is decided once, when it leaves `sends`
+        let fault = |id: &str| {
+            shared
+                .opts
+                .send_fault
+                .as_ref()
+                .is_some_and(|f| f.panic_commit(&self.sender_id, id))
+        };
+        if !self.slow_in_flight {
+            while let Some((req, _, _)) = self.sends.front() {
+                let Some(quick) = shared.commit.quick_shard(&self.sender_id, &req.to) else {
+                    break;
+                };
+                let (req, permit, received) = self.sends.pop_front().expect("the front");
+                let SendRequest { id, to, body } = req;
+                let begun = (!fault(&id)).then(|| {
+                    shared
+                        .commit
+                        .begin_quick(quick, &self.sender_id, &id, to, body)
+                });
+                self.begun.push_back((id, received, permit, begun));
+            }
+        }
         if self.commit_in_flight.is_some() {
+            return;
+        }
+        let user = self.sender_id.clone();
+        if let Some((id, received, permit, begun)) = self.begun.pop_front() {
+            self.commit_in_flight = Some(Box::pin(crate::supervise::catch_panic(async move {
+                let Some(begun) = begun else {
+                    panic!("send fault: {id}");
+                };
+                let res = begun.finish(&user, &id).await;
+                drop(permit);
+                (id, received, res)
+            })));
             return;
         }
         let Some((req, permit, received)) = self.sends.pop_front() else {
             return;
         };
-        let shared: &'a Arc<Shared> = self.shared;
-        let user = self.sender_id.clone();
+        let fault = fault(&req.id);
+        self.slow_in_flight = true;
         self.commit_in_flight = Some(Box::pin(crate::supervise::catch_panic(async move {
-            if let Some(f) = &shared.opts.send_fault {
-                assert!(!f.panic_commit(&user, &req.id), "send fault: {}", req.id);
-            }
+            assert!(!fault, "send fault: {}", req.id);
             let (id, res) = send::commit(shared, &user, req).await;
             drop(permit);
             (id, received, res)
@@ -101,6 +157,7 @@ impl<'a> Reader<'a> {
     /// with 1011, like a panicked delivery loop: the client reconnects and resends).
     async fn on_committed(&mut self, done: Committed) -> bool {
         self.commit_in_flight = None;
+        self.slow_in_flight = false;
         let (id, received, res) = match done {
             Ok(d) => d,
             Err(msg) => {
@@ -226,7 +283,7 @@ impl<'a> Reader<'a> {
         loop {
             // The fields the branches below use, read (or borrowed apart) before the futures
             // borrow the two in flight.
-            let reading = self.sends.len() < SEND_QUEUE;
+            let reading = self.sends.len() + self.begun.len() < SEND_QUEUE;
             let has_expiry = self.expires_at.is_some();
             let ack_retry_at = self.ack_retry_at;
             if let Some(at) = ack_retry_at.filter(|&at| ack_retry_set != Some(at)) {

@@ -300,3 +300,42 @@ async fn a_connections_sends_share_a_round_and_keep_their_order() {
         ["lead", "body 0", "body 3", "body 6", "body 9", "A", "B", "C"]
     );
 }
+
+/// ADR-0090: a round starts at once when a full call's worth of messages (128) waits for the
+/// instance, whatever the linger. With a linger of four seconds, after a first send (a quiet
+/// instance: at once), four connections send 40 messages each back to back: at least 128 of
+/// the 160 are answered within two seconds (without the trigger none is: every one waits for
+/// the round a linger after the first).
+#[tokio::test]
+async fn a_full_call_starts_its_round_before_the_linger_ends() {
+    use std::time::Duration;
+    const LINGER: Duration = Duration::from_secs(4);
+    let d = gateway_support::start_with(|o| o.commit_linger = LINGER).await;
+    let senders: Vec<String> = (0..4).map(|i| format!("f{i}")).collect();
+    let mut socks = d.ready_all(&senders).await;
+    let mut lead = d.ready("lead").await;
+    lead.send_ok("first", &["bob"], "lead").await;
+    let t0 = tokio::time::Instant::now();
+    for ws in socks.iter_mut() {
+        for j in 0..40 {
+            ws.send_only(&format!("m{j}"), &["bob"], "x").await;
+        }
+    }
+    let deadline = t0 + LINGER / 2;
+    let mut early = 0;
+    for ws in socks.iter_mut() {
+        for _ in 0..40 {
+            match tokio::time::timeout_at(deadline, answer(ws)).await {
+                Ok(a) => {
+                    assert_eq!(a["type"], "send_ack", "{a}");
+                    early += 1;
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    assert!(
+        early >= 128,
+        "{early} of 160 sends answered within half the linger: a full call waited for it"
+    );
+}

@@ -166,9 +166,10 @@ impl ReplicationArgs {
 #[derive(Args)]
 struct MaterializerArgs {
     /// Shortest time, in microseconds, from one commit round of a core instance to the next
-    /// (group commit, ADR-0045): under steady traffic each round carries more sends, so core
-    /// Redis makes fewer passes and fsyncs per message; a send waits at most this much longer
-    /// for its `send_ack`. 0: a round starts as soon as the previous one is answered.
+    /// (group commit, ADR-0045, ADR-0090): under steady traffic each round carries more sends,
+    /// so core Redis makes fewer passes and fsyncs per message; a send waits at most this much
+    /// longer for its `send_ack`; 128 sends waiting start a round at once. 0: a round starts as
+    /// soon as the previous one is answered.
     #[arg(long, default_value_t = tidemark_server::gateway::DEFAULT_COMMIT_LINGER.as_micros() as u64)]
     commit_linger_us: u64,
     /// Shortest time, in milliseconds, between two log reads of a materializer when the last

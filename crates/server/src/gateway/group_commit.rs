@@ -20,22 +20,25 @@
 //! load: while the gateway answers one round, Redis runs the next (with one, it
 //! waited idle for the gateway: `bench commit` fell by a quarter, docs/performance.md).
 //!
-//! The linger (`commit_linger`, ADR-0045): a round starts at least that long after the
-//! previous round of its instance started. A send that finds the instance quiet for longer
-//! still goes at once; under steady traffic, rounds come at most once per linger and each
-//! carries what arrived meanwhile: fewer passes of core Redis (each with its `fdatasync`) for
-//! at most the linger of added latency. tokio's timer has millisecond granularity (its docs:
-//! `Sleep` "operates at millisecond granularity"), so the 1 ms default waits 1–2 ms: at 5,000
-//! msg/s the calls reach core Redis 1.82 ms apart (median, 9.7 messages a round), while its
-//! `fdatasync` takes 0.27 ms (median; `docs/performance.md`, "The logs' trims sent together").
+//! The linger (`commit_linger`, ADR-0045, 5 ms by default since ADR-0090): a round starts at
+//! least that long after the previous round of its instance started, unless a call's worth
+//! ([`MAX_GROUP`]) is already waiting. A send that finds the instance quiet for longer still
+//! goes at once; under steady traffic, rounds come at most once per linger and each carries
+//! what arrived meanwhile: fewer passes of core Redis (each with its `fdatasync`) for at most
+//! the linger of added latency. tokio's timer has millisecond granularity (its docs: `Sleep`
+//! "operates at millisecond granularity"), so a linger of N ms waits N to N + 1 ms: at 5,000
+//! msg/s and the old 1 ms default the calls reached core Redis 1.82 ms apart (median, 9.7
+//! messages a round), while its `fdatasync` takes 0.27 ms (median; `docs/performance.md`,
+//! "The logs' trims sent together").
 //!
-//! Order: a WebSocket connection commits its sends one after another (the next one only
-//! after the answer to the last), so no two rounds in flight hold sends of one connection,
-//! and its sends to a shard get increasing offsets as before. The calls of the two rounds
-//! share the instance's connection, so Redis runs them in the order they were taken. Within
-//! a shard's call the script commits in queue order, each message answered as if committed
-//! alone at that point (its offset, duplicate, id reused, log exhausted — also against a
-//! message earlier in the same group).
+//! Order: messages are committed in the order they were queued. A WebSocket connection
+//! queues its one-shard sends as they arrive (ADR-0089) and a send to several shards only once
+//! everything before it is answered, so its sends to a shard get increasing offsets: a round
+//! takes a prefix of the queue, and the calls of the two rounds in flight share the instance's
+//! connection, so Redis runs them in the order they were taken. Within a shard's call the
+//! script commits in queue order, each message answered as if committed alone at that point
+//! (its offset, duplicate, id reused, log exhausted — also against a message earlier in the
+//! same group).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -85,6 +88,9 @@ struct Inner {
     dedupe_ttl_s: u64,
     /// One queue per core instance.
     instances: Vec<Mutex<Queue>>,
+    /// One per core instance: notified when its queue fills a call ([`MAX_GROUP`]), so that a
+    /// flush task waiting out the linger starts the round at once (ADR-0090).
+    full: Vec<tokio::sync::Notify>,
     /// Shortest time from one round of an instance to the next (zero: none).
     linger: Duration,
     tracker: TaskTracker,
@@ -125,12 +131,14 @@ impl GroupCommit {
         feed: Option<CommitFeed>,
     ) -> GroupCommit {
         let instances = cores.iter().map(|_| Mutex::default()).collect();
+        let full = cores.iter().map(|_| tokio::sync::Notify::new()).collect();
         GroupCommit {
             inner: Arc::new(Inner {
                 map,
                 cores,
                 dedupe_ttl_s,
                 instances,
+                full,
                 linger,
                 tracker,
                 feed,
@@ -151,14 +159,19 @@ impl GroupCommit {
     pub(crate) fn enqueue(&self, msg: Pending) -> tokio::sync::oneshot::Receiver<Answer> {
         let instance = self.inner.map.core_of(msg.shard);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let start = {
+        let (start, full) = {
             let mut q = self.inner.instances[instance].lock().expect("not poisoned");
             q.waiting.push(Waiting { item: msg, tx });
-            q.flushers < FLUSHERS && {
+            let full = q.waiting.len() == MAX_GROUP;
+            let start = q.flushers < FLUSHERS && {
                 q.flushers += 1;
                 true
-            }
+            };
+            (start, full)
         };
+        if full {
+            self.inner.full[instance].notify_one();
+        }
         if start {
             let inner = self.inner.clone();
             self.inner.tracker.spawn(flush(inner, instance));
@@ -185,7 +198,9 @@ impl Inner {
         let mut q = self.instances[instance].lock().expect("not poisoned");
         let now = Instant::now();
         if let Some(due) = q.last_round.map(|t| t + self.linger) {
-            if due > now && !q.waiting.is_empty() {
+            // a queue that fills a call goes at once: the linger is there to gather a round,
+            // and this one is gathered (ADR-0090)
+            if due > now && !q.waiting.is_empty() && q.waiting.len() < MAX_GROUP {
                 return Next::Wait(due);
             }
         }
@@ -226,7 +241,10 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
             Next::Round(round) => round,
             // what queues meanwhile joins the round
             Next::Wait(due) => {
-                tokio::time::sleep_until(due).await;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due) => {}
+                    _ = inner.full[instance].notified() => {}
+                }
                 continue;
             }
             Next::Stop => return,

@@ -339,3 +339,41 @@ async fn a_full_call_starts_its_round_before_the_linger_ends() {
         "{early} of 160 sends answered within half the linger: a full call waited for it"
     );
 }
+
+/// ADR-0089 under load: with no linger, two flush tasks take rounds as fast as they can, so
+/// many rounds are in flight while eight connections each send 60 messages to one mailbox
+/// back to back. Every connection's answers come in the order sent with increasing offsets,
+/// and the mailbox holds each connection's messages in the order sent.
+#[tokio::test]
+async fn a_connections_sends_keep_their_order_with_many_rounds_in_flight() {
+    const PER: usize = 60;
+    let d = gateway_support::start_with(|o| o.commit_linger = std::time::Duration::ZERO).await;
+    let senders: Vec<String> = (0..8).map(|i| format!("o{i}")).collect();
+    let mut socks = d.ready_all(&senders).await;
+    for j in 0..PER {
+        for (i, ws) in socks.iter_mut().enumerate() {
+            ws.send_only(&format!("m{j}"), &["bob"], &format!("{i}:{j}"))
+                .await;
+        }
+    }
+    for ws in socks.iter_mut() {
+        let mut last = 0;
+        for j in 0..PER {
+            let a = answer(ws).await;
+            assert_eq!(a["type"], "send_ack", "{a}");
+            assert_eq!(a["id"], format!("m{j}"), "answers in the order sent");
+            let off = offset_of(a["offsets"].as_object().unwrap(), "bob");
+            assert!(off > last, "offsets in the order sent");
+            last = off;
+        }
+    }
+    let got = delivered(&d, "bob", 8 * PER).await;
+    let mut next = [0usize; 8];
+    for (_, (_, body)) in got {
+        let (i, j) = body.split_once(':').unwrap();
+        let (i, j): (usize, usize) = (i.parse().unwrap(), j.parse().unwrap());
+        assert_eq!(j, next[i], "sender {i}'s messages in the order sent");
+        next[i] += 1;
+    }
+    assert!(next.iter().all(|&n| n == PER));
+}

@@ -22,7 +22,7 @@ use tidemark_store::topology::ShardMap;
 use tidemark_store::Error as StoreError;
 use tokio_util::task::TaskTracker;
 
-use super::group_commit::{received, GroupCommit, Pending};
+use super::group_commit::{received, GroupCommit, Pending, RoundTicket};
 use super::GatewayError;
 use crate::health::HealthBoard;
 
@@ -133,20 +133,26 @@ impl CommitPath {
 
     /// Begins a send on the quick path ([`CommitPath::quick_shard`] gave `shard` and `home`):
     /// it joins its instance's queue before this returns. A connection that begins its sends
-    /// one after another therefore has them committed in that order, together in a round
-    /// when they fit, while it waits for the first answer ([`Begun::finish`]).
+    /// one after another therefore has them committed in that order, together in a round,
+    /// while it waits for the first answer ([`Begun::finish`]).
+    ///
+    /// `conn` names the connection (0: none). With `round` (the ticket of the connection's
+    /// sends still awaiting answers), the send joins that round only while it is still open;
+    /// else [`Begin::NotNow`] hands the recipients and the body back, and the connection
+    /// begins it once those answers are in (ADR-0089: no send overtakes an earlier one).
     pub(crate) fn begin_quick(
         &self,
         (shard, home): (u32, u32),
         sender: &str,
         id: &str,
-        to: Vec<String>,
-        body: String,
-    ) -> Begun {
+        (to, body): (Vec<String>, String),
+        conn: u64,
+        round: Option<RoundTicket>,
+    ) -> Begin {
         // a shard stopped here because its watermark is corrupt takes no new message: refused
         // before anything commits (else it would wait, acknowledged, until a repair)
         if self.health.is_corrupt(shard) {
-            return Begun::Refused(shard_stopped(shard));
+            return Begin::Begun(Begun::Refused(shard_stopped(shard)), None);
         }
         let digest = tidemark_store::redis::dlog::request_digest(&to, &body);
         let msg = Pending {
@@ -158,12 +164,29 @@ impl CommitPath {
             sent_at_us: now_us(),
             digest,
             claim_home: Some(home),
+            conn,
         };
-        Begun::Queued {
-            shard,
-            answer: self.groups.enqueue(msg),
-            deadline: tokio::time::Instant::now() + COMMIT_TIMEOUT,
-        }
+        let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
+        let (answer, ticket) = match round {
+            None => self.groups.enqueue(msg),
+            Some(t) => match self.groups.enqueue_in(msg, t) {
+                Ok(rx) => (rx, t),
+                Err(msg) => {
+                    let Pending {
+                        recipients, body, ..
+                    } = *msg;
+                    return Begin::NotNow(recipients, body);
+                }
+            },
+        };
+        Begin::Begun(
+            Begun::Queued {
+                shard,
+                answer,
+                deadline,
+            },
+            Some(ticket),
+        )
     }
 
     /// Commits the send `id` from `sender` (recipients `to`, `body`) to every shard it
@@ -179,10 +202,10 @@ impl CommitPath {
     ) -> Result<BTreeMap<u32, u64>, SendFailure> {
         // a send to one shard whose call claims its id too: the quick path (ADR-0089)
         if let Some(quick) = self.quick_shard(sender, &to) {
-            return self
-                .begin_quick(quick, sender, id, to, body)
-                .finish(sender, id)
-                .await;
+            return match self.begin_quick(quick, sender, id, (to, body), 0, None) {
+                Begin::Begun(begun, _) => begun.finish(sender, id).await,
+                Begin::NotNow(..) => unreachable!("a send without a round ticket is queued"),
+            };
         }
         let sent_at_us = now_us();
         // nearly every send has its recipients in one shard (one recipient, most often):
@@ -233,6 +256,7 @@ impl CommitPath {
             sent_at_us,
             digest,
             claim_home: None,
+            conn: 0,
         };
         let timed_out = || timed_out(sender, id);
         if let Some(shard) = one {
@@ -273,6 +297,14 @@ impl CommitPath {
             .map_err(|_| timed_out())?;
         answer(sender, id, results)
     }
+}
+
+/// What [`CommitPath::begin_quick`] did with a send.
+pub(crate) enum Begin {
+    /// Begun (queued, or refused before any queue), with the ticket of the round it is in.
+    Begun(Begun, Option<RoundTicket>),
+    /// Not queued: the round asked for was already taken. The recipients and the body, back.
+    NotNow(Vec<String>, String),
 }
 
 /// A send begun on the quick path ([`CommitPath::begin_quick`]).

@@ -77,6 +77,19 @@ pub(crate) struct Pending {
     pub digest: String,
     /// The sender's home shard when the call claims the id too (ADR-0037).
     pub claim_home: Option<u32>,
+    /// The WebSocket connection that queued it among others not yet answered (ADR-0089), or
+    /// 0: a round that takes one of a connection's messages takes all of them.
+    pub conn: u64,
+}
+
+/// The round of a core instance that a queued message will go in (ADR-0089): a connection
+/// queues its next sends into that round only while it is still open (not yet taken), so all
+/// its messages awaiting an answer are in one round and none can overtake another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RoundTicket {
+    instance: usize,
+    /// Rounds the instance had taken when the message was queued.
+    round: u64,
 }
 
 type Answer = Result<Committed, StoreError>;
@@ -106,6 +119,8 @@ struct Queue {
     flushers: usize,
     /// When the last round started (the linger counts from it).
     last_round: Option<Instant>,
+    /// Rounds taken so far ([`RoundTicket`]).
+    rounds: u64,
 }
 
 /// What a flush task does next.
@@ -149,25 +164,51 @@ impl GroupCommit {
     /// Commits `msg` to its shard with the next round of that shard's instance; its own
     /// answer.
     pub(crate) async fn commit(&self, msg: Pending) -> Answer {
-        received(self.enqueue(msg).await)
+        received(self.enqueue(msg).0.await)
     }
 
     /// Queues `msg` for the next round of its shard's instance now, without waiting: the
-    /// answer comes on the receiver ([`received`] reads it). Messages queued one after another
-    /// are committed in that order (ADR-0089: a connection queues its sends to one shard
-    /// together).
-    pub(crate) fn enqueue(&self, msg: Pending) -> tokio::sync::oneshot::Receiver<Answer> {
+    /// answer comes on the receiver ([`received`] reads it), and the ticket names the round.
+    /// Messages queued one after another are committed in that order.
+    pub(crate) fn enqueue(
+        &self,
+        msg: Pending,
+    ) -> (tokio::sync::oneshot::Receiver<Answer>, RoundTicket) {
+        match self.enqueue_into(msg, None) {
+            Ok(queued) => queued,
+            Err(_) => unreachable!("a message without a ticket is always queued"),
+        }
+    }
+
+    /// [`GroupCommit::enqueue`] into the round of `ticket` only: `msg` back if that round was
+    /// taken meanwhile, or is another instance's (ADR-0089).
+    pub(crate) fn enqueue_in(
+        &self,
+        msg: Pending,
+        ticket: RoundTicket,
+    ) -> Result<tokio::sync::oneshot::Receiver<Answer>, Box<Pending>> {
+        self.enqueue_into(msg, Some(ticket)).map(|(rx, _)| rx)
+    }
+
+    fn enqueue_into(
+        &self,
+        msg: Pending,
+        ticket: Option<RoundTicket>,
+    ) -> Result<(tokio::sync::oneshot::Receiver<Answer>, RoundTicket), Box<Pending>> {
         let instance = self.inner.map.core_of(msg.shard);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (start, full) = {
+        let (start, full, round) = {
             let mut q = self.inner.instances[instance].lock().expect("not poisoned");
+            if ticket.is_some_and(|t| t.instance != instance || t.round != q.rounds) {
+                return Err(Box::new(msg));
+            }
             q.waiting.push(Waiting { item: msg, tx });
             let full = q.waiting.len() == MAX_GROUP;
             let start = q.flushers < FLUSHERS && {
                 q.flushers += 1;
                 true
             };
-            (start, full)
+            (start, full, q.rounds)
         };
         if full {
             self.inner.full[instance].notify_one();
@@ -176,7 +217,7 @@ impl GroupCommit {
             let inner = self.inner.clone();
             self.inner.tracker.spawn(flush(inner, instance));
         }
-        rx
+        Ok((rx, RoundTicket { instance, round }))
     }
 }
 
@@ -209,9 +250,35 @@ impl Inner {
             return Next::Stop;
         }
         q.last_round = Some(now);
-        let n = q.waiting.len().min(MAX_ROUND);
-        Next::Round(q.waiting.drain(..n).collect())
+        q.rounds += 1;
+        Next::Round(take_round(&mut q.waiting, MAX_ROUND))
     }
+}
+
+/// A round from `waiting`: its first `max` messages, and, when that leaves some behind, the
+/// rest of every connection it took a message of (ADR-0089), each in queue order, so that a
+/// connection's messages awaiting answers are never split between two rounds.
+fn take_round<T>(waiting: &mut Vec<Waiting<Pending, T>>, max: usize) -> Vec<Waiting<Pending, T>> {
+    let n = waiting.len().min(max);
+    let mut round: Vec<_> = waiting.drain(..n).collect();
+    if waiting.is_empty() {
+        return round;
+    }
+    let conns: std::collections::HashSet<u64> = round
+        .iter()
+        .map(|w| w.item.conn)
+        .filter(|&c| c != 0)
+        .collect();
+    if !conns.is_empty() {
+        for w in std::mem::take(waiting) {
+            if conns.contains(&w.item.conn) {
+                round.push(w);
+            } else {
+                waiting.push(w);
+            }
+        }
+    }
+    round
 }
 
 /// Ends a flush task's claim on its instance if it panics: what is still queued is dropped
@@ -421,6 +488,10 @@ mod tests {
     use super::*;
 
     fn waiting(shard: u32, client_id: usize) -> Waiting<Pending, Answer> {
+        waiting_of(shard, client_id, 0)
+    }
+
+    fn waiting_of(shard: u32, client_id: usize, conn: u64) -> Waiting<Pending, Answer> {
         let (tx, _rx) = tokio::sync::oneshot::channel();
         Waiting {
             item: Pending {
@@ -432,6 +503,7 @@ mod tests {
                 sent_at_us: 0,
                 digest: String::new(),
                 claim_home: None,
+                conn,
             },
             tx,
         }
@@ -483,5 +555,33 @@ mod tests {
             .iter()
             .flatten()
             .all(|(s, p)| p.iter().all(|w| w.item.shard == *s) && !p.is_empty()));
+    }
+
+    /// ADR-0089: a round cut at its bound still takes every message of a connection it took
+    /// one of, in queue order, and leaves the others queued in order; a round that takes the
+    /// whole queue is the queue.
+    #[test]
+    fn a_round_cut_short_takes_all_of_each_connection_it_took_from() {
+        // queue: conn 7 at 0 and 5, conn 0 (none) at 1 and 6, conn 8 at 2, conn 9 at 3, 4, 7
+        let conns = [7u64, 0, 8, 9, 9, 7, 0, 9];
+        let mut q: Vec<_> = conns
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| waiting_of(1, i, c))
+            .collect();
+        let ids = |v: &[Waiting<Pending, Answer>]| -> Vec<usize> {
+            v.iter()
+                .map(|w| w.item.client_id.parse().unwrap())
+                .collect()
+        };
+        let round = take_round(&mut q, 3);
+        assert_eq!(ids(&round), [0, 1, 2, 5]);
+        assert_eq!(ids(&q), [3, 4, 6, 7]);
+        let round = take_round(&mut q, 1);
+        assert_eq!(ids(&round), [3, 4, 7]);
+        assert_eq!(ids(&q), [6]);
+        let round = take_round(&mut q, 1024);
+        assert_eq!(ids(&round), [6]);
+        assert!(q.is_empty());
     }
 }

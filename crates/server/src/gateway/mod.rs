@@ -23,8 +23,9 @@
 //!   of them for one user; a send that finds no room within 100 ms is refused with
 //!   `overloaded` (retryable, nothing lost). An optional per-user send rate refuses sends
 //!   above it with `rate_limited` ([`users`]). A WebSocket
-//!   connection commits its sends one after another, so a client's sends to one mailbox keep
-//!   their order.
+//!   connection commits its sends in the order received (its one-shard sends queued for a
+//!   round as they arrive, ADR-0089; a send to several shards after everything before it), so
+//!   a client's sends to one mailbox keep their order.
 //! - **Delivery** ([`ws`]): each connection has a delivery loop that reads the mailbox after
 //!   its cursor, keeps only entries at or below the lane's W, and pushes `deliver` frames in
 //!   seq order. It is woken by the [`wake`] hub (Pub/Sub hints naming the user), by a periodic

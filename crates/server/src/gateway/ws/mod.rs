@@ -3,8 +3,9 @@
 //! Tasks of a connection (all on the gateway's `TaskTracker`):
 //!
 //! ```text
-//!   reader (this task) ── parse ──┬─ send: queued, committed one at a time, in order,
-//!                                 │        by the reader itself (ADR-0054) ─ send_ack ─┐
+//!   reader (this task) ── parse ──┬─ send: committed in order by the reader itself
+//!                                 │        (ADR-0054; one-shard sends share rounds,
+//!                                 │        ADR-0089) ────────────────────── send_ack ─┐
 //!                                 ├─ sync ──▶ delivery task ◀── wake hub,             │
 //!                                 └─ ack: capped, ack_mailbox    re-check tick         │
 //!   every task ── Out (bounded channel) ──▶ writer task (owns the sink) ◀─────────────┘
@@ -58,6 +59,9 @@ const OUT_CAPACITY: usize = 1024;
 /// Sends queued (permit held) behind the one in flight, per connection: when full, the reader
 /// reads no more frames until the commit in flight ends.
 const SEND_QUEUE: usize = 64;
+
+/// The next connection's id (from 1; 0 names no connection in the group commit, ADR-0089).
+static NEXT_CONN_ID: AtomicU64 = AtomicU64::new(1);
 /// Most entries in a mailbox page of the delivery loop (pages are also bounded in bytes).
 const PAGE: usize = 256;
 /// Most frames written before a flush.
@@ -285,6 +289,9 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket, user_ref: U
         begun: Default::default(),
         commit_in_flight: None,
         slow_in_flight: false,
+        open_round: None,
+        conn_id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
+        front_checked: false,
         written,
         last_ack: acked,
         pending_ack: acked,

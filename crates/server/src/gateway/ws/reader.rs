@@ -29,7 +29,8 @@ use super::going_away::GoingAway;
 use super::outbox::{Out, Outbox};
 use super::{error_frame, text, until_cancelled, EXPIRY_RECHECK, SEND_QUEUE};
 use crate::gateway::acks::AckAnswer;
-use crate::gateway::commit::Begun;
+use crate::gateway::commit::{Begin, Begun};
+use crate::gateway::group_commit::RoundTicket;
 use crate::gateway::mailbox::Mailbox;
 use crate::gateway::send::{self, CommitPermit, SendFailure};
 use crate::gateway::state::Shared;
@@ -75,6 +76,14 @@ pub(super) struct Reader<'a> {
     /// first), whose parts join their queues only after an await: nothing after it is begun
     /// until it is answered, so that a client's sends to one mailbox keep their order.
     pub(super) slow_in_flight: bool,
+    /// The round that the begun sends awaiting answers are in (`None`: none awaits one).
+    pub(super) open_round: Option<RoundTicket>,
+    /// This connection, among the gateway's (group commit takes all of a connection's
+    /// messages into a round that takes one, ADR-0089).
+    pub(super) conn_id: u64,
+    /// The front of [`Reader::sends`] had its send fault (tests) checked already: it was put
+    /// back when its round was taken.
+    pub(super) front_checked: bool,
     pub(super) written: Arc<AtomicU64>,
     pub(super) last_ack: u64,
     /// Highest ack received but not yet written to Redis (acks are coalesced).
@@ -99,15 +108,24 @@ impl<'a> Reader<'a> {
     /// Begins the queued sends of the quick path that nothing slower precedes (ADR-0089),
     /// then, unless an answer is awaited, awaits the next: the oldest begun send, else the
     /// next send of the slow path.
+    ///
+    /// The begun sends awaiting answers are all in one round of one core instance
+    /// ([`Reader::open_round`]): a send joins it while it is open, else waits until they are
+    /// answered. So no send of a connection can reach Redis before an earlier one, whatever
+    /// happens to the rounds in flight (two flush tasks, a reconnect, a reloaded script).
     fn start_commit(&mut self) {
         let shared: &'a Arc<Shared> = self.shared;
-        // a send's fault (tests) is decided once, when it leaves `sends`
-        let fault = |id: &str| {
-            shared
-                .opts
-                .send_fault
-                .as_ref()
-                .is_some_and(|f| f.panic_commit(&self.sender_id, id))
+        if self.commit_in_flight.is_none() && self.begun.is_empty() {
+            self.open_round = None;
+        }
+        // a send's fault (tests) is decided once, when it first reaches the front
+        let fault = |id: &str, checked: bool| {
+            !checked
+                && shared
+                    .opts
+                    .send_fault
+                    .as_ref()
+                    .is_some_and(|f| f.panic_commit(&self.sender_id, id))
         };
         if !self.slow_in_flight {
             while let Some((req, _, _)) = self.sends.front() {
@@ -116,12 +134,31 @@ impl<'a> Reader<'a> {
                 };
                 let (req, permit, received) = self.sends.pop_front().expect("the front");
                 let SendRequest { id, to, body } = req;
-                let begun = (!fault(&id)).then(|| {
-                    shared
-                        .commit
-                        .begin_quick(quick, &self.sender_id, &id, to, body)
-                });
-                self.begun.push_back((id, received, permit, begun));
+                if fault(&id, std::mem::take(&mut self.front_checked)) {
+                    self.begun.push_back((id, received, permit, None));
+                    continue;
+                }
+                let begin = shared.commit.begin_quick(
+                    quick,
+                    &self.sender_id,
+                    &id,
+                    (to, body),
+                    self.conn_id,
+                    self.open_round,
+                );
+                match begin {
+                    Begin::Begun(begun, ticket) => {
+                        self.open_round = self.open_round.or(ticket);
+                        self.begun.push_back((id, received, permit, Some(begun)));
+                    }
+                    Begin::NotNow(to, body) => {
+                        // its round was taken: it waits for the answers of that round
+                        let req = SendRequest { id, to, body };
+                        self.sends.push_front((req, permit, received));
+                        self.front_checked = true;
+                        break;
+                    }
+                }
             }
         }
         if self.commit_in_flight.is_some() {
@@ -139,10 +176,11 @@ impl<'a> Reader<'a> {
             })));
             return;
         }
+        // nothing begun awaits an answer: the front, if any, is a send of the slow path
         let Some((req, permit, received)) = self.sends.pop_front() else {
             return;
         };
-        let fault = fault(&req.id);
+        let fault = fault(&req.id, std::mem::take(&mut self.front_checked));
         self.slow_in_flight = true;
         self.commit_in_flight = Some(Box::pin(crate::supervise::catch_panic(async move {
             assert!(!fault, "send fault: {}", req.id);

@@ -31,14 +31,16 @@
 //! messages a round), while its `fdatasync` takes 0.27 ms (median; `docs/performance.md`,
 //! "The logs' trims sent together").
 //!
-//! Order: messages are committed in the order they were queued. A WebSocket connection
-//! queues its one-shard sends as they arrive (ADR-0089) and a send to several shards only once
-//! everything before it is answered, so its sends to a shard get increasing offsets: a round
-//! takes a prefix of the queue, and the calls of the two rounds in flight share the instance's
-//! connection, so Redis runs them in the order they were taken. Within a shard's call the
-//! script commits in queue order, each message answered as if committed alone at that point
-//! (its offset, duplicate, id reused, log exhausted — also against a message earlier in the
-//! same group).
+//! Order: within a round, each shard's messages are committed in the order they were queued
+//! (the calls of a round are written by one task, in order). Nothing relies on the order in
+//! which two rounds in flight reach Redis (two flush tasks, a reconnect, a reloaded script
+//! can change it): a WebSocket connection's messages awaiting answers are all in one round
+//! (ADR-0089: it queues its one-shard sends into its open round only, [`RoundTicket`], and
+//! [`take_round`] never splits a connection), and a send to several shards is queued only once
+//! everything before it is answered. So a connection's sends to a shard get increasing
+//! offsets. Within a shard's call the script commits in queue order, each message answered as
+//! if committed alone at that point (its offset, duplicate, id reused, log exhausted — also
+//! against a message earlier in the same group).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -169,7 +171,7 @@ impl GroupCommit {
 
     /// Queues `msg` for the next round of its shard's instance now, without waiting: the
     /// answer comes on the receiver ([`received`] reads it), and the ticket names the round.
-    /// Messages queued one after another are committed in that order.
+    /// Messages of one round are committed in the order queued, shard by shard.
     pub(crate) fn enqueue(
         &self,
         msg: Pending,

@@ -167,17 +167,14 @@ impl CommitPath {
             conn,
         };
         let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
-        let (answer, ticket) = match round {
-            None => self.groups.enqueue(msg),
-            Some(t) => match self.groups.enqueue_in(msg, t) {
-                Ok(rx) => (rx, t),
-                Err(msg) => {
-                    let Pending {
-                        recipients, body, ..
-                    } = *msg;
-                    return Begin::NotNow(recipients, body);
-                }
-            },
+        let (answer, ticket) = match self.groups.enqueue(msg, round) {
+            Ok(queued) => queued,
+            Err(msg) => {
+                let Pending {
+                    recipients, body, ..
+                } = *msg;
+                return Begin::NotNow(recipients, body);
+            }
         };
         Begin::Begun(
             Begun::Queued {

@@ -166,42 +166,27 @@ impl GroupCommit {
     /// Commits `msg` to its shard with the next round of that shard's instance; its own
     /// answer.
     pub(crate) async fn commit(&self, msg: Pending) -> Answer {
-        received(self.enqueue(msg).0.await)
-    }
-
-    /// Queues `msg` for the next round of its shard's instance now, without waiting: the
-    /// answer comes on the receiver ([`received`] reads it), and the ticket names the round.
-    /// Messages of one round are committed in the order queued, shard by shard.
-    pub(crate) fn enqueue(
-        &self,
-        msg: Pending,
-    ) -> (tokio::sync::oneshot::Receiver<Answer>, RoundTicket) {
-        match self.enqueue_into(msg, None) {
-            Ok(queued) => queued,
+        match self.enqueue(msg, None) {
+            Ok((rx, _)) => received(rx.await),
             Err(_) => unreachable!("a message without a ticket is always queued"),
         }
     }
 
-    /// [`GroupCommit::enqueue`] into the round of `ticket` only: `msg` back if that round was
-    /// taken meanwhile, or is another instance's (ADR-0089).
-    pub(crate) fn enqueue_in(
+    /// Queues `msg` for the next round of its shard's instance now, without waiting: the
+    /// answer comes on the receiver ([`received`] reads it), and the ticket names the round.
+    /// Messages of one round are committed in the order queued, shard by shard. With `round`,
+    /// only into that round: `msg` back if it was taken meanwhile, or is another instance's
+    /// (ADR-0089).
+    pub(crate) fn enqueue(
         &self,
         msg: Pending,
-        ticket: RoundTicket,
-    ) -> Result<tokio::sync::oneshot::Receiver<Answer>, Box<Pending>> {
-        self.enqueue_into(msg, Some(ticket)).map(|(rx, _)| rx)
-    }
-
-    fn enqueue_into(
-        &self,
-        msg: Pending,
-        ticket: Option<RoundTicket>,
+        round: Option<RoundTicket>,
     ) -> Result<(tokio::sync::oneshot::Receiver<Answer>, RoundTicket), Box<Pending>> {
         let instance = self.inner.map.core_of(msg.shard);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let (start, full, round) = {
+        let (start, full, taken) = {
             let mut q = self.inner.instances[instance].lock().expect("not poisoned");
-            if ticket.is_some_and(|t| t.instance != instance || t.round != q.rounds) {
+            if round.is_some_and(|t| t.instance != instance || t.round != q.rounds) {
                 return Err(Box::new(msg));
             }
             q.waiting.push(Waiting { item: msg, tx });
@@ -219,7 +204,13 @@ impl GroupCommit {
             let inner = self.inner.clone();
             self.inner.tracker.spawn(flush(inner, instance));
         }
-        Ok((rx, RoundTicket { instance, round }))
+        Ok((
+            rx,
+            RoundTicket {
+                instance,
+                round: taken,
+            },
+        ))
     }
 }
 

@@ -377,3 +377,78 @@ async fn a_connections_sends_keep_their_order_with_many_rounds_in_flight() {
     }
     assert!(next.iter().all(|&n| n == PER));
 }
+
+/// ADR-0091: a one-shard send whose id already holds a bare claim of its own (its first
+/// attempt claimed the id in a call of its own, as the slow path does, and never committed)
+/// is answered "needs its dedupe keys" in its round's call and committed by a second call
+/// (ADR-0043). The connection's later sends in that round wait for it: the answers, the
+/// offsets and the mailbox keep the order sent. Before, they were committed in the first
+/// call, below it. The real service, so that the deployment has one-key claims (ADR-0040).
+#[tokio::test]
+async fn a_send_that_needs_a_second_call_keeps_its_place_among_its_connections_sends() {
+    use gateway_support::{ready_at, redis_at, shard_of, Service};
+    use std::time::Duration;
+    use tidemark_store::keys;
+    use tidemark_store::redis::dlog::request_digest;
+    const N: usize = 12;
+    let gateway = tidemark_server::gateway::GatewayOptions {
+        dev_auth: true,
+        commit_linger: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let svc = Service::start(gateway, Default::default()).await;
+    let addr = svc.running().addr;
+    // m5's first attempt: its claim, a bare digest of the same message
+    let digest = request_digest(&["bob"], "body 5");
+    let mut core = redis_at(&svc.core_url).await;
+    let () = redis::cmd("SET")
+        .arg(keys::message_id(shard_of("alice"), "alice", "m5"))
+        .arg(&digest)
+        .arg("EX")
+        .arg(3600)
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let mut alice = ready_at(addr, "alice").await;
+    alice.send_ok("lead", &["bob"], "lead").await;
+    for j in 0..N {
+        alice
+            .send_only(&format!("m{j}"), &["bob"], &format!("body {j}"))
+            .await;
+    }
+    let mut last = 0;
+    for j in 0..N {
+        let a = answer(&mut alice).await;
+        assert_eq!(a["type"], "send_ack", "{a}");
+        assert_eq!(a["id"], format!("m{j}"), "answers in the order sent");
+        let off = offset_of(a["offsets"].as_object().unwrap(), "bob");
+        assert!(
+            off > last,
+            "m{j} at offset {off}, after {last}: offsets in the order sent"
+        );
+        last = off;
+    }
+    // a one-key claim for m4 (no dedupe record), and the second call wrote m5's
+    let dedupe = |id: &str| {
+        redis::cmd("GET")
+            .arg(keys::dedupe(shard_of("bob"), "alice", id))
+            .clone()
+    };
+    let dd4: Option<String> = dedupe("m4").query_async(&mut core).await.unwrap();
+    assert_eq!(dd4, None, "m4 went with its claim alone");
+    let dd5: Option<String> = dedupe("m5").query_async(&mut core).await.unwrap();
+    assert!(
+        dd5.as_deref().is_some_and(|v| v.ends_with(&digest)),
+        "m5 committed by the call with its dedupe keys: {dd5:?}"
+    );
+    let mut bob = ready_at(addr, "bob").await;
+    let mut bodies = Vec::new();
+    for _ in 0..=N {
+        bodies.push(bob.deliver().await["body"].as_str().unwrap().to_string());
+    }
+    let want: Vec<String> = std::iter::once("lead".to_string())
+        .chain((0..N).map(|j| format!("body {j}")))
+        .collect();
+    assert_eq!(bodies, want, "bob's mailbox in the order sent");
+    svc.stop().await;
+}

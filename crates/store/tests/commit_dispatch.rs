@@ -810,7 +810,8 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send(packed: b
     assert_eq!(e.core.head(s).await.unwrap(), 2, "two messages committed");
     // ADR-0043: one-key messages pass only their claim's key; one that meets a bare claim
     // of its own is answered "needs its keys" by the script and committed by a second call
-    // with them, after the rest of its group (whose messages are other senders' sends)
+    // with them; ADR-0091: the later messages of its log are deferred to that second call,
+    // so the log keeps the order given (before, m5 took offset 4 and m4 offset 5)
     assert_eq!(
         core.claim_message_id(home, "alice", "m4", d1, TTL)
             .await
@@ -824,13 +825,73 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send(packed: b
     ])
     .await;
     let out: Vec<(u64, bool)> = out.into_iter().map(|r| r.unwrap()).collect();
-    assert_eq!(out, [(3, false), (5, false), (4, false)]);
+    assert_eq!(
+        out,
+        [(3, false), (4, false), (5, false)],
+        "in the order given"
+    );
     let dd: Option<String> = e.raw.get(keys::dedupe(s, "alice", "m4")).await.unwrap();
-    assert_eq!(dd, Some(format!("5:{d1}")), "m4's dedupe record decides");
+    assert_eq!(dd, Some(format!("4:{d1}")), "m4's dedupe record decides");
+    let claim5: Option<String> = e
+        .raw
+        .get(keys::message_id(home, "alice", "m5"))
+        .await
+        .unwrap();
+    assert_eq!(
+        claim5,
+        Some(format!("5:{d1}")),
+        "m5's claim, from the second call"
+    );
     let out = group(vec![req("m4", "one", d1), req("m5", "one", d1)]).await;
     let out: Vec<(u64, bool)> = out.into_iter().map(|r| r.unwrap()).collect();
-    assert_eq!(out, [(5, true), (4, true)], "resends: duplicates");
+    assert_eq!(out, [(4, true), (5, true)], "resends: duplicates");
     assert_eq!(e.core.head(s).await.unwrap(), 5);
+    let ids: Vec<String> = log_of(&mut e, s)
+        .await
+        .into_iter()
+        .map(|l| l.split(' ').nth(3).unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["m1", "m2", "m3", "m4", "m5"], "the log's client ids");
+    // the same across parts of one call that name the same log: a later part of it waits
+    // too; a part of another log does not (it is committed in the first call)
+    assert_eq!(
+        core.claim_message_id(home, "alice", "m6", d1, TTL)
+            .await
+            .unwrap(),
+        IdClaim::New
+    );
+    let s2 = 5u32;
+    let parts = [
+        vec![req("m6", "one", d1), req("m7", "one", d1)],
+        vec![req("x1", "one", d1)],
+        vec![req("m8", "one", d1)],
+    ];
+    let out = core
+        .commit_parts(&[(s, &parts[0]), (s2, &parts[1]), (s, &parts[2])], TTL)
+        .await
+        .expect("the call");
+    let out: Vec<Vec<(u64, bool)>> = out
+        .into_iter()
+        .map(|p| {
+            p.into_iter()
+                .map(|r| r.map(|c| (c.offset, c.duplicate)).unwrap())
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        out,
+        [
+            vec![(6, false), (7, false)],
+            vec![(1, false)],
+            vec![(8, false)]
+        ]
+    );
+    let ids: Vec<String> = log_of(&mut e, s)
+        .await
+        .into_iter()
+        .map(|l| l.split(' ').nth(3).unwrap().to_string())
+        .collect();
+    assert_eq!(ids[5..], ["m6", "m7", "m8"], "the log's client ids");
 
     // the form follows the identity recorded on the instance: version 2 one key, version 1
     // both records, an unknown version refused

@@ -31,10 +31,12 @@
 //! messages a round), while its `fdatasync` takes 0.27 ms (median; `docs/performance.md`,
 //! "The logs' trims sent together").
 //!
-//! Order: within a round, each shard's messages are committed in the order they were queued
-//! (the calls of a round are written by one task, in order). Nothing relies on the order in
-//! which two rounds in flight reach Redis (two flush tasks, a reconnect, a reloaded script
-//! can change it): a WebSocket connection's messages awaiting answers are all in one round
+//! Order: within a round, each shard's messages are committed in the order they were queued.
+//! A shard's part is in one call, or, when larger than a call, in calls that run one after
+//! another ([`pack`], ADR-0091); the script commits a call's messages of one log in the order
+//! given, also when one of them needs a second call (ADR-0091). Nothing relies on the order in
+//! which two calls in flight reach Redis (two flush tasks, a reconnect, a reloaded script, a
+//! second call can change it): a WebSocket connection's messages awaiting answers are all in one round
 //! (ADR-0089: it queues its one-shard sends into its open round only, [`RoundTicket`], and
 //! [`take_round`] never splits a connection), and a send to several shards is queued only once
 //! everything before it is answered. So a connection's sends to a shard get increasing
@@ -331,12 +333,16 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
             });
             futures::future::join_all(calls).await;
         } else {
-            // one instance: the round's shards together, [`MAX_GROUP`] messages per call
-            // (ADR-0051)
-            let calls = pack(by_shard).into_iter().map(|parts| {
-                commit_parts(core.clone(), parts, inner.dedupe_ttl_s, inner.feed.as_ref())
+            // one instance: the round's shards together, at most [`MAX_GROUP`] messages per
+            // call (ADR-0051); the calls of a chain one after another, the chains
+            // concurrently (ADR-0091)
+            let chains = pack(by_shard).into_iter().map(|chain| async {
+                for parts in chain {
+                    commit_parts(core.clone(), parts, inner.dedupe_ttl_s, inner.feed.as_ref())
+                        .await;
+                }
             });
-            futures::future::join_all(calls).await;
+            futures::future::join_all(chains).await;
         }
     }
 }
@@ -344,30 +350,50 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
 /// The parts of one commit call: (shard, its messages in queue order).
 type Parts = Vec<(u32, Vec<Waiting<Pending, Answer>>)>;
 
-/// Packs a round's shards, in shard order, into calls of at most [`MAX_GROUP`] messages; a
-/// shard larger than what is left of a call continues in the next one (its messages still in
-/// queue order: each connection has one send in flight, so the calls' order within the round
-/// matters to no sender).
-fn pack(by_shard: BTreeMap<u32, Vec<Waiting<Pending, Answer>>>) -> Vec<Parts> {
-    let mut calls = Vec::new();
+/// Packs a round's shards, in shard order, into calls of at most [`MAX_GROUP`] messages, and
+/// the calls into chains (ADR-0091): the calls of a chain run one after another, the chains
+/// concurrently. A shard's part goes whole into one call when it fits one: a call that has
+/// no room left for it is closed, and the part starts the next. Only a part larger than a
+/// call is split, its pieces in queue order in consecutive calls of one chain, so that a
+/// call of the shard starts only once the call before it is answered (with its second call
+/// for one-key messages that need their dedupe keys, ADR-0043). Calls that run concurrently
+/// reach Redis in the order written only while nothing intervenes: a `NOSCRIPT` reload, a
+/// reconnect or that second call can put one call before another, and a connection's sends
+/// to a shard (ADR-0089: in one round) must keep their order.
+fn pack(by_shard: BTreeMap<u32, Vec<Waiting<Pending, Answer>>>) -> Vec<Vec<Parts>> {
+    let mut chains = Vec::new();
+    // the calls of the open chain before the open call
+    let mut chain: Vec<Parts> = Vec::new();
     let mut call: Parts = Vec::new();
     let mut held = 0;
     for (shard, mut part) in by_shard {
-        while !part.is_empty() {
-            let rest = part.split_off(part.len().min(MAX_GROUP - held));
-            let take = std::mem::replace(&mut part, rest);
-            held += take.len();
-            call.push((shard, take));
-            if held == MAX_GROUP {
-                calls.push(std::mem::take(&mut call));
-                held = 0;
-            }
+        if held + part.len() > MAX_GROUP && !call.is_empty() {
+            chain.push(std::mem::take(&mut call));
+            chains.push(std::mem::take(&mut chain));
+            held = 0;
+        }
+        // only a part larger than a call: its pieces in the chain, in order
+        while part.len() > MAX_GROUP - held {
+            let rest = part.split_off(MAX_GROUP - held);
+            call.push((shard, std::mem::replace(&mut part, rest)));
+            chain.push(std::mem::take(&mut call));
+            held = 0;
+        }
+        held += part.len();
+        call.push((shard, part));
+        if held == MAX_GROUP {
+            chain.push(std::mem::take(&mut call));
+            chains.push(std::mem::take(&mut chain));
+            held = 0;
         }
     }
     if !call.is_empty() {
-        calls.push(call);
+        chain.push(call);
     }
-    calls
+    if !chain.is_empty() {
+        chains.push(chain);
+    }
+    chains
 }
 
 /// Commits the parts of several shards in one script call (ADR-0051) and answers them. The
@@ -503,9 +529,10 @@ mod tests {
     }
 
     /// A round packs into calls of at most MAX_GROUP messages, shards in order, every message
-    /// once and each shard's in queue order, a large shard continuing in the next call.
+    /// once and each shard's in queue order. A shard's part is split only when larger than a
+    /// call, and then its calls are consecutive calls of one chain (ADR-0091).
     #[test]
-    fn a_round_packs_into_full_calls_in_shard_and_queue_order() {
+    fn a_round_packs_into_calls_in_shard_and_queue_order_splitting_only_large_parts() {
         let sizes = [
             (3u32, 5usize),
             (1, 200),
@@ -517,21 +544,31 @@ mod tests {
         for (shard, n) in sizes {
             by_shard.insert(shard, (0..n).map(|i| waiting(shard, i)).collect());
         }
-        let total: usize = sizes.iter().map(|(_, n)| n).sum();
-        let calls = pack(by_shard);
-        let held: Vec<usize> = calls
+        let chains = pack(by_shard);
+        // (shard, messages) of each call, by chain
+        let layout: Vec<Vec<Vec<(u32, usize)>>> = chains
             .iter()
-            .map(|c| c.iter().map(|(_, p)| p.len()).sum())
+            .map(|chain| {
+                chain
+                    .iter()
+                    .map(|call| call.iter().map(|(s, p)| (*s, p.len())).collect())
+                    .collect()
+            })
             .collect();
-        assert_eq!(held.iter().sum::<usize>(), total);
-        assert_eq!(calls.len(), total.div_ceil(MAX_GROUP), "{held:?}");
-        assert!(
-            held[..held.len() - 1].iter().all(|&n| n == MAX_GROUP),
-            "{held:?}"
+        assert_eq!(
+            layout,
+            [
+                // shard 1's 200: 128, then 72 in a call of its own (shard 2's 123 would not fit)
+                vec![vec![(1, MAX_GROUP)], vec![(1, 200 - MAX_GROUP)]],
+                // shard 2's part whole in the next call; shard 3's 5 fill it
+                vec![vec![(2, MAX_GROUP - 5), (3, 5)]],
+                vec![vec![(7, 1), (9, 60)]],
+            ]
         );
         // flattened: shards ascending, each shard's ids 0.. in order
-        let flat: Vec<(u32, usize)> = calls
+        let flat: Vec<(u32, usize)> = chains
             .iter()
+            .flatten()
             .flatten()
             .flat_map(|(s, p)| {
                 p.iter()
@@ -544,10 +581,38 @@ mod tests {
             .collect();
         want.sort();
         assert_eq!(flat, want);
-        assert!(calls
+        assert!(chains
             .iter()
             .flatten()
+            .flatten()
             .all(|(s, p)| p.iter().all(|w| w.item.shard == *s) && !p.is_empty()));
+        // many shards of a few messages each: calls as full as whole parts allow, and no
+        // shard in two calls
+        let mut by_shard: BTreeMap<u32, Vec<Waiting<Pending, Answer>>> = BTreeMap::new();
+        for shard in 0..64u32 {
+            let n = 1 + (shard as usize * 7) % 30;
+            by_shard.insert(shard, (0..n).map(|i| waiting(shard, i)).collect());
+        }
+        let total: usize = by_shard.values().map(Vec::len).sum();
+        let chains = pack(by_shard);
+        assert!(chains.iter().all(|chain| chain.len() == 1));
+        let calls: Vec<&Parts> = chains.iter().flatten().collect();
+        let held: Vec<usize> = calls
+            .iter()
+            .map(|c| c.iter().map(|(_, p)| p.len()).sum())
+            .collect();
+        assert_eq!(held.iter().sum::<usize>(), total);
+        assert!(held.iter().all(|&n| n <= MAX_GROUP), "{held:?}");
+        assert!(
+            held[..held.len() - 1].iter().all(|&n| n > MAX_GROUP - 30),
+            "{held:?}"
+        );
+        let mut shards: Vec<u32> = calls
+            .iter()
+            .flat_map(|c| c.iter().map(|(s, _)| *s))
+            .collect();
+        shards.dedup();
+        assert_eq!(shards, (0..64).collect::<Vec<_>>());
     }
 
     /// ADR-0089: a round cut at its bound still takes every message of a connection it took

@@ -638,7 +638,9 @@ impl LogStore {
             .commit_call(parts, dedupe_ttl_s, true, &mut ran_on)
             .await?;
         // one-key messages whose claim is a bare digest of theirs: again, with their dedupe
-        // keys (ADR-0043; rare: a claim written before ADR-0040, or by a two-step claim)
+        // keys (ADR-0043; rare: a claim written before ADR-0040, or by a two-step claim),
+        // each with the later messages of its log deferred behind it, in their order
+        // (ADR-0091)
         if out.iter().any(Option::is_none) {
             // the flat index of each message sent again, and those messages by part
             let mut at = Vec::new();
@@ -711,7 +713,8 @@ impl LogStore {
     /// One `commit_dispatch.lua` call of `parts` (empty parts are left out of it): each
     /// message's answer, in one list in the parts' order, `None` for a one-key message (flag
     /// '3', sent only when `one_key` and the deployment claims with one key) that needs its
-    /// dedupe keys (the script's `{4, 0}`: nothing was written for it). With `one_key` false
+    /// dedupe keys (the script's `{4, 0}`: nothing was written for it), and for every later
+    /// message of the same log, deferred behind it (`{7, 0}`, ADR-0091). With `one_key` false
     /// every claiming message is sent with its three keys. `T` is a request or a reference
     /// to one (the retry of [`LogStore::commit_flat`]).
     async fn commit_call<'r, R, T>(
@@ -855,6 +858,9 @@ impl LogStore {
                         offset: *o as u64,
                     })),
                     (Value::Int(4), Value::Int(0)) if compact(r.borrow()) => None,
+                    // deferred behind a message answered {4, 0} of the same log (ADR-0091):
+                    // only in a call that holds one-key messages
+                    (Value::Int(7), Value::Int(0)) if one_key => None,
                     (Value::Int(5), Value::BulkString(e)) => Some(Err(Error::LogAheadOfHead {
                         shard,
                         detail: String::from_utf8_lossy(e).into_owned(),

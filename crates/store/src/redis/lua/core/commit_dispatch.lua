@@ -51,6 +51,13 @@
 -- the two-step claim of ADR-0026). Such a message is answered {4, 0} and nothing is written
 -- for it; the caller sends it again with the flag '2' and its three keys.
 --
+-- A log's messages are committed in the order given, also across that second call
+-- (ADR-0091): after a {4, 0}, every later message of the same log in this call (the rest of
+-- the part, and of any later part naming the same log) is answered {7, 0} without being
+-- looked at, and nothing is written for it; the caller sends it again after the message
+-- answered {4, 0}, in the same order. Without this, a later send of the same connection
+-- would take an offset below that message's.
+--
 -- Layout: ARGV[1] is the TTL, ARGV[2] the number of parts m, ARGV[3] the record form; then
 -- each part in turn. A part has two keys (its log, its head) followed by its messages' keys,
 -- and two arguments (its message count n, its wake channel) followed by w per message: seven
@@ -122,6 +129,8 @@
 --               flag '2' (nothing written for it)
 -- | {5, error}  its part's XADD failed at or before it (error: Redis's message, a string);
 --               nothing written for it
+-- | {7, 0}      deferred (ADR-0091): an earlier message of the same log in this call was
+--               answered {4, 0}; nothing written for it; send it again after that one
 -- | {6, error}  its part failed with an error of Redis or Lua (a head that is not a number,
 --               a key of another type; error: the message, a string), answered for every
 --               message of the part: as for a failed call, what the part wrote is not known
@@ -139,12 +148,17 @@ local di, fi = w - 2, w - 1
 local out = {}
 -- the values in `out` (kept, not taken with #out, which searches the table)
 local nout = 0
+-- the logs whose later messages are deferred (answered {7, 0}, ADR-0091): nil until a
+-- message is answered {4, 0}, then a set of log keys
+local deferred = nil
 
 -- Commits the part whose first key is KEYS[kb] and first argument ARGV[ab] (n messages),
 -- appends its answers to `out`; returns the first key of the next part.
 local function commit_part(kb, ab, n)
   local wake = ARGV[ab + 1]
   local log_key, head_key = KEYS[kb], KEYS[kb + 1]
+  -- this log's messages from here on are deferred (ADR-0091)
+  local defer = deferred ~= nil and deferred[log_key] == true
   local head = tonumber(redis.call('GET', head_key) or '0')
   local first = head
   -- head and head + 1 as decimal strings, each formatted once (string.format is sprintf,
@@ -170,7 +184,7 @@ local function commit_part(kb, ab, n)
     else
       next_key = next_key + 3
     end
-    if failed then flag = 'failed' end
+    if failed then flag = 'failed' elseif defer then flag = 'deferred' end
     -- a fresh one-key claim written before the XADD, as it will stand once committed
     -- (ADR-0052); removed again if the XADD fails
     local written = false
@@ -191,6 +205,8 @@ local function commit_part(kb, ab, n)
     if claimed then off, d = string.match(claimed, '^(%d+):(.*)$') end
     if failed then
       st, v = 5, failed
+    elseif defer then
+      st, v = 7, 0
     elseif off then
       -- a one-key claim (ADR-0040) answers the message
       if d == digest then st, v = 1, tonumber(off) else st, v = 3, tonumber(off) end
@@ -200,6 +216,10 @@ local function commit_part(kb, ab, n)
       record = KEYS[k + 2] -- a fresh one-key claim: the claim is the dedupe record
     elseif one_key then
       st, v = 4, 0 -- a bare digest of this message: its dedupe records decide; not passed
+      -- the log's later messages in this call wait for this one (ADR-0091)
+      defer = true
+      deferred = deferred or {}
+      deferred[log_key] = true
     else
       local dup = redis.call('GET', KEYS[k])
       if dup then

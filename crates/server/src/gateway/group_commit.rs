@@ -4,16 +4,18 @@
 //! Every core instance has a queue. A commit joins the queue of its shard's instance; if
 //! fewer than [`FLUSHERS`] flush tasks run for that instance, one is started. A flush task
 //! takes everything queued (at most [`MAX_ROUND`] messages: a round) and splits it by shard.
-//! On one core instance it commits the round's shards together, one script call per
-//! [`MAX_GROUP`] messages, each call holding several shards' parts (ADR-0051: at 5,000
-//! msg/s over 64 shards a round holds ~10 messages of ~9 shards: one command instead of nine
-//! for core Redis to read, run and write to its AOF, one call instead of nine here). On a Redis Cluster a call holds one shard
-//! (one slot): each shard's part is committed in one script call (a larger part takes
-//! several, one after another), all shards of the round concurrently, each to the node of
-//! its slot. The calls are queued on the instance's connection together, so redis-rs writes
-//! them together and core Redis reads and runs them in one pass of its event loop: one
-//! `fdatasync`, one read and one reply write for the whole round (measured: about one Redis
-//! read per round, `docs/perf/profile-core-redis-5000.txt`). It hands each message its own
+//! On one core instance it commits the round's shards together, in script calls of at most
+//! [`MAX_GROUP`] messages, each call holding several shards' whole parts (ADR-0051: at 5,000
+//! msg/s over 64 shards a round holds ~30 messages of ~23 shards: one command instead of 23
+//! for core Redis to read, run and write to its AOF, one call instead of 23 here; ADR-0091:
+//! a part larger than a call is split over calls that run one after another, [`pack`]). On
+//! a Redis Cluster a call holds one shard (one slot): each shard's part is committed in one
+//! script call (a larger part takes several, one after another), all shards of the round
+//! concurrently, each to the node of its slot. The calls that can run at once are queued on
+//! the instance's connection together, so redis-rs writes them together and core Redis reads
+//! and runs them in one pass of its event loop: one `fdatasync`, one read and one reply write
+//! for the whole round (measured: about one Redis read per round,
+//! `docs/perf/profile-core-redis-5000.txt`). It hands each message its own
 //! answer and repeats until the queue is empty. So a send waits for no timer beyond the linger
 //! (below): alone, it goes at once; under load, whatever queued while the previous round
 //! was being taken goes in the next round. Two flush tasks keep core Redis busy at full
@@ -36,10 +38,10 @@
 //! another ([`pack`], ADR-0091); the script commits a call's messages of one log in the order
 //! given, also when one of them needs a second call (ADR-0091). Nothing relies on the order in
 //! which two calls in flight reach Redis (two flush tasks, a reconnect, a reloaded script, a
-//! second call can change it): a WebSocket connection's messages awaiting answers are all in one round
-//! (ADR-0089: it queues its one-shard sends into its open round only, [`RoundTicket`], and
-//! [`take_round`] never splits a connection), and a send to several shards is queued only once
-//! everything before it is answered. So a connection's sends to a shard get increasing
+//! second call can change it): a WebSocket connection's messages awaiting answers are all in
+//! one round (ADR-0089: it queues its one-shard sends into its open round only,
+//! [`RoundTicket`], and [`take_round`] never splits a connection), and a send to several
+//! shards is queued only once everything before it is answered. So a connection's sends to a shard get increasing
 //! offsets. Within a shard's call the script commits in queue order, each message answered as
 //! if committed alone at that point (its offset, duplicate, id reused, log exhausted — also
 //! against a message earlier in the same group).

@@ -2,8 +2,9 @@
 -- part per shard, each part's messages in the order given (group commit, ADR-0036; several
 -- shards in one call, ADR-0051): message i is decided, and when committed written, before
 -- message i + 1 is looked at, so a part gives the same answers and the same log as the same
--- messages committed one call each, in that order. Parts are independent of each other
--- (each has its own log and head); they run in the order given.
+-- messages committed one call each, in that order. Parts run in the order given, each with
+-- its own log and head, independent of each other except that a message answered {4, 0}
+-- defers the later messages of its log, in later parts too (ADR-0091, below).
 --
 -- Per message: dedupes on (sender, client id): a retried send returns the offset first
 -- assigned and adds nothing (also when the first send is earlier in the same group).

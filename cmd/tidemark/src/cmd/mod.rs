@@ -6,7 +6,7 @@
 //! - [`wm`]: `wm …`, `shard …` (maintenance: `tidemark_ops::{wm, shard}`).
 //! - [`trace`]: `trace` (`tidemark_ops::trace`); [`status`]: `status` (`tidemark_ops::status`).
 //! - [`upgrade`]: `upgrade` (`tidemark_ops::upgrade`).
-//! - [`bench`]: `bench …` (`tidemark_bench`).
+//! - [`bench`](mod@bench): `bench …` (`tidemark_bench`).
 //! - [`client`]: `token`, `secret gen`, `send`, `tail` (`tidemark_client`).
 //! - [`exit`]: the exit statuses of every command; [`logs`]: where stderr lines go.
 

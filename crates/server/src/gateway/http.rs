@@ -1,8 +1,8 @@
 //! The router and the HTTP endpoints: `POST /v1/messages`, `GET /v1/mailbox`,
 //! `POST /v1/mailbox/ack`, `GET /metrics`, `GET /healthz` (the last two on the admin
 //! listener instead, when there is one); the operator's `GET /v1/admin/status[/stream]`
-//! ([`admin`](super::admin)) and the embedded console, client and API documents
-//! ([`web`](super::web)) on the client listener.
+//! ([`admin`]) and the embedded console, client and API documents ([`web`]) on the client
+//! listener.
 //!
 //! Request bodies go through the same parsers and limits as WebSocket frames; every failure
 //! is an `ErrorBody` with the code's HTTP status.

@@ -261,7 +261,8 @@ impl WakeHub {
         self.add(user, shard, notify, None, progress)
     }
 
-    /// [`WakeHub::register`], and the connection is also handed the fresh entries of its
+    /// Registers `notify` to be woken by hints naming `user`, whose mailbox is on `shard` (as
+    /// the tests' `register` does), and the connection is also handed the fresh entries of its
     /// user that this process's materializer writes (ADR-0041).
     pub(crate) fn register_local(
         self: &Arc<Self>,

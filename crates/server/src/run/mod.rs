@@ -1,5 +1,5 @@
-//! Running Tidemark: [`serve`] runs the gateway and the materializers against Redis
-//! instances it did not start; [`up`] starts its own redis-server processes (AOF on, data under
+//! Running Tidemark: [`serve()`] runs the gateway and the materializers against Redis
+//! instances it did not start; [`up()`] starts its own redis-server processes (AOF on, data under
 //! a directory), then serves. Both stop cleanly on cancellation and join every task.
 //!
 //! Every long-running task is supervised ([`crate::supervise`]): a materializer worker that

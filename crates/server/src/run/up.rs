@@ -1,5 +1,5 @@
 //! `tidemark up`: a local deployment — its own password-protected redis-servers (AOF on)
-//! under a data dir, the topology written for read-only tools, then [`super::serve`].
+//! under a data dir, the topology written for read-only tools, then [`super::serve()`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -322,8 +322,8 @@ pub(super) fn parse_fence(shard: u32, new: u64, v: &Value) -> Result<Fence> {
 
 // ---- materialize_fresh_single_recipient.lua ----
 
-/// The reply of one run of `n` records ([`MailboxStore::materialize_batch`]
-/// (super::MailboxStore::materialize_batch)): one outcome per record, in order; `None` when
+/// The reply of one run of `n` records
+/// ([`MailboxStore::materialize_batch`](super::MailboxStore::materialize_batch)): one outcome per record, in order; `None` when
 /// the watermark is missing. `W` alone: every record applied; `{1|2, W, replayed, applied}`:
 /// the first `replayed` replays, then `applied` applied, then (status 2) a gap for the record
 /// after them and, as the run stopped there, for every later one; the other statuses are

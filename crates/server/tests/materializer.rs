@@ -373,6 +373,110 @@ async fn handed_over_records_are_not_read_back_and_the_rest_is_found_by_itself()
     w.stop().await;
 }
 
+/// ADR-0092: in feed mode under steady load, with records handed over for some shard at
+/// every turn, a record the feed does not carry (another gateway's commit) is still found by
+/// the periodic poll. Before, a due poll waited for a turn with nothing in hand, so the record
+/// waited until everything handed over had been applied. Here 7,200 records are handed over
+/// for three shards and the worker takes one record per shard a turn (`batch` 1), so it has
+/// records in hand for thousands of turns; the record committed elsewhere, in the fourth
+/// shard, must be applied while those are still being applied.
+#[tokio::test]
+async fn a_record_the_feed_did_not_carry_is_found_under_steady_load() {
+    use tidemark_store::redis::dlog::CommitRequest;
+    const PER: usize = 2400;
+    let e = env().await;
+    let feed = CommitFeed::default();
+    let opts = MaterializerOptions {
+        feed: Some(feed.clone()),
+        batch: 1,
+        ..fast_opts()
+    };
+    let w = start_worker(&e, opts).await;
+    // the user the feed misses, and three loaders, one in each other shard
+    let missed = "missed-user";
+    let sm = route(missed).shard;
+    let mut loaders: Vec<String> = Vec::new();
+    for i in 0.. {
+        let u = format!("load-{i}");
+        let s = route(&u).shard;
+        if s != sm && loaders.iter().all(|l| route(l).shard != s) {
+            loaders.push(u);
+        }
+        if loaders.len() == SHARDS as usize - 1 {
+            break;
+        }
+    }
+    // log mode first; the feed is tried after a second without a backlog
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut core = e.core_store.clone();
+    for chunk in 0..PER / 100 {
+        for u in &loaders {
+            let s = route(u).shard;
+            let ids: Vec<String> = (0..100).map(|i| format!("{u}-{chunk}-{i}")).collect();
+            let to = [u.as_str()];
+            let reqs: Vec<CommitRequest> = ids
+                .iter()
+                .map(|id| CommitRequest {
+                    sender: "sender",
+                    client_id: id,
+                    recipients: &to,
+                    body: id,
+                    sent_at_us: 1,
+                    digest: "d",
+                    claim_home: None,
+                })
+                .collect();
+            let got = core
+                .commit_group(s, &reqs, DEFAULT_DEDUPE_TTL_S)
+                .await
+                .unwrap();
+            let f = feed.shard(s).expect("the worker takes the shard");
+            for (id, c) in ids.iter().zip(got) {
+                let c = c.unwrap();
+                f.offer(DispatchRecord {
+                    offset: c.offset,
+                    prev: c.offset - 1,
+                    sender: "sender".into(),
+                    client_id: id.clone(),
+                    recipients: vec![u.clone()],
+                    body: id.clone(),
+                    sent_at_us: 1,
+                });
+            }
+        }
+    }
+    let t0 = Instant::now();
+    core.commit(sm, "sender", "x", &[missed], "x", 1, DEFAULT_DEDUPE_TTL_S)
+        .await
+        .unwrap();
+    let applied = || async {
+        let mut n = 0;
+        for u in &loaders {
+            n += mailbox(&e, u).await.len();
+        }
+        n
+    };
+    let mut found = None;
+    while found.is_none() && t0.elapsed() < Duration::from_secs(20) {
+        if mailbox(&e, missed).await.len() == 1 {
+            found = Some((t0.elapsed(), applied().await));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (after, loaded) = found.expect("the record committed elsewhere was never applied");
+    let total = PER * loaders.len();
+    assert!(
+        loaded < total,
+        "the record committed elsewhere was applied only after all {total} records handed \
+         over ({after:?} after its commit)"
+    );
+    until_within("the loaders' records", Duration::from_secs(30), || async {
+        applied().await == total
+    })
+    .await;
+    w.stop().await;
+}
+
 /// ADR-0068: a worker in feed mode with nothing to do waits on the log instead of polling it
 /// every FEED_POLL, so an idle process reads core Redis about once per block time, not ten
 /// times a second; a record handed over and one committed elsewhere (never handed over) each

@@ -348,18 +348,24 @@ impl Worker {
                 f.hole_since = None;
                 f.poll_at
             };
+            let now = Instant::now();
+            let lost = f.rx.lost.swap(false, Ordering::AcqRel);
+            // ADR-0092: a due poll goes before records in hand are returned, with them: under
+            // load some shard nearly always has records in hand, and a poll that waited for a
+            // turn without any held back every record the feed did not carry (another
+            // gateway's, one after a dropped offer) until such a turn came
+            if lost || now >= due {
+                return self
+                    .feed_poll(positions, batches, Duration::ZERO, cancel)
+                    .await;
+            }
             if !batches.is_empty() {
                 return FeedRead::Batches(batches);
             }
-            let now = Instant::now();
             let left = deadline.saturating_duration_since(now);
-            let lost = f.rx.lost.swap(false, Ordering::AcqRel);
-            if f.quiet_polls >= QUIET_POLLS && !hole && !lost && left >= FEED_POLL {
+            if f.quiet_polls >= QUIET_POLLS && !hole && left >= FEED_POLL {
                 // ADR-0068: nothing for a while; any commit to these shards ends the wait
-                return self.feed_poll(positions, left, cancel).await;
-            }
-            if lost || now >= due {
-                return self.feed_poll(positions, Duration::ZERO, cancel).await;
+                return self.feed_poll(positions, batches, left, cancel).await;
             }
             let wake = deadline.min(due);
             let got = tokio::select! {
@@ -383,20 +389,20 @@ impl Worker {
         }
     }
 
-    /// Polls the log after what was handed over: each shard from the end of its records that
-    /// continue its position, which come first in its batch. Records in the log that the
-    /// feed never handed over put the worker back in log mode: someone else commits to
-    /// these shards. A non-zero `block` waits on the log up to that long (a quiet worker,
-    /// ADR-0068): the records of this process's own commits are in the log before they are
-    /// handed over, so they end the wait as anyone's do.
+    /// Polls the log after what was handed over (`batches`: each shard's records that continue
+    /// its position, taken by the caller's [`Worker::fed_batches`]): each shard from the end
+    /// of its records, which come first in its batch. Records in the log that the feed never
+    /// handed over put the worker back in log mode: someone else commits to these shards. A
+    /// non-zero `block` waits on the log up to that long (a quiet worker, ADR-0068), and only
+    /// with nothing in hand: the records of this process's own commits are in the log before
+    /// they are handed over, so they end the wait as anyone's do.
     async fn feed_poll(
         &mut self,
         positions: &[(u32, u64)],
+        mut batches: Vec<(u32, Vec<DispatchRecord>)>,
         block: Duration,
         cancel: &CancellationToken,
     ) -> FeedRead {
-        self.drain_feed();
-        let (mut batches, _) = self.fed_batches(positions);
         let ends: BTreeMap<u32, u64> = batches
             .iter()
             .filter_map(|(s, recs)| recs.last().map(|r| (*s, r.offset)))

@@ -452,3 +452,51 @@ async fn a_send_that_needs_a_second_call_keeps_its_place_among_its_connections_s
     assert_eq!(bodies, want, "bob's mailbox in the order sent");
     svc.stop().await;
 }
+
+/// Backpressure (docs/protocol.md, "A connection's sends"): while 64 sends of a connection
+/// wait for their answers, the server reads no more frames from it. Core Redis is paused, so
+/// no send is answered: after 64 sends, a malformed frame (answered with an error as soon as
+/// it is read) stays unread until the pause ends; after 63, it is read and answered at once.
+/// Before, the send awaited at the time was not counted, and the 65th frame was read.
+#[tokio::test]
+async fn a_connection_with_64_sends_waiting_is_not_read_further() {
+    use std::time::Duration;
+    let d = gateway_support::start().await;
+    let mut full = d.ready("bp-full").await;
+    let mut under = d.ready("bp-under").await;
+    full.send_ok("warm", &["bob"], "w").await;
+    under.send_ok("warm", &["bob"], "w").await;
+    d.pause_core(3000).await;
+    let t0 = std::time::Instant::now();
+    for (ws, n) in [(&mut full, 64), (&mut under, 63)] {
+        for i in 0..n {
+            ws.send_only(&format!("m{i}"), &["bob"], &format!("body {i}"))
+                .await;
+        }
+        ws.send_text("{not json").await;
+    }
+    let is_bad = |v: &Value| v["type"] == "error" && v["code"] == "bad_json";
+    let early = tokio::time::timeout(Duration::from_millis(1500), under.recv_where(is_bad)).await;
+    assert!(
+        early.is_ok(),
+        "63 sends waiting: the next frame is read and answered at once"
+    );
+    let early = tokio::time::timeout(Duration::from_millis(200), full.recv_where(is_bad)).await;
+    assert!(
+        early.is_err(),
+        "64 sends waiting: the next frame was read ({:?} into a 3 s pause of core Redis)",
+        t0.elapsed()
+    );
+    assert!(
+        t0.elapsed() < Duration::from_millis(2500),
+        "the checks ran within the pause"
+    );
+    // after the pause: every send answered, and the malformed frame too
+    for (ws, n) in [(&mut full, 64), (&mut under, 63)] {
+        for i in 0..n {
+            let a = ws.recv_where(|v| v["type"] == "send_ack").await;
+            assert_eq!(a["id"], format!("m{i}"));
+        }
+    }
+    full.recv_where(is_bad).await;
+}

@@ -56,8 +56,9 @@ use reader::Reader;
 
 /// Frames queued for the writer per connection.
 const OUT_CAPACITY: usize = 1024;
-/// Sends queued (permit held) behind the one in flight, per connection: when full, the reader
-/// reads no more frames until the commit in flight ends.
+/// Sends of a connection awaiting their answers (queued, begun, and the one awaited now; each
+/// holding its permit): when this many wait, the reader reads no more frames until one is
+/// answered (docs/protocol.md: "While 64 sends of a connection wait for their answers").
 const SEND_QUEUE: usize = 64;
 
 /// The next connection's id (from 1; 0 names no connection in the group commit, ADR-0089).

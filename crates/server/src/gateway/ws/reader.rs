@@ -62,9 +62,9 @@ pub(super) struct Reader<'a> {
     /// The connection's reference to its user's entry: the user's limits, reached without
     /// the user table (ADR-0072).
     pub(super) user: UserRef,
-    /// Sends received and not yet begun, in order (with [`Reader::begun`], at most
-    /// [`SEND_QUEUE`]: when full, the reader reads no more frames until a commit ends;
-    /// backpressure).
+    /// Sends received and not yet begun, in order (with [`Reader::begun`] and the send
+    /// awaited now, at most [`SEND_QUEUE`]: when full, the reader reads no more frames until a
+    /// commit ends; backpressure).
     pub(super) sends: VecDeque<QueuedSend>,
     /// Sends begun on the quick path (ADR-0089), already queued for their rounds in the order
     /// received, their answers not yet written.
@@ -321,7 +321,11 @@ impl<'a> Reader<'a> {
         loop {
             // The fields the branches below use, read (or borrowed apart) before the futures
             // borrow the two in flight.
-            let reading = self.sends.len() + self.begun.len() < SEND_QUEUE;
+            // the sends awaiting answers: queued, begun, and the one awaited now (popped from
+            // one of the two)
+            let waiting =
+                self.sends.len() + self.begun.len() + usize::from(self.commit_in_flight.is_some());
+            let reading = waiting < SEND_QUEUE;
             let has_expiry = self.expires_at.is_some();
             let ack_retry_at = self.ack_retry_at;
             if let Some(at) = ack_retry_at.filter(|&at| ack_retry_set != Some(at)) {

@@ -500,3 +500,47 @@ async fn a_connection_with_64_sends_waiting_is_not_read_further() {
     }
     full.recv_where(is_bad).await;
 }
+
+/// ADR-0093: a connection that reuses an id for another message in the same round (the
+/// first still awaiting its answer) gets the first acknowledged and the second refused
+/// (`id_reused`), as one after the other would. The first goes to a shard after the second's:
+/// in one call the parts run in shard order, so before, the second took the id and the
+/// first was refused.
+#[tokio::test]
+async fn an_id_reused_in_one_round_is_refused_to_the_later_send() {
+    use gateway_support::shard_of;
+    use std::time::Duration;
+    let d = gateway_support::start_with(|o| o.commit_linger = Duration::from_millis(300)).await;
+    let mut users = gateway_support::users_in_distinct_shards("r", 2);
+    users.sort_by_key(|u| shard_of(u));
+    let (low, high) = (users[0].as_str(), users[1].as_str());
+    let mut alice = d.ready("alice").await;
+    alice.send_ok("lead", &[low], "lead").await;
+    alice.send_only("dup", &[high], "first").await;
+    alice.send_only("dup", &[low], "second").await;
+    alice.send_only("after", &[low], "after").await;
+    let a = answer(&mut alice).await;
+    assert_eq!(
+        (&a["type"], &a["id"]),
+        (&"send_ack".into(), &"dup".into()),
+        "{a}"
+    );
+    let b = answer(&mut alice).await;
+    assert_eq!(
+        (&b["type"], &b["code"], &b["id"]),
+        (&"error".into(), &"id_reused".into(), &"dup".into()),
+        "{b}"
+    );
+    let c = answer(&mut alice).await;
+    assert_eq!(
+        (&c["type"], &c["id"]),
+        (&"send_ack".into(), &"after".into()),
+        "{c}"
+    );
+    // high's mailbox holds the first message; low's the lead and "after" only
+    let got = delivered(&d, high, 1).await;
+    assert_eq!(got.values().next().unwrap().1, "first");
+    let got = delivered(&d, low, 2).await;
+    let bodies: Vec<&str> = got.values().map(|(_, b)| b.as_str()).collect();
+    assert_eq!(bodies, ["lead", "after"]);
+}

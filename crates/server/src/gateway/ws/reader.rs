@@ -76,6 +76,9 @@ pub(super) struct Reader<'a> {
     /// first), whose parts join their queues only after an await: nothing after it is begun
     /// until it is answered, so that a client's sends to one mailbox keep their order.
     pub(super) slow_in_flight: bool,
+    /// The id of the send whose answer is awaited now, hashed ([`id_key`]): with
+    /// [`Reader::begun`], the ids a send must not share to be begun (ADR-0093).
+    pub(super) in_flight_id: Option<u64>,
     /// The round that the begun sends awaiting answers are in (`None`: none awaits one).
     pub(super) open_round: Option<RoundTicket>,
     /// This connection, among the gateway's (group commit takes all of a connection's
@@ -132,6 +135,14 @@ impl<'a> Reader<'a> {
                 let Some(quick) = shared.commit.quick_shard(&self.sender_id, &req.to) else {
                     break;
                 };
+                // ADR-0093: a send that reuses the id of one still awaiting its answer waits
+                // for that answer. In one round the two could be decided in shard order (the
+                // parts of a call), not in the order sent: the later one would take the id.
+                if self.in_flight_id == Some(id_key(&req.id))
+                    || self.begun.iter().any(|(id, ..)| *id == req.id)
+                {
+                    break;
+                }
                 let (req, permit, received) = self.sends.pop_front().expect("the front");
                 let SendRequest { id, to, body } = req;
                 if fault(&id, std::mem::take(&mut self.front_checked)) {
@@ -166,6 +177,7 @@ impl<'a> Reader<'a> {
         }
         let user = self.sender_id.clone();
         if let Some((id, received, permit, begun)) = self.begun.pop_front() {
+            self.in_flight_id = Some(id_key(&id));
             self.commit_in_flight = Some(Box::pin(crate::supervise::catch_panic(async move {
                 let Some(begun) = begun else {
                     panic!("send fault: {id}");
@@ -182,6 +194,7 @@ impl<'a> Reader<'a> {
         };
         let fault = fault(&req.id, std::mem::take(&mut self.front_checked));
         self.slow_in_flight = true;
+        self.in_flight_id = Some(id_key(&req.id));
         self.commit_in_flight = Some(Box::pin(crate::supervise::catch_panic(async move {
             assert!(!fault, "send fault: {}", req.id);
             let (id, res) = send::commit(shared, &user, req).await;
@@ -196,6 +209,7 @@ impl<'a> Reader<'a> {
     async fn on_committed(&mut self, done: Committed) -> bool {
         self.commit_in_flight = None;
         self.slow_in_flight = false;
+        self.in_flight_id = None;
         let (id, received, res) = match done {
             Ok(d) => d,
             Err(msg) => {
@@ -551,4 +565,14 @@ enum Then {
     Admit(SendRequest, send::PendingPermit, Instant),
     /// A `sync` for the delivery loop.
     Sync(u64),
+}
+
+/// A client id, hashed: what [`Reader::in_flight_id`] keeps of the id of the send awaited now
+/// (its `String` moved into the commit). Two ids that hash alike only make a send wait for an
+/// answer it did not need to wait for.
+fn id_key(id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut h);
+    h.finish()
 }

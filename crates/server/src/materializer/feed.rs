@@ -378,7 +378,8 @@ impl Worker {
                     f.suspects.remove(&(s, rec.offset));
                     f.fed.entry(s).or_default().insert(rec.offset, rec);
                 }
-                // no sender left (the gateway is gone): the log is read from now on
+                // no sender left (the routes of this worker's shards were replaced by a newer
+                // registration, or the feed was dropped): the log is read from now on
                 Some(None) => {
                     self.feed = None;
                     return FeedRead::Batches(Vec::new());

@@ -1777,3 +1777,82 @@ async fn a_burst_of_sends_beyond_the_queue_is_committed_in_order_by_itself() {
     }
     d.shutdown().await;
 }
+
+/// ADR-0094: the materializer takes records from this process's gateway (the commit feed,
+/// ADR-0049) only where the gateway's commits waited for as many core replicas as its own
+/// log reads wait for (ADR-0064). Here the gateway waits for none and the materializer for
+/// one (as after replicas were added and only the materializer started again): with the
+/// replica stopped, a send is acknowledged (the gateway waits for nobody), but it is not
+/// delivered until the replica has it. Before, the feed handed it over at once, and W passed
+/// a record that a failover to the replica would lose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_is_not_used_where_the_gateway_waited_for_fewer_replicas_than_the_reads() {
+    use gateway_support::{ready_at, serve_options};
+    use tidemark_redis_proc::RedisProcess;
+    use tidemark_server::materializer::MaterializerOptions;
+    use tidemark_store::redis::dlog::WaitPolicy;
+    let core = RedisProcess::start().expect("core redis-server");
+    let replica = RedisProcess::start_replica_of(&core).expect("a replica of core");
+    let mailbox = RedisProcess::start().expect("mailbox redis-server");
+    let pid = replica.pid().expect("running").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    let gateway = tidemark_server::gateway::GatewayOptions {
+        dev_auth: true,
+        core_wait: WaitPolicy {
+            replicas: Some(0),
+            timeout: Duration::from_millis(500),
+        },
+        ..Default::default()
+    };
+    let materializer = MaterializerOptions {
+        core_wait: WaitPolicy {
+            replicas: Some(1),
+            timeout: Duration::from_millis(500),
+        },
+        ..Default::default()
+    };
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let running = tidemark_server::run::serve(
+        serve_options(core.url(), mailbox.url(), gateway, materializer),
+        cancel.clone(),
+    )
+    .await
+    .expect("serve");
+    let mut alice = ready_at(running.addr, "alice").await;
+    let mut bob = ready_at(running.addr, "bob").await;
+    // with the replica running, sends are delivered; after a second and more without a
+    // backlog the worker would try the feed (ADR-0049)
+    for i in 0..4 {
+        let r = alice.send_msg(&format!("m-{i}"), &["bob"], "up").await;
+        assert_eq!(r["type"], "send_ack", "{r}");
+        let seq = offset_of(r["offsets"].as_object().unwrap(), "bob");
+        bob.expect_message(seq, "up").await;
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    signal("-STOP");
+    let r = alice.send_msg("held", &["bob"], "held").await;
+    assert_eq!(
+        r["type"], "send_ack",
+        "the gateway waits for no replica: {r}"
+    );
+    let seq = offset_of(r["offsets"].as_object().unwrap(), "bob");
+    let early = bob.quiet_for(Duration::from_secs(2)).await;
+    signal("-CONT");
+    assert!(
+        early.iter().all(|f| f["type"] != "deliver"),
+        "a record no replica had was delivered: {early:?}"
+    );
+    bob.expect_message(seq, "held").await;
+    cancel.cancel();
+    tokio::time::timeout(Duration::from_secs(10), running.shutdown())
+        .await
+        .expect("service did not stop in time")
+        .expect("service stopped with an error");
+}

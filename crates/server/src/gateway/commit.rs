@@ -91,6 +91,10 @@ impl CommitPath {
                 );
             }
             core.set_replica_wait(wait);
+            if let Some(feed) = &feed {
+                // what the records handed over waited for (ADR-0094)
+                feed.set_commit_wait(url, wait.map_or(0, |w| w.replicas));
+            }
             cores.push(core);
         }
         let groups = GroupCommit::new(

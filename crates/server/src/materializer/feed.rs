@@ -56,6 +56,10 @@ struct Route {
 #[derive(Clone, Default)]
 pub struct CommitFeed {
     routes: Arc<Mutex<HashMap<u32, Route>>>,
+    /// The replicas the gateway's commits wait for, by core instance URL (ADR-0094): a worker
+    /// takes records from the feed only where they waited for as many as its own log reads
+    /// would.
+    waits: Arc<Mutex<HashMap<String, u32>>>,
 }
 
 impl std::fmt::Debug for CommitFeed {
@@ -81,6 +85,22 @@ impl CommitFeed {
             );
         }
         FeedRx { rx, lost }
+    }
+
+    /// Records that the gateway's commits to the core instance at `core_url` wait for
+    /// `replicas` replicas before they are answered (and offered). Set by the gateway when it
+    /// connects (ADR-0094).
+    pub fn set_commit_wait(&self, core_url: &str, replicas: u32) {
+        self.waits
+            .lock()
+            .expect("feed lock")
+            .insert(core_url.to_string(), replicas);
+    }
+
+    /// The replicas the gateway's commits to `core_url` wait for; `None`: no gateway of this
+    /// process said.
+    fn commit_wait(&self, core_url: &str) -> Option<u32> {
+        self.waits.lock().expect("feed lock").get(core_url).copied()
     }
 
     /// Where `shard`'s records go, if a worker of this process takes them (so building one
@@ -166,6 +186,11 @@ const SUSPECTS_MAX: usize = 4096;
 /// A worker's side of the feed: what it was handed and in which mode it reads.
 pub(crate) struct FeedState {
     rx: FeedRx,
+    /// The feed, to read what the gateway's commits wait for (ADR-0094).
+    feed: CommitFeed,
+    /// The replicas this worker's log reads wait for (ADR-0064): the feed is used only when
+    /// the gateway's commits to this core instance wait for at least as many.
+    needs: u32,
     /// Records handed over and not yet taken, per shard, by offset (two flushes of one
     /// core instance may answer out of order).
     fed: BTreeMap<u32, BTreeMap<u64, DispatchRecord>>,
@@ -188,10 +213,12 @@ pub(crate) struct FeedState {
 }
 
 impl FeedState {
-    pub(crate) fn new(rx: FeedRx) -> FeedState {
+    pub(crate) fn new(feed: &CommitFeed, shards: &[u32], needs: u32) -> FeedState {
         let now = Instant::now();
         FeedState {
-            rx,
+            rx: feed.register(shards),
+            feed: feed.clone(),
+            needs,
             fed: BTreeMap::new(),
             on: false,
             trial_at: now + FEED_TRIAL_FIRST,
@@ -314,6 +341,13 @@ impl Worker {
         };
         let now = Instant::now();
         if !f.on && !backlog && now >= f.trial_at {
+            // ADR-0094: records the gateway answered before as many replicas had them as
+            // this worker's reads wait for would skip that wait: the log is read instead
+            let waited = f.feed.commit_wait(&self.core_url);
+            if waited.is_none_or(|w| w < f.needs) {
+                f.trial_at = now + FEED_TRIAL_FIRST;
+                return;
+            }
             f.on = true;
             f.poll_at = now + FEED_POLL;
             metrics::counter!("tidemark_commit_feed_switches_total", "to" => "feed").increment(1);

@@ -118,10 +118,8 @@ impl Worker {
         }
         // before the shards' W are read: from then on every commit of this process is handed
         // over (log mode reads what came before anyway)
-        let feed = opts
-            .feed
-            .as_ref()
-            .map(|f| FeedState::new(f.register(shards)));
+        let needs = read_wait.map_or(0, |w| w.replicas);
+        let feed = opts.feed.as_ref().map(|f| FeedState::new(f, shards, needs));
         let mut w = Worker {
             map,
             core,

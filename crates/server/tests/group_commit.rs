@@ -544,3 +544,48 @@ async fn an_id_reused_in_one_round_is_refused_to_the_later_send() {
     let bodies: Vec<&str> = got.values().map(|(_, b)| b.as_str()).collect();
     assert_eq!(bodies, ["lead", "after"]);
 }
+
+/// ADR-0095: a send queued for its round keeps its room among the commits in flight until
+/// it is answered, also when its connection closes first. With the user's share at 8 and core
+/// Redis paused, a connection queues 8 sends in one round and closes; a second connection of
+/// the same user finds no room (`overloaded`) while those 8 still wait for Redis. Before, the
+/// close freed their room at once, and the user could queue another 8 per connection.
+#[tokio::test]
+async fn a_closed_connections_queued_sends_keep_their_room_until_answered() {
+    use std::time::Duration;
+    let d = gateway_support::start_with(|o| {
+        o.max_inflight_commits_per_user = 8;
+        o.commit_linger = Duration::from_millis(500);
+    })
+    .await;
+    let mut first = d.ready("carl").await;
+    first.send_ok("warm", &["bob"], "w").await;
+    // within the linger of the warm round: the 8 sends wait for the next round, all in it
+    d.pause_core(3000).await;
+    for i in 0..8 {
+        first
+            .send_only(&format!("q{i}"), &["bob"], &format!("queued {i}"))
+            .await;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut second = d.ready("carl").await;
+    let t0 = std::time::Instant::now();
+    second.send_only("late", &["bob"], "late").await;
+    let a = answer(&mut second).await;
+    assert_eq!(
+        (&a["type"], &a["code"]),
+        (&"error".into(), &"overloaded".into()),
+        "the closed connection's 8 queued sends still hold the user's share: {a} (after {:?})",
+        t0.elapsed()
+    );
+    // once core Redis runs again, the 8 are committed and delivered, and room comes back
+    let got = delivered(&d, "bob", 9).await;
+    let bodies: Vec<&str> = got.values().map(|(_, b)| b.as_str()).collect();
+    let want: Vec<String> = std::iter::once("w".to_string())
+        .chain((0..8).map(|i| format!("queued {i}")))
+        .collect();
+    assert_eq!(bodies, want);
+    second.send_ok("later", &["bob"], "later").await;
+}

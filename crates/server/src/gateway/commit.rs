@@ -23,6 +23,7 @@ use tidemark_store::Error as StoreError;
 use tokio_util::task::TaskTracker;
 
 use super::group_commit::{received, GroupCommit, Pending, RoundTicket};
+use super::send::CommitPermit;
 use super::GatewayError;
 use crate::health::HealthBoard;
 
@@ -144,14 +145,17 @@ impl CommitPath {
     /// sends still awaiting answers), the send joins that round only while it is still open;
     /// else [`Begin::NotNow`] hands the recipients and the body back, and the connection
     /// begins it once those answers are in (ADR-0089: no send overtakes an earlier one).
+    /// `permit` (the send's room among the commits in flight) goes with the queued message
+    /// and is let go of when it is answered (ADR-0095), or comes back with
+    /// [`Begin::NotNow`].
     pub(crate) fn begin_quick(
         &self,
         (shard, home): (u32, u32),
         sender: &str,
         id: &str,
         (to, body): (Vec<String>, String),
-        conn: u64,
-        round: Option<RoundTicket>,
+        (conn, round): (u64, Option<RoundTicket>),
+        permit: Option<CommitPermit>,
     ) -> Begin {
         // a shard stopped here because its watermark is corrupt takes no new message: refused
         // before anything commits (else it would wait, acknowledged, until a repair)
@@ -169,15 +173,19 @@ impl CommitPath {
             digest,
             claim_home: Some(home),
             conn,
+            permit,
         };
         let deadline = tokio::time::Instant::now() + COMMIT_TIMEOUT;
         let (answer, ticket) = match self.groups.enqueue(msg, round) {
             Ok(queued) => queued,
             Err(msg) => {
                 let Pending {
-                    recipients, body, ..
+                    recipients,
+                    body,
+                    permit,
+                    ..
                 } = *msg;
-                return Begin::NotNow(recipients, body);
+                return Begin::NotNow(recipients, body, permit);
             }
         };
         Begin::Begun(
@@ -203,7 +211,7 @@ impl CommitPath {
     ) -> Result<BTreeMap<u32, u64>, SendFailure> {
         // a send to one shard whose call claims its id too: the quick path (ADR-0089)
         if let Some(quick) = self.quick_shard(sender, &to) {
-            return match self.begin_quick(quick, sender, id, (to, body), 0, None) {
+            return match self.begin_quick(quick, sender, id, (to, body), (0, None), None) {
                 Begin::Begun(begun, _) => begun.finish(sender, id).await,
                 Begin::NotNow(..) => unreachable!("a send without a round ticket is queued"),
             };
@@ -258,6 +266,7 @@ impl CommitPath {
             digest,
             claim_home: None,
             conn: 0,
+            permit: None,
         };
         let timed_out = || timed_out(sender, id);
         if let Some(shard) = one {
@@ -304,8 +313,9 @@ impl CommitPath {
 pub(crate) enum Begin {
     /// Begun (queued, or refused before any queue), with the ticket of the round it is in.
     Begun(Begun, Option<RoundTicket>),
-    /// Not queued: the round asked for was already taken. The recipients and the body, back.
-    NotNow(Vec<String>, String),
+    /// Not queued: the round asked for was already taken. The recipients, the body and the
+    /// permit, back.
+    NotNow(Vec<String>, String, Option<CommitPermit>),
 }
 
 /// A send begun on the quick path ([`CommitPath::begin_quick`]).

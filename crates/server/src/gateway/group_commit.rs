@@ -58,6 +58,7 @@ use tidemark_store::Error as StoreError;
 use tokio_util::task::TaskTracker;
 
 use super::batch::{answer, Waiting};
+use super::send::CommitPermit;
 use crate::materializer::{CommitFeed, ShardFeed};
 
 /// Most messages in one `commit_dispatch` call, all its parts together (the script runs ~6
@@ -86,6 +87,11 @@ pub(crate) struct Pending {
     /// The WebSocket connection that queued it among others not yet answered (ADR-0089), or
     /// 0: a round that takes one of a connection's messages takes all of them.
     pub conn: u64,
+    /// The send's room among the commits in flight (its user's share and the gateway's), held
+    /// until the message is answered: a connection that closes with sends queued does not
+    /// free their room while they still wait for Redis (ADR-0095). `None`: the caller holds
+    /// it.
+    pub permit: Option<CommitPermit>,
 }
 
 /// The round of a core instance that a queued message will go in (ADR-0089): a connection
@@ -525,6 +531,7 @@ mod tests {
                 digest: String::new(),
                 claim_home: None,
                 conn,
+                permit: None,
             },
             tx,
         }

@@ -40,9 +40,10 @@ use crate::gateway::users::UserRef;
 type QueuedSend = (SendRequest, CommitPermit, Instant);
 
 /// A send begun on the quick path (ADR-0089), waiting for its answer: its id, when it
-/// arrived, its permit, and its commit (`None`: a test's send fault fired for it; the
-/// connection's commit panics when it comes to the front).
-type BegunSend = (String, Instant, CommitPermit, Option<Begun>);
+/// arrived, its permit (`None`: its queued message holds it until answered, ADR-0095), and
+/// its commit (`None`: a test's send fault fired for it; the connection's commit panics when
+/// it comes to the front).
+type BegunSend = (String, Instant, Option<CommitPermit>, Option<Begun>);
 
 /// What a commit in flight ends with: the send's id, when it arrived, and shard → offset or
 /// why it failed; `Err`: the commit panicked (with the panic's message).
@@ -146,7 +147,7 @@ impl<'a> Reader<'a> {
                 let (req, permit, received) = self.sends.pop_front().expect("the front");
                 let SendRequest { id, to, body } = req;
                 if fault(&id, std::mem::take(&mut self.front_checked)) {
-                    self.begun.push_back((id, received, permit, None));
+                    self.begun.push_back((id, received, Some(permit), None));
                     continue;
                 }
                 let begin = shared.commit.begin_quick(
@@ -154,16 +155,17 @@ impl<'a> Reader<'a> {
                     &self.sender_id,
                     &id,
                     (to, body),
-                    self.conn_id,
-                    self.open_round,
+                    (self.conn_id, self.open_round),
+                    Some(permit),
                 );
                 match begin {
                     Begin::Begun(begun, ticket) => {
                         self.open_round = self.open_round.or(ticket);
-                        self.begun.push_back((id, received, permit, Some(begun)));
+                        self.begun.push_back((id, received, None, Some(begun)));
                     }
-                    Begin::NotNow(to, body) => {
+                    Begin::NotNow(to, body, permit) => {
                         // its round was taken: it waits for the answers of that round
+                        let permit = permit.expect("handed back");
                         let req = SendRequest { id, to, body };
                         self.sends.push_front((req, permit, received));
                         self.front_checked = true;

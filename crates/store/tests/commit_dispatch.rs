@@ -306,6 +306,15 @@ async fn log_of(e: &mut Env, s: u32) -> Vec<String> {
         .collect()
 }
 
+/// The client ids of shard `s`'s records, in log order.
+async fn client_ids_of(e: &mut Env, s: u32) -> Vec<String> {
+    log_of(e, s)
+        .await
+        .into_iter()
+        .map(|l| l.split(' ').nth(3).unwrap().to_string())
+        .collect()
+}
+
 /// ADR-0036: one call, many messages, each with the answer it would get alone at its place in
 /// the group — a new one its offset (consecutive, in the group's order), a resend of an
 /// earlier commit or of a message earlier in the same group a duplicate with that offset, the
@@ -846,11 +855,7 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send(packed: b
     let out: Vec<(u64, bool)> = out.into_iter().map(|r| r.unwrap()).collect();
     assert_eq!(out, [(4, true), (5, true)], "resends: duplicates");
     assert_eq!(e.core.head(s).await.unwrap(), 5);
-    let ids: Vec<String> = log_of(&mut e, s)
-        .await
-        .into_iter()
-        .map(|l| l.split(' ').nth(3).unwrap().to_string())
-        .collect();
+    let ids = client_ids_of(&mut e, s).await;
     assert_eq!(ids, ["m1", "m2", "m3", "m4", "m5"], "the log's client ids");
     // the same across parts of one call that name the same log: a later part of it waits
     // too; a part of another log does not (it is committed in the first call)
@@ -886,11 +891,7 @@ async fn a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send(packed: b
             vec![(8, false)]
         ]
     );
-    let ids: Vec<String> = log_of(&mut e, s)
-        .await
-        .into_iter()
-        .map(|l| l.split(' ').nth(3).unwrap().to_string())
-        .collect();
+    let ids = client_ids_of(&mut e, s).await;
     assert_eq!(ids[5..], ["m6", "m7", "m8"], "the log's client ids");
 
     // the form follows the identity recorded on the instance: version 2 one key, version 1

@@ -399,7 +399,7 @@ impl Worker {
             let left = deadline.saturating_duration_since(now);
             if f.quiet_polls >= QUIET_POLLS && !hole && left >= FEED_POLL {
                 // ADR-0068: nothing for a while; any commit to these shards ends the wait
-                return self.feed_poll(positions, batches, left, cancel).await;
+                return self.feed_poll(positions, Vec::new(), left, cancel).await;
             }
             let wake = deadline.min(due);
             let got = tokio::select! {
@@ -446,12 +446,9 @@ impl Worker {
             .iter()
             .map(|&(s, pos)| (s, ends.get(&s).copied().unwrap_or(pos)))
             .collect();
-        // a wait only with nothing in hand (what was handed over goes now)
-        let block = if batches.is_empty() {
-            block
-        } else {
-            Duration::ZERO
-        };
+        // a wait only with nothing in hand (what was handed over goes now): the callers pass
+        // a block only then
+        debug_assert!(block.is_zero() || batches.is_empty());
         if !block.is_zero() {
             metrics::counter!("tidemark_commit_feed_quiet_waits_total").increment(1);
         }

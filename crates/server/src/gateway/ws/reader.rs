@@ -139,7 +139,7 @@ impl<'a> Reader<'a> {
                 // ADR-0093: a send that reuses the id of one still awaiting its answer waits
                 // for that answer. In one round the two could be decided in shard order (the
                 // parts of a call), not in the order sent: the later one would take the id.
-                if self.in_flight_id == Some(id_key(&req.id))
+                if self.in_flight_id.is_some_and(|k| k == id_key(&req.id))
                     || self.begun.iter().any(|(id, ..)| *id == req.id)
                 {
                     break;

@@ -502,6 +502,51 @@ async fn one_user_flooding_commits_does_not_starve_the_others() {
     d.shutdown().await;
 }
 
+/// ADR-0096: a send waiting for permits of the user's share does not hold up its own
+/// connection's commits in flight, whose answers free those permits. With a share of 2, a send
+/// to two shards takes both and waits about 40 ms for its round (the commit linger); the next
+/// send of the connection waits for a permit. Before, the reader awaited that permit without
+/// polling the first send's commit, so the first could not let its permits go and the second
+/// was refused `overloaded` after 100 ms, with nothing else of the user in flight.
+#[tokio::test]
+async fn a_send_waiting_for_its_users_share_lets_its_connections_commit_finish() {
+    let d = start_with(|o| {
+        o.max_inflight_commits_per_user = 2;
+        o.commit_linger = Duration::from_millis(40);
+    })
+    .await;
+    let to = gateway_support::users_in_distinct_shards("w", 2);
+    let to: Vec<&str> = to.iter().map(String::as_str).collect();
+    let mut alice = d.ready("alice").await;
+    for round in 0..3 {
+        // the round before this one just went: the next waits out the linger, so the send
+        // to two shards is still in flight when the next send is read
+        alice
+            .send_ok(&format!("warm-{round}"), &["bob"], "warm")
+            .await;
+        let t0 = std::time::Instant::now();
+        alice
+            .send_only(&format!("two-{round}"), &to, "to two shards")
+            .await;
+        alice
+            .send_only(&format!("one-{round}"), &to[..1], "to one")
+            .await;
+        for id in [format!("two-{round}"), format!("one-{round}")] {
+            eprintln!("{:?}", std::time::Instant::now());
+            let a = alice
+                .recv_where(|v| v["type"] == "send_ack" || v["type"] == "error")
+                .await;
+            assert_eq!(
+                (&a["type"], &a["id"]),
+                (&"send_ack".into(), &id.as_str().into()),
+                "round {round}: {a} {:?}",
+                std::time::Instant::now()
+            );
+        }
+    }
+    d.shutdown().await;
+}
+
 #[tokio::test]
 async fn sends_above_the_per_user_rate_get_rate_limited() {
     let d = start_with(|o| {

@@ -291,6 +291,7 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket, user_ref: U
         commit_in_flight: None,
         slow_in_flight: false,
         in_flight_id: None,
+        admitting: None,
         open_round: None,
         conn_id: NEXT_CONN_ID.fetch_add(1, Ordering::Relaxed),
         front_checked: false,

@@ -53,6 +53,14 @@ type Committed = Result<(String, Instant, Result<BTreeMap<u32, u64>, SendFailure
 /// `select!`, like the ack in flight.
 pub(super) type CommitInFlight<'a> = Pin<Box<dyn Future<Output = Committed> + Send + 'a>>;
 
+/// A send admitted by its rate whose commit permits were not all free (ADR-0096): the wait
+/// for them ([`PERMIT_WAIT`](crate::gateway::send::PERMIT_WAIT) at most), polled by the
+/// reader's own `select!` so that the connection's commits in flight go on meanwhile (their
+/// answers free permits). Ends with the send, its permit or why it has none, and when it
+/// arrived.
+pub(super) type Admitting =
+    Pin<Box<dyn Future<Output = (SendRequest, Result<CommitPermit, SendFailure>, Instant)> + Send>>;
+
 pub(super) struct Reader<'a> {
     pub(super) shared: &'a Arc<Shared>,
     pub(super) mailbox: Mailbox,
@@ -80,6 +88,9 @@ pub(super) struct Reader<'a> {
     /// The id of the send whose answer is awaited now, hashed ([`id_key`]): with
     /// [`Reader::begun`], the ids a send must not share to be begun (ADR-0093).
     pub(super) in_flight_id: Option<u64>,
+    /// The send waiting for commit permits (ADR-0096): while it waits, the reader reads no
+    /// more frames (what comes after it stays after it) but answers its commits in flight.
+    pub(super) admitting: Option<Admitting>,
     /// The round that the begun sends awaiting answers are in (`None`: none awaits one).
     pub(super) open_round: Option<RoundTicket>,
     /// This connection, among the gateway's (group commit takes all of a connection's
@@ -203,6 +214,22 @@ impl<'a> Reader<'a> {
             drop(permit);
             (id, received, res)
         })));
+    }
+
+    /// Queues the send whose permits came (ADR-0096), or answers it `overloaded`; false when
+    /// the connection is gone.
+    async fn on_admitted(
+        &mut self,
+        (req, permit, received): (SendRequest, Result<CommitPermit, SendFailure>, Instant),
+    ) -> bool {
+        match permit {
+            Ok(permit) => {
+                self.sends.push_back((req, permit, received));
+                self.start_commit();
+                true
+            }
+            Err((code, message)) => self.reply(error_frame(code, message, Some(req.id))).await,
+        }
     }
 
     /// Answers the commit that ended with `send_ack` or `error`, and starts the next one;
@@ -341,7 +368,8 @@ impl<'a> Reader<'a> {
             // one of the two)
             let waiting =
                 self.sends.len() + self.begun.len() + usize::from(self.commit_in_flight.is_some());
-            let reading = waiting < SEND_QUEUE;
+            // no frame is read past a send waiting for permits: it keeps its place
+            let reading = waiting < SEND_QUEUE && self.admitting.is_none();
             let has_expiry = self.expires_at.is_some();
             let ack_retry_at = self.ack_retry_at;
             if let Some(at) = ack_retry_at.filter(|&at| ack_retry_set != Some(at)) {
@@ -350,8 +378,10 @@ impl<'a> Reader<'a> {
             ack_retry_set = ack_retry_at;
             let acking = self.ack_in_flight.is_some();
             let committing = self.commit_in_flight.is_some();
+            let waiting_permits = self.admitting.is_some();
             let ack_in_flight = &mut self.ack_in_flight;
             let commit_in_flight = &mut self.commit_in_flight;
+            let admitting = &mut self.admitting;
             let msg = tokio::select! {
                 biased;
                 // no more frames while the sends queued are at their bound (backpressure)
@@ -406,6 +436,18 @@ impl<'a> Reader<'a> {
                 done = async { commit_in_flight.as_mut().expect("only polled when set").await },
                     if committing => {
                     if !Box::pin(self.on_committed(done)).await {
+                        return if conn.is_cancelled() {
+                            self.ended()
+                        } else {
+                            CloseCode::InternalError
+                        };
+                    }
+                    continue;
+                }
+                admitted = async { admitting.as_mut().expect("only polled when set").await },
+                    if waiting_permits => {
+                    self.admitting = None;
+                    if !Box::pin(self.on_admitted(admitted)).await {
                         return if conn.is_cancelled() {
                             self.ended()
                         } else {
@@ -537,20 +579,13 @@ impl<'a> Reader<'a> {
             Then::Done(ok) => ok,
             Then::Reply(out) => self.reply(out).await,
             Then::Admit(req, pending, received) => {
-                let permit = tokio::select! {
-                    _ = conn.cancelled() => return false,
-                    p = pending.wait() => p,
-                };
-                match permit {
-                    Ok(permit) => {
-                        self.sends.push_back((req, permit, received));
-                        self.start_commit();
-                        true
-                    }
-                    Err((code, message)) => {
-                        self.reply(error_frame(code, message, Some(req.id))).await
-                    }
-                }
+                // waited for in `run`'s `select!` (ADR-0096): awaited here, the wait held up
+                // this connection's commits in flight, whose answers free the permits
+                self.admitting = Some(Box::pin(async move {
+                    let permit = pending.wait().await;
+                    (req, permit, received)
+                }));
+                true
             }
             Then::Sync(after) => until_cancelled(conn, self.sync_tx.send(after)).await,
         }

@@ -1474,3 +1474,119 @@ async fn an_owner_fenced_while_no_records_come_learns_it_by_itself() {
     w1.stop().await;
     w2.stop().await;
 }
+
+/// ADR-0097: a worker (re)started while one of its mailbox instances is down serves the
+/// shards of the others at once, and claims the down instance's shards by itself once it is
+/// back (no record needs to come). Before, the start failed on the first shard it could not
+/// claim: every shard of the core instance waited for the down one, the supervisor
+/// restarting the worker into the same error. And a shard owned unclaimed (epoch 0) whose
+/// watermark came back was stopped as fenced, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_started_while_a_mailbox_instance_is_down_claims_its_shards_when_it_is_back() {
+    use futures::FutureExt;
+    use tidemark_redis_proc::RedisOptions;
+    let core = RedisProcess::start().unwrap();
+    let a = RedisProcess::start().unwrap();
+    let mut b = RedisProcess::start_with(RedisOptions {
+        appendonly: true,
+        appendfsync: "always".into(),
+        ..Default::default()
+    })
+    .unwrap();
+    let map = Topology::new(
+        SHARDS,
+        Layout::PackedV2,
+        vec![core.url()],
+        vec![a.url(), b.url()],
+    )
+    .validate()
+    .unwrap();
+    let mut stores = Vec::new();
+    for url in [a.url(), b.url()] {
+        stores.push(MailboxStore::connect(&url, Layout::PackedV2).await.unwrap());
+    }
+    for s in 0..SHARDS {
+        stores[map.mailbox_of(s)]
+            .init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    // a recipient on each mailbox instance
+    let on = |i: usize| {
+        (0..)
+            .map(|n| format!("user-{n}"))
+            .find(|u| map.mailbox_of(route(u).shard) == i)
+            .unwrap()
+    };
+    let (ua, ub) = (on(0), on(1));
+    let commits = LogStore::connect(&core.url()).await.unwrap();
+    let commit = |id: &'static str, to: String| {
+        let mut c = commits.clone();
+        async move {
+            c.commit(
+                route(&to).shard,
+                "s",
+                id,
+                &[to.as_str()],
+                id,
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    commit("to-a", ua.clone()).await;
+    commit("to-b", ub.clone()).await;
+    let entries = |i: usize, user: String| {
+        let mut c = stores[i].connection();
+        async move {
+            let v: Vec<Vec<u8>> = c
+                .zrange(keys::mailbox(route(&user).shard, &user), 0, -1)
+                .await
+                .unwrap_or_default();
+            v.len()
+        }
+    };
+
+    b.kill();
+    let health = Arc::new(HealthBoard::default());
+    let shards: Vec<u32> = (0..SHARDS).collect();
+    let w = Worker::start(
+        map.clone(),
+        0,
+        stores.clone(),
+        &shards,
+        fast_opts(),
+        health.clone(),
+    )
+    .await
+    .expect("the worker starts with a mailbox instance down");
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    let task = tokio::spawn(async move { w.run(c).await.unwrap() });
+    wait_until("the up instance's shard served", || {
+        entries(0, ua.clone()).map(|n| n == 1)
+    })
+    .await;
+
+    b.restart().unwrap();
+    let sb = route(&ub).shard;
+    wait_until(
+        "the down instance's shard claimed and served once it is back",
+        || entries(1, ub.clone()).map(|n| n == 1),
+    )
+    .await;
+    let h = health.snapshot()[&sb].clone();
+    assert_eq!(h.status, ShardStatus::Running, "{h:?}");
+    assert_eq!(h.epoch, 2, "claimed over the epoch it had (1): {h:?}");
+    // and it goes on: a record committed now is applied too
+    commit("to-b-2", ub.clone()).await;
+    wait_until("a later record on the shard", || {
+        entries(1, ub.clone()).map(|n| n == 2)
+    })
+    .await;
+    assert_eq!(health.snapshot()[&sb].status, ShardStatus::Running);
+    cancel.cancel();
+    task.await.unwrap();
+}

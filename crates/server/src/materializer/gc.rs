@@ -225,6 +225,11 @@ impl Worker {
             });
             return Ok(None);
         }
+        if self.owned[&s].epoch == 0 {
+            // not claimed yet (ADR-0097; in retry until `resync` claims it): the epoch on its
+            // watermark is not another owner's, and nothing of it is trimmed before it is ours
+            return Ok(None);
+        }
         let gc = match self.mailboxes[mb].gc_completed(s, 1000).await {
             Err(e) if e.code() == "no_watermark" => {
                 // the watermark is gone (the mailbox instance lost the shard's keys): the

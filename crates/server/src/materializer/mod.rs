@@ -179,6 +179,10 @@ pub enum Error {
     /// Storage failure.
     #[error(transparent)]
     Store(#[from] tidemark_store::Error),
+    /// A shard owned unclaimed (ADR-0097) whose lease lapsed before it could be claimed: it
+    /// is not claimed (that would fence the node that holds the lease now).
+    #[error("shard {shard}: its lease lapsed before it was claimed")]
+    LeaseLapsed { shard: u32 },
 }
 
 impl Error {
@@ -186,6 +190,7 @@ impl Error {
     pub fn code(&self) -> &'static str {
         match self {
             Error::Store(e) => e.code(),
+            Error::LeaseLapsed { .. } => "lease_lapsed",
         }
     }
 }

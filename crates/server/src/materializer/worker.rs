@@ -182,6 +182,24 @@ impl Worker {
                     w.schedule_retry(s, &e.to_string());
                     continue;
                 }
+                // ADR-0097: the instance did not answer (down, restarting, unreachable) or
+                // answered an error. Failing the start stopped every shard of this core
+                // instance, those of the instances that answer too, until this one was back
+                // (the supervisor restarts the worker into the same error): the shard is owned
+                // unclaimed instead, in retry, and `resync` claims it once its watermark can
+                // be read. A corrupt watermark is refused as before (packed-v1 code).
+                Err(e) if !e.is_corrupt() => {
+                    tracing::warn!(shard = s, error = %e,
+                        "shard not claimed at the start; claimed once its instance answers");
+                    let mut sh = OwnedShard::stopped(s, mb);
+                    sh.stopped = false;
+                    sh.moved = true;
+                    sh.unhanded = true;
+                    w.owned.insert(s, sh);
+                    w.health.update(s, |h| h.status = ShardStatus::Running);
+                    w.schedule_retry(s, &e.to_string());
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
             };
             let min_w = wm.lanes.min_present_w().unwrap_or(0);
@@ -639,6 +657,34 @@ impl Worker {
                     self.health.update(s, |h| h.epoch = epoch);
                 }
                 self.mailboxes[mb].read_watermark(s).await
+            }
+            other => other,
+        };
+        // ADR-0097: a shard owned unclaimed (epoch 0: its instance did not answer at the
+        // worker's start) is claimed as a start claims it, once its watermark can be read.
+        // Compared with epoch 0, the epoch found (ours from before, or the last owner's)
+        // stopped the shard as fenced, for good.
+        let read = match read {
+            Ok(_) if epoch == 0 => {
+                if self
+                    .opts
+                    .lease_gate
+                    .as_ref()
+                    .is_some_and(|g| !g.may_write(s))
+                {
+                    // not ours to claim now (leases mode): the lease loop stops this worker
+                    return Err(Error::LeaseLapsed { shard: s });
+                }
+                match self.mailboxes[mb].claim(s).await {
+                    Ok(e) => {
+                        epoch = e;
+                        tracing::info!(shard = s, epoch, "claimed shard once it could be read");
+                        self.shard_mut(s).epoch = epoch;
+                        self.health.update(s, |h| h.epoch = epoch);
+                        self.mailboxes[mb].read_watermark(s).await
+                    }
+                    Err(e) => Err(e),
+                }
             }
             other => other,
         };

@@ -490,24 +490,26 @@ impl WakeHub {
     /// Only those shards': forgetting another instance's sequences too (as every one was
     /// before) let a hint of that instance that skipped a number, first after the reset, pass
     /// as in sequence, and a move whose recipients nobody knew went unannounced (ADR-0067).
-    pub(crate) fn resubscribed(&self, shards: std::ops::Range<u32>) {
+    pub(crate) fn resubscribed(&self, shards: &[u32]) {
+        // ascending (the instance's shards): looked up by binary search
+        let shards = |s: &u32| shards.binary_search(s).is_ok();
         self.woke_all.fetch_add(1, Ordering::AcqRel);
         for (_, e) in self
             .hinted
             .lock()
             .expect("wake hub lock")
             .iter_mut()
-            .filter(|(s, _)| shards.contains(s))
+            .filter(|(s, _)| shards(s))
         {
             e.last = None;
         }
         let mut users = self.users.lock().expect("wake hub lock");
         for w in users.values_mut().flatten() {
-            if shards.contains(&w.shard) {
+            if shards(&w.shard) {
                 w.owed_at_sweep = true;
             }
         }
-        wake_where(&mut users, |s| shards.contains(&s), None);
+        wake_where(&mut users, |s| shards(&s), None);
     }
 
     /// A sweep read `shard`'s lowest present W (`min_w`) and whether its watermark changed
@@ -625,6 +627,8 @@ pub(crate) async fn run_subscriber(
 /// read.
 pub(crate) struct Sweep {
     store: MailboxStore,
+    /// The instance's shards, ascending: also those whose hint sequences a resubscription
+    /// forgets ([`WakeHub::resubscribed`]).
     shards: Vec<u32>,
     every: Duration,
     /// The watermark last read per shard (index as in `shards`).
@@ -684,8 +688,10 @@ async fn subscribe_once(
     let mut sub = WakeSubscriber::connect(url, shards.clone()).await?;
     tracing::debug!(url = %tidemark_store::redact_url(url), "wake subscription up");
     // Anything published while we were away is lost: let every connection of the instance's
-    // shards re-read once.
-    hub.resubscribed(shards);
+    // shards re-read once. Only this instance's (the sweep's): before, every subscriber
+    // forgot every shard's place in its hint sequence, so a number another instance's hint
+    // skipped could go unseen (ADR-0098).
+    hub.resubscribed(&sweep.shards);
     let mut tick = tokio::time::interval(sweep.every.max(Duration::from_millis(10)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -934,16 +940,68 @@ mod tests {
         // the same epoch resuming in sequence wakes only the named
         assert_eq!(hub.wake(Some(3), &hint(9, 1, 5, &["bob"])), 1);
         // after a resubscription any next number is accepted
-        hub.resubscribed(0..8);
+        hub.resubscribed(&(0..8).collect::<Vec<_>>());
         assert!(woken(&a).await && woken(&b).await && woken(&c).await);
         assert_eq!(hub.wake(Some(3), &hint(9, 40, 6, &["bob"])), 1);
         assert_eq!(hub.hinted_w(3), 6);
         assert!(woken(&b).await);
         // but only on the shards of the instance that resubscribed: shard 3's sequence is
         // kept when another instance's subscriber comes back, so a skipped number still shows
-        hub.resubscribed(8..16);
+        hub.resubscribed(&(8..16).collect::<Vec<_>>());
         assert!(!woken(&a).await && !woken(&b).await && !woken(&c).await);
         assert_eq!(hub.wake(Some(3), &hint(9, 42, 7, &[])), 2, "41 was skipped");
+    }
+
+    /// ADR-0098: a wake subscriber that (re)subscribes to its mailbox instance forgets only
+    /// that instance's shards' places in their hint sequences. Before, it was given every
+    /// shard, so a subscriber coming back made the next hint of another instance's shard pass
+    /// as in sequence even when it skipped a number (here 2): the shard's connections were not
+    /// woken for a move nobody was told of.
+    #[tokio::test]
+    async fn a_subscriber_coming_back_keeps_the_other_instances_hint_sequences() {
+        let redis = tidemark_redis_proc::RedisProcess::start().unwrap();
+        let hub = Arc::new(WakeHub::default());
+        let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        // alice on shard 1 (this instance's), bob on shard 5 (another instance's)
+        let _ra = hub.register("alice", 1, a.clone());
+        let _rb = hub.register("bob", 5, b.clone());
+        assert_eq!(hub.wake(Some(1), &hint(1, 1, 10, &["alice"])), 1);
+        assert_eq!(hub.wake(Some(5), &hint(1, 1, 10, &["bob"])), 1);
+        assert!(woken(&a).await && woken(&b).await);
+        let store = MailboxStore::connect(
+            &redis.url(),
+            tidemark_store::redis::watermark::Layout::PackedV2,
+        )
+        .await
+        .unwrap();
+        let sweep = Sweep::new(store, vec![0, 1, 2, 3], Duration::from_secs(60));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run_subscriber(
+            hub.clone(),
+            redis.url(),
+            0..8,
+            sweep,
+            cancel.clone(),
+        ));
+        let t0 = std::time::Instant::now();
+        while hub.woke_all.load(Ordering::Acquire) == 0 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never subscribed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // its own shards' connections re-read once; the other instance's are left alone
+        assert!(woken(&a).await && !woken(&b).await);
+        assert_eq!(
+            hub.wake(Some(5), &hint(1, 3, 12, &[])),
+            1,
+            "shard 5 kept its place: number 2 was skipped, so its connections re-read"
+        );
+        assert_eq!(
+            hub.wake(Some(1), &hint(1, 7, 12, &[])),
+            0,
+            "shard 1 starts over after the subscription: any next number is accepted"
+        );
+        cancel.cancel();
+        task.await.unwrap();
     }
 
     /// ADR-0067: a connection told by a hint to catch up to W that is still below it at the
@@ -1003,7 +1061,7 @@ mod tests {
         let (_ra, la) = hub.register_local("alice", 3, a.clone());
         let (_rb, lb) = hub.register_local("bob", 3, b.clone());
         assert_eq!(hub.wake(Some(3), &hint(1, 1, 10, &[])), 0);
-        hub.resubscribed(0..8);
+        hub.resubscribed(&(0..8).collect::<Vec<_>>());
         assert!(woken(&a).await && woken(&b).await);
         // the first hint of the new subscription shows no gap and names no one: W 12
         assert_eq!(hub.wake(Some(3), &hint(1, 5, 12, &[])), 0);

@@ -52,9 +52,11 @@ pub enum Error {
     #[error("dlog:{{{shard}}} is ahead of its head; commit refused: {detail}")]
     LogAheadOfHead { shard: u32, detail: String },
     /// The commit script failed inside this shard's part of a call (a head that is not a
-    /// number, a key of another type): as for a failed call, what it wrote for the part's
-    /// messages is not known, and a resend of each is deduplicated. Since ADR-0051 a call
-    /// may hold several shards; the others are not affected.
+    /// number, a key of another type) at this message or before it, or the instance refused
+    /// the message's `XADD` (out of memory, READONLY, NOREPLICAS, MISCONF): a resend is
+    /// deduplicated. The part's messages before the one it failed at keep their answers
+    /// (ADR-0099). Since ADR-0051 a call may hold several shards; the others are not
+    /// affected.
     #[error("shard {shard}: the commit failed: {detail}")]
     CommitFailed { shard: u32, detail: String },
     /// The ack script failed for this ack (a key of another type, an acked seq that is not a

@@ -39,6 +39,7 @@ both_forms!(
     a_one_key_claim_is_the_only_dedupe_record_of_a_one_shard_send,
     a_one_key_claim_whose_xadd_fails_is_taken_back,
     a_failed_part_of_one_key_messages_leaves_the_next_part_whole,
+    a_part_that_fails_after_committing_counts_what_it_committed_in_its_head,
 );
 
 const TTL: u64 = 60;
@@ -440,6 +441,61 @@ async fn stray_record(e: &mut Env, s: u32, offset: u64) {
         .query_async(&mut e.raw)
         .await
         .unwrap();
+}
+
+/// An `XADD` the instance refuses (out of memory here; READONLY after a failover,
+/// NOREPLICAS and MISCONF come the same way) is a failed commit (`commit_failed`), not a log
+/// ahead of its head: before, every `XADD` failure was reported as a damaged log.
+#[tokio::test]
+async fn an_xadd_the_instance_refuses_is_a_failed_commit_not_a_damaged_log() {
+    use tidemark_store::redis::dlog::{request_digest, CommitRequest};
+    let mut e = env().await;
+    let d = request_digest(&["bob"], "x");
+    // no claim: the record's XADD is the message's first write
+    let req = CommitRequest {
+        sender: "alice",
+        client_id: "oom-1",
+        recipients: &["bob"],
+        body: "x",
+        sent_at_us: 1,
+        digest: &d,
+        claim_home: None,
+    };
+    let config = |e: &mut Env, v: &'static str| {
+        let mut c = e.raw.clone();
+        async move {
+            let () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("maxmemory")
+                .arg(v)
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+    };
+    config(&mut e, "1").await;
+    let r = e
+        .core
+        .commit_group(0, std::slice::from_ref(&req), TTL)
+        .await
+        .expect("the call");
+    config(&mut e, "0").await;
+    assert!(
+        matches!(&r[..], [Err(err @ Error::CommitFailed { shard: 0, detail })]
+            if err.code() == "commit_failed" && detail.contains("OOM")),
+        "{r:?}"
+    );
+    // nothing was written: the resend commits at offset 1
+    let r = e
+        .core
+        .commit_group(0, std::slice::from_ref(&req), TTL)
+        .await
+        .expect("the call");
+    assert_eq!(
+        r[0].as_ref().map(|c| (c.offset, c.duplicate)).ok(),
+        Some((1, false)),
+        "{r:?}"
+    );
 }
 
 /// A log whose last record is above its head (a damaged core instance): the group's XADD
@@ -1156,6 +1212,63 @@ async fn a_failed_part_of_one_key_messages_leaves_the_next_part_whole(packed: bo
         None,
         "the failed part's head is as it was"
     );
+}
+
+/// ADR-0099: a part that fails in the script after it committed messages (here its second
+/// message's claim key holds a hash: WRONGTYPE) keeps what it committed, answered and counted
+/// in the head. Before, every message of the part was answered `CommitFailed` and the head was
+/// left behind the log, so every later commit to the shard failed its `XADD`
+/// (`LogAheadOfHead`) until the materializer's GC raised the head.
+async fn a_part_that_fails_after_committing_counts_what_it_committed_in_its_head(packed: bool) {
+    use tidemark_store::redis::dlog::request_digest;
+    let mut e = env().await;
+    e.core.set_packed_records(packed);
+    e.core.set_one_key_claims(true);
+    let _: () = e
+        .raw
+        .hset(keys::message_id(8, "alice", "p-2"), "not", "a string")
+        .await
+        .unwrap();
+    let d: &'static str = request_digest(&["bob"], "one").leak();
+    let part = [
+        claiming(8, "p-1", "one", d),
+        claiming(8, "p-2", "one", d),
+        claiming(8, "p-3", "one", d),
+    ];
+    let got = e
+        .core
+        .commit_parts(&[(8, &part[..])], TTL)
+        .await
+        .expect("the call");
+    assert!(
+        matches!(
+            &got[0][..],
+            [
+                Ok(tidemark_store::redis::dlog::Committed {
+                    offset: 1,
+                    duplicate: false
+                }),
+                Err(Error::CommitFailed { shard: 8, .. }),
+                Err(Error::CommitFailed { shard: 8, .. }),
+            ]
+        ),
+        "{got:?}"
+    );
+    assert_eq!(e.core.head(8).await.unwrap(), 1, "the head counts p-1");
+    assert_eq!(log_of(&mut e, 8).await, ["1 0 alice p-1 bob one"]);
+    // the shard takes the next commit, and p-1's resend is its duplicate
+    let next = [claiming(8, "p-3", "one", d), claiming(8, "p-1", "one", d)];
+    let got = e
+        .core
+        .commit_parts(&[(8, &next[..])], TTL)
+        .await
+        .expect("the call");
+    let got: Vec<(u64, bool)> = got[0]
+        .iter()
+        .map(|r| r.clone().unwrap())
+        .map(|c| (c.offset, c.duplicate))
+        .collect();
+    assert_eq!(got, [(2, false), (1, true)]);
 }
 
 /// Commits of one shard share their replica confirmations: one `WAIT` in flight, later

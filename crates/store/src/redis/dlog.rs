@@ -134,6 +134,11 @@ fn push_recipients<R: AsRef<str>>(out: &mut Vec<u8>, rs: &[R]) {
 /// The form byte of a packed record (the first byte of field `m`, ADR-0055).
 const PACKED_FORM: u8 = 1;
 
+/// The text of Redis's refusal of an `XADD` whose id is not above the stream's last
+/// (`t_stream.c`, Redis 5 to 7): the one `{5}` answer of the commit script that means a log
+/// ahead of its head ([`Error::LogAheadOfHead`]).
+const XADD_ID_TOO_SMALL: &str = "equal or smaller than the target stream top item";
+
 /// Packs a message for field `m` of a log entry (ADR-0055; the layout at the top of this
 /// module). `sender` is 1..=128 bytes (checked by the gateway before any commit).
 pub fn encode_record<R: AsRef<str>>(
@@ -861,10 +866,18 @@ impl LogStore {
                     // deferred behind a message answered {4, 0} of the same log (ADR-0091):
                     // only in a call that holds one-key messages
                     (Value::Int(7), Value::Int(0)) if one_key => None,
-                    (Value::Int(5), Value::BulkString(e)) => Some(Err(Error::LogAheadOfHead {
-                        shard,
-                        detail: String::from_utf8_lossy(e).into_owned(),
-                    })),
+                    (Value::Int(5), Value::BulkString(e)) => {
+                        let detail = String::from_utf8_lossy(e).into_owned();
+                        // {5} is any XADD that failed: a log ahead of its head (Redis: "equal
+                        // or smaller than the target stream top item"), or the instance
+                        // refusing a write (OOM, READONLY after a failover, NOREPLICAS,
+                        // MISCONF), which is no damage: nothing was written either way
+                        Some(Err(if detail.contains(XADD_ID_TOO_SMALL) {
+                            Error::LogAheadOfHead { shard, detail }
+                        } else {
+                            Error::CommitFailed { shard, detail }
+                        }))
+                    }
                     (Value::Int(6), Value::BulkString(e)) => Some(Err(Error::CommitFailed {
                         shard,
                         detail: String::from_utf8_lossy(e).into_owned(),

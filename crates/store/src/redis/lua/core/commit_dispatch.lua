@@ -111,12 +111,13 @@
 -- ARGV[b+1]    digest        as ARGV[b+5] above
 -- ARGV[b+2]    claim         as ARGV[b+6] above
 --
--- An XADD that fails (a log whose last id is at or above head + 1: a damaged instance) ends
--- its part: what the part committed before it stays committed and counted in the head, and
--- that message and the part's later ones are answered {5, error} without anything written
--- for them (the callers retry; their dedupe holds). Any other error inside a part fails
--- that part alone ({6, error}, below; before ADR-0051 it failed the call). The other parts
--- are not affected.
+-- An XADD that fails (a log whose last id is at or above head + 1: a damaged instance; or
+-- the instance refusing the write: OOM, READONLY, NOREPLICAS, MISCONF, which the caller
+-- tells apart by the message) ends its part: what the part committed before it stays
+-- committed and counted in the head, and that message and the part's later ones are
+-- answered {5, error} without anything written for them (the callers retry; their dedupe
+-- holds). Any other error inside a part ends that part alone the same way ({6, error},
+-- below; before ADR-0051 it failed the call). The other parts are not affected.
 --
 -- Returns a flat array, two values per message, parts in the call's order, each part's
 -- messages in its order:
@@ -133,8 +134,11 @@
 -- | {7, 0}      deferred (ADR-0091): an earlier message of the same log in this call was
 --               answered {4, 0}; nothing written for it; send it again after that one
 -- | {6, error}  its part failed with an error of Redis or Lua (a head that is not a number,
---               a key of another type; error: the message, a string), answered for every
---               message of the part: as for a failed call, what the part wrote is not known
+--               a key of another type; error: the message, a string) at this message or
+--               before it: answered for the message it failed at and the part's later ones;
+--               the part's earlier messages keep their answers, and what they committed is
+--               counted in the head (ADR-0099). Nothing is written for a message after the
+--               one the part failed at; for that one, nothing the caller can rely on
 -- Publishes, per part, only when its wake channel is not empty and something was committed
 -- to it: one SPUBLISH <wake channel> <last offset>, a hint for materializers on a Redis
 -- Cluster, where one blocking XREAD cannot wait on the logs of several shards (several
@@ -152,6 +156,9 @@ local nout = 0
 -- the logs whose later messages are deferred (answered {7, 0}, ADR-0091): nil until a
 -- message is answered {4, 0}, then a set of log keys
 local deferred = nil
+-- the part being committed, where its error handler can see it (ADR-0099): its head key,
+-- its wake channel, its head before the part and as it stands (committed records)
+local p_head_key, p_wake, p_first, p_head, p_head_s = nil, nil, 0, 0, nil
 
 -- Commits the part whose first key is KEYS[kb] and first argument ARGV[ab] (n messages),
 -- appends its answers to `out`; returns the first key of the next part.
@@ -162,6 +169,7 @@ local function commit_part(kb, ab, n)
   local defer = deferred ~= nil and deferred[log_key] == true
   local head = tonumber(redis.call('GET', head_key) or '0')
   local first = head
+  p_head_key, p_wake, p_first, p_head = head_key, wake, head, head
   -- head and head + 1 as decimal strings, each formatted once (string.format is sprintf,
   -- a tenth of the script's instructions when it ran three times per message): the offset
   -- of a committed message is the next one's previous offset, and the head written at the
@@ -254,6 +262,7 @@ local function commit_part(kb, ab, n)
           st, v = 5, failed
         else
           head, head_s, next_s = head + 1, o, nil
+          p_head, p_head_s = head, head_s
           if not written then redis.call('SET', record, o .. ':' .. digest, 'EX', ttl) end
           st, v = 0, head
         end
@@ -274,21 +283,31 @@ local kb, ab = 1, 4
 for _ = 1, m do
   local n = tonumber(ARGV[ab])
   local base = nout
+  p_head_key = nil
   local ok, e = pcall(commit_part, kb, ab, n)
   if ok then
     kb = e
   else
     -- an error inside the part (a head that is not a number, a key of another type): the
-    -- part fails as a failed call did; the other parts are not affected
+    -- part stops at the message it failed at; the other parts are not affected. What the
+    -- part committed before it stays committed, answered, and counted in the head
+    -- (ADR-0099: before, the head was left behind its log, and every later commit to the
+    -- shard failed its XADD until the materializer's GC raised the head)
     local msg = type(e) == 'table' and e.err or tostring(e)
-    for j = nout, base + 1, -1 do out[j] = nil end
-    nout = base
+    if p_head_key and p_head ~= p_first then
+      redis.call('SET', p_head_key, p_head_s)
+      if p_wake ~= '' then redis.call('SPUBLISH', p_wake, p_head_s) end
+    end
+    -- the messages answered before the error (each appends its two values once decided)
+    local done = (nout - base) / 2
     -- the part's keys: its log, its head, then 1 per one-key message and 3 per other
     kb = kb + 2
     for i = 1, n do
       if ARGV[ab + 2 + w * (i - 1) + fi] == '3' then kb = kb + 1 else kb = kb + 3 end
-      out[nout + 1], out[nout + 2] = 6, msg
-      nout = nout + 2
+      if i > done then
+        out[nout + 1], out[nout + 2] = 6, msg
+        nout = nout + 2
+      end
     end
   end
   ab = ab + 2 + w * n

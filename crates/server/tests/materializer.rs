@@ -1590,3 +1590,72 @@ async fn a_worker_started_while_a_mailbox_instance_is_down_claims_its_shards_whe
     cancel.cancel();
     task.await.unwrap();
 }
+
+/// ADR-0100: a watermark that went back in its owner's epoch (a promoted mailbox replica that
+/// had the claim but not the last moves) is re-fenced, and a hint in the new epoch is published
+/// at once, with no record to come: gateways let their hinted W go back only on a new epoch.
+/// The lost entries are re-materialised from the log. Before, the epoch stayed, and the hint
+/// came (in the old epoch) only once a step moved W again.
+#[tokio::test]
+async fn a_watermark_gone_back_in_its_epoch_is_re_fenced_and_hinted_at_once() {
+    use tidemark_store::redis::watermark::LaneRecord;
+    let mut e = env().await;
+    let u = "regressed";
+    let s = route(u).shard;
+    let opts = MaterializerOptions {
+        // W is never confirmed on a replica (there is none): the log keeps every record, as
+        // it keeps those above the W a promoted replica has
+        mailbox_wait: tidemark_store::redis::dlog::WaitPolicy {
+            replicas: Some(1),
+            timeout: Duration::from_millis(20),
+        },
+        // a quiet shard's GC, which finds W gone back, every 300 ms
+        gc_idle_interval: Duration::from_millis(300),
+        ..fast_opts()
+    };
+    let w = start_worker(&e, opts).await;
+    for i in 1..=3 {
+        send(&mut e, "a", &format!("r{i}"), &[u], &format!("n{i}")).await;
+    }
+    wait_until("three delivered", || async {
+        mailbox(&e, u).await.len() == 3
+    })
+    .await;
+    let epoch = w.health.snapshot()[&s].epoch;
+    let client = redis::Client::open(e.mailbox.url()).unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe(keys::wake(s)).await.unwrap();
+    // the mailbox side back at W = 1 in the same epoch, entries 2 and 3 gone
+    put_lanes(&e, s, &LaneWatermarks::uniform(LaneRecord::at(1, 0))).await;
+    let mut c = e.mb_store.connection();
+    let _: () = c
+        .zrembyscore(keys::mailbox(s, u), "(1", "+inf")
+        .await
+        .unwrap();
+    let mut hints = pubsub.on_message();
+    let hint = loop {
+        let msg = tokio::time::timeout(Duration::from_secs(5), hints.next())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no hint in a new epoch after the regression: {:?}",
+                    w.health.snapshot()[&s]
+                )
+            })
+            .unwrap();
+        let hint = WakeHint::decode(msg.get_payload_bytes()).unwrap();
+        if hint.seq.is_some_and(|q| q.epoch != epoch) {
+            break hint;
+        }
+    };
+    assert_eq!(hint.seq.unwrap().epoch, epoch + 1, "{hint:?}");
+    let mut st = e.mb_store.clone();
+    assert_eq!(st.read_watermark(s).await.unwrap().epoch, epoch + 1);
+    wait_until("re-materialised from the log", || async {
+        mailbox(&e, u).await.len() == 3 && min_w(&e, s).await == 3
+    })
+    .await;
+    let want: Vec<(u64, String)> = (1..=3).map(|i| (i, format!("n{i}"))).collect();
+    assert_eq!(mailbox(&e, u).await, want);
+    w.stop().await;
+}

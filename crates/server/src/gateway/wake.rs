@@ -206,6 +206,9 @@ struct ShardHints {
     min_w: u64,
     /// The last sequenced hint received.
     last: Option<HintSeq>,
+    /// The epoch of the last sequenced hint, kept across resubscriptions (which forget
+    /// `last`): a hint of another epoch lets `min_w` go back (ADR-0100).
+    epoch: Option<u64>,
     /// A sequenced hint arrived since the last sweep.
     since_sweep: bool,
 }
@@ -425,13 +428,16 @@ impl WakeHub {
                         metrics::counter!("tidemark_wake_sequence_gaps_total").increment(1);
                     }
                     handed = in_sequence && e.last.is_some() && hands(chain, e.min_w, hint.min_w);
-                    if e.last.is_some_and(|l| l.epoch != q.epoch) {
-                        // a new owner or a re-fence (W may have gone back): start over
+                    if e.epoch.is_some_and(|ep| ep != q.epoch) {
+                        // a new owner or a re-fence (W may have gone back): start over, also
+                        // when a resubscription forgot the last hint (ADR-0100: a mailbox
+                        // failover cuts the subscription as it loses W)
                         e.min_w = hint.min_w;
                     } else {
                         e.min_w = e.min_w.max(hint.min_w);
                     }
                     e.last = Some(q);
+                    e.epoch = Some(q.epoch);
                     e.since_sweep = true;
                 }
                 None => e.min_w = e.min_w.max(hint.min_w),
@@ -1002,6 +1008,25 @@ mod tests {
         );
         cancel.cancel();
         task.await.unwrap();
+    }
+
+    /// ADR-0100: a hint of another epoch lets the hinted W go back also right after a
+    /// resubscription (a mailbox failover that loses W also cuts the subscription). Before,
+    /// only a hint following one of the old epoch did, and the hub kept the old, higher W:
+    /// hinted reads counted entries below it as read before they were re-materialised.
+    #[tokio::test]
+    async fn a_new_epoch_lowers_the_hinted_w_after_a_resubscription_too() {
+        let hub = Arc::new(WakeHub::default());
+        assert_eq!(hub.wake(Some(3), &hint(4, 9, 100, &[])), 0);
+        assert_eq!(hub.hinted_w(3), 100);
+        hub.resubscribed(&[3]);
+        // the same epoch: W only rises
+        hub.wake(Some(3), &hint(4, 10, 90, &[]));
+        assert_eq!(hub.hinted_w(3), 100);
+        hub.resubscribed(&[3]);
+        // a re-fence after W went back to 60
+        hub.wake(Some(3), &hint(5, 11, 60, &[]));
+        assert_eq!(hub.hinted_w(3), 60, "the new epoch's W, though lower");
     }
 
     /// ADR-0067: a connection told by a hint to catch up to W that is still below it at the

@@ -272,8 +272,12 @@ impl Worker {
                     // W went backwards under us (a promoted mailbox replica that lacked our
                     // last writes): re-read and re-materialise now, not at the next record
                     // (the quiet path: no new traffic may ever come for this shard)
-                    // (the resync logs and counts it)
-                    self.schedule_retry(s, "watermark went backwards");
+                    // (the resync logs and counts it). A retry already waiting is left to run
+                    // when due: scheduled again at each GC, it was pushed back for ever
+                    // (ADR-0100), and the shard never recovered on the quiet path.
+                    if self.owned[&s].retry.is_none() {
+                        self.schedule_retry(s, "watermark went backwards");
+                    }
                     return Ok(None);
                 }
                 // the log below W goes only once W is on the replicas asked for: a replica

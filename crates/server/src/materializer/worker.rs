@@ -691,7 +691,15 @@ impl Worker {
         match read {
             Ok(wm) => {
                 self.shard_mut(s).missing_since = None;
-                if wm.epoch < epoch {
+                // W below what this worker saw applied, in our epoch (ADR-0100): the mailbox
+                // side lost writes too, but kept the epoch (a promoted replica that had the
+                // claim and not our last moves). Re-fenced like an epoch gone back, so that
+                // the hints from here on carry a new epoch: a gateway's hub then lets its
+                // hinted W go back with it; otherwise its hinted reads would count entries
+                // below the old W as read before they are re-materialised.
+                let regressed = wm.epoch == epoch
+                    && wm.lanes.min_present_w().unwrap_or(0) < self.owned[&s].min_w;
+                if wm.epoch < epoch || regressed {
                     // W and the epoch went backwards: the mailbox side lost writes it had
                     // acknowledged to us (a promoted replica, a restore). No other owner can
                     // have written an epoch below ours: raise it past ours again and resume
@@ -712,7 +720,7 @@ impl Worker {
                         stored_epoch = wm.epoch,
                         our_epoch = epoch,
                         new_epoch = new,
-                        "epoch went backwards with the watermark; re-fenced"
+                        "watermark went backwards; re-fenced in a new epoch"
                     );
                     self.shard_mut(s).epoch = new;
                     self.health.update(s, |h| h.epoch = new);
@@ -741,6 +749,11 @@ impl Worker {
                         "watermark went backwards; re-materialising from the log"
                     );
                     metrics::counter!("tidemark_watermark_regressions_total").increment(1);
+                    // hinted at once, in the new epoch (ADR-0100): gateways learn that W went
+                    // back now, not at the first step that re-materialises
+                    sh.hint_seq += 1;
+                    sh.moved = true;
+                    sh.unhanded = true;
                 } else if sh.min_w > was {
                     // W moved past what this worker saw applied: a step whose replies were
                     // lost (a pipeline that failed on another shard's script, a connection cut

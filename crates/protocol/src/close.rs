@@ -16,6 +16,12 @@ pub enum CloseCode {
     Normal,
     /// 1001: the server is shutting down; reconnect (to another gateway) after a backoff.
     GoingAway,
+    /// 1002: the client broke the WebSocket protocol (an unmasked frame, reserved bits, a bad
+    /// opcode): after a `bad_request` error frame. A client bug: fix it before reconnecting.
+    ProtocolError,
+    /// 1007: a text frame that is not valid UTF-8 (after a `bad_request` error frame). A
+    /// client bug: fix it before reconnecting.
+    InvalidPayload,
     /// 1009: a frame far above the frame limit; the connection is cut.
     MessageTooBig,
     /// 1011: an unexpected server failure; reconnect after a backoff.
@@ -31,9 +37,11 @@ pub enum CloseCode {
 
 impl CloseCode {
     /// Every code, in documentation order.
-    pub const ALL: [CloseCode; 7] = [
+    pub const ALL: [CloseCode; 9] = [
         CloseCode::Normal,
         CloseCode::GoingAway,
+        CloseCode::ProtocolError,
+        CloseCode::InvalidPayload,
         CloseCode::MessageTooBig,
         CloseCode::InternalError,
         CloseCode::TokenExpired,
@@ -46,6 +54,8 @@ impl CloseCode {
         match self {
             CloseCode::Normal => 1000,
             CloseCode::GoingAway => 1001,
+            CloseCode::ProtocolError => 1002,
+            CloseCode::InvalidPayload => 1007,
             CloseCode::MessageTooBig => 1009,
             CloseCode::InternalError => 1011,
             CloseCode::TokenExpired => 4001,
@@ -59,6 +69,8 @@ impl CloseCode {
         match self {
             CloseCode::Normal => "normal",
             CloseCode::GoingAway => "going_away",
+            CloseCode::ProtocolError => "protocol_error",
+            CloseCode::InvalidPayload => "invalid_payload",
             CloseCode::MessageTooBig => "message_too_big",
             CloseCode::InternalError => "internal_error",
             CloseCode::TokenExpired => "token_expired",
@@ -72,6 +84,8 @@ impl CloseCode {
         match self {
             CloseCode::Normal => "",
             CloseCode::GoingAway => "server shutting down",
+            CloseCode::ProtocolError => "websocket protocol violation",
+            CloseCode::InvalidPayload => "text frame is not valid UTF-8",
             CloseCode::MessageTooBig => "frame too large",
             CloseCode::InternalError => "internal error; reconnect",
             CloseCode::TokenExpired => "token expired",

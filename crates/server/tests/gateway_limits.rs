@@ -599,3 +599,47 @@ async fn a_connection_waiting_on_its_own_sends_is_not_closed_as_idle() {
     alice.barrier().await;
     d.shutdown().await;
 }
+
+/// ADR-0101: a frame the WebSocket layer refuses is the client's bug: it gets a `bad_request`
+/// error frame and the close code that names it (1007 for a text frame that is not UTF-8,
+/// 1002 for a protocol violation, here an unmasked frame), not 1011 `internal_error`, which
+/// tells a client to reconnect and send the same again. Before, the connection was closed
+/// with 1011 and no error frame.
+#[tokio::test]
+async fn a_frame_the_websocket_layer_refuses_gets_a_typed_error_and_its_close_code() {
+    let d = start().await;
+    let payload: &[u8] = b"{\"type\":\"ack\",\"seq\":1}\xff";
+    let mask = [0x11u8, 0x22, 0x33, 0x44];
+    let mut not_utf8 = vec![0x81, 0x80 | payload.len() as u8];
+    not_utf8.extend_from_slice(&mask);
+    not_utf8.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    let text: &[u8] = b"{\"type\":\"ack\",\"seq\":1}";
+    let mut unmasked = vec![0x81, text.len() as u8];
+    unmasked.extend_from_slice(text);
+    for (frame, code, name) in [
+        (not_utf8, 1007u16, "invalid_payload"),
+        (unmasked, 1002, "protocol_error"),
+    ] {
+        let mut s = raw_ws(d.addr, "alice").await;
+        s.write_all(&frame).await.unwrap();
+        let (bytes, closed) = read_until_closed(&mut s, WAIT).await;
+        assert!(closed, "{name}: not closed");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(
+            text.contains("\"code\":\"bad_request\""),
+            "{name}: no bad_request error frame: {text:?}"
+        );
+        let close = bytes
+            .windows(2)
+            .rposition(|w| w[0] == 0x88)
+            .expect("a close frame");
+        assert_eq!(&bytes[close + 2..close + 4], &code.to_be_bytes(), "{name}");
+        metric_reaches(
+            &d,
+            &format!("tidemark_ws_closes_total{{code=\"{name}\"}}"),
+            1.0,
+        )
+        .await;
+    }
+    d.shutdown().await;
+}

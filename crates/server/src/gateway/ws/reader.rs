@@ -472,6 +472,32 @@ impl<'a> Reader<'a> {
                         .await;
                         return CloseCode::MessageTooBig;
                     }
+                    // A client's bad frame is its bug, not a server failure (ADR-0101): it gets
+                    // a typed error frame and the close code that says which, not 1011 (which
+                    // tells it to reconnect and send the same again). The stream has ended
+                    // (tungstenite reads no more after an error), so the connection closes.
+                    let bad = if e.starts_with("UTF-8 encoding error") {
+                        Some((CloseCode::InvalidPayload, "a text frame is not valid UTF-8"))
+                    } else if e.starts_with("WebSocket protocol error") {
+                        Some((
+                            CloseCode::ProtocolError,
+                            "the frame breaks the WebSocket protocol",
+                        ))
+                    } else {
+                        None
+                    };
+                    if let Some((code, what)) = bad {
+                        tracing::debug!(error = %e, "bad frame from the client");
+                        metrics::counter!("tidemark_client_errors_total", "code" => "bad_request")
+                            .increment(1);
+                        Box::pin(self.reply(error_frame(
+                            ErrorCode::BadRequest,
+                            format!("{what} ({e}); closing"),
+                            None,
+                        )))
+                        .await;
+                        return code;
+                    }
                     tracing::debug!(error = %e, "websocket read failed");
                     return CloseCode::InternalError;
                 }

@@ -72,6 +72,10 @@ pub struct HealthBoard {
     /// Leases mode: the shards whose lease this node holds, and since when (set by the lease
     /// loop every tick).
     leased: Mutex<BTreeMap<u32, Instant>>,
+    /// Leases mode: the shards this node lost because it could not renew their lease (core
+    /// Redis not answering), and since when, until it holds them again or they are assigned
+    /// to another node (ADR-0102): no worker runs them, and maybe no node does.
+    unrenewed: Mutex<BTreeMap<u32, Instant>>,
     /// The supervised tasks ([`crate::supervise::supervise`]), by the id
     /// [`HealthBoard::register_task`] gave: a task that keeps failing is restarted for ever,
     /// and without this `/healthz` would say "ok" while it does no work.
@@ -271,6 +275,12 @@ impl HealthBoard {
             .collect();
     }
 
+    /// Leases mode: the shards lost because their lease could not be renewed, each with when
+    /// it was lost (ADR-0102).
+    pub(crate) fn set_unrenewed(&self, shards: &BTreeMap<u32, Instant>) {
+        *self.unrenewed.lock().expect("health lock") = shards.clone();
+    }
+
     /// Marks `shards` as having no running owner (a worker restarting after a panic or an
     /// error): `/healthz` reports them until the worker has re-claimed them.
     pub fn mark_down(&self, shards: &[u32], why: &str) {
@@ -348,6 +358,16 @@ impl HealthBoard {
             }
         }
         let snapshot = self.snapshot();
+        let unrenewed = self.unrenewed.lock().expect("health lock").clone();
+        for (s, since) in unrenewed {
+            if since.elapsed() > NOT_SERVED_AFTER {
+                out.push(format!(
+                    "shard {s}: not materialized: its lease could not be renewed {:?} ago (core \
+                     Redis not answering) and this node has not held it since",
+                    since.elapsed()
+                ));
+            }
+        }
         let leased = self.leased.lock().expect("health lock").clone();
         for (s, since) in leased {
             if !snapshot.contains_key(&s) && since.elapsed() > NOT_SERVED_AFTER {

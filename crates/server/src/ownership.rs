@@ -154,6 +154,19 @@ pub fn random_node_id() -> std::io::Result<String> {
     Ok(format!("node-{:08x}", u32::from_be_bytes(b)))
 }
 
+/// Takes the outcome of a background connect to core instance `i` (ADR-0102) into `slot`.
+fn take_connection(
+    i: usize,
+    slot: &mut Option<LogStore>,
+    done: Result<Result<LogStore, tidemark_store::Error>, tokio::task::JoinError>,
+) {
+    match done {
+        Ok(Ok(s)) => *slot = Some(s),
+        Ok(Err(e)) => tracing::warn!(core = i, error = %e, "lease loop: core unreachable"),
+        Err(e) => tracing::warn!(core = i, error = %e, "lease loop: connect task failed"),
+    }
+}
+
 /// Everything the lease loop needs to start and stop workers.
 pub(crate) struct LeaseLoop {
     pub node: NodeOptions,
@@ -190,7 +203,17 @@ impl LeaseLoop {
         let ttl = self.node.lease_ttl;
         let ttl_ms = ttl.as_millis() as u64;
         let tick = ttl / 3;
+        // ADR-0102: no call of a tick waits longer than this. A core instance that hangs (its
+        // host gone without a reset, a stopped process) held the whole loop for the client's
+        // response timeout (30 s, with retries): the leases on the instances that answered
+        // lapsed meanwhile, and their shards stopped too.
+        let call = tick / 2;
         let mut cores: Vec<Option<LogStore>> = vec![None; self.map.core_urls().len()];
+        // connections being made in the background (a hung instance's connect never holds the
+        // loop): taken once done
+        let mut connecting: Vec<
+            Option<tokio::task::JoinHandle<Result<LogStore, tidemark_store::Error>>>,
+        > = (0..self.map.core_urls().len()).map(|_| None).collect();
         // the leases this node holds, each with the winning its worker runs it under
         let mut held: BTreeMap<u32, Won> = BTreeMap::new();
         let mut wins: Won = 0;
@@ -202,6 +225,9 @@ impl LeaseLoop {
         let mut yielding = false;
         // shards whose worker was last restarted because it was fenced (see 6b)
         let mut reclaimed: HashMap<u32, Instant> = HashMap::new();
+        // shards lost because their lease could not be renewed, since when (ADR-0102):
+        // reported by /healthz until held again or assigned to another node
+        let mut unrenewed: BTreeMap<u32, Instant> = BTreeMap::new();
         loop {
             if !first {
                 tokio::select! {
@@ -210,33 +236,71 @@ impl LeaseLoop {
                 }
             }
             first = false;
-            // 1. connections (re-made after a failure)
+            // 1. connections (re-made after a failure), each in its own task: waited for up to
+            //    `call` when started, then taken at a later tick once done (ADR-0102)
             for (i, c) in cores.iter_mut().enumerate() {
-                if c.is_none() {
-                    match LogStore::connect(&self.map.core_urls()[i]).await {
-                        Ok(s) => *c = Some(s),
-                        Err(e) => {
-                            tracing::warn!(core = i, error = %e, "lease loop: core unreachable")
+                if c.is_some() {
+                    continue;
+                }
+                let (mut h, fresh) = match connecting[i].take() {
+                    Some(h) => (h, false),
+                    None => {
+                        let url = self.map.core_urls()[i].clone();
+                        (
+                            tokio::spawn(async move { LogStore::connect(&url).await }),
+                            true,
+                        )
+                    }
+                };
+                let done = if fresh {
+                    // a healthy instance answers well within `call`
+                    tokio::time::timeout(call, &mut h).await.ok()
+                } else if h.is_finished() {
+                    Some((&mut h).await)
+                } else {
+                    None
+                };
+                match done {
+                    Some(done) => take_connection(i, c, done),
+                    None => {
+                        if fresh {
+                            tracing::warn!(
+                                core = i,
+                                "lease loop: core not answering; still connecting"
+                            );
                         }
+                        connecting[i] = Some(h);
                     }
                 }
             }
             // 2. heartbeat and the live set (instance 0)
             let live = match cores[0].as_mut() {
                 Some(c0) => {
-                    let beat = c0
-                        .heartbeat(
+                    let beat = tokio::time::timeout(
+                        call,
+                        c0.heartbeat(
                             &self.node.id,
                             ttl_ms,
                             &self.node.advertise,
                             self.node.role.as_str(),
                             self.map.layout(),
-                        )
-                        .await;
-                    match beat {
-                        Ok(_) => c0.live_nodes().await.ok(),
-                        Err(e) => {
+                        ),
+                    )
+                    .await;
+                    let live = match beat {
+                        Ok(Ok(_)) => tokio::time::timeout(call, c0.live_nodes()).await,
+                        Ok(Err(e)) => Ok(Err(e)),
+                        Err(elapsed) => Err(elapsed),
+                    };
+                    match live {
+                        Ok(Ok(live)) => Some(live),
+                        Ok(Err(e)) => {
                             tracing::warn!(error = %e, "heartbeat failed");
+                            cores[0] = None;
+                            None
+                        }
+                        Err(_) => {
+                            tracing::warn!("heartbeat timed out");
                             cores[0] = None;
                             None
                         }
@@ -250,7 +314,20 @@ impl LeaseLoop {
                 let ci = self.map.core_of(s);
                 let sent = Instant::now();
                 let renewed = match cores[ci].as_mut() {
-                    Some(c) => c.renew_lease(s, &self.node.id, ttl_ms).await,
+                    Some(c) => {
+                        match tokio::time::timeout(call, c.renew_lease(s, &self.node.id, ttl_ms))
+                            .await
+                        {
+                            Ok(r) => r,
+                            Err(_) => {
+                                // the instance hangs: its other shards are not tried this tick
+                                cores[ci] = None;
+                                Err(tidemark_store::Error::InvalidArgument(
+                                    "renewal timed out".into(),
+                                ))
+                            }
+                        }
+                    }
                     None => Err(tidemark_store::Error::InvalidArgument(
                         "no connection".into(),
                     )),
@@ -272,6 +349,7 @@ impl LeaseLoop {
                             metrics::counter!("tidemark_lease_losses_total").increment(1);
                             self.gate.close(s);
                             lost.push(s);
+                            unrenewed.entry(s).or_insert_with(Instant::now);
                         }
                     }
                 }
@@ -347,13 +425,33 @@ impl LeaseLoop {
                 {
                     continue;
                 }
-                match c.acquire_lease(s, &self.node.id, ttl_ms).await {
+                let acquired =
+                    tokio::time::timeout(call, c.acquire_lease(s, &self.node.id, ttl_ms)).await;
+                let Ok(acquired) = acquired else {
+                    tracing::warn!(shard = s, "lease acquire timed out");
+                    cores[ci] = None;
+                    continue;
+                };
+                match acquired {
                     Ok(Lease::Held { .. }) => {
                         let mut mb = self.mailboxes[self.map.mailbox_of(s)].clone();
                         let layout = self.map.layout();
-                        if let Err(e) = crate::run::check_ownable(layout, &mut mb, c, s).await {
+                        let checked = tokio::time::timeout(
+                            call,
+                            crate::run::check_ownable(layout, &mut mb, c, s),
+                        )
+                        .await
+                        .unwrap_or_else(|_| {
+                            Err(crate::run::Error::Store(
+                                tidemark_store::Error::InvalidArgument(
+                                    "the ownership check timed out".into(),
+                                ),
+                            ))
+                        });
+                        if let Err(e) = checked {
                             // leave it, write nothing
-                            let _ = c.release_lease(s, &self.node.id).await;
+                            let _ =
+                                tokio::time::timeout(call, c.release_lease(s, &self.node.id)).await;
                             if may_not_own(&e) {
                                 // old code on newer data: not retried for a while
                                 tracing::error!(shard = s, error = %e, "shard not taken: this code may not own it");
@@ -407,6 +505,10 @@ impl LeaseLoop {
                 held.insert(s, wins);
             }
             reclaimed.retain(|s, _| held.contains_key(s));
+            // held again, or assigned to another node by a live set read this tick
+            unrenewed
+                .retain(|s, _| !held.contains_key(s) && (live.is_none() || target.contains(s)));
+            self.health.set_unrenewed(&unrenewed);
             tracing::debug!(?held, ?target, ?give, live = live.is_some(), "lease tick");
             // 7. workers follow `held` (each core's worker restarted when its set changed, or
             //    when one of its shards was lost and won again)
@@ -418,7 +520,8 @@ impl LeaseLoop {
             for s in give {
                 let ci = self.map.core_of(s);
                 if let Some(c) = cores[ci].as_mut() {
-                    let _ = c.release_lease(s, &self.node.id).await;
+                    // not released in time: it expires after the TTL
+                    let _ = tokio::time::timeout(call, c.release_lease(s, &self.node.id)).await;
                 }
                 self.health.forget(s);
                 tracing::info!(shard = s, "shard handed over");
@@ -427,7 +530,12 @@ impl LeaseLoop {
             self.health.set_leased(held.keys().copied());
             metrics::gauge!("tidemark_node_shards_owned").set(held.len() as f64);
         }
+        // connects still under way are not waited for
+        for h in connecting.into_iter().flatten() {
+            h.abort();
+        }
         self.health.set_leased([]);
+        self.health.set_unrenewed(&BTreeMap::new());
         // stop: workers first (in-flight writes finish), then leases and the registry record
         for s in held.keys() {
             self.gate.close(*s);

@@ -341,3 +341,120 @@ async fn watermarks_lost_with_the_lease_are_created_again_by_the_worker() {
     node.until_healthy().await;
     node.stop().await;
 }
+
+/// ADR-0102: a core instance that hangs (SIGSTOP: connections stay open, nothing answers) does
+/// not hold the lease loop. The shards of the other core instance keep their leases and are
+/// materialised throughout. Before, the renewal on the hung instance waited for the client's
+/// response timeout (30 s): every lease on the healthy instance lapsed at its deadline, and its
+/// shards stopped until the hung one answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_core_instance_does_not_stop_the_shards_of_the_others() {
+    use tidemark_store::topology::Topology;
+    let cores = [
+        RedisProcess::start().expect("core redis-server"),
+        RedisProcess::start().expect("core redis-server"),
+    ];
+    let mailbox = RedisProcess::start().expect("mailbox redis-server");
+    let mut opts = serve_options(
+        cores[0].url(),
+        mailbox.url(),
+        GatewayOptions {
+            dev_auth: true,
+            ..Default::default()
+        },
+        MaterializerOptions {
+            block: Duration::from_millis(50),
+            ..Default::default()
+        },
+    );
+    let topology = Topology::new(
+        SHARDS,
+        Layout::PackedV2,
+        vec![cores[0].url(), cores[1].url()],
+        vec![mailbox.url()],
+    );
+    let map = topology.validate().unwrap();
+    opts.topology = topology;
+    opts.node = Some(NodeOptions {
+        id: NODE.into(),
+        advertise: "ws://127.0.0.1:1/v1/ws".into(),
+        role: Role::All,
+        lease_ttl: TTL,
+        leases: true,
+    });
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    let running = run::serve(opts, cancel.clone()).await.expect("serve");
+    let mut logs = Vec::new();
+    for c in &cores {
+        logs.push(LogStore::connect(&c.url()).await.unwrap());
+    }
+    let start = Instant::now();
+    for s in 0..SHARDS {
+        let log = &mut logs[map.core_of(s)];
+        while log.lease_holder(s).await.unwrap().map(|h| h.0) != Some(NODE.into()) {
+            assert!(start.elapsed() < RECOVER, "shard {s}: lease not taken");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // a recipient on core instance 0
+    let user = (0..)
+        .map(|n| format!("u{n}"))
+        .find(|u| map.core_of(route(u).shard) == 0)
+        .unwrap();
+    let to = route(&user);
+    let mut mb = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    let pid = cores[1].pid().expect("core 1 runs").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let paused = Instant::now();
+    // five lease TTLs with core 1 hung: core 0's shard takes a message every half second
+    let mut n = 0;
+    while paused.elapsed() < TTL * 5 {
+        n += 1;
+        let offset = logs[0]
+            .commit(
+                to.shard,
+                "alice",
+                &format!("h{n}"),
+                &[user.as_str()],
+                "while core 1 hangs",
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap()
+            .offset;
+        let sent = Instant::now();
+        loop {
+            let wm = mb.read_watermark(to.shard).await.unwrap();
+            if wm.lanes.lane(to.lane).w >= offset {
+                break;
+            }
+            assert!(
+                sent.elapsed() < TTL * 2,
+                "message {n} to core 0's shard {} not materialised within {:?}, {:?} into \
+                 core 1's hang",
+                to.shard,
+                TTL * 2,
+                paused.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    signal("-CONT");
+    tokio::time::timeout(Duration::from_secs(20), running.shutdown())
+        .await
+        .expect("node did not stop in time")
+        .expect("node stopped with an error");
+}

@@ -60,3 +60,50 @@ async fn malformed_and_mis_signed_tokens_get_one_answer() {
     assert_error(&r, 401, "token_expired");
     d.shutdown().await;
 }
+
+/// ADR-0103: the admin status stream ends when its token expires, with an `error` event
+/// `token_expired`, as a WebSocket is closed with 4001. Before, a stream opened with an admin
+/// token went on sending the deployment's status until the gateway stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_status_stream_ends_when_its_token_expires() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = start_with(|o| o.dev_auth = false).await;
+    let admin = token::sign_admin(SECRET, "ops", now_unix() + 2);
+    let mut io = tokio::net::TcpStream::connect(d.addr).await.unwrap();
+    let req = format!(
+        "GET /v1/admin/status/stream HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {admin}\r\n\r\n",
+        d.addr
+    );
+    io.write_all(req.as_bytes()).await.unwrap();
+    let opened = Instant::now();
+    let mut text = String::new();
+    let mut buf = [0u8; 16 * 1024];
+    // the chunked body's last chunk: the stream ended
+    while !text.ends_with("\r\n0\r\n\r\n") {
+        assert!(
+            opened.elapsed() < Duration::from_secs(10),
+            "the stream went on past its token's exp: {text}"
+        );
+        let k = tokio::time::timeout(Duration::from_secs(10), io.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("the stream went on past its token's exp: {text}"))
+            .unwrap();
+        if k == 0 {
+            break;
+        }
+        text.push_str(&String::from_utf8_lossy(&buf[..k]));
+    }
+    let ended = opened.elapsed();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("event: status"), "it streamed first: {text}");
+    let last = text.rfind("event: ").expect("events");
+    assert!(
+        text[last..].starts_with("event: error") && text[last..].contains("\"token_expired\""),
+        "ends with a token_expired error event: {text}"
+    );
+    assert!(
+        ended < Duration::from_secs(4),
+        "ended {ended:?} after opening"
+    );
+}

@@ -214,26 +214,61 @@ pub(crate) async fn status(
 
 /// `GET /v1/admin/status/stream`: `text/event-stream`, one `status` event (the JSON of
 /// [`AdminStatus`]) at once and every [`STREAM_EVERY`]; a snapshot that cannot be read is an
-/// `error` event (an [`ErrorBody`]) and the stream goes on. Ends when the gateway stops.
+/// `error` event (an [`ErrorBody`]) and the stream goes on. Ends when the gateway stops, or
+/// with an `error` event `token_expired` when the caller's token passes its `exp` (ADR-0103:
+/// before, a stream opened with an admin token went on for ever).
 pub(crate) async fn stream(
     State(shared): State<Arc<Shared>>,
     uri: Uri,
     headers: HeaderMap,
 ) -> Response {
-    if let Err((code, message)) = authorize_admin(&shared.opts, &headers, uri.query()) {
-        return error_response(code, message);
-    }
-    Sse::new(events(shared))
+    let caller = match authorize_admin(&shared.opts, &headers, uri.query()) {
+        Ok(caller) => caller,
+        Err((code, message)) => return error_response(code, message),
+    };
+    let expires = caller.and_then(|c| c.expires_at_unix).map(|exp| {
+        let left = (UNIX_EPOCH + Duration::from_secs(exp))
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        tokio::time::Instant::now() + left
+    });
+    Sse::new(events(shared, expires))
         .keep_alive(KeepAlive::default())
         .into_response()
 }
 
-fn events(shared: Arc<Shared>) -> impl Stream<Item = Result<Event, Infallible>> {
+/// The status events until the gateway stops, or until `expires` (the caller's token's
+/// `exp`), when one `error` event `token_expired` ends the stream.
+fn events(
+    shared: Arc<Shared>,
+    expires: Option<tokio::time::Instant>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
     let mut tick = tokio::time::interval(STREAM_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    futures::stream::unfold((shared, tick), |(shared, mut tick)| async move {
+    let state = (shared, tick, expires, false);
+    futures::stream::unfold(state, |(shared, mut tick, expires, ended)| async move {
+        if ended {
+            return None;
+        }
+        let expiry = async {
+            match expires {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = shared.stop.cancelled() => return None,
+            _ = expiry => {
+                crate::telemetry::count_error(ErrorCode::TokenExpired);
+                let event = Event::default()
+                    .event("error")
+                    .json_data(ErrorBody::new(
+                        ErrorCode::TokenExpired,
+                        "the token expired; reconnect with a new token".to_string(),
+                    ))
+                    .unwrap_or_else(|_| Event::default().event("error"));
+                return Some((Ok(event), (shared, tick, expires, true)));
+            }
             _ = tick.tick() => {}
         }
         let event = match snapshot(&shared).await {
@@ -250,6 +285,6 @@ fn events(shared: Arc<Shared>) -> impl Stream<Item = Result<Event, Infallible>> 
                     .unwrap_or_else(|_| Event::default().event("error"))
             }
         };
-        Some((Ok(event), (shared, tick)))
+        Some((Ok(event), (shared, tick, expires, false)))
     })
 }

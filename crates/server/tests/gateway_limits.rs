@@ -643,3 +643,56 @@ async fn a_frame_the_websocket_layer_refuses_gets_a_typed_error_and_its_close_co
     }
     d.shutdown().await;
 }
+
+/// ADR-0104: with dev auth, a web page of another site cannot act as a user. A browser sends
+/// `Origin` with every WebSocket handshake and every cross-origin request, and a WebSocket is
+/// not held back by CORS: before, a page on any site could open `ws://127.0.0.1:…?user=alice`
+/// and read alice's deliveries, or post her acks. The gateway's own pages (same origin) and
+/// clients that send no `Origin` are unaffected.
+#[tokio::test]
+async fn dev_auth_refuses_a_page_of_another_site() {
+    let d = start().await;
+    let own = format!("http://{}", d.addr);
+    let (status, body) = d
+        .refused("user=alice", &[("Origin", "http://evil.example")])
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "forbidden", "{v}");
+    let (status, body) = d
+        .http(
+            "POST",
+            "/v1/mailbox/ack?user=alice",
+            &[("Origin", "http://evil.example")],
+            Some(br#"{"seq":1}"#),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    let (status, body) = d
+        .http(
+            "GET",
+            "/v1/admin/status",
+            &[("Origin", "https://evil.example")],
+            None,
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
+    // the gateway's own pages, and clients without an Origin
+    let mut ws = d
+        .try_ws("user=alice", &[("Origin", own.as_str())])
+        .await
+        .expect("same origin");
+    assert_eq!(ws.recv().await["type"], "ready");
+    let mut ws = d.try_ws("user=alice", &[]).await.expect("no Origin");
+    assert_eq!(ws.recv().await["type"], "ready");
+    let (status, body) = d
+        .http(
+            "GET",
+            "/v1/mailbox?user=alice",
+            &[("Origin", own.as_str())],
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    d.shutdown().await;
+}

@@ -43,6 +43,37 @@ fn unauthorized(msg: impl Into<String>) -> Refusal {
     (ErrorCode::Unauthorized, msg.into())
 }
 
+/// Under dev auth, a web page of another site must not act as a user (ADR-0104): a browser
+/// sends `Origin` with every WebSocket handshake and every cross-origin request (and a
+/// WebSocket is not held back by CORS), so a request whose `Origin` is not this gateway's
+/// (its host and port, compared with the request's `Host`) is refused. Requests without an
+/// `Origin` (command-line clients, the load generator, same-origin `GET`s) pass, and so do
+/// this gateway's own pages (the console).
+fn same_origin(headers: &HeaderMap) -> Result<(), Refusal> {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        // no `Host` to compare with (HTTP/2 names it in the URI): nothing to refuse on
+        return Ok(());
+    };
+    let authority = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, a)| a.trim_end_matches('/'));
+    if authority.is_some_and(|a| a.eq_ignore_ascii_case(host)) {
+        return Ok(());
+    }
+    tracing::info!(origin = ?origin, host, "dev auth: cross-origin request refused");
+    Err((
+        ErrorCode::Forbidden,
+        "cross-origin request refused: with dev auth (?user=) only this gateway's own pages \
+         may act as a user"
+            .into(),
+    ))
+}
+
 /// The authenticated caller of a request.
 pub(crate) fn authenticate(
     opts: &GatewayOptions,
@@ -95,6 +126,7 @@ pub(crate) fn authenticate(
     }
     if opts.dev_auth {
         if let Some(user) = query_param(query, "user")? {
+            same_origin(headers)?;
             if !is_valid_user_id(&user) {
                 return Err(unauthorized(
                     "`user` must be 1..=128 bytes without control characters",
@@ -120,6 +152,7 @@ pub(crate) fn authorize_admin(
     query: Option<&str>,
 ) -> Result<Option<Caller>, Refusal> {
     if opts.dev_auth && !headers.contains_key(header::AUTHORIZATION) {
+        same_origin(headers)?;
         return Ok(None);
     }
     let caller = authenticate(opts, headers, query, Endpoint::Http)?;

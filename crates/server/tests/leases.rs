@@ -18,6 +18,10 @@
 //! 4. The mailbox instance loses every key while the node's lease lapses (ADR-0060): the
 //!    node takes the shard again, its worker creates the missing watermarks, and the log is
 //!    materialised again.
+//! 5. A core instance hangs (SIGSTOP): the shards of the other core instance keep their leases
+//!    and are materialised throughout (ADR-0102).
+//! 6. Static ownership: a worker restarted after a panic leaves a shard that another owner
+//!    claimed meanwhile to that owner (ADR-0105).
 
 mod gateway_support;
 
@@ -457,4 +461,88 @@ async fn a_hung_core_instance_does_not_stop_the_shards_of_the_others() {
         .await
         .expect("node did not stop in time")
         .expect("node stopped with an error");
+}
+
+/// Panics the worker each time record `offset` of `shard` is about to be materialised.
+struct PanicOn {
+    shard: u32,
+    offset: u64,
+    fired: std::sync::atomic::AtomicU32,
+}
+
+impl tidemark_server::materializer::ChunkFault for PanicOn {
+    fn fail(&self, _: u32, _: u64, _: usize, _: u32) -> bool {
+        false
+    }
+    fn panic_before(&self, shard: u32, offset: u64) -> bool {
+        let hit = shard == self.shard && offset == self.offset;
+        if hit {
+            self.fired.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        hit
+    }
+}
+
+/// ADR-0105: a static owner's worker started again after a panic does not take back a shard
+/// that another owner claimed while it was down (the documented replacement of a static node:
+/// the new process claims, then the old one is stopped). Before, every restart claimed the
+/// shard again, fencing the new owner, which as a static owner never claims again: once the
+/// old process was stopped, the shard had no owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_static_worker_leaves_a_shard_claimed_by_another_owner() {
+    let bob = route("bob");
+    // record 2 panics the worker each time it comes to it
+    let fault = std::sync::Arc::new(PanicOn {
+        shard: bob.shard,
+        offset: 2,
+        fired: std::sync::atomic::AtomicU32::new(0),
+    });
+    let materializer = MaterializerOptions {
+        block: Duration::from_millis(50),
+        fault: Some(fault.clone()),
+        ..Default::default()
+    };
+    let gateway = GatewayOptions {
+        dev_auth: true,
+        ..Default::default()
+    };
+    let svc = gateway_support::Service::start(gateway, materializer).await;
+    let mut commits = LogStore::connect(&svc.core_url).await.unwrap();
+    let mut mb = MailboxStore::connect(&svc.mailbox_url, Layout::PackedV2)
+        .await
+        .unwrap();
+    for i in 1..=2 {
+        commits
+            .commit(
+                bob.shard,
+                "alice",
+                &format!("m{i}"),
+                &["bob"],
+                "x",
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap();
+    }
+    let start = Instant::now();
+    while fault.fired.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(start.elapsed() < Duration::from_secs(20), "no panic");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // another owner (a replacement process) claims the shard while the worker restarts
+    let theirs = mb.claim(bob.shard).await.unwrap();
+    let fired = fault.fired.load(std::sync::atomic::Ordering::SeqCst);
+    // restarts come 100 ms, 200 ms, 400 ms, … apart: three seconds is several of them
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let wm = mb.read_watermark(bob.shard).await.unwrap();
+    assert_eq!(
+        wm.epoch, theirs,
+        "the restarted worker claimed the shard back from its new owner"
+    );
+    assert!(
+        fault.fired.load(std::sync::atomic::Ordering::SeqCst) <= fired + 1,
+        "the restarted worker went on materialising the shard"
+    );
+    svc.stop().await;
 }

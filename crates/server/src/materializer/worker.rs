@@ -104,6 +104,24 @@ impl Worker {
         opts: MaterializerOptions,
         health: Arc<HealthBoard>,
     ) -> Result<Worker, Error> {
+        Worker::start_after(map, core, mailboxes, shards, opts, health, &BTreeMap::new()).await
+    }
+
+    /// [`Worker::start`] for a worker started again in place of one that ended (a panic, an
+    /// error) without a lease to say the shards are still its own (static ownership,
+    /// ADR-0105): a shard whose stored epoch is still the one the ended worker held (`prior`)
+    /// is claimed as a start claims it, by a compare-and-set from that epoch; one whose epoch
+    /// moved on was claimed by another owner meanwhile, and is stopped as fenced instead of
+    /// being taken back from it. Shards not in `prior` are claimed as by a start.
+    pub async fn start_after(
+        map: ShardMap,
+        core: usize,
+        mailboxes: Vec<MailboxStore>,
+        shards: &[u32],
+        opts: MaterializerOptions,
+        health: Arc<HealthBoard>,
+        prior: &BTreeMap<u32, u64>,
+    ) -> Result<Worker, Error> {
         let core_url = map.core_urls()[core].as_str();
         debug_assert!(shards.iter().all(|&s| map.core_of(s) == core));
         let mut reader = LogReader::connect(core_url).await?;
@@ -146,8 +164,30 @@ impl Worker {
             let mb = w.map.mailbox_of(s);
             w.health.update(s, |h| h.status = ShardStatus::Starting);
             let store = &mut w.mailboxes[mb];
-            let claimed = match store.claim(s).await {
-                Ok(epoch) => store.read_watermark(s).await.map(|wm| (epoch, wm)),
+            let claim = match prior.get(&s).copied().filter(|&e| e > 0) {
+                Some(was) => claim_from(store, s, was).await,
+                None => store.claim(s).await.map(Some),
+            };
+            let claimed = match claim {
+                Ok(Some(epoch)) => store.read_watermark(s).await.map(|wm| (epoch, wm)),
+                Ok(None) => {
+                    // another owner claimed it since the ended worker held it (ADR-0105)
+                    let current = store.read_watermark(s).await.ok().map(|wm| wm.epoch);
+                    tracing::warn!(
+                        shard = s,
+                        ?current,
+                        "shard claimed by another owner while \
+                        its worker restarted; not taken back"
+                    );
+                    w.owned.insert(s, OwnedShard::stopped(s, mb));
+                    w.health.update(s, |h| {
+                        h.status = ShardStatus::Fenced {
+                            current_epoch: current,
+                        }
+                    });
+                    metrics::counter!("tidemark_shard_fenced_total").increment(1);
+                    continue;
+                }
                 Err(e) => Err(e),
             };
             let (epoch, wm) = match claimed {
@@ -784,5 +824,27 @@ impl Worker {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// Claims shard `s` for a worker started again in place of one that held it at epoch `was`
+/// (ADR-0105): `Some(epoch)` once raised from `was` (or, if the stored epoch went below `was`,
+/// a watermark that went back, from whatever is stored, as a start would); `None` when the
+/// stored epoch is above `was`: another owner claimed the shard meanwhile.
+async fn claim_from(
+    store: &mut MailboxStore,
+    s: u32,
+    was: u64,
+) -> Result<Option<u64>, tidemark_store::Error> {
+    let wm = store.check_claimable(s).await?;
+    if wm.epoch > was {
+        return Ok(None);
+    }
+    if wm.epoch < was {
+        return store.claim(s).await.map(Some);
+    }
+    match store.fence_epoch(s, was, was + 1).await? {
+        tidemark_store::redis::store::Fence::Raised { epoch } => Ok(Some(epoch)),
+        tidemark_store::redis::store::Fence::Lost { .. } => Ok(None),
     }
 }

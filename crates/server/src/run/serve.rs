@@ -539,13 +539,28 @@ pub(crate) async fn supervise_worker(
                 let worker = match first {
                     Some(w) => w,
                     None => {
-                        Worker::start(
+                        // ADR-0105: without a lease to say the shards are still ours (static
+                        // ownership), a shard another owner claimed while this worker was down
+                        // is left to it, not claimed back (the epochs held before come from
+                        // the health board; in leases mode the lease decides)
+                        let prior: std::collections::BTreeMap<u32, u64> =
+                            if spec.opts.lease_gate.is_none() {
+                                let board = health.snapshot();
+                                spec.shards
+                                    .iter()
+                                    .filter_map(|s| board.get(s).map(|h| (*s, h.epoch)))
+                                    .collect()
+                            } else {
+                                Default::default()
+                            };
+                        Worker::start_after(
                             spec.map.clone(),
                             spec.core,
                             spec.mailboxes.clone(),
                             &spec.shards,
                             spec.opts.clone(),
                             health,
+                            &prior,
                         )
                         .await?
                     }

@@ -208,6 +208,10 @@ impl LeaseLoop {
         // response timeout (30 s, with retries): the leases on the instances that answered
         // lapsed meanwhile, and their shards stopped too.
         let call = tick / 2;
+        // instances that let a call of this tick time out: not called again until the next
+        // tick (their connection is kept: a hung server's answers come in order once it
+        // resumes, and a dead one's connection fails by itself)
+        let mut stalled = vec![false; self.map.core_urls().len()];
         let mut cores: Vec<Option<LogStore>> = vec![None; self.map.core_urls().len()];
         // connections being made in the background (a hung instance's connect never holds the
         // loop): taken once done
@@ -236,6 +240,7 @@ impl LeaseLoop {
                 }
             }
             first = false;
+            stalled.iter_mut().for_each(|x| *x = false);
             // 1. connections (re-made after a failure), each in its own task: waited for up to
             //    `call` when started, then taken at a later tick once done (ADR-0102)
             for (i, c) in cores.iter_mut().enumerate() {
@@ -301,7 +306,7 @@ impl LeaseLoop {
                         }
                         Err(_) => {
                             tracing::warn!("heartbeat timed out");
-                            cores[0] = None;
+                            stalled[0] = true;
                             None
                         }
                     }
@@ -314,6 +319,9 @@ impl LeaseLoop {
                 let ci = self.map.core_of(s);
                 let sent = Instant::now();
                 let renewed = match cores[ci].as_mut() {
+                    Some(_) if stalled[ci] => Err(tidemark_store::Error::InvalidArgument(
+                        "core instance not answering this tick".into(),
+                    )),
                     Some(c) => {
                         match tokio::time::timeout(call, c.renew_lease(s, &self.node.id, ttl_ms))
                             .await
@@ -321,7 +329,7 @@ impl LeaseLoop {
                             Ok(r) => r,
                             Err(_) => {
                                 // the instance hangs: its other shards are not tried this tick
-                                cores[ci] = None;
+                                stalled[ci] = true;
                                 Err(tidemark_store::Error::InvalidArgument(
                                     "renewal timed out".into(),
                                 ))
@@ -425,11 +433,14 @@ impl LeaseLoop {
                 {
                     continue;
                 }
+                if stalled[ci] {
+                    continue;
+                }
                 let acquired =
                     tokio::time::timeout(call, c.acquire_lease(s, &self.node.id, ttl_ms)).await;
                 let Ok(acquired) = acquired else {
                     tracing::warn!(shard = s, "lease acquire timed out");
-                    cores[ci] = None;
+                    stalled[ci] = true;
                     continue;
                 };
                 match acquired {

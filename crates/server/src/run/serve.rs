@@ -553,7 +553,7 @@ pub(crate) async fn supervise_worker(
                             } else {
                                 Default::default()
                             };
-                        Worker::start_after(
+                        let start = Worker::start_after(
                             spec.map.clone(),
                             spec.core,
                             spec.mailboxes.clone(),
@@ -561,8 +561,17 @@ pub(crate) async fn supervise_worker(
                             spec.opts.clone(),
                             health,
                             &prior,
-                        )
-                        .await?
+                        );
+                        // ADR-0106: a start is not waited for once the worker is to stop. It
+                        // claims its shards one by one, each waiting up to the connection's
+                        // response timeout on a hung mailbox instance: a shutdown, or the
+                        // lease loop's handover, waited for all of them (and the claims were
+                        // made after the stop was asked).
+                        tokio::select! {
+                            biased;
+                            _ = cancel.cancelled() => return Ok(()),
+                            w = start => w?,
+                        }
                     }
                 };
                 worker.run(cancel).await
@@ -574,4 +583,66 @@ pub(crate) async fn supervise_worker(
         },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tidemark_redis_proc::RedisProcess;
+
+    /// ADR-0106: a worker being started again (its claims blocked on a mailbox instance that
+    /// does not answer: SIGSTOP) is not waited for once it is to stop. Before, the supervisor
+    /// awaited the start, whose claim waited for the connection's 30 s response timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_worker_starting_against_a_hung_mailbox_stops_when_asked() {
+        let core = RedisProcess::start().unwrap();
+        let mailbox = RedisProcess::start().unwrap();
+        let map = Topology::new(2, Layout::PackedV2, vec![core.url()], vec![mailbox.url()])
+            .validate()
+            .unwrap();
+        let mut mb = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
+            .await
+            .unwrap();
+        for s in 0..2 {
+            mb.init_watermark(s, Layout::PackedV2, 1, 0, false)
+                .await
+                .unwrap();
+        }
+        let pid = mailbox.pid().unwrap().to_string();
+        let kill = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, pid.as_str()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig}");
+        };
+        kill("-STOP");
+        let spec = WorkerSpec {
+            map,
+            core: 0,
+            mailboxes: vec![mb],
+            shards: vec![0, 1],
+            opts: MaterializerOptions::default(),
+        };
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(supervise_worker(
+            None,
+            spec,
+            Arc::new(HealthBoard::default()),
+            cancel.clone(),
+        ));
+        // the start is under way, its first claim waiting on the hung instance
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let asked = std::time::Instant::now();
+        cancel.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(5), task).await;
+        kill("-CONT");
+        assert!(
+            stopped.is_ok(),
+            "the supervisor still waited for the start 5 s after the stop was asked"
+        );
+        assert!(asked.elapsed() < Duration::from_secs(5));
+    }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tidemark_store::redis::dlog::{DispatchRecord, LogReader, LogStore, ReplicaWait};
-use tidemark_store::redis::store::MailboxStore;
+use tidemark_store::redis::store::{Fence, MailboxStore};
 use tidemark_store::redis::watermark::Layout;
 use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
@@ -166,26 +166,15 @@ impl Worker {
             let store = &mut w.mailboxes[mb];
             let claim = match prior.get(&s).copied().filter(|&e| e > 0) {
                 Some(was) => claim_from(store, s, was).await,
-                None => store.claim(s).await.map(Some),
+                None => store.claim(s).await.map(|epoch| Fence::Raised { epoch }),
             };
             let claimed = match claim {
-                Ok(Some(epoch)) => store.read_watermark(s).await.map(|wm| (epoch, wm)),
-                Ok(None) => {
-                    // another owner claimed it since the ended worker held it (ADR-0105)
-                    let current = store.read_watermark(s).await.ok().map(|wm| wm.epoch);
-                    tracing::warn!(
-                        shard = s,
-                        ?current,
-                        "shard claimed by another owner while \
-                        its worker restarted; not taken back"
-                    );
+                Ok(Fence::Raised { epoch }) => store.read_watermark(s).await.map(|wm| (epoch, wm)),
+                Ok(Fence::Lost { current_epoch }) => {
+                    // another owner claimed it since the ended worker held it (ADR-0105): not
+                    // taken back
                     w.owned.insert(s, OwnedShard::stopped(s, mb));
-                    w.health.update(s, |h| {
-                        h.status = ShardStatus::Fenced {
-                            current_epoch: current,
-                        }
-                    });
-                    metrics::counter!("tidemark_shard_fenced_total").increment(1);
+                    w.stop(s, ShardStatus::Fenced { current_epoch });
                     continue;
                 }
                 Err(e) => Err(e),
@@ -203,38 +192,30 @@ impl Worker {
                     corrupt.push(s);
                     continue;
                 }
-                // ADR-0060: no watermark (the mailbox instance lost the shard: a promoted
-                // replica that never had it, a Redis restarted empty). Failing the whole
-                // worker would fail every start after it, for ever (the supervisor restarts
-                // it into the same error): the shard is owned unclaimed, in retry, and
-                // `resync` creates the watermark once it has been missing for
-                // WATERMARK_LOST_AFTER, then claims it, as a start does.
-                Err(e) if e.code() == "no_watermark" => {
-                    tracing::warn!(shard = s, error = %e,
-                        "no watermark at the claim; created again if it stays missing");
-                    let mut sh = OwnedShard::stopped(s, mb);
-                    sh.stopped = false;
-                    sh.moved = true;
-                    sh.unhanded = true;
-                    sh.missing_since = Some(Instant::now());
-                    w.owned.insert(s, sh);
-                    w.health.update(s, |h| h.status = ShardStatus::Running);
-                    w.schedule_retry(s, &e.to_string());
-                    continue;
-                }
-                // ADR-0097: the instance did not answer (down, restarting, unreachable) or
-                // answered an error. Failing the start stopped every shard of this core
-                // instance, those of the instances that answer too, until this one was back
-                // (the supervisor restarts the worker into the same error): the shard is owned
-                // unclaimed instead, in retry, and `resync` claims it once its watermark can
-                // be read. A corrupt watermark is refused as before (packed-v1 code).
+                // Not claimed, for any reason but corruption: the shard is owned unclaimed
+                // (epoch 0), in retry, and `resync` claims it as a start does once its
+                // watermark can be read. Failing the whole worker would stop every shard of
+                // this core instance, and fail every start after it (the supervisor restarts it
+                // into the same error). Two cases:
+                // - ADR-0060: no watermark (the mailbox instance lost the shard: a promoted
+                //   replica that never had it, a Redis restarted empty); `resync` creates it
+                //   once it has been missing for WATERMARK_LOST_AFTER;
+                // - ADR-0097: the instance did not answer (down, restarting, unreachable) or
+                //   answered an error: the shards of the instances that answer run meanwhile.
+                // A corrupt watermark is refused as before (packed-v1 code).
                 Err(e) if !e.is_corrupt() => {
-                    tracing::warn!(shard = s, error = %e,
-                        "shard not claimed at the start; claimed once its instance answers");
                     let mut sh = OwnedShard::stopped(s, mb);
                     sh.stopped = false;
                     sh.moved = true;
                     sh.unhanded = true;
+                    if e.code() == "no_watermark" {
+                        tracing::warn!(shard = s, error = %e,
+                            "no watermark at the claim; created again if it stays missing");
+                        sh.missing_since = Some(Instant::now());
+                    } else {
+                        tracing::warn!(shard = s, error = %e,
+                            "shard not claimed at the start; claimed once its instance answers");
+                    }
                     w.owned.insert(s, sh);
                     w.health.update(s, |h| h.status = ShardStatus::Running);
                     w.schedule_retry(s, &e.to_string());
@@ -748,7 +729,7 @@ impl Worker {
                     let raised = self.mailboxes[mb]
                         .fence_epoch(s, wm.epoch, epoch + 1)
                         .await?;
-                    let tidemark_store::redis::store::Fence::Raised { epoch: new } = raised else {
+                    let Fence::Raised { epoch: new } = raised else {
                         return Err(Error::Store(tidemark_store::Error::InvalidArgument(
                             format!(
                                 "shard {s}: epoch changed while re-fencing a regressed watermark"
@@ -828,23 +809,22 @@ impl Worker {
 }
 
 /// Claims shard `s` for a worker started again in place of one that held it at epoch `was`
-/// (ADR-0105): `Some(epoch)` once raised from `was` (or, if the stored epoch went below `was`,
-/// a watermark that went back, from whatever is stored, as a start would); `None` when the
-/// stored epoch is above `was`: another owner claimed the shard meanwhile.
+/// (ADR-0105): raised from `was` (or, if the stored epoch went below `was`, a watermark that
+/// went back, from whatever is stored, as a start would); `Lost` when the stored epoch is
+/// above `was`: another owner claimed the shard meanwhile.
 async fn claim_from(
     store: &mut MailboxStore,
     s: u32,
     was: u64,
-) -> Result<Option<u64>, tidemark_store::Error> {
+) -> Result<Fence, tidemark_store::Error> {
     let wm = store.check_claimable(s).await?;
     if wm.epoch > was {
-        return Ok(None);
+        return Ok(Fence::Lost {
+            current_epoch: Some(wm.epoch),
+        });
     }
     if wm.epoch < was {
-        return store.claim(s).await.map(Some);
+        return store.claim(s).await.map(|epoch| Fence::Raised { epoch });
     }
-    match store.fence_epoch(s, was, was + 1).await? {
-        tidemark_store::redis::store::Fence::Raised { epoch } => Ok(Some(epoch)),
-        tidemark_store::redis::store::Fence::Lost { .. } => Ok(None),
-    }
+    store.fence_epoch(s, was, was + 1).await
 }

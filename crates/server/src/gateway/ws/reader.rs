@@ -436,11 +436,7 @@ impl<'a> Reader<'a> {
                 done = async { commit_in_flight.as_mut().expect("only polled when set").await },
                     if committing => {
                     if !Box::pin(self.on_committed(done)).await {
-                        return if conn.is_cancelled() {
-                            self.ended()
-                        } else {
-                            CloseCode::InternalError
-                        };
+                        return self.gone(conn);
                     }
                     continue;
                 }
@@ -448,11 +444,7 @@ impl<'a> Reader<'a> {
                     if waiting_permits => {
                     self.admitting = None;
                     if !Box::pin(self.on_admitted(admitted)).await {
-                        return if conn.is_cancelled() {
-                            self.ended()
-                        } else {
-                            CloseCode::InternalError
-                        };
+                        return self.gone(conn);
                     }
                     continue;
                 }
@@ -522,6 +514,16 @@ impl<'a> Reader<'a> {
                     CloseCode::InternalError
                 };
             }
+        }
+    }
+
+    /// The close code once a reply could not be written (the outbox is gone): why `conn`
+    /// was cancelled, or an internal error if it was not (a commit that panicked).
+    fn gone(&self, conn: &CancellationToken) -> CloseCode {
+        if conn.is_cancelled() {
+            self.ended()
+        } else {
+            CloseCode::InternalError
         }
     }
 

@@ -1483,7 +1483,7 @@ async fn a_lost_last_hint_is_found_by_the_sweep_with_no_more_traffic() {
 }
 
 /// Drops the wakes of `user`'s connections while `on` (as if lost between the hub and the
-/// delivery loop), counting them.
+/// delivery loop), counting them, except one the sweep has flagged to read in full.
 #[derive(Debug)]
 struct IgnoreWakes {
     user: &'static str,
@@ -1495,8 +1495,8 @@ impl tidemark_server::gateway::SendFault for IgnoreWakes {
     fn panic_commit(&self, _: &str, _: &str) -> bool {
         false
     }
-    fn ignore_wake(&self, user: &str) -> bool {
-        let drop = user == self.user && self.on.load(Ordering::SeqCst);
+    fn ignore_wake(&self, user: &str, forced: bool) -> bool {
+        let drop = user == self.user && !forced && self.on.load(Ordering::SeqCst);
         if drop {
             self.ignored.fetch_add(1, Ordering::SeqCst);
         }
@@ -1541,7 +1541,10 @@ async fn a_wake_that_never_reaches_the_connection_is_found_by_the_sweep() {
         fault.ignored.load(Ordering::SeqCst) > 0
     })
     .await;
-    fault.on.store(false, Ordering::SeqCst);
+    // Every wake but the sweep's forced one stays lost. (Before, the fault went off here, and
+    // a second wake for the same move, the hint's after the sweep's own, or the other way
+    // round, could still be on its way: it then woke bob normally, uncounted, and the
+    // counter's assertion below failed one CI run.)
     // the sweep after next at the latest (300 ms each); without its check, never
     let got = bob.quiet_for(Duration::from_secs(3)).await;
     let seqs: Vec<u64> = got

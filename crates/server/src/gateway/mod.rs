@@ -102,7 +102,9 @@ pub trait SendFault: Send + Sync + std::fmt::Debug {
     /// True: the delivery loop of a connection of `user` ignores this wake, as if it had been
     /// lost between the hub and the loop (whatever could lose one); with nothing else to
     /// wake it, the sweep must find the connection behind and make it read (ADR-0067).
-    fn ignore_wake(&self, _user: &str) -> bool {
+    /// `forced`: the sweep has flagged this connection to read in full (its end-to-end
+    /// check), so a test can drop every other wake and still see the sweep's get through.
+    fn ignore_wake(&self, _user: &str, _forced: bool) -> bool {
         false
     }
 

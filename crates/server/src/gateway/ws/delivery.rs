@@ -238,7 +238,7 @@ pub(super) async fn delivery_loop(
                 }
             }
             _ = notify.notified() => {
-                if ignore_wake(&shared, &mailbox.user) {
+                if ignore_wake(&shared, &mailbox.user, progress.recheck.load(Ordering::Acquire)) {
                     need_read = false;
                 } else {
                     hinted = true;
@@ -288,12 +288,12 @@ fn delivery_fault(shared: &Shared, user: &str, seq: u64) {
 }
 
 /// Whether a test's fault drops this wake ([`SendFault::ignore_wake`](crate::gateway::SendFault::ignore_wake)).
-fn ignore_wake(shared: &Shared, user: &str) -> bool {
+fn ignore_wake(shared: &Shared, user: &str, forced: bool) -> bool {
     shared
         .opts
         .send_fault
         .as_ref()
-        .is_some_and(|f| f.ignore_wake(user))
+        .is_some_and(|f| f.ignore_wake(user, forced))
 }
 
 /// The deliver frame of `e` (read from the mailbox), counted, its latency measured when it

@@ -107,3 +107,49 @@ async fn the_admin_status_stream_ends_when_its_token_expires() {
         "ended {ended:?} after opening"
     );
 }
+
+/// ADR-0107: a correctly signed token whose `exp` is past what the clock can hold (`tidemark
+/// token --ttl` takes any `u64` of seconds) never expires; it does not panic the
+/// connection. Before, the WebSocket's task panicked right after `ready` (no close frame,
+/// nothing counted, and the client's reconnect met the same panic), and so did the admin
+/// status stream's handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_whose_expiry_is_past_the_clocks_reach_is_served() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = start_with(|o| o.dev_auth = false).await;
+    for exp in [u64::MAX, i64::MAX as u64 + 1] {
+        let t = token::sign(SECRET, "alice", exp);
+        let mut ws = d
+            .try_ws(&format!("token={}", encode(&t)), &[])
+            .await
+            .unwrap_or_else(|(s, b)| panic!("exp {exp}: upgrade refused {s} {b}"));
+        ws.send_ok(&format!("far-{exp}"), &["bob"], "still here")
+            .await;
+
+        let admin = token::sign_admin(SECRET, "ops", exp);
+        let mut io = tokio::net::TcpStream::connect(d.addr).await.unwrap();
+        let req = format!(
+            "GET /v1/admin/status/stream HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {admin}\r\n\r\n",
+            d.addr
+        );
+        io.write_all(req.as_bytes()).await.unwrap();
+        let opened = Instant::now();
+        let mut text = String::new();
+        let mut buf = [0u8; 16 * 1024];
+        while !text.contains("event: status") {
+            let left = Duration::from_secs(10).saturating_sub(opened.elapsed());
+            let k = tokio::time::timeout(left, io.read(&mut buf))
+                .await
+                .unwrap_or_else(|_| panic!("exp {exp}: no status event: {text}"))
+                .unwrap_or(0);
+            assert!(
+                k > 0,
+                "exp {exp}: the stream ended before its first event: {text:?}"
+            );
+            text.push_str(&String::from_utf8_lossy(&buf[..k]));
+        }
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    }
+    d.shutdown().await;
+}

@@ -44,6 +44,12 @@ pub(super) fn parse(text: &str, limits: &Limits) -> Option<ClientFrame> {
     if text.len() > limits.max_frame_bytes {
         return None;
     }
+    // serde's derived struct also reads a JSON array, field by field in order
+    // (`["ack",null,null,null,1,null]`); a frame is an object, and the full parse refuses
+    // anything else with `bad_json` (ADR-0107)
+    if !text.trim_start().starts_with('{') {
+        return None;
+    }
     let f: Fields<'_> = serde_json::from_str(text).ok()?;
     match f.ty? {
         "send" => {
@@ -129,6 +135,10 @@ mod tests {
             r#"{"type":"nope"}"#,
             r#"{"type":"ack","seq":1,"extra":[]}"#, // unknown field: accepted
             r#"[1]"#,
+            // the fields of `Fields` by position: an array, not a frame
+            r#"["send","c-1",["bob"],"hi",null,null]"#,
+            r#"["ack",null,null,null,3471,null]"#,
+            r#" ["sync",null,null,null,null,0]"#,
         ] {
             assert_eq!(parse(text, &limits), None, "{text}");
         }

@@ -249,6 +249,12 @@ fn hostile_frames_get_stable_codes() {
                 ("trailing garbage", r#"{"type":"ack","seq":1}x"#),
                 ("two objects", r#"{"type":"ack","seq":1}{}"#),
                 ("array", r#"[{"type":"ack","seq":1}]"#),
+                // a frame's fields by position (serde reads a struct from an array)
+                (
+                    "array of fields",
+                    r#"["send","c-1",["bob"],"hi",null,null]"#,
+                ),
+                ("array of ack fields", r#"["ack",null,null,null,3471,null]"#),
                 ("string", r#""send""#),
                 ("number", "3471"),
                 ("null", "null"),

@@ -226,11 +226,13 @@ pub(crate) async fn stream(
         Ok(caller) => caller,
         Err((code, message)) => return error_response(code, message),
     };
-    let expires = caller.and_then(|c| c.expires_at_unix).map(|exp| {
-        let left = (UNIX_EPOCH + Duration::from_secs(exp))
+    // an `exp` past what the clocks can hold never comes (both additions panicked, ADR-0107)
+    let expires = caller.and_then(|c| c.expires_at_unix).and_then(|exp| {
+        let left = UNIX_EPOCH
+            .checked_add(Duration::from_secs(exp))?
             .duration_since(SystemTime::now())
             .unwrap_or(Duration::ZERO);
-        tokio::time::Instant::now() + left
+        tokio::time::Instant::now().checked_add(left)
     });
     Sse::new(events(shared, expires))
         .keep_alive(KeepAlive::default())

@@ -303,7 +303,9 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket, user_ref: U
         ack_backoff: delivery::READ_RETRY_FIRST,
         conn: conn.clone(),
         died,
-        expires_at: expires_at_unix.map(|s| UNIX_EPOCH + Duration::from_secs(s)),
+        // an `exp` past what the clock can hold (a signed `--ttl` of centuries) never comes:
+        // before, the addition panicked the connection's task after its `ready` (ADR-0107)
+        expires_at: expires_at_unix.and_then(|s| UNIX_EPOCH.checked_add(Duration::from_secs(s))),
     };
     let code = match crate::supervise::catch_panic(reader.run(stream, &conn)).await {
         Ok(code) => {

@@ -32,7 +32,7 @@
 //! so a hint is never lost between reads.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -104,6 +104,9 @@ pub(crate) struct LocalRun {
     pub to: u64,
     /// The user's entries of this run, ascending.
     pub entries: Vec<LocalEntry>,
+    /// The bytes of the entries' frames: what the run counts against its connection's
+    /// queue budget until the connection takes it.
+    pub bytes: usize,
 }
 
 /// One entry of a local run, with its `deliver` frame serialised once for every connection
@@ -151,16 +154,38 @@ impl LocalEntry {
 struct LocalTx {
     tx: mpsc::Sender<LocalRun>,
     lost: Arc<AtomicBool>,
+    /// Bytes of the runs queued and not yet taken (shared with [`LocalRuns`]).
+    queued: Arc<AtomicUsize>,
+    /// How many bytes of runs may wait (ADR-0111); one run always fits an empty queue.
+    budget: usize,
 }
 
 /// The connection's end of its local runs (and of its registration's [`Progress`]).
 pub(crate) struct LocalRuns {
-    pub rx: mpsc::Receiver<LocalRun>,
+    rx: mpsc::Receiver<LocalRun>,
     /// Set when a run for this connection was dropped (its queue was full): the connection
     /// must read its mailbox before it trusts a local run again.
     pub lost: Arc<AtomicBool>,
     /// What the connection reports to the hub's sweep, and hears back from it (ADR-0067).
     pub progress: Progress,
+    /// Bytes of the runs queued and not yet taken: taking a run frees its bytes.
+    queued: Arc<AtomicUsize>,
+}
+
+impl LocalRuns {
+    /// The next run (waiting for one); `None` once the hub dropped the connection's sender.
+    pub(crate) async fn recv(&mut self) -> Option<LocalRun> {
+        let run = self.rx.recv().await?;
+        self.queued.fetch_sub(run.bytes, Ordering::AcqRel);
+        Some(run)
+    }
+
+    /// The next run if one is queued.
+    pub(crate) fn try_recv(&mut self) -> Option<LocalRun> {
+        let run = self.rx.try_recv().ok()?;
+        self.queued.fetch_sub(run.bytes, Ordering::AcqRel);
+        Some(run)
+    }
 }
 
 /// This process's materializers hand freshly materialised hot-path entries to its gateway's
@@ -266,23 +291,33 @@ impl WakeHub {
 
     /// Registers `notify` to be woken by hints naming `user`, whose mailbox is on `shard` (as
     /// the tests' `register` does), and the connection is also handed the fresh entries of its
-    /// user that this process's materializer writes (ADR-0041).
+    /// user that this process's materializer writes (ADR-0041), up to `budget` bytes of
+    /// frames waiting for it (ADR-0111; beyond, a run is dropped and the connection reads).
     pub(crate) fn register_local(
         self: &Arc<Self>,
         user: &str,
         shard: u32,
         notify: Arc<Notify>,
+        budget: usize,
     ) -> (Registration, LocalRuns) {
         let (tx, rx) = mpsc::channel(LOCAL_QUEUE);
         let lost = Arc::new(AtomicBool::new(false));
+        let queued = Arc::new(AtomicUsize::new(0));
         let local = LocalTx {
             tx,
             lost: lost.clone(),
+            queued: queued.clone(),
+            budget,
         };
         let progress = Progress::default();
         (
             self.add(user, shard, notify, Some(local), progress.clone()),
-            LocalRuns { rx, lost, progress },
+            LocalRuns {
+                rx,
+                lost,
+                progress,
+                queued,
+            },
         )
     }
 
@@ -381,12 +416,21 @@ impl WakeHub {
                 notify.notify_one();
                 continue;
             }
+            let bytes = entries.iter().map(|e| e.frame.len()).sum();
             let run = LocalRun {
                 chain_from,
                 to,
                 entries,
+                bytes,
             };
-            if local.tx.try_send(run).is_err() {
+            // Counted before it is sent: the connection may take it (and subtract) at once.
+            // A run that would take the queue past its budget is dropped as one that does
+            // not fit its slots is (ADR-0111: before, 64 runs of up to 128 entries each
+            // could wait for a connection that stopped reading, hundreds of MiB).
+            let before = local.queued.fetch_add(bytes, Ordering::AcqRel);
+            let fits = before == 0 || before + bytes <= local.budget;
+            if !fits || local.tx.try_send(run).is_err() {
+                local.queued.fetch_sub(bytes, Ordering::AcqRel);
                 local.lost.store(true, Ordering::Release);
                 metrics::counter!("tidemark_local_runs_dropped_total").increment(1);
                 notify.notify_one();
@@ -769,11 +813,15 @@ mod tests {
     /// registrations must be kept (dropping one unregisters it).
     fn alice_and_two_bobs(hub: &Arc<WakeHub>) -> ([Registration; 3], [LocalRuns; 3]) {
         let n = || Arc::new(Notify::new());
-        let (ra, la) = hub.register_local("alice", 3, n());
-        let (rb, lb) = hub.register_local("bob", 3, n());
-        let (rb2, lb2) = hub.register_local("bob", 3, n());
+        let (ra, la) = hub.register_local("alice", 3, n(), BUDGET);
+        let (rb, lb) = hub.register_local("bob", 3, n(), BUDGET);
+        let (rb2, lb2) = hub.register_local("bob", 3, n(), BUDGET);
         ([ra, rb, rb2], [la, lb, lb2])
     }
+
+    /// A connection's budget of queued local runs in these tests (a gateway's default
+    /// `max_queued_bytes`).
+    const BUDGET: usize = 64 * 1024;
 
     /// A hub and the materializer's handle on it, as one process wires them (ADR-0041).
     fn local_hub() -> (Arc<WakeHub>, LocalDelivery) {
@@ -789,10 +837,10 @@ mod tests {
     async fn local_runs_carry_their_chain_and_a_full_queue_flags_the_connection() {
         let (hub, local) = local_hub();
         let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let (_ra, mut la) = hub.register_local("alice", 3, a.clone());
-        let (_rb, mut lb) = hub.register_local("bob", 3, b.clone());
+        let (_ra, mut la) = hub.register_local("alice", 3, a.clone(), BUDGET);
+        let (_rb, mut lb) = hub.register_local("bob", 3, b.clone(), BUDGET);
         // bob's mailbox on another shard would not be handed shard 3's entries
-        let (_rc, mut lc) = hub.register_local("bob", 4, Arc::new(Notify::new()));
+        let (_rc, mut lc) = hub.register_local("bob", 4, Arc::new(Notify::new()), BUDGET);
         local.deliver(3, &[item(10, 11, "alice"), item(11, 12, "bob")]);
         let r = la.rx.try_recv().unwrap();
         assert_eq!((r.chain_from, r.to), (10, 12));
@@ -825,13 +873,54 @@ mod tests {
         assert!(!woken(&a).await);
     }
 
+    /// ADR-0111: the runs waiting for a connection are bounded in bytes, not only in number:
+    /// bob stops taking them, and once the frames queued for him reach his budget the next
+    /// run is dropped, flags him and wakes him (he reads his mailbox, which pages in bytes).
+    /// Taking a run frees its bytes. Before, 64 runs were queued whatever their size: with
+    /// 16 KiB bodies and 128 entries a run, over 100 MiB for one connection that stopped
+    /// reading.
+    #[tokio::test]
+    async fn the_runs_waiting_for_a_connection_are_bounded_in_bytes() {
+        let (hub, local) = local_hub();
+        let b = Arc::new(Notify::new());
+        let (_rb, mut lb) = hub.register_local("bob", 3, b.clone(), 10_000);
+        let big = |prev: u64, offset: u64| SingleItem {
+            offset,
+            prev,
+            recipients: vec!["bob".into()],
+            entry: tidemark_protocol::entry::encode_entry(offset, 7, "alice", &"x".repeat(4000)),
+        };
+        // a run bigger than the whole budget still goes to an empty queue
+        local.deliver(3, &[big(10, 11), big(11, 12), big(12, 13)]);
+        assert!(!lb.lost.load(Ordering::Acquire));
+        let first = lb.try_recv().expect("one run fits an empty queue");
+        assert_eq!(first.entries.len(), 3);
+        assert!(first.bytes > 10_000, "{}", first.bytes);
+        // two of one entry fit, the third would pass the budget
+        local.deliver(3, &[big(13, 14)]);
+        local.deliver(3, &[big(14, 15)]);
+        assert!(!lb.lost.load(Ordering::Acquire));
+        assert!(!woken(&b).await);
+        local.deliver(3, &[big(15, 16)]);
+        assert!(lb.lost.load(Ordering::Acquire), "the third run was dropped");
+        assert!(woken(&b).await);
+        assert_eq!(lb.try_recv().map(|r| r.to), Some(14));
+        assert_eq!(lb.try_recv().map(|r| r.to), Some(15));
+        assert!(lb.try_recv().is_none());
+        // taken: the budget is free again
+        lb.lost.store(false, Ordering::Release);
+        local.deliver(3, &[big(16, 17)]);
+        local.deliver(3, &[big(17, 18)]);
+        assert!(!lb.lost.load(Ordering::Acquire));
+    }
+
     /// ADR-0048: a record of several recipients is handed to each recipient's connections,
     /// decoded once, and to a connection once however its user is named.
     #[tokio::test]
     async fn a_run_of_many_recipients_goes_to_each_of_their_connections() {
         let (hub, local) = local_hub();
         let (_regs, [mut la, mut lb, mut lb2]) = alice_and_two_bobs(&hub);
-        let (_rc, mut lc) = hub.register_local("carol", 3, Arc::new(Notify::new()));
+        let (_rc, mut lc) = hub.register_local("carol", 3, Arc::new(Notify::new()), BUDGET);
         let mut to_three = item(10, 11, "alice");
         to_three.recipients = vec!["alice".into(), "bob".into(), "dave".into()];
         let mut twice = item(11, 12, "bob");
@@ -1036,8 +1125,8 @@ mod tests {
     async fn the_sweep_wakes_a_connection_still_below_what_a_hint_told_it() {
         let hub = Arc::new(WakeHub::default());
         let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let (_ra, la) = hub.register_local("alice", 3, a.clone());
-        let (_rb, lb) = hub.register_local("bob", 3, b.clone());
+        let (_ra, la) = hub.register_local("alice", 3, a.clone(), BUDGET);
+        let (_rb, lb) = hub.register_local("bob", 3, b.clone(), BUDGET);
         // in sequence, names alice only: alice is owed 10
         assert_eq!(hub.wake(Some(3), &hint(1, 1, 10, &["alice"])), 1);
         assert!(woken(&a).await && !woken(&b).await);
@@ -1083,8 +1172,8 @@ mod tests {
     async fn after_a_resubscription_the_sweep_owes_every_connection_the_w_it_reads() {
         let hub = Arc::new(WakeHub::default());
         let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let (_ra, la) = hub.register_local("alice", 3, a.clone());
-        let (_rb, lb) = hub.register_local("bob", 3, b.clone());
+        let (_ra, la) = hub.register_local("alice", 3, a.clone(), BUDGET);
+        let (_rb, lb) = hub.register_local("bob", 3, b.clone(), BUDGET);
         assert_eq!(hub.wake(Some(3), &hint(1, 1, 10, &[])), 0);
         hub.resubscribed(&(0..8).collect::<Vec<_>>());
         assert!(woken(&a).await && woken(&b).await);
@@ -1143,7 +1232,7 @@ mod tests {
         // that take runs were handed its entries already
         let (hub, local) = local_hub();
         let (a, b) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-        let (_ra, mut la) = hub.register_local("alice", 3, a.clone());
+        let (_ra, mut la) = hub.register_local("alice", 3, a.clone(), BUDGET);
         // alice's delivery loop takes every run (the sweep's own check of that, ADR-0067, is
         // tested above)
         la.progress.seen.store(u64::MAX, Ordering::Release);

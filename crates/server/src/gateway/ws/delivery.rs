@@ -107,8 +107,17 @@ pub(super) async fn delivery_loop(
             let woke_all = shared.hub.woke_all_times();
             let all_woken = woke_all != woke_all_seen;
             woke_all_seen = woke_all;
-            // a local run already took this connection past the hinted W: nothing to read
-            if hinted && lane_present && seen_local && !all_woken && !forced && bound <= seen {
+            // a local run already took this connection past the hinted W: nothing to read,
+            // unless a run was lost since (dropped, or not decodable: the wake that says so
+            // comes before the move's hint, which is then handed and wakes no one; ADR-0111)
+            if hinted
+                && lane_present
+                && seen_local
+                && !all_woken
+                && !forced
+                && bound <= seen
+                && !local.lost.load(Ordering::Acquire)
+            {
                 break 'read;
             }
             // A run lost before here is covered by a full read (the lane's W is at or past
@@ -212,7 +221,7 @@ pub(super) async fn delivery_loop(
             // local runs first: a hint that follows a run then finds nothing to read
             biased;
             _ = &mut going_away => return,
-            Some(run) = local.rx.recv() => {
+            Some(run) = local.recv() => {
                 // runs that continue what this connection has seen are pushed as they are;
                 // otherwise (a run lost, a move not handed here) the mailbox is read
                 let mut next = Some(run);
@@ -234,7 +243,7 @@ pub(super) async fn delivery_loop(
                         need_read = true; // restart after the seq the client named
                         break;
                     }
-                    next = local.rx.try_recv().ok();
+                    next = local.try_recv();
                 }
             }
             _ = notify.notified() => {
@@ -357,6 +366,7 @@ mod tests {
             chain_from,
             to,
             entries: seqs.iter().map(|&s| entry(s)).collect(),
+            bytes: 0,
         }
     }
 

@@ -224,10 +224,12 @@ async fn run(shared: Arc<Shared>, caller: Caller, socket: WebSocket, user_ref: U
     // Register before the first read, so no hint falls between the read and the wait.
     let notify = Arc::new(Notify::new());
     let mut mailbox = shared.mailbox(&user);
-    let (_registration, local) =
-        shared
-            .hub
-            .register_local(&user, mailbox.route.shard, notify.clone());
+    let (_registration, local) = shared.hub.register_local(
+        &user,
+        mailbox.route.shard,
+        notify.clone(),
+        shared.opts.max_queued_bytes,
+    );
     tracing::debug!(%user, shard = mailbox.route.shard, "client connected");
 
     let acked = tokio::select! {

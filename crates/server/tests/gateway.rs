@@ -1067,6 +1067,88 @@ fn neighbour_of(user: &str) -> String {
         .unwrap()
 }
 
+/// Loses, once, the chunk of `user`'s lane just written (its staging mark and `user`'s
+/// entry), as a failover to a replica that had not received the write would.
+struct LoseChunk {
+    user: String,
+    mailbox_url: std::sync::OnceLock<String>,
+    lost: AtomicU32,
+}
+
+impl ChunkFault for LoseChunk {
+    fn fail(&self, _: u32, _: u64, _: usize, _: u32) -> bool {
+        false
+    }
+    fn chunk_written(&self, shard: u32, offset: u64, lane: usize) {
+        use tidemark_store::keys;
+        let r = route(&self.user);
+        if (shard, lane) != (r.shard, r.lane) || self.lost.fetch_add(1, Ordering::SeqCst) > 0 {
+            return;
+        }
+        let url = self.mailbox_url.get().expect("the deployment's mailbox");
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = redis::cmd("HDEL")
+            .arg(keys::staging(shard, offset))
+            .arg(lane)
+            .query(&mut c)
+            .unwrap();
+        let _: () = redis::cmd("ZREMRANGEBYSCORE")
+            .arg(keys::mailbox(shard, &self.user))
+            .arg(offset)
+            .arg(offset)
+            .query(&mut c)
+            .unwrap();
+    }
+}
+
+/// ADR-0112, the quiet path: the chunk of bob's lane of a message to bob and a user of his
+/// shard in another lane is written, then lost by the instance before the advance (a
+/// failover to a replica that had not received it). The other lane moves; bob's is held,
+/// and nothing is sent after. Before, the chunk stayed marked written and was never written
+/// again: bob's lane stayed held for ever, and bob never got the message.
+#[tokio::test]
+async fn a_lane_chunk_the_instance_lost_is_written_again() {
+    let fault = Arc::new(LoseChunk {
+        user: "bob".into(),
+        mailbox_url: std::sync::OnceLock::new(),
+        lost: AtomicU32::new(0),
+    });
+    let opts = MaterializerOptions {
+        fault: Some(fault.clone()),
+        // a message of two recipients takes the chunked path
+        hot_recipients: 1,
+        ..MaterializerOptions::default()
+    };
+    let d = start_full(|o| o.recheck_interval = None, opts).await;
+    fault.mailbox_url.set(d.mailbox_url.clone()).unwrap();
+    let other = neighbour_of("bob");
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let mut them = d.ready(&other).await;
+    let o = alice
+        .send_ok("c1", &["bob", &other], "one chunk lost")
+        .await;
+    let seq = offset_of(&o, "bob");
+    them.expect_seqs(&[seq]).await;
+    assert_eq!(
+        fault.lost.load(Ordering::SeqCst),
+        1,
+        "bob's chunk was lost once"
+    );
+    // written again after the hold has lasted a second; bob's W then moves
+    let got = bob.quiet_for(Duration::from_secs(4)).await;
+    let seqs: Vec<u64> = got
+        .iter()
+        .filter(|f| f["type"] == "deliver")
+        .filter_map(|f| f["seq"].as_u64())
+        .collect();
+    assert_eq!(seqs, vec![seq], "bob got the message whose chunk was lost");
+    assert_eq!(lane_w(&d, "bob").await, seq, "bob's lane moved");
+    d.shutdown().await;
+}
+
 /// The W of `user`'s lane, read from Redis.
 async fn lane_w(d: &Deployment, user: &str) -> u64 {
     let r = route(user);

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use std::time::{Duration, Instant};
 use tidemark_protocol::entry::encode_entry;
 use tidemark_store::redis::dlog::DispatchRecord;
 use tidemark_store::redis::store::{
@@ -53,12 +54,20 @@ impl Pending {
     }
 }
 
+/// How long the chunked path's rounds may move nothing while a lane is held before the
+/// chunks marked written are written again (ADR-0112). Rounds come every ~20 ms while
+/// records are pending: rewriting on each would multiply the writes of a lane held by a
+/// failing chunk; once a second is enough for the rare chunk the instance lost.
+pub(super) const REWRITE_HELD_AFTER: Duration = Duration::from_secs(1);
+
 /// What one round of advances did (ORed over its parts).
 struct Advanced {
     /// Counts of the last part (its `min_w`/`max_w` are the shard's after the round).
     counts: AdvanceCounts,
     /// Some part moved a lane: hints go out.
     moved: bool,
+    /// Some part held a lane (a needed chunk not found written).
+    held: bool,
     /// A record needs an empty lane (`(lane, offset)`): nothing after it can be taken.
     empty_lane: Option<(usize, u64)>,
 }
@@ -157,7 +166,11 @@ impl Worker {
         for ((pi, lane), out) in chunk_refs.into_iter().zip(outs) {
             match out {
                 ChunkWritten::Done { .. } => {
-                    self.shard_mut(s).pending[pi].done.insert(lane);
+                    let p = &mut self.shard_mut(s).pending[pi];
+                    p.done.insert(lane);
+                    if let Some(f) = &fault {
+                        f.chunk_written(s, p.rec.offset, lane);
+                    }
                 }
                 ChunkWritten::Fenced { current_epoch } => {
                     self.stop(s, ShardStatus::Fenced { current_epoch });
@@ -178,12 +191,14 @@ impl Worker {
         // not, and the hint must still go out.
         let mut last: Option<AdvanceCounts> = None;
         let mut moved = false;
+        let mut held = false;
         let mut empty_lane = None;
         for part in recs.chunks(256) {
             let adv = self.mailboxes[mb].advance_many(s, epoch, part).await?;
             match adv {
                 Advance::Moved(c) | Advance::Replay(c) | Advance::Held(c) | Advance::Gap(c) => {
                     moved |= matches!(adv, Advance::Moved(_));
+                    held |= c.held > 0;
                     last = Some(c);
                 }
                 Advance::EmptyLane {
@@ -193,6 +208,7 @@ impl Worker {
                 } => {
                     // no later record can be taken before this one: stop here
                     moved |= counts.advanced > 0;
+                    held |= counts.held > 0;
                     last = Some(counts);
                     empty_lane = Some((lane, offset));
                     break;
@@ -213,6 +229,7 @@ impl Worker {
         Ok(last.map(|counts| Advanced {
             counts,
             moved,
+            held,
             empty_lane,
         }))
     }
@@ -247,6 +264,33 @@ impl Worker {
         }
         if adv.moved {
             self.clear_held(s);
+        }
+        let sh = self.shard_mut(s);
+        if adv.moved || !adv.held {
+            sh.held_since = None;
+        } else {
+            // A lane held by a chunk marked written: its write failed this round (it is
+            // retried anyway), or the instance no longer has it (a failover to a replica that
+            // had not received it). Before, such a chunk was never written again and the lane
+            // stayed held for ever. Written again once the hold has lasted
+            // `REWRITE_HELD_AFTER` (the writes are idempotent; lanes W covers are skipped).
+            let since = *sh.held_since.get_or_insert_with(Instant::now);
+            if since.elapsed() >= REWRITE_HELD_AFTER {
+                let mut cleared = 0;
+                for p in &mut sh.pending {
+                    cleared += p.done.len();
+                    p.done.clear();
+                }
+                sh.held_since = None;
+                if cleared > 0 {
+                    metrics::counter!("tidemark_chunks_rewritten_total").increment(cleared as u64);
+                    tracing::warn!(
+                        shard = s,
+                        chunks = cleared,
+                        "a lane stayed held with its chunks written: writing them again"
+                    );
+                }
+            }
         }
         if !adv.moved && c.held == 0 && c.gaps > 0 && first_prev.is_some_and(|p| min_w < p) {
             tracing::warn!(shard = s, min_w, "chunked path gap: re-reading from W");

@@ -19,6 +19,11 @@ pub trait ChunkFault: Send + Sync {
         false
     }
 
+    /// Called once a lane chunk of record `offset` of `shard` is written, before the advance
+    /// that relies on it: a test's hook may remove it from the instance, as a failover to a
+    /// replica that had not received it would (ADR-0112).
+    fn chunk_written(&self, _shard: u32, _offset: u64, _lane: usize) {}
+
     /// True: the replies of a hot-path step whose batch of `shard` starts at record `offset`
     /// are lost after its scripts ran, as when the connection drops after Redis executed
     /// them: the step fails as a whole (tests of moves nobody saw applied, ADR-0062).

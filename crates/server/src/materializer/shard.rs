@@ -72,6 +72,11 @@ pub(super) struct OwnedShard {
     /// health is not updated again (ADR-0077).
     pub(super) shown_w: Option<u64>,
     pub(super) deferred: bool,
+    /// Since when the chunked path's rounds have moved nothing while a lane was held
+    /// (ADR-0112): past [`super::chunked::REWRITE_HELD_AFTER`], the chunks marked written are
+    /// written again, in case the instance lost them (a failover to a replica that had not
+    /// received them), and this starts over.
+    pub(super) held_since: Option<Instant>,
 }
 
 impl OwnedShard {
@@ -98,6 +103,7 @@ impl OwnedShard {
             missing_since: None,
             shown_w: None,
             deferred: false,
+            held_since: None,
         }
     }
 }

@@ -256,6 +256,7 @@ impl Worker {
                     missing_since: None,
                     shown_w: None,
                     deferred: false,
+                    held_since: None,
                 },
             );
             w.health.update(s, |h| {

@@ -232,6 +232,11 @@ impl LeaseLoop {
         // shards lost because their lease could not be renewed, since when (ADR-0102):
         // reported by /healthz until held again or assigned to another node
         let mut unrenewed: BTreeMap<u32, Instant> = BTreeMap::new();
+        // since when each core instance has not answered this node (ADR-0113): one that has
+        // not for a lease TTL is named in the heartbeat, and its shards go to nodes that
+        // reach it (before, they stayed assigned here, unowned, while others could run them)
+        let mut failing_since: Vec<Option<Instant>> = vec![None; self.map.core_urls().len()];
+        let mut unreached: Vec<usize> = Vec::new();
         loop {
             if !first {
                 tokio::select! {
@@ -278,17 +283,58 @@ impl LeaseLoop {
                     }
                 }
             }
+            // 1b. which instances answer (ADR-0113): one PING each (instance 0 answers the
+            //     heartbeat); a node that does not reach one for a lease TTL says so below
+            for i in 1..cores.len() {
+                let answered = match cores[i].as_mut() {
+                    Some(c) => match tokio::time::timeout(call, c.ping()).await {
+                        Ok(Ok(())) => true,
+                        Ok(Err(e)) => {
+                            if matches!(e, tidemark_store::Error::Redis(_)) {
+                                cores[i] = None;
+                            }
+                            false
+                        }
+                        Err(_) => {
+                            stalled[i] = true;
+                            false
+                        }
+                    },
+                    None => false,
+                };
+                if answered {
+                    failing_since[i] = None;
+                } else {
+                    failing_since[i].get_or_insert_with(Instant::now);
+                }
+            }
+            let now_unreached: Vec<usize> = (1..cores.len())
+                .filter(|&i| failing_since[i].is_some_and(|t| t.elapsed() >= ttl))
+                .collect();
+            if now_unreached != unreached {
+                if now_unreached.is_empty() {
+                    tracing::info!("every core instance answers again: its shards may come back");
+                } else {
+                    tracing::warn!(
+                        cores = ?now_unreached,
+                        "core instances not answering for a lease TTL: their shards go to the \
+                         nodes that reach them"
+                    );
+                }
+                unreached = now_unreached;
+            }
             // 2. heartbeat and the live set (instance 0)
             let live = match cores[0].as_mut() {
                 Some(c0) => {
                     let beat = tokio::time::timeout(
                         call,
-                        c0.heartbeat(
+                        c0.heartbeat_reaching(
                             &self.node.id,
                             ttl_ms,
                             &self.node.advertise,
                             self.node.role.as_str(),
                             self.map.layout(),
+                            &unreached,
                         ),
                     )
                     .await;
@@ -371,11 +417,13 @@ impl LeaseLoop {
             //    the shards go to the upgraded nodes; old code is never handed converted data)
             let target: BTreeSet<u32> = match &live {
                 Some(nodes) => {
-                    let mut all: Vec<(String, Option<String>)> = nodes
-                        .iter()
-                        .filter(|n| n.role != Role::Gateway.as_str() && n.id != self.node.id)
-                        .map(|n| (n.id.clone(), n.layout.clone()))
-                        .collect();
+                    let others = || {
+                        nodes
+                            .iter()
+                            .filter(|n| n.role != Role::Gateway.as_str() && n.id != self.node.id)
+                    };
+                    let mut all: Vec<(String, Option<String>)> =
+                        others().map(|n| (n.id.clone(), n.layout.clone())).collect();
                     let mine = self.map.layout().as_str().to_string();
                     all.push((self.node.id.clone(), Some(mine)));
                     let ids = tidemark_store::assign::eligible(&all);
@@ -395,7 +443,22 @@ impl LeaseLoop {
                         BTreeSet::new()
                     } else {
                         let ids: Vec<String> = ids.into_iter().map(str::to_string).collect();
-                        let owner = tidemark_store::assign::balanced(self.map.shards(), &ids);
+                        let mut owner = tidemark_store::assign::balanced(self.map.shards(), &ids);
+                        let cut: Vec<Vec<usize>> = ids
+                            .iter()
+                            .map(|id| {
+                                if *id == self.node.id {
+                                    unreached.clone()
+                                } else {
+                                    others()
+                                        .find(|n| n.id == *id)
+                                        .map_or_else(Vec::new, |n| n.unreached.clone())
+                                }
+                            })
+                            .collect();
+                        tidemark_store::assign::around_unreached(&mut owner, &ids, &cut, |s| {
+                            self.map.core_of(s)
+                        });
                         self.map
                             .all_shards()
                             .filter(|&s| ids[owner[s as usize]] == self.node.id)

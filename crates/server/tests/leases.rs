@@ -22,6 +22,8 @@
 //!    and are materialised throughout (ADR-0102).
 //! 6. Static ownership: a worker restarted after a panic leaves a shard that another owner
 //!    claimed meanwhile to that owner (ADR-0105).
+//! 7. Two nodes, one of which loses its way to one core instance (a proxy cut): that
+//!    instance's shards go to the node that reaches it (ADR-0113).
 
 mod gateway_support;
 
@@ -545,4 +547,208 @@ async fn a_restarted_static_worker_leaves_a_shard_claimed_by_another_owner() {
         "the restarted worker went on materialising the shard"
     );
     svc.stop().await;
+}
+
+/// A TCP proxy to `upstream` on loopback that the test can cut: open connections are closed
+/// and new ones closed as soon as accepted (a node's way to one instance is gone; the
+/// instance itself and every other client's way to it are fine).
+struct Proxy {
+    addr: std::net::SocketAddr,
+    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    conns: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: std::net::SocketAddr) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let conns = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (c, k) = (cut.clone(), conns.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut down, _)) = listener.accept().await {
+                if c.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let task = tokio::spawn(async move {
+                    if let Ok(mut up) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                    }
+                });
+                k.lock().unwrap().push(task);
+            }
+        });
+        Proxy {
+            addr,
+            cut,
+            conns,
+            accept,
+        }
+    }
+
+    fn cut(&self) {
+        self.cut.store(true, std::sync::atomic::Ordering::SeqCst);
+        for t in self.conns.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+/// ADR-0113: two leases-mode nodes over two core instances; node `a` reaches core 1 through a
+/// proxy, which is cut. `a` cannot renew, win or write the leases of core 1's shards it was
+/// assigned; `b` reaches core 1. Those shards must go to `b` and be materialised again, with
+/// nothing else happening (the quiet path). Before, the assignment, made over every live node,
+/// still gave them to `a` (it heartbeats on core 0, which it reaches): they had no owner until
+/// the proxy came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shards_of_a_core_a_node_cannot_reach_go_to_a_node_that_can() {
+    use tidemark_store::topology::Topology;
+    const SHARDS_HERE: u32 = 16;
+    let cores = [
+        RedisProcess::start().expect("core redis-server"),
+        RedisProcess::start().expect("core redis-server"),
+    ];
+    let mailbox = RedisProcess::start().expect("mailbox redis-server");
+    let core1: std::net::SocketAddr = cores[1]
+        .url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("core 1's address");
+    let proxy = Proxy::start(core1).await;
+    let topology = |core1_url: String| {
+        Topology::new(
+            SHARDS_HERE,
+            Layout::PackedV2,
+            vec![cores[0].url(), core1_url],
+            vec![mailbox.url()],
+        )
+    };
+    let map = topology(cores[1].url()).validate().unwrap();
+    let ids = ["a".to_string(), "b".to_string()];
+    let owner = tidemark_store::assign::balanced(SHARDS_HERE, &ids);
+    let moving: Vec<u32> = (0..SHARDS_HERE)
+        .filter(|&s| owner[s as usize] == 0 && map.core_of(s) == 1)
+        .collect();
+    assert!(
+        !moving.is_empty(),
+        "the test needs shards of core 1 assigned to a"
+    );
+    let mut nodes = Vec::new();
+    for (id, core1_url) in [
+        ("a", format!("redis://{}/", proxy.addr)),
+        ("b", cores[1].url()),
+    ] {
+        let mut opts = serve_options(
+            cores[0].url(),
+            mailbox.url(),
+            GatewayOptions {
+                dev_auth: true,
+                ..Default::default()
+            },
+            MaterializerOptions {
+                block: Duration::from_millis(50),
+                ..Default::default()
+            },
+        );
+        opts.topology = topology(core1_url);
+        opts.node = Some(NodeOptions {
+            id: id.into(),
+            advertise: "ws://127.0.0.1:1/v1/ws".into(),
+            role: Role::All,
+            lease_ttl: TTL,
+            leases: true,
+        });
+        let cancel = CancellationToken::new();
+        let running = run::serve(opts, cancel.clone()).await.expect("serve");
+        nodes.push((cancel.drop_guard(), running));
+    }
+    let mut logs = Vec::new();
+    for c in &cores {
+        logs.push(LogStore::connect(&c.url()).await.unwrap());
+    }
+    // both nodes up: every shard held by its assigned node
+    let start = Instant::now();
+    for s in 0..SHARDS_HERE {
+        let want = ids[owner[s as usize]].clone();
+        let log = &mut logs[map.core_of(s)];
+        while log.lease_holder(s).await.unwrap().map(|h| h.0) != Some(want.clone()) {
+            assert!(
+                start.elapsed() < RECOVER,
+                "shard {s}: lease not taken by {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    proxy.cut();
+    let cut = Instant::now();
+    for &s in &moving {
+        loop {
+            let holder = logs[1].lease_holder(s).await.unwrap().map(|h| h.0);
+            if holder.as_deref() == Some("b") {
+                break;
+            }
+            assert!(
+                cut.elapsed() < RECOVER,
+                "shard {s} of core 1: held by {holder:?} {:?} after a lost its way to core 1",
+                cut.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // and materialised by b: a message to a user of one of them reaches the mailbox
+    let user = (0..)
+        .map(|n| format!("u{n}"))
+        .find(|u| map.route(u).shard == moving[0])
+        .unwrap();
+    let to = map.route(&user);
+    let offset = logs[1]
+        .commit(
+            to.shard,
+            "alice",
+            "m1",
+            &[user.as_str()],
+            "after the cut",
+            1,
+            DEFAULT_DEDUPE_TTL_S,
+        )
+        .await
+        .unwrap()
+        .offset;
+    let mut mb = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    while mb
+        .read_watermark(to.shard)
+        .await
+        .unwrap()
+        .lanes
+        .lane(to.lane)
+        .w
+        < offset
+    {
+        assert!(
+            sent.elapsed() < RECOVER,
+            "shard {} not materialised after a lost its way to core 1",
+            to.shard
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (stop, running) in nodes {
+        drop(stop);
+        tokio::time::timeout(Duration::from_secs(20), running.shutdown())
+            .await
+            .expect("node did not stop in time")
+            .expect("node stopped with an error");
+    }
 }

@@ -80,6 +80,41 @@ pub fn balanced(shards: u32, nodes: &[String]) -> Vec<usize> {
     owner
 }
 
+/// Moves, in `owner` (from [`balanced`] over `nodes`), each shard whose owner has not reached
+/// the shard's core instance (`core_of`) to the node that reaches it with the highest score
+/// for the shard (ADR-0113): `unreached[i]` lists the core instances `nodes[i]` has not
+/// reached for a lease TTL. A shard no node reaches keeps its owner (the instance is down for
+/// everyone: nothing to gain by moving it). Every node computes the same result from the same
+/// live list. Capacity is not balanced again: a node that cannot reach an instance is the
+/// exception, and the shards it gives up spread over the others by score.
+pub fn around_unreached(
+    owner: &mut [usize],
+    nodes: &[String],
+    unreached: &[Vec<usize>],
+    core_of: impl Fn(u32) -> usize,
+) {
+    if unreached.iter().all(Vec::is_empty) {
+        return;
+    }
+    for (s, o) in owner.iter_mut().enumerate() {
+        let s = s as u32;
+        let core = core_of(s);
+        if !unreached[*o].contains(&core) {
+            continue;
+        }
+        let best = (0..nodes.len())
+            .filter(|&i| !unreached[i].contains(&core))
+            .max_by(|&a, &b| {
+                score(&nodes[a], s)
+                    .cmp(&score(&nodes[b], s))
+                    .then(nodes[b].cmp(&nodes[a]))
+            });
+        if let Some(i) = best {
+            *o = i;
+        }
+    }
+}
+
 fn score(node: &str, shard: u32) -> u64 {
     let mut key = Vec::with_capacity(node.len() + 6);
     key.extend_from_slice(node.as_bytes());
@@ -161,5 +196,46 @@ mod tests {
             let back = owners(shards, &ids(n));
             assert_eq!(back, before, "leaving again restores the assignment");
         }
+    }
+
+    /// ADR-0113: the shards of a core instance a node does not reach go to the nodes that
+    /// reach it; nothing else moves; an instance nobody reaches moves nothing.
+    #[test]
+    fn a_shard_goes_around_a_node_that_does_not_reach_its_core() {
+        let nodes = ids(3);
+        let core_of = |s: u32| (s % 2) as usize;
+        let plain = balanced(64, &nodes);
+        let moved = |unreached: Vec<Vec<usize>>| {
+            let mut owner = plain.clone();
+            around_unreached(&mut owner, &nodes, &unreached, core_of);
+            owner
+        };
+        assert_eq!(moved(vec![vec![], vec![], vec![]]), plain);
+        let owner = moved(vec![vec![], vec![1], vec![]]);
+        for s in 0..64u32 {
+            let (was, is) = (plain[s as usize], owner[s as usize]);
+            if core_of(s) == 1 && was == 1 {
+                assert_ne!(
+                    is, 1,
+                    "shard {s} still on the node that cannot reach core 1"
+                );
+            } else {
+                assert_eq!(is, was, "shard {s} moved for nothing");
+            }
+        }
+        assert!(plain
+            .iter()
+            .enumerate()
+            .any(|(s, &o)| o == 1 && core_of(s as u32) == 1));
+        // every node computes the same, whatever the order it lists the nodes in
+        let mut rev_nodes = nodes.clone();
+        rev_nodes.reverse();
+        let mut rev = balanced(64, &rev_nodes);
+        around_unreached(&mut rev, &rev_nodes, &[vec![], vec![1], vec![]], core_of);
+        for s in 0..64 {
+            assert_eq!(rev_nodes[rev[s]], nodes[owner[s]], "shard {s}");
+        }
+        // core 1 down for everyone: nothing moves
+        assert_eq!(moved(vec![vec![1], vec![1], vec![1]]), plain);
     }
 }

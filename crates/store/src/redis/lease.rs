@@ -70,6 +70,10 @@ pub struct NodeInfo {
     /// without one (a build before ADR-0056). `tidemark upgrade` raises a deployment's version
     /// only when every live node reads the new one.
     pub reads: Option<u32>,
+    /// The core instances (by index) it has not reached for a lease TTL (ADR-0113): the
+    /// shards of those instances are assigned to the nodes that reach them
+    /// ([`crate::assign::around_unreached`]). Empty for a build before ADR-0113.
+    pub unreached: Vec<usize>,
     /// Milliseconds since its last heartbeat (Redis time).
     pub age_ms: u64,
 }
@@ -209,7 +213,23 @@ impl LogStore {
         role: &str,
         layout: Layout,
     ) -> Result<u64> {
+        self.heartbeat_reaching(id, ttl_ms, url, role, layout, &[])
+            .await
+    }
+
+    /// [`LogStore::heartbeat`] of a node that has not reached the core instances `unreached`
+    /// (indices) for a lease TTL (ADR-0113).
+    pub async fn heartbeat_reaching(
+        &mut self,
+        id: &str,
+        ttl_ms: u64,
+        url: &str,
+        role: &str,
+        layout: Layout,
+        unreached: &[usize],
+    ) -> Result<u64> {
         check_node_id(id)?;
+        let unreached: Vec<String> = unreached.iter().map(usize::to_string).collect();
         let now: u64 = NODE_HEARTBEAT
             .key(keys::NODES)
             .key(format!("{}{id}", keys::NODE_PREFIX))
@@ -219,9 +239,17 @@ impl LogStore {
             .arg(role)
             .arg(layout.as_str())
             .arg(crate::deployment::VERSION_CURRENT)
+            .arg(unreached.join(","))
             .invoke(&mut self.conn)
             .await?;
         Ok(now)
+    }
+
+    /// One `PING`: whether the instance answers (the lease loop's probe of an instance it has
+    /// nothing else to call on, ADR-0113).
+    pub async fn ping(&mut self) -> Result<()> {
+        let _: String = redis::cmd("PING").query_async(&mut self.conn).await?;
+        Ok(())
     }
 
     /// Removes node `id`'s record at once (a clean stop; call on core instance 0).
@@ -259,8 +287,8 @@ impl LogStore {
             _ => Err(nbad("not a string")),
         };
         let mut out = Vec::new();
-        for rec in v[1..].chunks(6) {
-            let [id, url, role, Value::Int(beat), layout, reads] = rec else {
+        for rec in v[1..].chunks(7) {
+            let [id, url, role, Value::Int(beat), layout, reads, unreached] = rec else {
                 return Err(nbad("bad record"));
             };
             out.push(NodeInfo {
@@ -270,6 +298,12 @@ impl LogStore {
                 layout: Some(text(layout)?).filter(|l| !l.is_empty()),
                 // a value that is not a version reads as none: the node is not counted on
                 reads: text(reads)?.parse().ok(),
+                // what does not parse is left out: at worst a node keeps shards it cannot
+                // reach, as before ADR-0113
+                unreached: text(unreached)?
+                    .split(',')
+                    .filter_map(|i| i.parse().ok())
+                    .collect(),
                 age_ms: u64::try_from(now - beat).unwrap_or(0),
             });
         }

@@ -3,8 +3,8 @@
 -- node's clock.
 --
 -- KEYS[1]  {tidemark}:nodes        zset  node id -> Redis ms at which its record expires
--- KEYS[2]  {tidemark}:node:<id>    hash  url, role, layout, reads, beat (Redis ms of the last
---                                        heartbeat)
+-- KEYS[2]  {tidemark}:node:<id>    hash  url, role, layout, reads, unreached, beat (Redis ms of
+--                                        the last heartbeat)
 -- ARGV[1]  node id     string, 1..=128 bytes
 -- ARGV[2]  ttl_ms      decimal u64 > 0: how long the record lives without another heartbeat
 -- ARGV[3]  url         string, the node's advertised client URL
@@ -15,6 +15,10 @@
 --                      reads (`tidemark upgrade` raises a deployment's version only when every
 --                      live node reads the new one, ADR-0056; a record without it is a build
 --                      from before ADR-0056, which reads at most version 3)
+-- ARGV[7]  unreached   the core instances the node has not reached for a lease TTL, decimal
+--                      indices joined by ',' ("" for none; absent from a build before
+--                      ADR-0113): the shards of those instances are assigned to the nodes
+--                      that reach them
 --
 -- Returns now_ms (Redis time of the heartbeat). Expired members are removed from KEYS[1].
 -- Errors: "ERR bad_ttl" for a ttl that is not > 0.
@@ -24,7 +28,7 @@ if not ttl or ttl <= 0 then return redis.error_reply('bad_ttl') end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[2], 'url', ARGV[3], 'role', ARGV[4], 'layout', ARGV[5], 'reads', ARGV[6],
-  'beat', now)
+  'unreached', ARGV[7] or '', 'beat', now)
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

@@ -166,12 +166,16 @@ pub async fn tail(
 }
 
 /// [`tail`] that survives the server going away when `reconnect` is given: it reconnects with
-/// a backoff (250 ms doubling to 5 s) and sends `sync` after the last seq it passed to `out`,
-/// so nothing is skipped and nothing is shown twice; retryable `error` frames (`internal`,
-/// `overloaded`) are reported and the stream goes on. It gives up, returning the last error,
-/// after `give_up_after` without a connection, or at once on an error that no retry can fix
-/// (`unauthorized`, `token_expired`, …). `note` receives one line for each of these events
-/// (connected, lost, reconnected, a retryable server error).
+/// a backoff (250 ms doubling to 5 s) and sends `sync` after the highest seq up to which it
+/// has passed every entry to `out` (not merely the highest seen: entries of the stream from
+/// `ready.after` can arrive before those of a `sync` below it), so nothing is skipped and
+/// nothing is shown twice; retryable `error` frames (`internal`, `overloaded`) are reported
+/// and the stream goes on. The backoff is reset only by a connection that delivered a new
+/// entry or stayed up 10 s, so a server that accepts and closes at once is not hammered; a
+/// connection closed before its `sync` could be queued is lost like any other. It gives up,
+/// returning the last error, after `give_up_after` without a connection, or at once on an
+/// error that no retry can fix (`unauthorized`, `token_expired`, …). `note` receives one line
+/// for each of these events (connected, lost, reconnected, a retryable server error).
 pub async fn tail_with(
     ws_url: &str,
     auth: &Auth,
@@ -181,29 +185,33 @@ pub async fn tail_with(
     mut out: impl FnMut(&Entry),
     mut note: impl FnMut(&str),
 ) -> Result<(), Error> {
+    let mut backoff = Backoff::default();
     let mut client = match reconnect {
-        Some(r) => connect_retrying(ws_url, auth, r, &mut note).await?,
+        Some(r) => connect_retrying(ws_url, auth, r, &mut backoff, false, &mut note).await?,
         None => Client::connect(ws_url, auth).await?,
     };
-    let mut dedup = match after {
-        Some(after) => {
-            client.sync(after).await?;
-            SeqDedup::new(after)
-        }
-        None => SeqDedup::new(client.ready_after()),
-    };
+    let start = after.unwrap_or(client.ready_after());
+    let mut dedup = SeqDedup::new(start);
+    let mut resume = Resume::new(start);
+    resume.connected(client.ready_after());
+    if let Some(after) = after {
+        sync_or_lost(&client, after, reconnect.is_some()).await?;
+    }
     note(&format!(
-        "connected to {ws_url} as {}; streaming after {}",
+        "connected to {ws_url} as {}; streaming after {start}",
         client.user(),
-        after.unwrap_or(client.ready_after())
     ));
     loop {
+        let connected_at = std::time::Instant::now();
+        let mut progressed = false;
         while let Some(event) = client.next_event().await {
             match event {
                 Event::Deliver(entry) => {
+                    resume.delivered(entry.seq);
                     if !dedup.admit(entry.seq) {
                         continue;
                     }
+                    progressed = true;
                     out(&entry);
                     if ack {
                         // A failed ack means the connection is gone: the loop ends with Closed.
@@ -226,26 +234,139 @@ pub async fn tail_with(
         let Some(r) = reconnect else {
             return Ok(());
         };
-        let last = dedup.highest();
+        // A connection that brought something new, or lasted, ends a run of failures; one
+        // that the server closed at once (a restart loop, a proxy without a backend) does
+        // not, so the next attempt waits its turn.
+        let stable = progressed || connected_at.elapsed() >= STABLE_CONNECTION;
+        if stable {
+            backoff.reset();
+        }
+        let last = resume.upto();
         note(&format!(
             "connection lost; reconnecting (resuming after {last})"
         ));
-        client = connect_retrying(ws_url, auth, r, &mut note).await?;
-        client.sync(last).await?;
+        client = connect_retrying(ws_url, auth, r, &mut backoff, !stable, &mut note).await?;
+        resume.connected(client.ready_after());
+        // A close read before the sync is queued is one more lost connection: the event
+        // stream ends with Closed and the loop reconnects.
+        sync_or_lost(&client, last, true).await?;
         note(&format!("reconnected; resuming after {last}"));
     }
 }
 
-/// Connects, retrying retryable failures with a backoff until `r.give_up_after`.
+/// How long a connection must stay up to reset [`tail_with`]'s reconnect backoff (when it
+/// delivered nothing new).
+const STABLE_CONNECTION: Duration = Duration::from_secs(10);
+
+/// Queues `sync` after `after`. When the connection is already gone ([`Error::Closed`]) and
+/// `reconnecting`, that is not an error: the event stream ends with [`Event::Closed`] and the
+/// caller reconnects.
+async fn sync_or_lost(client: &Client, after: u64, reconnecting: bool) -> Result<(), Error> {
+    match client.sync(after).await {
+        Err(Error::Closed) if reconnecting => Ok(()),
+        r => r,
+    }
+}
+
+/// Where [`tail_with`] resumes after a lost connection: the highest seq up to which every
+/// entry above the start has been passed to `out` (not merely the highest seq seen).
+///
+/// A connection streams from its `ready.after` (the acked cursor) at once, and a `sync`
+/// restarts the stream only when the server reads it (`docs/protocol.md`: deliveries in
+/// flight arrive first). So `tail --after 100` with the cursor at 500 may see 501…520 before
+/// 101…: resuming after 520 would skip 101…500 for good. Each of the two streams of a
+/// connection is in seq order and without holes from where it starts, so a delivery moves the
+/// resume point only when its stream started at or below it: the restarted stream always
+/// (it starts at the resume point of the connect), the first one only when `ready.after` is
+/// at or below the resume point. A delivery belongs to the restarted stream once a seq at or
+/// below `ready.after`, or one not above the previous, has been seen on the connection.
+#[derive(Debug, Clone)]
+pub(crate) struct Resume {
+    upto: u64,
+    ready_after: u64,
+    last: Option<u64>,
+    restarted: bool,
+}
+
+impl Resume {
+    /// Nothing passed yet above `start`.
+    pub(crate) fn new(start: u64) -> Self {
+        Resume {
+            upto: start,
+            ready_after: start,
+            last: None,
+            restarted: false,
+        }
+    }
+
+    /// A new connection, whose first stream starts after `ready_after`; a `sync` after
+    /// [`upto`](Resume::upto) follows.
+    pub(crate) fn connected(&mut self, ready_after: u64) {
+        self.ready_after = ready_after;
+        self.last = None;
+        self.restarted = false;
+    }
+
+    /// A `deliver` of `seq` arrived (new or a repeat: either way, passed to `out` by now).
+    pub(crate) fn delivered(&mut self, seq: u64) {
+        if seq <= self.ready_after || self.last.is_some_and(|l| seq <= l) {
+            self.restarted = true;
+        }
+        self.last = Some(seq);
+        if self.restarted || self.ready_after <= self.upto {
+            self.upto = self.upto.max(seq);
+        }
+    }
+
+    /// The seq to resume after.
+    pub(crate) fn upto(&self) -> u64 {
+        self.upto
+    }
+}
+
+/// [`tail_with`]'s reconnect delays: 250 ms doubling to 5 s.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(250);
+    const MAX: Duration = Duration::from_secs(5);
+
+    /// The delay to wait now; the next one doubles.
+    fn step(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(Self::MAX);
+        d
+    }
+
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff { next: Self::FIRST }
+    }
+}
+
+/// Connects, retrying retryable failures with `backoff` until `r.give_up_after`; with
+/// `wait_first`, waits a step of the backoff before the first attempt too.
 async fn connect_retrying(
     ws_url: &str,
     auth: &Auth,
     r: Reconnect,
+    backoff: &mut Backoff,
+    wait_first: bool,
     note: &mut impl FnMut(&str),
 ) -> Result<Client, Error> {
     let start = std::time::Instant::now();
-    let mut delay = std::time::Duration::from_millis(250);
     let mut reported = false;
+    if wait_first {
+        tokio::time::sleep(backoff.step()).await;
+    }
     loop {
         match Client::connect(ws_url, auth).await {
             Ok(c) => return Ok(c),
@@ -258,9 +379,8 @@ async fn connect_retrying(
                     note(&format!("cannot connect ({e}); retrying"));
                     reported = true;
                 }
-                tokio::time::sleep(delay.min(r.give_up_after.saturating_sub(start.elapsed())))
-                    .await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                let left = r.give_up_after.saturating_sub(start.elapsed());
+                tokio::time::sleep(backoff.step().min(left)).await;
             }
         }
     }
@@ -446,6 +566,57 @@ mod tests {
             assert_eq!(e.code(), "secret_too_short", "{short:?}");
         }
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The resume point moves only over entries known to follow it without a hole: with
+    /// `tail --after 100` and the cursor at 500, the stream from 500 in flight before the
+    /// sync does not move it; the restarted stream does.
+    #[test]
+    fn resume_point_skips_nothing() {
+        let mut r = Resume::new(100);
+        r.connected(500);
+        for seq in 501..=520 {
+            r.delivered(seq);
+        }
+        assert_eq!(r.upto(), 100);
+        r.delivered(101); // the restarted stream: below what came before
+        r.delivered(102);
+        assert_eq!(r.upto(), 102);
+        r.delivered(600); // still the restarted stream
+        assert_eq!(r.upto(), 600);
+
+        // Reconnected with the cursor at 500 again: its stream (501, …) does not move the
+        // point; the restarted one, starting at or below ready.after, does.
+        let mut r = Resume::new(100);
+        r.connected(500);
+        r.delivered(501);
+        assert_eq!(r.upto(), 100);
+        let mut r2 = r.clone();
+        r.delivered(150); // at or below ready.after: restarted
+        assert_eq!(r.upto(), 150);
+        r2.delivered(501); // a repeat: restarted
+        assert_eq!(r2.upto(), 501);
+
+        // A cursor at or below the point: every entry follows the point without a hole.
+        let mut r = Resume::new(100);
+        r.connected(100);
+        r.delivered(105);
+        r.delivered(110);
+        assert_eq!(r.upto(), 110);
+        r.connected(90);
+        r.delivered(95); // a repeat below the point: no move back
+        assert_eq!(r.upto(), 110);
+        r.delivered(120);
+        assert_eq!(r.upto(), 120);
+    }
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_resets() {
+        let mut b = Backoff::default();
+        let steps: Vec<u64> = (0..7).map(|_| b.step().as_millis() as u64).collect();
+        assert_eq!(steps, [250, 500, 1000, 2000, 4000, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.step(), Duration::from_millis(250));
     }
 
     #[test]

@@ -10,8 +10,8 @@ use tokio_tungstenite::tungstenite;
 /// to retry with [`Error::retryable`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The WebSocket URL could not be parsed or turned into an upgrade request. Code
-    /// `invalid_url`.
+    /// The WebSocket URL could not be parsed or turned into an upgrade request, or is a
+    /// `wss://` URL (this crate is built without TLS). Code `invalid_url`.
     #[error("invalid WebSocket URL {url:?}: {reason}")]
     InvalidUrl {
         /// The URL as given.
@@ -29,8 +29,9 @@ pub enum Error {
         #[source]
         source: tungstenite::Error,
     },
-    /// The server answered the upgrade request with an HTTP error (e.g. 401). Code: the
-    /// server's error code from the body when there is one, else `upgrade_rejected`.
+    /// The server (or a proxy in front of it) answered the upgrade request with an HTTP error
+    /// (e.g. 401, or 502 from a proxy). Code: the server's error code from the body when there
+    /// is one, else `upgrade_rejected`; see [`Error::retryable`].
     #[error("WebSocket upgrade refused with HTTP {status}: {code}: {message}")]
     Rejected {
         /// The HTTP status.
@@ -95,12 +96,21 @@ impl Error {
 
     /// Whether the same request may be tried again unchanged (a send with the **same id**),
     /// after a backoff: a server code the protocol marks retryable (`overloaded`,
-    /// `rate_limited`, `internal`), a timeout, a closed connection or a failed connect.
+    /// `rate_limited`, `internal`), a timeout, a closed connection or a failed connect. An
+    /// upgrade refused with a code this client does not know (`upgrade_rejected`: a body
+    /// without one, e.g. a proxy's page) is judged by its HTTP status: 5xx (502, 503, 504 from
+    /// a proxy while the gateway restarts), 429 and 408 are retryable, others are not.
     pub fn retryable(&self) -> bool {
         match self {
-            Error::Server { code, .. } | Error::Rejected { code, .. } => code
+            Error::Server { code, .. } => code
                 .parse::<tidemark_protocol::ErrorCode>()
                 .is_ok_and(|c| c.retryable()),
+            Error::Rejected { status, code, .. } => {
+                match code.parse::<tidemark_protocol::ErrorCode>() {
+                    Ok(c) => c.retryable(),
+                    Err(_) => matches!(status, 500..=599 | 429 | 408),
+                }
+            }
             Error::Timeout(..) | Error::Closed | Error::Connect { .. } => true,
             _ => false,
         }

@@ -32,7 +32,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Only `ws://` URLs work: the crate is built without TLS support.
+//! Only `ws://` URLs work: the crate is built without TLS support, and a `wss://` URL is
+//! refused at once with [`Error::InvalidUrl`] (not retryable).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -47,8 +48,8 @@ pub use cli::{
     read_secret, send_once, tail, tail_with, Reconnect, SECRET_ENV_VAR, SEND_ONCE_TIMEOUT,
 };
 pub use client::{
-    Auth, Client, ClientHandle, Event, Offsets, PendingAck, BAD_SERVER_FRAME, CLOSE_TIMEOUT,
-    CONNECT_TIMEOUT, WRITE_QUEUE,
+    Auth, Client, ClientHandle, ClientOptions, Event, Offsets, PendingAck, BAD_SERVER_FRAME,
+    CLOSE_TIMEOUT, CONNECT_TIMEOUT, PING_INTERVAL, READ_TIMEOUT, WRITE_QUEUE,
 };
 pub use dedup::SeqDedup;
 pub use error::Error;

@@ -8,14 +8,16 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::future::join_all;
-use futures::{SinkExt, StreamExt};
+use futures::{FutureExt, SinkExt, StreamExt};
 use serde_json::{json, Value};
 use tidemark_client::{
-    make_token, send_once, tail, Auth, Client, Entry, Error, Event, BAD_SERVER_FRAME,
+    make_token, send_once, tail, tail_with, Auth, Client, ClientOptions, Entry, Error, Event,
+    Reconnect, BAD_SERVER_FRAME,
 };
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -62,6 +64,56 @@ where
     });
     (url, task)
 }
+
+/// Listens on 127.0.0.1:0 and runs `script` on every connection, one after the other, with
+/// its number (0, 1, …): `Err(response)` refuses the upgrade with that HTTP response, `Ok`
+/// accepts it. Returns the `ws://…/v1/ws` URL and the task (it runs until aborted).
+async fn peers<F, Fut>(
+    mut refuse: impl FnMut(usize) -> Option<ErrorResponse> + Send + 'static,
+    mut script: F,
+) -> (String, JoinHandle<()>)
+where
+    F: FnMut(PeerWs, usize) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}/v1/ws", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        for n in 0.. {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let refusal = refuse(n);
+            let refused = refusal.is_some();
+            let ws = accept_hdr_async(tcp, move |_: &Request, resp: Response| match refusal {
+                Some(r) => Err(r),
+                None => Ok(resp),
+            })
+            .await;
+            match ws {
+                Ok(ws) => script(ws, n).await,
+                Err(_) => assert!(refused, "connection {n}: the upgrade failed"),
+            }
+        }
+    });
+    (url, task)
+}
+
+/// An HTTP refusal of an upgrade, as a proxy or the gateway sends it.
+fn refusal(status: u16, body: &str) -> ErrorResponse {
+    let mut resp = ErrorResponse::new((!body.is_empty()).then(|| body.to_owned()));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+    resp
+}
+
+/// Closes the peer's side with a close handshake and reads until the client is gone.
+async fn hang_up(mut ws: PeerWs) {
+    let _ = ws.close(None).await;
+    while let Some(Ok(_)) = ws.next().await {}
+}
+
+/// Reconnects for longer than any test runs.
+const KEEP_TRYING: Reconnect = Reconnect {
+    give_up_after: Duration::from_secs(60),
+};
 
 /// The next text frame as JSON; `None` once the client closed the connection.
 async fn recv(ws: &mut PeerWs) -> Option<Value> {
@@ -794,6 +846,428 @@ async fn tail_stops_on_a_server_error() {
         assert_eq!(e.code(), "seq_out_of_range");
         assert_eq!(seqs, [1]);
         peer.await.unwrap();
+    })
+    .await
+}
+
+/// A peer that stops answering without closing (power loss, a NAT that forgot the flow):
+/// nothing arrives, not even a pong. After the read timeout the connection is lost: the
+/// pending send fails with Closed and the event stream ends. Before, the read loop waited
+/// on the socket forever (here: until `within` gave up).
+#[tokio::test]
+async fn a_silent_peer_is_a_lost_connection() {
+    within(async {
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
+            assert_eq!(recv(&mut ws).await.unwrap()["id"], "lost");
+            // Alive at the TCP level, never reading or writing again.
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(ws);
+        })
+        .await;
+        let options = ClientOptions::default()
+            .with_read_timeout(Duration::from_millis(500))
+            .with_ping_interval(Duration::from_millis(100));
+        let mut client = Client::connect_with(&url, &dev("alice"), &options)
+            .await
+            .unwrap();
+        let e = client
+            .send_and_wait("lost", &to(&["bob"]), "x", Duration::from_secs(3600))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Closed), "{e:?}");
+        assert_eq!(client.next_event().await, Some(Event::Closed));
+        assert_eq!(client.next_event().await, None);
+        peer.abort();
+    })
+    .await
+}
+
+/// A server with nothing to send (and that, like the gateway, pings only a silent client)
+/// still answers the client's pings, so a chatty client on a quiet mailbox keeps its
+/// connection past the read timeout. Before, the client sent no pings.
+#[tokio::test]
+async fn pings_keep_a_quiet_connection() {
+    within(async {
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
+            let (mut pings, mut acks) = (0, 0);
+            // Reading answers each ping with a pong (tungstenite does it).
+            while let Some(Ok(m)) = ws.next().await {
+                match m {
+                    Message::Ping(_) => pings += 1,
+                    Message::Text(_) => acks += 1,
+                    Message::Close(_) => break,
+                    _ => {}
+                }
+            }
+            (pings, acks)
+        })
+        .await;
+        let read_timeout = Duration::from_millis(1500);
+        let options = ClientOptions::default()
+            .with_read_timeout(read_timeout)
+            .with_ping_interval(Duration::from_millis(150));
+        let mut client = Client::connect_with(&url, &dev("alice"), &options)
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let mut seq = 0;
+        while start.elapsed() < 2 * read_timeout {
+            seq += 1;
+            client.ack(seq).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(!client.is_closed());
+        assert_eq!(
+            client.next_event().now_or_never(),
+            None,
+            "no event, no Closed"
+        );
+        let (pings, acks) = close(client, peer).await;
+        assert_eq!(acks, seq);
+        assert!(pings >= 5, "{pings} pings");
+    })
+    .await
+}
+
+/// `tail --after 100` while the acked cursor is 500: the stream from the cursor (501…) is in
+/// flight before the server reads the sync, then the restarted stream brings 101, 102, and
+/// the connection drops. The reconnect must resume after 102, not after 520 (which skipped
+/// 103…300 for good).
+#[tokio::test]
+async fn tail_resumes_below_entries_that_arrived_first() {
+    within(async {
+        let mailbox: Vec<u64> = [101, 102, 103, 200, 300]
+            .into_iter()
+            .chain(501..=520)
+            .collect();
+        let syncs = Arc::new(Mutex::new(Vec::new()));
+        let syncs2 = syncs.clone();
+        let (url, peer) = peers(
+            |_| None,
+            move |mut ws, n| {
+                let syncs = syncs2.clone();
+                let mailbox = mailbox.clone();
+                async move {
+                    send(&mut ws, ready("alice", 500)).await;
+                    // in flight before the sync is read: the stream from the cursor
+                    let in_flight = if n == 0 { 501..=520 } else { 501..=503 };
+                    for seq in in_flight {
+                        send(&mut ws, deliver(seq, "bob", "x")).await;
+                    }
+                    let f = recv(&mut ws).await.unwrap();
+                    assert_eq!(f["type"], "sync");
+                    let after = f["after"].as_u64().unwrap();
+                    syncs.lock().unwrap().push(after);
+                    let restarted = mailbox.iter().filter(|&&s| s > after);
+                    if n == 0 {
+                        // two entries of the restarted stream, then the connection drops
+                        for &seq in restarted.take(2) {
+                            send(&mut ws, deliver(seq, "bob", "x")).await;
+                        }
+                        hang_up(ws).await;
+                    } else {
+                        for &seq in restarted {
+                            send(&mut ws, deliver(seq, "bob", "x")).await;
+                        }
+                        send(&mut ws, error_frame("bad_request", "the end", None)).await;
+                        hang_up(ws).await;
+                    }
+                }
+            },
+        )
+        .await;
+        let mut printed = Vec::new();
+        let e = tail_with(
+            &url,
+            &dev("alice"),
+            Some(100),
+            false,
+            Some(KEEP_TRYING),
+            |e| printed.push(e.seq),
+            |_| {},
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), "bad_request");
+        peer.abort();
+        assert_eq!(*syncs.lock().unwrap(), [100, 102]);
+        let mut sorted = printed.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), printed.len(), "shown twice: {printed:?}");
+        let mut want: Vec<u64> = [101, 102, 103, 200, 300]
+            .into_iter()
+            .chain(501..=520)
+            .collect();
+        want.sort_unstable();
+        assert_eq!(sorted, want);
+    })
+    .await
+}
+
+/// Runs a reconnecting `tail` for 3 s against a server that accepts every connection, sends
+/// `ready` and hangs up (after reading the client's `sync` when `after_sync`). Returns how
+/// many connections it accepted; fails if `tail` returned.
+async fn tail_against_a_server_that_hangs_up(after_sync: bool) -> usize {
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    let (url, peer) = peers(
+        |_| None,
+        move |mut ws, _| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                send(&mut ws, ready("alice", 7)).await;
+                if after_sync {
+                    assert_eq!(recv(&mut ws).await.unwrap()["type"], "sync");
+                }
+                hang_up(ws).await;
+            }
+        },
+    )
+    .await;
+    let mut lost = 0;
+    let alice = dev("alice");
+    let run = tail_with(
+        &url,
+        &alice,
+        Some(5),
+        false,
+        Some(KEEP_TRYING),
+        |_| {},
+        |line| lost += usize::from(line.starts_with("connection lost")),
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(3), run).await;
+    assert!(ended.is_err(), "tail returned: {ended:?}");
+    peer.abort();
+    assert!(lost >= 1);
+    connections.load(Ordering::SeqCst)
+}
+
+/// A server that accepts and closes at once (a restart loop, a proxy without a backend):
+/// `tail` keeps reconnecting with a growing delay. Before, the delay started again at every
+/// successful connect: a reconnect loop at full speed (hundreds of connections in 3 s).
+#[tokio::test]
+async fn tail_backs_off_from_a_server_that_closes_at_once() {
+    within(async {
+        let n = tail_against_a_server_that_hangs_up(true).await;
+        // attempts at about 0, 0.25, 0.75 and 1.75 s (the next at 3.75 s)
+        assert!((2..=6).contains(&n), "{n} connections in 3 s");
+    })
+    .await
+}
+
+/// The server's close is read before `tail` queues its `sync`: one more lost connection,
+/// and `tail` reconnects. Before, the sync's `closed` ended `tail` although it reconnects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_reconnects_when_the_close_comes_before_its_sync() {
+    within(async {
+        let n = tail_against_a_server_that_hangs_up(false).await;
+        assert!((2..=6).contains(&n), "{n} connections in 3 s");
+    })
+    .await
+}
+
+/// A connection that delivered something new resets the backoff: each of a run of
+/// connections that deliver one entry and close is followed by a reconnect at once.
+#[tokio::test]
+async fn tail_reconnects_at_once_after_a_connection_that_delivered() {
+    within(async {
+        const N: u64 = 8;
+        let (url, peer) = peers(
+            |_| None,
+            |mut ws, n| async move {
+                let n = n as u64;
+                send(&mut ws, ready("alice", n)).await;
+                if n < N {
+                    send(&mut ws, deliver(n + 1, "bob", "x")).await;
+                } else {
+                    send(&mut ws, error_frame("bad_request", "the end", None)).await;
+                }
+                hang_up(ws).await;
+            },
+        )
+        .await;
+        let start = Instant::now();
+        let mut printed = Vec::new();
+        let e = tail_with(
+            &url,
+            &dev("alice"),
+            None,
+            false,
+            Some(KEEP_TRYING),
+            |e| printed.push(e.seq),
+            |_| {},
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), "bad_request");
+        assert_eq!(printed, (1..=N).collect::<Vec<_>>());
+        // with the backoff kept it would be 0.25 + 0.5 + 1 + 2 + 4 + 5 + 5 s
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            start.elapsed()
+        );
+        peer.abort();
+    })
+    .await
+}
+
+/// An upgrade refused by a proxy during a rolling deploy (502, 503, 504 without the
+/// gateway's JSON body) is retryable, as are 5xx, 429 and 408 in general, unless the body
+/// carries a known code that is not; and a reconnecting `tail` gets past one. Before, every
+/// refusal without a known code was `upgrade_rejected` and not retryable.
+#[tokio::test]
+async fn an_upgrade_refused_by_a_proxy_is_retryable() {
+    within(async {
+        let html = "<html><body><h1>502 Bad Gateway</h1></body></html>";
+        let cases = [
+            (502, html, "upgrade_rejected", true),
+            (503, "", "upgrade_rejected", true),
+            (504, "Gateway Timeout", "upgrade_rejected", true),
+            (500, "", "upgrade_rejected", true),
+            (429, "", "upgrade_rejected", true),
+            (408, "", "upgrade_rejected", true),
+            (
+                503,
+                r#"{"error":{"code":"overloaded","message":"m"}}"#,
+                "overloaded",
+                true,
+            ),
+            (
+                503,
+                r#"{"error":{"code":"proxy_says_no","message":"m"}}"#,
+                "proxy_says_no",
+                true,
+            ),
+            (
+                503,
+                r#"{"error":{"code":"unauthorized","message":"m"}}"#,
+                "unauthorized",
+                false,
+            ),
+            (401, "", "upgrade_rejected", false),
+            (403, "", "upgrade_rejected", false),
+            (404, "not found", "upgrade_rejected", false),
+            (400, "", "upgrade_rejected", false),
+        ];
+        for (status, body, code, retryable) in cases {
+            let (url, peer) = peers(move |_| Some(refusal(status, body)), |_, _| async {}).await;
+            let e = Client::connect(&url, &dev("alice")).await.unwrap_err();
+            peer.abort();
+            assert!(
+                matches!(&e, Error::Rejected { status: s, .. } if *s == status),
+                "{status}: {e:?}"
+            );
+            assert_eq!(e.code(), code, "{status} {body}");
+            assert_eq!(e.retryable(), retryable, "{status} {body}");
+        }
+
+        // A reconnecting tail: a 502 from the proxy, then the gateway is back.
+        let (url, peer) = peers(
+            move |n| (n == 0).then(|| refusal(502, html)),
+            |mut ws, _| async move {
+                send(&mut ws, ready("alice", 0)).await;
+                send(&mut ws, deliver(1, "bob", "x")).await;
+                send(&mut ws, error_frame("bad_request", "the end", None)).await;
+                hang_up(ws).await;
+            },
+        )
+        .await;
+        let mut printed = Vec::new();
+        let e = tail_with(
+            &url,
+            &dev("alice"),
+            None,
+            false,
+            Some(KEEP_TRYING),
+            |e| printed.push(e.seq),
+            |_| {},
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), "bad_request");
+        assert_eq!(printed, [1]);
+        peer.abort();
+    })
+    .await
+}
+
+/// A retry of a send id on the same connection (after its first attempt timed out) gets the
+/// answer to its own frame; the late answer to the first attempt becomes an event. The same
+/// for a plain `send` followed by a `send_and_wait` of its id. Before, the answer to the
+/// earlier frame (here an error) completed the retry's waiter.
+#[tokio::test]
+async fn a_retry_gets_the_answer_to_its_own_frame() {
+    within(async {
+        let (url, peer) = ready_peer("alice", 0, |mut ws| async move {
+            for (id, first_answer, second) in [
+                (
+                    "x",
+                    error_frame("internal", "commit timed out", Some("x")),
+                    7,
+                ),
+                ("y", error_frame("overloaded", "later", Some("y")), 8),
+            ] {
+                for _ in 0..2 {
+                    assert_eq!(recv(&mut ws).await.unwrap()["id"], id);
+                }
+                // answered in the order sent: the first frame's answer comes first
+                send(&mut ws, first_answer).await;
+                send(&mut ws, send_ack(id, &[(0, second)])).await;
+            }
+            recv(&mut ws).await;
+        })
+        .await;
+        let mut client = connect_alice(&url).await;
+        let bob = to(&["bob"]);
+        let e = client
+            .send_and_wait("x", &bob, "m", Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, Error::Timeout(..)), "{e:?}");
+        let retry = client.send_and_wait("x", &bob, "m", WAIT).await;
+        assert_eq!(retry.unwrap(), BTreeMap::from([(0, 7)]));
+        assert_eq!(
+            client.next_event().await,
+            Some(error_event("internal", "commit timed out", Some("x")))
+        );
+
+        client.send("y", &bob, "m").await.unwrap();
+        let waited = client.send_and_wait("y", &bob, "m", WAIT).await;
+        assert_eq!(waited.unwrap(), BTreeMap::from([(0, 8)]));
+        assert_eq!(
+            client.next_event().await,
+            Some(error_event("overloaded", "later", Some("y")))
+        );
+        close(client, peer).await;
+    })
+    .await
+}
+
+/// `wss://` cannot work (no TLS in this crate): refused at once as an invalid URL, not
+/// retried by a reconnecting `tail` for its whole give-up period as before.
+#[tokio::test]
+async fn wss_is_refused_at_once() {
+    within(async {
+        let e = Client::connect("wss://127.0.0.1:1/v1/ws", &dev("alice"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), "invalid_url");
+        assert!(!e.retryable());
+        assert!(e.to_string().contains("TLS"), "{e}");
+        let e = tail_with(
+            "wss://127.0.0.1:1/v1/ws",
+            &dev("alice"),
+            None,
+            false,
+            Some(KEEP_TRYING),
+            |_| {},
+            |_| {},
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(e.code(), "invalid_url");
     })
     .await
 }

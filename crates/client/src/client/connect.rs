@@ -68,11 +68,18 @@ pub(super) fn build_request(ws_url: &str, auth: &Auth) -> Result<(Request, Strin
         reason,
     };
     let mut url = Url::parse(ws_url).map_err(|e| invalid(e.to_string()))?;
-    if !matches!(url.scheme(), "ws" | "wss") {
-        return Err(invalid(format!(
-            "scheme must be ws or wss, not {}",
-            url.scheme()
-        )));
+    match url.scheme() {
+        "ws" => {}
+        // Refused here, where no retry can help: the connect would fail the same way every
+        // time, as a (retryable) connect error.
+        "wss" => {
+            return Err(invalid(
+                "wss:// needs TLS, which this client is built without; use ws:// (behind a \
+                 TLS-terminating proxy if the network needs TLS)"
+                    .into(),
+            ))
+        }
+        other => return Err(invalid(format!("scheme must be ws, not {other}"))),
     }
     let mut shown = url.clone();
     shown.set_query(None);

@@ -36,15 +36,24 @@ impl ClientHandle {
         self.out.send(msg).await.map_err(|_| Error::Closed)
     }
 
+    /// Queues a `send` frame with `id`, counted for `id` (see `waiters.rs`): its answer is
+    /// the waiter `waiter`'s own, or, without one, not the answer of a later waiter for `id`.
+    async fn queue_send(&self, id: &str, waiter: Option<u64>, frame: Message) -> Result<(), Error> {
+        let permit = self.out.reserve().await.map_err(|_| Error::Closed)?;
+        self.waiters.queue_send(id, waiter, permit, frame)
+    }
+
     /// Queues `{"type":"send","id":…,"to":…,"body":…}` without waiting for the answer: the
     /// `send_ack` (or `error`) arrives as an [`Event`](super::Event). Nothing is validated client-side.
     pub async fn send(&self, id: &str, to: &[String], body: &str) -> Result<(), Error> {
-        self.queue(Message::text(send_json(id, to, body))).await
+        self.queue_send(id, None, Message::text(send_json(id, to, body)))
+            .await
     }
 
     /// Registers a waiter for `id`, then queues the send. Await the answer with
     /// [`PendingAck::wait`]; dropping the `PendingAck` unregisters it (a late answer then
-    /// becomes an [`Event`](super::Event)).
+    /// becomes an [`Event`](super::Event), even when a retry of `id` waits by then: a waiter
+    /// gets the answer to its own frame).
     ///
     /// Errors: [`Error::IdInFlight`] if a waiter for `id` already exists on this connection,
     /// [`Error::Closed`].
@@ -55,7 +64,8 @@ impl ClientHandle {
         body: &str,
     ) -> Result<PendingAck, Error> {
         let pending = self.waiters.register(id)?;
-        self.queue(Message::text(send_json(id, to, body))).await?;
+        let frame = Message::text(send_json(id, to, body));
+        self.queue_send(id, Some(pending.token), frame).await?;
         Ok(pending)
     }
 

@@ -1,7 +1,8 @@
 //! Server frames as the client reads them ([`parse_incoming`]) and where each one goes
-//! ([`route`]): a `send_ack` or an `error` with an id someone waits for completes that
-//! waiter; everything else becomes an [`Event`] (a `deliver`, answers nobody waits for,
-//! errors without an id, and [`BAD_SERVER_FRAME`] errors for frames that cannot be read).
+//! ([`route`]): a `send_ack` or an `error` answering the frame of a waiting send (by id and
+//! by count, see `waiters.rs`) completes that waiter; everything else becomes an [`Event`]
+//! (a `deliver`, answers nobody waits for, errors without an id, and [`BAD_SERVER_FRAME`]
+//! errors for frames that cannot be read).
 //! Frames of an unknown `type` are ignored. The two frames a client reads most (`deliver`,
 //! `send_ack`) take a one-pass read ([`fast`]) that falls back to the full parse whenever it
 //! is not sure, so the full parse alone decides what is an error.
@@ -142,7 +143,7 @@ pub(super) fn route(
     w: &Waiters,
 ) {
     let event = match frame {
-        Ok(Incoming::SendAck { id, offsets }) => match w.take(&id) {
+        Ok(Incoming::SendAck { id, offsets }) => match w.answer(&id) {
             None => Event::SendAck { id, offsets },
             Some(tx) => match tx.send(Ok(offsets)) {
                 Ok(()) => return,
@@ -155,7 +156,7 @@ pub(super) fn route(
             code,
             message,
             id: Some(id),
-        })) => match w.take(&id) {
+        })) => match w.answer(&id) {
             None => Event::Error {
                 code,
                 message,

@@ -10,13 +10,25 @@
 //!   means "queued to the writer", not "on the wire".
 //! - **one reader task** owns the stream and routes every server frame:
 //!   - `send_ack` / `error` carrying an `id` for which a waiter is registered (by
-//!     [`ClientHandle::start_send`] or [`ClientHandle::send_and_wait`]) complete that waiter;
+//!     [`ClientHandle::start_send`] or [`ClientHandle::send_and_wait`]) complete that waiter
+//!     when they answer its own frame (see "Many sends in flight");
 //!   - everything else (`deliver`, acks and errors nobody waits for, errors without an id,
-//!     acks that arrive after their waiter gave up) becomes an [`Event`] on an unbounded
-//!     channel read by [`Client::next_event`].
+//!     acks that arrive after their waiter gave up or answer an earlier frame of the id)
+//!     becomes an [`Event`] on an unbounded channel read by [`Client::next_event`].
 //!
 //! When the connection ends, every pending waiter fails with [`Error::Closed`], new waiters
 //! are refused, and the event stream yields [`Event::Closed`] once and then `None`.
+//!
+//! # A peer that goes silent
+//!
+//! A peer that dies without a FIN or RST (power loss, a NAT or firewall that forgot the flow)
+//! leaves a socket that never reads anything again. The reader therefore ends the connection
+//! as lost when nothing at all (no frame, no ping, no pong) has arrived for
+//! [`ClientOptions::read_timeout`] (default [`READ_TIMEOUT`], 60 s), and the writer sends a
+//! WebSocket ping every [`ClientOptions::ping_interval`] (default [`PING_INTERVAL`], 20 s) so
+//! that a live but quiet server still sends something (its pong): the gateway pings only a
+//! client that has been silent for 20 s, so a client that keeps sending acks would otherwise
+//! hear nothing from an idle mailbox.
 //!
 //! The event channel is unbounded so that a caller that only waits for acks can never
 //! deadlock the reader; a caller that receives deliveries must keep calling
@@ -30,7 +42,16 @@
 //! another task owns the `Client` and drains [`Client::next_event`]. Acks are matched by id,
 //! in whatever order the server sends them. Ids must be unique per sender (the server dedupes
 //! on them); a second waiter for an id already waiting on the same connection is refused with
-//! [`Error::IdInFlight`].
+//! [`Error::IdInFlight`]. A send retried with the same id on the same connection (after
+//! [`Error::Timeout`]) gets the answer to its own frame: the server answers a connection's
+//! sends in the order sent (`docs/protocol.md`; only a send refused before its commit may be
+//! answered ahead of earlier ones), so the client counts the `send` frames it queued per
+//! id ([`send`](ClientHandle::send), [`start_send`](ClientHandle::start_send),
+//! [`send_and_wait`](ClientHandle::send_and_wait)) and hands a waiter only the answer owed to
+//! its own frame; a late answer to an earlier, abandoned attempt becomes an [`Event`]. Frames
+//! queued by [`send_raw_text`](ClientHandle::send_raw_text) are not counted (do not mix them
+//! with a waiter for the same id), nor is a `send` frame over the protocol's 65536-byte frame
+//! limit, which the server answers without its id.
 //!
 //! A `Client` dereferences to its own [`ClientHandle`], so every sending method
 //! ([`send`](ClientHandle::send), [`start_send`](ClientHandle::start_send),
@@ -87,6 +108,64 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long [`Client::close`] waits for the server to answer the close handshake.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Default [`ClientOptions::read_timeout`]: the gateway's own idle timeout (it closes a
+/// WebSocket it has heard nothing from for 60 s), three of [`PING_INTERVAL`].
+pub const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default [`ClientOptions::ping_interval`]: the interval after which the gateway pings a
+/// silent client.
+pub const PING_INTERVAL: Duration = Duration::from_secs(20);
+
+/// How a connection is made and kept; [`Default`] gives what [`Client::connect`] uses.
+///
+/// Built with the `with_*` methods: `ClientOptions::default().with_read_timeout(d)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// Limit for the TCP connect, the upgrade and the `ready` frame together. Default
+    /// [`CONNECT_TIMEOUT`].
+    pub connect_timeout: Duration,
+    /// The connection is lost (waiters fail with [`Error::Closed`], [`Event::Closed`] is
+    /// sent) when nothing at all, not even a pong, has arrived from the server for this long.
+    /// Default [`READ_TIMEOUT`]; [`Duration::MAX`] waits forever.
+    pub read_timeout: Duration,
+    /// The writer sends a WebSocket ping this often, whatever else it sends, so a server
+    /// with nothing to say still answers within [`read_timeout`](Self::read_timeout) (keep
+    /// it well below that). Default [`PING_INTERVAL`]; [`Duration::MAX`] sends none. At
+    /// least 10 ms.
+    pub ping_interval: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            connect_timeout: CONNECT_TIMEOUT,
+            read_timeout: READ_TIMEOUT,
+            ping_interval: PING_INTERVAL,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// With [`connect_timeout`](Self::connect_timeout) set to `d`.
+    pub fn with_connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// With [`read_timeout`](Self::read_timeout) set to `d`.
+    pub fn with_read_timeout(mut self, d: Duration) -> Self {
+        self.read_timeout = d;
+        self
+    }
+
+    /// With [`ping_interval`](Self::ping_interval) set to `d`.
+    pub fn with_ping_interval(mut self, d: Duration) -> Self {
+        self.ping_interval = d;
+        self
+    }
+}
 
 /// The `code` of an [`Event::Error`] the client makes itself for a server frame it cannot
 /// read (not JSON, a known `type` with bad fields, a binary frame, a second `ready`). Server
@@ -169,7 +248,9 @@ impl fmt::Debug for Client {
 
 impl Client {
     /// Connects to `ws_url` (`ws://host:port/v1/ws`), authenticates with `auth` and waits for
-    /// the server's `ready` frame, all within [`CONNECT_TIMEOUT`].
+    /// the server's `ready` frame, all within [`CONNECT_TIMEOUT`]; the connection then keeps
+    /// the default [`ClientOptions`] (read timeout and pings; [`Client::connect_with`]
+    /// chooses others).
     ///
     /// Errors: [`Error::InvalidUrl`], [`Error::Connect`], [`Error::Rejected`] (HTTP error on
     /// the upgrade, e.g. 401 `unauthorized`), [`Error::Server`] (an `error` frame instead of
@@ -184,6 +265,18 @@ impl Client {
         auth: &Auth,
         timeout: Duration,
     ) -> Result<Client, Error> {
+        let options = ClientOptions::default().with_connect_timeout(timeout);
+        Self::connect_with(ws_url, auth, &options).await
+    }
+
+    /// [`connect`](Client::connect) with `options`: the handshake's limit, the read deadline
+    /// and the ping interval.
+    pub async fn connect_with(
+        ws_url: &str,
+        auth: &Auth,
+        options: &ClientOptions,
+    ) -> Result<Client, Error> {
+        let timeout = options.connect_timeout;
         let (request, shown_url) = build_request(ws_url, auth)?;
         let handshake = async {
             let (ws, _response) = tokio_tungstenite::connect_async_with_config(
@@ -207,8 +300,14 @@ impl Client {
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
         let waiters = Waiters::new();
         let (done_tx, done_rx) = oneshot::channel();
-        let writer = tokio::spawn(write_loop(sink, out_rx, done_rx));
-        let reader = tokio::spawn(read_loop(stream, ev_tx, waiters.clone(), done_tx));
+        let writer = tokio::spawn(write_loop(sink, out_rx, done_rx, options.ping_interval));
+        let reader = tokio::spawn(read_loop(
+            stream,
+            ev_tx,
+            waiters.clone(),
+            done_tx,
+            options.read_timeout,
+        ));
         Ok(Client {
             user,
             ready_after,

@@ -204,6 +204,17 @@ fn builds_upgrade_requests() {
     }
 }
 
+/// This crate has no TLS: a `wss://` URL is refused when the request is built (not
+/// retryable), not left to fail at every connect as a retryable `connect_failed`.
+#[test]
+fn wss_is_refused_when_the_request_is_built() {
+    for url in ["wss://h/v1/ws", "WSS://h:443/v1/ws?x=1"] {
+        let e = build_request(url, &Auth::DevUser("a".into())).unwrap_err();
+        assert_eq!(e.code(), "invalid_url", "{url}");
+        assert!(!e.retryable(), "{url}");
+    }
+}
+
 #[test]
 fn auth_debug_hides_tokens() {
     let s = format!("{:?}", Auth::Token("v1.secret.mac".into()));

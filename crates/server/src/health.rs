@@ -76,6 +76,9 @@ pub struct HealthBoard {
     /// Redis not answering), and since when, until it holds them again or they are assigned
     /// to another node (ADR-0102): no worker runs them, and maybe no node does.
     unrenewed: Mutex<BTreeMap<u32, Instant>>,
+    /// Leases mode: another live process registered this node's id (ADR-0114), and since
+    /// when: this node holds no lease meanwhile.
+    id_in_use: Mutex<Option<Instant>>,
     /// The supervised tasks ([`crate::supervise::supervise`]), by the id
     /// [`HealthBoard::register_task`] gave: a task that keeps failing is restarted for ever,
     /// and without this `/healthz` would say "ok" while it does no work.
@@ -281,6 +284,16 @@ impl HealthBoard {
         *self.unrenewed.lock().expect("health lock") = shards.clone();
     }
 
+    /// Leases mode: whether another live process has registered this node's id (ADR-0114).
+    pub(crate) fn set_id_in_use(&self, in_use: bool) {
+        let mut m = self.id_in_use.lock().expect("health lock");
+        if !in_use {
+            *m = None;
+        } else if m.is_none() {
+            *m = Some(Instant::now());
+        }
+    }
+
     /// Marks `shards` as having no running owner (a worker restarting after a panic or an
     /// error): `/healthz` reports them until the worker has re-claimed them.
     pub fn mark_down(&self, shards: &[u32], why: &str) {
@@ -356,6 +369,13 @@ impl HealthBoard {
                     t.last
                 ));
             }
+        }
+        if let Some(since) = *self.id_in_use.lock().expect("health lock") {
+            out.push(format!(
+                "node id in use by another live process for {:?}: this node holds no lease \
+                 until that process stops (give each process its own --node-id)",
+                since.elapsed()
+            ));
         }
         let snapshot = self.snapshot();
         let unrenewed = self.unrenewed.lock().expect("health lock").clone();

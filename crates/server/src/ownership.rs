@@ -237,6 +237,16 @@ impl LeaseLoop {
         // reach it (before, they stayed assigned here, unowned, while others could run them)
         let mut failing_since: Vec<Option<Instant>> = vec![None; self.map.core_urls().len()];
         let mut unreached: Vec<usize> = Vec::new();
+        // ADR-0114: this process, as its heartbeat tells it from another process of the same
+        // node id (a replacement started while this one was paused, or a copy started by
+        // mistake): leases are keyed by node id, so two such processes would both renew them
+        // and their workers fence each other for ever
+        let incarnation = random_node_id().map_or_else(
+            |_| format!("{:?}", Instant::now()),
+            |id| id.replace("node-", "inc-"),
+        );
+        // the heartbeat was refused: another live process has this id; hold nothing
+        let mut replaced = false;
         loop {
             if !first {
                 tokio::select! {
@@ -335,9 +345,24 @@ impl LeaseLoop {
                             self.node.role.as_str(),
                             self.map.layout(),
                             &unreached,
+                            &incarnation,
                         ),
                     )
                     .await;
+                    let in_use = matches!(beat, Ok(Err(tidemark_store::Error::NodeIdInUse { .. })));
+                    if in_use != replaced {
+                        replaced = in_use;
+                        self.health.set_id_in_use(in_use);
+                        if in_use {
+                            tracing::error!(
+                                node = %self.node.id,
+                                "another live process has this node id: this one holds no \
+                                 lease until it stops (give each process its own --node-id)"
+                            );
+                        } else {
+                            tracing::info!(node = %self.node.id, "node id registered again");
+                        }
+                    }
                     let live = match beat {
                         Ok(Ok(_)) => tokio::time::timeout(call, c0.live_nodes()).await,
                         Ok(Err(e)) => Ok(Err(e)),
@@ -345,6 +370,7 @@ impl LeaseLoop {
                     };
                     match live {
                         Ok(Ok(live)) => Some(live),
+                        Ok(Err(_)) if in_use => None,
                         Ok(Err(e)) => {
                             tracing::warn!(error = %e, "heartbeat failed");
                             cores[0] = None;
@@ -416,6 +442,8 @@ impl LeaseLoop {
             //    that write the newest layout among them (ADR-0033: during a rolling upgrade
             //    the shards go to the upgraded nodes; old code is never handed converted data)
             let target: BTreeSet<u32> = match &live {
+                // another process has this id: its leases are keyed by it too; hold none
+                _ if replaced => BTreeSet::new(),
                 Some(nodes) => {
                     let others = || {
                         nodes
@@ -593,7 +621,8 @@ impl LeaseLoop {
             }
             for s in give {
                 let ci = self.map.core_of(s);
-                if let Some(c) = cores[ci].as_mut() {
+                // a lease of this id may be the other process's by now: not released
+                if let Some(c) = cores[ci].as_mut().filter(|_| !replaced) {
                     // not released in time: it expires after the TTL
                     let _ = tokio::time::timeout(call, c.release_lease(s, &self.node.id)).await;
                 }
@@ -624,7 +653,8 @@ impl LeaseLoop {
                     let _ = c.release_lease(s, id).await;
                 }
             }
-            if let Some(c0) = cores[0].as_mut() {
+            // the record of this id is the other process's (ADR-0114)
+            if let Some(c0) = cores[0].as_mut().filter(|_| !replaced) {
                 let _ = c0.deregister(id).await;
             }
         };

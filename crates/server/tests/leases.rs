@@ -24,6 +24,8 @@
 //!    claimed meanwhile to that owner (ADR-0105).
 //! 7. Two nodes, one of which loses its way to one core instance (a proxy cut): that
 //!    instance's shards go to the node that reaches it (ADR-0113).
+//! 8. Another process registers the node's id (a replacement started while the node was
+//!    paused): the node holds no lease until that process's record is gone (ADR-0114).
 
 mod gateway_support;
 
@@ -751,4 +753,94 @@ async fn the_shards_of_a_core_a_node_cannot_reach_go_to_a_node_that_can() {
             .expect("node did not stop in time")
             .expect("node stopped with an error");
     }
+}
+
+/// ADR-0114: while the node runs, another process registers its node id (as a replacement
+/// started while the node was paused for longer than its record lives would: the record then
+/// carries the other process's incarnation). Leases are keyed by node id, so the node would
+/// renew the other's leases as its own, and the two workers would fence each other for ever.
+/// The node must give up its leases (it stops renewing them: they expire; it does not
+/// release them, they may be the other's) and say why on `/healthz`; once the other record
+/// is gone, it takes the shards back by itself. Before, its heartbeat overwrote the record
+/// and it kept renewing every lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_id_another_process_registered_holds_no_lease() {
+    use tidemark_store::keys;
+    let mut node = Node::start().await;
+    let mut core = redis_at(&node.core_url).await;
+    let record = format!("{}{NODE}", keys::NODE_PREFIX);
+    let () = redis::cmd("HSET")
+        .arg(&record)
+        .arg("incarnation")
+        .arg("inc-another-process")
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    // the other process keeps its record alive (its own heartbeat, every TTL / 3)
+    let keep = {
+        let url = node.core_url.clone();
+        let record = record.clone();
+        tokio::spawn(async move {
+            let mut c = redis_at(&url).await;
+            loop {
+                let _: () = redis::cmd("PEXPIRE")
+                    .arg(&record)
+                    .arg(TTL.as_millis() as u64)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                tokio::time::sleep(TTL / 3).await;
+            }
+        })
+    };
+    let start = Instant::now();
+    for s in 0..SHARDS {
+        loop {
+            let holder = node.commits.lease_holder(s).await.unwrap();
+            if holder.is_none() {
+                break;
+            }
+            assert!(
+                start.elapsed() < RECOVER,
+                "shard {s}: the lease is still renewed ({holder:?}) {:?} after another \
+                 process registered node id {NODE}",
+                start.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let (status, body) = node.healthz().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("node id in use"), "{body}");
+    let inc: Option<String> = redis::cmd("HGET")
+        .arg(&record)
+        .arg("incarnation")
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    assert_eq!(
+        inc.as_deref(),
+        Some("inc-another-process"),
+        "the other's record is kept"
+    );
+    // the other process stops: its record goes; the node registers and takes every shard back
+    keep.abort();
+    let () = redis::cmd("DEL")
+        .arg(&record)
+        .query_async(&mut core)
+        .await
+        .unwrap();
+    let back = Instant::now();
+    for s in 0..SHARDS {
+        while node.commits.lease_holder(s).await.unwrap().map(|h| h.0) != Some(NODE.into()) {
+            assert!(back.elapsed() < RECOVER, "shard {s}: lease not taken back");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    node.until_healthy().await;
+    let to = route("bob");
+    let offset = node.send(&to, "bob").await;
+    node.until_materialized(&to, offset, "after the id came back")
+        .await;
+    node.stop().await;
 }

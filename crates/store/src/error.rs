@@ -81,6 +81,11 @@ pub enum Error {
         replicas: u32,
         wanted: u32,
     },
+    /// Another process registered node id `id` and is live (ADR-0114): two processes with
+    /// one id would hold the same leases. This one registers nothing and must hold no lease
+    /// until that record expires.
+    #[error("node id {id} is in use by another live process")]
+    NodeIdInUse { id: String },
 }
 
 impl Error {
@@ -100,6 +105,7 @@ impl Error {
             Error::AckFailed { .. } => "ack_failed",
             Error::IdReused { .. } => "id_reused",
             Error::NotReplicated { .. } => "not_replicated",
+            Error::NodeIdInUse { .. } => "node_id_in_use",
         }
     }
 

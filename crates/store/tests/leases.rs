@@ -137,3 +137,40 @@ async fn nodes_are_live_while_they_beat() {
     // ids that would corrupt keys or logs are refused
     assert!(c.heartbeat("a b", 500, "", "all", PackedV2).await.is_err());
 }
+
+/// ADR-0113 and ADR-0114: a heartbeat carries the core instances the node has not reached,
+/// which `node_list` returns; and a live record of the id written by another incarnation
+/// refuses the heartbeat with `NodeIdInUse`, writing nothing, until it expires.
+#[tokio::test]
+async fn a_heartbeat_says_what_it_does_not_reach_and_whose_id_it_is() {
+    let (_server, mut c) = core().await;
+    let beat = |c: &mut LogStore, unreached: &'static [usize], inc: &'static str| {
+        let mut c = c.clone();
+        async move {
+            c.heartbeat_reaching("n1", 400, "ws://x/v1/ws", "all", PackedV2, unreached, inc)
+                .await
+        }
+    };
+    beat(&mut c, &[1, 3], "inc-a").await.unwrap();
+    let nodes = c.live_nodes().await.unwrap();
+    assert_eq!(nodes[0].unreached, [1, 3]);
+    beat(&mut c, &[], "inc-a").await.unwrap();
+    assert!(c.live_nodes().await.unwrap()[0].unreached.is_empty());
+    let e = beat(&mut c, &[2], "inc-b").await.unwrap_err();
+    assert_eq!(e.code(), "node_id_in_use", "{e}");
+    assert!(
+        c.live_nodes().await.unwrap()[0].unreached.is_empty(),
+        "the refused heartbeat wrote nothing"
+    );
+    // a heartbeat without an incarnation (static mode, tools) is not checked
+    c.heartbeat("n1", 400, "ws://x/v1/ws", "all", PackedV2)
+        .await
+        .unwrap();
+    // the other incarnation's record expires: the id is free again
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    beat(&mut c, &[], "inc-b").await.unwrap();
+    assert_eq!(
+        beat(&mut c, &[], "inc-a").await.unwrap_err().code(),
+        "node_id_in_use"
+    );
+}

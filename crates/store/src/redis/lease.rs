@@ -213,12 +213,15 @@ impl LogStore {
         role: &str,
         layout: Layout,
     ) -> Result<u64> {
-        self.heartbeat_reaching(id, ttl_ms, url, role, layout, &[])
+        self.heartbeat_reaching(id, ttl_ms, url, role, layout, &[], "")
             .await
     }
 
     /// [`LogStore::heartbeat`] of a node that has not reached the core instances `unreached`
-    /// (indices) for a lease TTL (ADR-0113).
+    /// (indices) for a lease TTL (ADR-0113), from the process `incarnation` (a random string
+    /// per process; "" is not checked): while a live record of `id` has another incarnation,
+    /// [`Error::NodeIdInUse`] and nothing written (ADR-0114).
+    #[allow(clippy::too_many_arguments)]
     pub async fn heartbeat_reaching(
         &mut self,
         id: &str,
@@ -227,6 +230,7 @@ impl LogStore {
         role: &str,
         layout: Layout,
         unreached: &[usize],
+        incarnation: &str,
     ) -> Result<u64> {
         check_node_id(id)?;
         let unreached: Vec<String> = unreached.iter().map(usize::to_string).collect();
@@ -240,8 +244,16 @@ impl LogStore {
             .arg(layout.as_str())
             .arg(crate::deployment::VERSION_CURRENT)
             .arg(unreached.join(","))
+            .arg(incarnation)
             .invoke(&mut self.conn)
-            .await?;
+            .await
+            .map_err(|e| {
+                if e.detail().is_some_and(|d| d.starts_with("node_id_in_use")) {
+                    Error::NodeIdInUse { id: id.to_string() }
+                } else {
+                    e.into()
+                }
+            })?;
         Ok(now)
     }
 

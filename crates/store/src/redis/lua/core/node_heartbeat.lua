@@ -19,16 +19,25 @@
 --                      indices joined by ',' ("" for none; absent from a build before
 --                      ADR-0113): the shards of those instances are assigned to the nodes
 --                      that reach them
+-- ARGV[8]  incarnation a random string per process ("" or absent: not checked): a record of
+--                      this id written by another incarnation, still live, refuses the
+--                      heartbeat (ADR-0114: two processes with one id would share leases)
 --
 -- Returns now_ms (Redis time of the heartbeat). Expired members are removed from KEYS[1].
--- Errors: "ERR bad_ttl" for a ttl that is not > 0.
+-- Errors: "ERR bad_ttl" for a ttl that is not > 0; "ERR node_id_in_use" when a live record of the
+-- id has another incarnation (nothing written).
 -- Publishes nothing.
 local ttl = tonumber(ARGV[2])
 if not ttl or ttl <= 0 then return redis.error_reply('bad_ttl') end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local inc = ARGV[8] or ''
+if inc ~= '' then
+  local cur = redis.call('HGET', KEYS[2], 'incarnation')
+  if cur and cur ~= '' and cur ~= inc then return redis.error_reply('node_id_in_use') end
+end
 redis.call('HSET', KEYS[2], 'url', ARGV[3], 'role', ARGV[4], 'layout', ARGV[5], 'reads', ARGV[6],
-  'unreached', ARGV[7] or '', 'beat', now)
+  'unreached', ARGV[7] or '', 'incarnation', inc, 'beat', now)
 redis.call('PEXPIRE', KEYS[2], ttl)
 redis.call('ZADD', KEYS[1], now + ttl, ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as README.md and CI run it: installs redis-server if missing (and
 # Chromium with chromedriver for the console's browser test), then runs every test of the
-# workspace against real redis-server processes, and the trim check's test once more against
+# workspace against real redis-server processes, and the replica-wait tests once more against
 # Valkey 8 (fetched from Debian bookworm-backports by scripts/with-valkey.sh); then the lints
 # every commit keeps: rustfmt, clippy with warnings as errors, and the docs (every intra-doc
 # link resolves; links from public to private items are allowed: these crates document their
@@ -13,12 +13,13 @@ if ! scripts/install-chromium.sh; then
   echo "*** chromium/chromedriver could not be installed: the browser test (cmd/tidemark/tests/console.rs) will print SKIPPED ***" >&2
 fi
 cargo test --workspace --locked "$@"
-# The trim check's reconnect case (ADR-0063) can only fail on a server whose WAIT counts what
-# the connection itself wrote: Redis 7.0 does not, Valkey 8 does. Run that test there too.
+# The trim check's reconnect case (ADR-0063) and a duplicate's confirmation on another
+# connection (ADR-0116) can only fail on a server whose WAIT counts what the connection itself
+# wrote: Redis 7.0 does not, Valkey 8 does. Run those tests there too.
 if scripts/with-valkey.sh true; then
-  scripts/with-valkey.sh cargo test --locked -p tidemark-store --test trim_check "$@"
+  scripts/with-valkey.sh cargo test --locked -p tidemark-store --test trim_check --test replicated_reads "$@"
 else
-  echo "*** Valkey 8 could not be fetched (scripts/with-valkey.sh): trim_check ran on Redis 7.0 only, SKIPPED on Valkey ***" >&2
+  echo "*** Valkey 8 could not be fetched (scripts/with-valkey.sh): trim_check and replicated_reads ran on Redis 7.0 only, SKIPPED on Valkey ***" >&2
 fi
 # The lints. A toolchain without rustfmt or clippy (a minimal rustup profile) skips that one,
 # with a notice.

@@ -462,3 +462,54 @@ async fn a_node_that_refuses_confirmations_holds_back_only_its_own_shards() {
         back.elapsed()
     );
 }
+
+/// ADR-0116: a resend answered as a duplicate on another connection than its first commit's
+/// (another gateway, a reconnect) is confirmed by a `WAIT` on that connection, which covers
+/// only what that connection wrote. A duplicate wrote nothing, so the `WAIT` answered at once
+/// with the stopped replica still counted, and the resend was acknowledged although no
+/// replica had the record: a failover then lost an acknowledged message. The call now writes
+/// the head again when it answers only duplicates, and the `WAIT` covers the first commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_answered_on_another_connection_waits_for_the_replica_too() {
+    let primary = RedisProcess::start().expect("redis-server (scripts/install-redis.sh)");
+    let replica = RedisProcess::start_replica_of(&primary).expect("a replica");
+    let pid = replica.pid().expect("running");
+    let url = primary.url();
+    let mut first = LogStore::connect(&url).await.unwrap();
+    first.set_replica_wait(Some(WAIT));
+    first
+        .commit(SHARD, "alice", "d-0", &["bob"], "zero", 1, 60)
+        .await
+        .expect("confirmed while the replica runs");
+    signal(pid, "STOP");
+    let refused = first
+        .commit(SHARD, "alice", "d-1", &["bob"], "one", 2, 60)
+        .await
+        .expect_err("no replica takes it");
+    assert_eq!(refused.code(), "not_replicated", "{refused}");
+    // the sender sends it again, through another gateway: another connection, which has
+    // written nothing
+    let mut other = LogStore::connect(&url).await.unwrap();
+    other.set_replica_wait(Some(WAIT));
+    let again = other
+        .commit(SHARD, "alice", "d-1", &["bob"], "one", 2, 60)
+        .await;
+    assert_eq!(
+        again.as_ref().map_err(|e| e.code()).err(),
+        Some("not_replicated"),
+        "the resend was acknowledged with no replica holding the record: {again:?}"
+    );
+    signal(pid, "CONT");
+    let mut ok = None;
+    for _ in 0..20 {
+        if let Ok(c) = other
+            .commit(SHARD, "alice", "d-1", &["bob"], "one", 2, 60)
+            .await
+        {
+            ok = Some(c);
+            break;
+        }
+    }
+    let c = ok.expect("acknowledged once the replica has it");
+    assert!(c.duplicate, "the resend is the first commit: {c:?}");
+}

@@ -793,7 +793,14 @@ impl LogStore {
         let packed = self.packed_records;
         cmd.arg(dedupe_ttl_s.max(1))
             .arg(n_parts)
-            .arg(if packed { "m" } else { "f" });
+            // 'w': this call is confirmed with WAIT, and a part answering only duplicates
+            // writes (ADR-0116)
+            .arg(match (packed, self.wait.is_some()) {
+                (true, false) => "m",
+                (true, true) => "mw",
+                (false, false) => "f",
+                (false, true) => "fw",
+            });
         // each packed record is made in one buffer for the call, not a `Vec` each (ADR-0083)
         let mut record = Vec::with_capacity(if packed { record_max } else { 0 });
         for (shard, reqs) in sent() {

@@ -91,7 +91,11 @@
 -- ARGV[1]      dedupe_ttl_s  decimal, seconds the dedupe records (and claims) live
 -- ARGV[2]      m             decimal, parts in the call (>= 1)
 -- ARGV[3]      form          'f': six-field records, 7 arguments per message; 'm': packed
---                            records, 3 arguments per message (ADR-0055)
+--                            records, 3 arguments per message (ADR-0055); either followed
+--                            by 'w' when the caller confirms the call with `WAIT`
+--                            (ADR-0116): a part that answers a duplicate and commits
+--                            nothing writes its head again (the same value), so that the
+--                            `WAIT` on this connection covers the first commit too
 -- Per part (relative to its first argument a):
 -- ARGV[a]      n             decimal, messages in the part (>= 1)
 -- ARGV[a+1]    wake channel  '' for none; on a Redis Cluster `dlogwake:{s}` (same slot as
@@ -122,7 +126,7 @@
 -- Returns a flat array, two values per message, parts in the call's order, each part's
 -- messages in its order:
 --   {0, offset} committed
--- | {1, offset} duplicate (nothing written)
+-- | {1, offset} duplicate (nothing written, but the head's rewrite of a 'w' call)
 -- | {2, head}   log exhausted: head is already 2^48-1 (nothing written)
 -- | {3, offset} id reused: the id was committed with another request (nothing written);
 --               offset 0 when the claim (ARGV[b+6]) named another request (a bare
@@ -146,7 +150,9 @@
 local ttl = ARGV[1]
 local m = tonumber(ARGV[2])
 -- packed records (ADR-0055): 3 arguments per message, else 7
-local packed = ARGV[3] == 'm'
+local packed = string.byte(ARGV[3], 1) == 109 -- 'm'
+-- the caller waits for replicas after the call (ADR-0116)
+local waited = string.byte(ARGV[3], 2) == 119 -- 'w'
 local w = packed and 3 or 7
 -- a message's digest and claim flag, relative to its first argument
 local di, fi = w - 2, w - 1
@@ -159,6 +165,8 @@ local deferred = nil
 -- the part being committed, where its error handler can see it (ADR-0099): its head key,
 -- its wake channel, its head before the part and as it stands (committed records)
 local p_head_key, p_wake, p_first, p_head, p_head_s = nil, nil, 0, 0, nil
+-- and whether it answered a duplicate (ADR-0116)
+local p_dup = false
 
 -- Commits the part whose first key is KEYS[kb] and first argument ARGV[ab] (n messages),
 -- appends its answers to `out`; returns the first key of the next part.
@@ -179,6 +187,8 @@ local function commit_part(kb, ab, n)
   local failed = nil
   -- the first key of the next message
   local next_key = kb + 2
+  -- a message of this part was answered as a duplicate
+  local dup_seen = false
   for i = 1, n do
     local a = ab + 2 + w * (i - 1)
     local digest = ARGV[a + di]
@@ -270,10 +280,18 @@ local function commit_part(kb, ab, n)
     end
     out[nout + 1], out[nout + 2] = st, v
     nout = nout + 2
+    if st == 1 then dup_seen, p_dup = true, true end
   end
   if head ~= first then
     redis.call('SET', head_key, head_s)
     if wake ~= '' then redis.call('SPUBLISH', wake, head_s) end
+  elseif dup_seen and waited then
+    -- A duplicate writes nothing, and `WAIT` confirms only what its connection wrote: a
+    -- resend answered on another connection than its first commit's (another gateway, a
+    -- reconnect) was confirmed at once, though no replica might have the record (ADR-0116).
+    -- This write (the head as it stands) is replicated after the record, so the caller's
+    -- `WAIT` on this connection covers it.
+    redis.call('SET', head_key, string.format('%d', head))
   end
   return next_key
 end
@@ -283,7 +301,7 @@ local kb, ab = 1, 4
 for _ = 1, m do
   local n = tonumber(ARGV[ab])
   local base = nout
-  p_head_key = nil
+  p_head_key, p_dup = nil, false
   local ok, e = pcall(commit_part, kb, ab, n)
   if ok then
     kb = e
@@ -297,6 +315,9 @@ for _ = 1, m do
     if p_head_key and p_head ~= p_first then
       redis.call('SET', p_head_key, p_head_s)
       if p_wake ~= '' then redis.call('SPUBLISH', p_wake, p_head_s) end
+    elseif p_head_key and p_dup and waited then
+      -- a duplicate answered before the error keeps its answer: the write its WAIT needs
+      redis.call('SET', p_head_key, string.format('%d', p_head))
     end
     -- the messages answered before the error (each appends its two values once decided)
     local done = (nout - base) / 2

@@ -2,9 +2,12 @@
 //!
 //! Every test in the workspace and `tidemark up` start Redis through this crate: a
 //! [`RedisProcess`] picks a free loopback port, starts `redis-server` with the options given,
-//! waits until it answers `PING`, and kills the process when dropped. The child also gets a
-//! parent-death signal (`PR_SET_PDEATHSIG`), so a `kill -9` of the owner never leaves an
-//! orphaned server behind.
+//! waits until it answers `PING` (for as long as it answers `LOADING`: a large AOF takes its
+//! time, ADR-0109), and kills the process when dropped. The child also gets a parent-death
+//! signal (`PR_SET_PDEATHSIG`), so a `kill -9` of the owner never leaves an orphaned server
+//! behind, and a process group of its own, so the terminal's Ctrl-C (SIGINT to the foreground
+//! process group) reaches its owner only: the owner stops first, while its Redis still
+//! answers, then kills the server (ADR-0109).
 //!
 //! With [`RedisOptions::requirepass`], the server requires that password (`AUTH`) from every
 //! client; it is handed to redis-server on its standard input (`redis-server -`), never on the
@@ -221,8 +224,27 @@ impl RedisProcess {
         Self::start_with(RedisOptions::default())
     }
 
-    /// Starts a server with the given options and waits until it answers `PING`.
+    /// How long [`RedisProcess::start_with`] waits for a server that neither answers `PONG`
+    /// nor `LOADING` (nor exits).
+    pub const READY_WITHIN: Duration = Duration::from_secs(20);
+
+    /// Starts a server with the given options and waits until it answers `PING`: see
+    /// [`RedisProcess::start_with_ready_within`], with [`RedisProcess::READY_WITHIN`].
     pub fn start_with(opts: RedisOptions) -> Result<Self, Error> {
+        Self::start_with_ready_within(opts, Self::READY_WITHIN)
+    }
+
+    /// Starts a server with the given options and waits until it answers `PING` with
+    /// `PONG`. A server that answers `LOADING` (reading a large AOF) is alive and making
+    /// progress: it is waited for as long as it loads, `ready_within` counting again from each
+    /// such answer; a server silent for `ready_within` is killed and reported
+    /// ([`Error::NotReady`]), never started again (a restart would load the same files from
+    /// the start). Only a server that exited at once (its port taken between the probe and
+    /// its bind) is started again, on another free port, at most 5 times.
+    pub fn start_with_ready_within(
+        opts: RedisOptions,
+        ready_within: Duration,
+    ) -> Result<Self, Error> {
         if !redis_server_available() {
             return Err(Error::NotInstalled);
         }
@@ -262,15 +284,18 @@ impl RedisProcess {
                         dir: dir.clone(),
                         _tmp: None,
                     };
-                    match p.wait_ready(Duration::from_secs(20)) {
+                    match p.wait_ready(ready_within) {
                         Ok(()) => {
                             p._tmp = tmp;
                             return Ok(p);
                         }
                         Err(e) => {
+                            let exited = p.exited();
                             p.kill();
                             last = Some(e);
-                            if opts.port.is_some() {
+                            // a server that is still running did not lose a race for its
+                            // port: another start would only load the same files again
+                            if opts.port.is_some() || !exited {
                                 break;
                             }
                         }
@@ -326,6 +351,10 @@ impl RedisProcess {
         })
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+        // a process group of its own (ADR-0109): the terminal's Ctrl-C reaches the owner, which
+        // stops while its Redis still answers, then kills it; the parent-death signal below
+        // still ends it with its owner
+        cmd.process_group(0);
         // SAFETY: prctl and umask are async-signal-safe; the closure touches nothing else.
         unsafe {
             cmd.pre_exec(|| {
@@ -343,21 +372,32 @@ impl RedisProcess {
         Ok(child)
     }
 
+    /// Waits for `PONG`. `LOADING` answers restart the `limit` (the server is alive and
+    /// loading its files: ADR-0109); an exit or `limit` without either answer is an error.
     fn wait_ready(&mut self, limit: Duration) -> Result<(), Error> {
         let start = Instant::now();
+        let mut heard = start;
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return Err(self.not_ready(start.elapsed()));
-                }
+            if self.exited() {
+                return Err(self.not_ready(start.elapsed()));
             }
-            if ping_auth(self.addr, self.opts.requirepass.as_deref()).unwrap_or(false) {
-                return Ok(());
+            match ping_state(self.addr, self.opts.requirepass.as_deref()) {
+                Ok(PingState::Pong) => return Ok(()),
+                Ok(PingState::Loading) => heard = Instant::now(),
+                Ok(PingState::Other) | Err(_) => {}
             }
-            if start.elapsed() > limit {
+            if heard.elapsed() > limit {
                 return Err(self.not_ready(start.elapsed()));
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether the process has exited (or was never started / already killed).
+    fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(child) => !matches!(child.try_wait(), Ok(None)),
+            None => true,
         }
     }
 
@@ -472,11 +512,16 @@ impl RedisProcess {
             match Self::spawn_once(&self.opts, &self.dir, self.addr.port()) {
                 Ok(child) => {
                     self.child = Some(child);
-                    match self.wait_ready(Duration::from_secs(20)) {
+                    match self.wait_ready(Self::READY_WITHIN) {
                         Ok(()) => return Ok(()),
                         Err(e) => {
+                            let exited = self.exited();
                             self.kill();
                             last = Some(e);
+                            if !exited {
+                                // running but silent: starting it again would not help
+                                break;
+                            }
                             std::thread::sleep(Duration::from_millis(100));
                         }
                     }
@@ -527,26 +572,55 @@ pub fn ping(addr: SocketAddr) -> std::io::Result<bool> {
 /// Like [`ping`], after `AUTH password` when one is given: true only when the server accepts
 /// the password and answers `+PONG` (not while it is still loading its AOF).
 pub fn ping_auth(addr: SocketAddr, password: Option<&str>) -> std::io::Result<bool> {
+    Ok(ping_state(addr, password)? == PingState::Pong)
+}
+
+/// What a server answered [`ping_state`]'s `PING`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PingState {
+    /// `+PONG` (after `+OK` to `AUTH`, with a password): ready.
+    Pong,
+    /// `-LOADING …`: alive, loading its AOF or RDB; it answers `PONG` once loaded.
+    Loading,
+    /// Anything else (a refused password, a closed connection, another error).
+    Other,
+}
+
+/// `AUTH password` (when one is given), then `PING`, on a fresh connection: what the server
+/// answered. An I/O error (nothing listening, no answer within 500 ms) is `Err`.
+pub fn ping_state(addr: SocketAddr, password: Option<&str>) -> std::io::Result<PingState> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200))?;
     s.set_read_timeout(Some(Duration::from_millis(500)))?;
-    let mut want: Vec<u8> = Vec::new();
+    let mut lines = 1;
     if let Some(p) = password {
         // a valid password has no spaces or quotes: safe as an inline command
         s.write_all(format!("AUTH {p}\r\n").as_bytes())?;
-        want.extend_from_slice(b"+OK\r\n");
+        lines += 1;
     }
     s.write_all(b"PING\r\n")?;
-    want.extend_from_slice(b"+PONG\r\n");
     let mut got = Vec::new();
     let mut buf = [0u8; 256];
-    while got.len() < want.len() {
+    while got.windows(2).filter(|w| w == b"\r\n").count() < lines {
         let n = s.read(&mut buf)?;
         if n == 0 {
             break;
         }
         got.extend_from_slice(&buf[..n]);
     }
-    Ok(got.starts_with(&want))
+    let auth_ok = password.is_none() || got.starts_with(b"+OK\r\n");
+    let ping = got
+        .split(|&b| b == b'\n')
+        .nth(lines - 1)
+        .unwrap_or_default();
+    Ok(if !auth_ok {
+        PingState::Other
+    } else if ping.starts_with(b"+PONG\r") {
+        PingState::Pong
+    } else if ping.starts_with(b"-LOADING") {
+        PingState::Loading
+    } else {
+        PingState::Other
+    })
 }
 
 #[cfg(test)]

@@ -384,6 +384,12 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         eprintln!("error: {}", tidemark_redis_proc::Error::CliNotInstalled);
         return Ok(ExitCode::FAILURE);
     }
+    // first: one `up` per data dir (ADR-0109); a second is refused before it writes anything
+    let lock = match run::lock_data_dir(&a.data_dir) {
+        Ok(l) => l,
+        Err(e @ run::Error::DataDirLocked { .. }) => return Ok(refuse(e)),
+        Err(e) => return Err(e.into()),
+    };
     // the data dir holds the secrets: private (0700 / 0600), tightened when it was not
     let tightened = match run::prepare_data_dir(&a.data_dir) {
         Ok(t) => t,
@@ -426,7 +432,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             stopping.store(true, std::sync::atomic::Ordering::SeqCst);
         }
     });
-    let up = run::up(
+    let up = run::up_locked(
         run::UpOptions {
             mailbox: a.size.mailbox,
             core: a.size.core,
@@ -460,6 +466,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
             node,
             upgrade: a.upgrade,
         },
+        lock,
         cancel,
     )
     .await?;
@@ -543,6 +550,8 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         );
     }
     println!("Ctrl-C stops Tidemark and its redis-servers.");
+    // `up`'s other fields (the cluster, the data dir's lock) are dropped at the end of this
+    // function, after the nodes and the Redis servers below
     let run::Up {
         core,
         mailbox,

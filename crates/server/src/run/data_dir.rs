@@ -137,3 +137,48 @@ pub fn load_or_create_secret(data_dir: &Path) -> Result<TokenSecret, Error> {
         &data_dir.join(TOKEN_SECRET_FILE),
     )?)
 }
+
+/// The lock file's name in a data dir (ADR-0109).
+pub const UP_LOCK_FILE: &str = "up.lock";
+
+/// The exclusive lock of one `tidemark up` on its data dir: an `flock` on
+/// `<data_dir>/up.lock`, held while this value lives (the kernel drops it when the process
+/// ends, however it ends). Two `up`s on one data dir would start two redis-servers appending
+/// to the same AOF files; the second is refused before it touches anything.
+#[derive(Debug)]
+pub struct DataDirLock {
+    _file: std::fs::File,
+    dir: PathBuf,
+}
+
+impl DataDirLock {
+    /// The data dir locked.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Takes [`DataDirLock`] on `data_dir` (created private when missing), without waiting:
+/// [`Error::DataDirLocked`] when another process holds it.
+pub fn lock_data_dir(data_dir: &Path) -> Result<DataDirLock, Error> {
+    use std::os::unix::fs::OpenOptionsExt;
+    tidemark_redis_proc::create_private_dir(data_dir)?;
+    let path = data_dir.join(UP_LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(DataDirLock {
+            _file: file,
+            dir: data_dir.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::DataDirLocked {
+            dir: data_dir.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
+    }
+}

@@ -16,13 +16,13 @@ mod serve;
 mod up;
 
 pub use data_dir::{
-    load_or_create_redis_password, load_or_create_secret, prepare_data_dir, Tightened,
-    REDIS_PASSWORD_FILE, TOKEN_SECRET_FILE,
+    load_or_create_redis_password, load_or_create_secret, lock_data_dir, prepare_data_dir,
+    DataDirLock, Tightened, REDIS_PASSWORD_FILE, TOKEN_SECRET_FILE, UP_LOCK_FILE,
 };
 pub use guard::{check_dev_auth, serve_secret};
 pub use serve::{check_identity, init_missing, redact_url, serve, Running, ServeOptions};
 pub(crate) use serve::{check_ownable, supervise_worker, WorkerSpec};
-pub use up::{up, Up, UpOptions, UP_TOPOLOGY_FILE};
+pub use up::{up, up_locked, Up, UpOptions, UP_TOPOLOGY_FILE};
 
 use std::net::SocketAddr;
 
@@ -72,6 +72,15 @@ pub enum Error {
     /// The Redis instances belong to a deployment with another shard count or other tables.
     #[error("deployment mismatch: {0}")]
     Deployment(String),
+    /// Another process (another `tidemark up`) holds the data dir's lock (ADR-0109): nothing
+    /// was started or written.
+    #[error(
+        "{} is in use by another `tidemark up` (it holds {}); stop that one first, or use \
+         another --data-dir",
+        dir.display(),
+        dir.join(data_dir::UP_LOCK_FILE).display()
+    )]
+    DataDirLocked { dir: std::path::PathBuf },
     /// A task that cannot be restarted in place (the gateway) panicked or stopped.
     #[error("{task} {ended}")]
     TaskEnded {
@@ -94,6 +103,7 @@ impl Error {
             Error::Listen { .. } => "listen",
             Error::Deployment(_) => "deployment_mismatch",
             Error::Connect { .. } => "connect",
+            Error::DataDirLocked { .. } => "data_dir_locked",
             Error::TaskEnded { .. } => "task_ended",
         }
     }

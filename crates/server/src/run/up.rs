@@ -10,7 +10,8 @@ use tidemark_store::topology::{Topology, TopologyError};
 use tokio_util::sync::CancellationToken;
 
 use super::data_dir::{
-    load_or_create_redis_password, prepare_data_dir, write_private, REDIS_PASSWORD_FILE,
+    load_or_create_redis_password, lock_data_dir, prepare_data_dir, write_private, DataDirLock,
+    REDIS_PASSWORD_FILE,
 };
 use super::serve::{serve, Running, ServeOptions};
 use super::Error;
@@ -46,7 +47,8 @@ pub struct UpOptions {
     pub node: Option<crate::ownership::NodeOptions>,
     /// `up --upgrade`: raise every instance's identity version from 2 to 3 before serving
     /// (ADR-0056). No process check: `up` started the redis-servers itself a moment ago, and
-    /// holds the data dir's lock, so no other process of the deployment can be running.
+    /// holds the data dir's lock ([`DataDirLock`], ADR-0109), so no other `up` of the data
+    /// dir can be running.
     pub upgrade: bool,
 }
 
@@ -64,6 +66,10 @@ pub struct Up {
     pub topology: Topology,
     /// The file holding the password every instance requires.
     pub password_file: PathBuf,
+    /// The data dir's lock (ADR-0109), released after the fields above are dropped (the
+    /// redis-servers killed): keep this value (not only some of its fields) for as long as
+    /// the deployment runs.
+    pub lock: DataDirLock,
 }
 
 impl Up {
@@ -219,11 +225,32 @@ fn check_deployment(dir: &Path, want: &Deployment) -> Result<(), Error> {
     Ok(())
 }
 
-/// Makes `data_dir` private ([`prepare_data_dir`]), starts `core + mailbox` redis-server
-/// processes under it, each requiring the data dir's password
-/// ([`load_or_create_redis_password`]), initialises the shards and serves. Must be called from the thread that will outlive the processes (the
-/// parent-death signal is bound to the spawning thread): call it from `main`'s `block_on`.
+/// Locks `data_dir` ([`lock_data_dir`]: [`Error::DataDirLocked`] when another `up` holds it,
+/// before anything is started or written), then [`up_locked`].
 pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error> {
+    let lock = lock_data_dir(&opts.data_dir)?;
+    up_locked(opts, lock, cancel).await
+}
+
+/// With the data dir's lock taken ([`lock_data_dir`], by a caller that locks first and checks
+/// more before it starts anything): makes `data_dir` private ([`prepare_data_dir`]), starts
+/// `core + mailbox` redis-server processes under it, each requiring the data dir's password
+/// ([`load_or_create_redis_password`]), initialises the shards and serves; the lock lives in
+/// the [`Up`] returned. Must be called from the thread that will outlive the processes (the
+/// parent-death signal is bound to the spawning thread): call it from `main`'s `block_on`.
+pub async fn up_locked(
+    opts: UpOptions,
+    lock: DataDirLock,
+    cancel: CancellationToken,
+) -> Result<Up, Error> {
+    if std::fs::canonicalize(lock.dir())? != std::fs::canonicalize(&opts.data_dir)? {
+        return Err(TopologyError::Invalid(format!(
+            "the lock taken is on {}, not on the data dir {}",
+            lock.dir().display(),
+            opts.data_dir.display()
+        ))
+        .into());
+    }
     prepare_data_dir(&opts.data_dir)?;
     check_deployment(
         &opts.data_dir,
@@ -307,6 +334,7 @@ pub async fn up(opts: UpOptions, cancel: CancellationToken) -> Result<Up, Error>
         running,
         topology,
         password_file: opts.data_dir.join(REDIS_PASSWORD_FILE),
+        lock,
     })
 }
 

@@ -10,26 +10,83 @@ use tidemark_store::redis::store::OWNER_MARK_TTL_MS;
 use tidemark_store::redis::watermark::{Layout, ShardWatermark, LANES};
 use tidemark_store::{deployment, redact_url};
 
+/// What `wm init` did, or why it wrote nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub enum InitOutcome {
+    /// Watermarks written.
+    Done(InitReport),
+    /// `force` without `force_offline`, and these shards have a live owner (`owner:{s}`
+    /// holding an epoch at or above the shard's, as `wm downgrade` judges it): `(shard, the
+    /// owner's epoch)`. Nothing was written.
+    LiveOwners(Vec<(u32, u64)>),
+}
+
+/// What `wm init` wrote.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct InitReport {
+    /// Shards given a watermark (new, or overwritten with `force`).
+    pub created: u32,
+    /// Shards that already had one and were left as they are (without `force`).
+    pub present: u32,
+    /// Overwritten shards whose epoch was raised above the one asked for, to one above the
+    /// epoch they had (ADR-0110: an overwrite never moves an epoch back): `(shard, epoch
+    /// written)`.
+    pub raised: Vec<(u32, u64)>,
+}
+
 /// `tidemark wm init`: fresh watermarks for shards `0..shards`, all lanes present at 0.
 /// An existing watermark is left as it is (counted) unless `force`, which overwrites it
-/// (checked per shard, atomically). Returns (created, already present).
+/// (checked per shard, atomically), at an epoch above the one it had (ADR-0110). With
+/// `force`, shards whose owner is live ([`live_owner_of`]) are refused, all before anything is
+/// written ([`InitOutcome::LiveOwners`]), unless `force_offline`.
 pub async fn init(
     url: &str,
     shards: u32,
     layout: Layout,
     epoch: u64,
     force: bool,
-) -> Result<(u32, u32)> {
+    force_offline: bool,
+) -> Result<InitOutcome> {
     let mut store = MailboxStore::connect(url, Layout::PackedV2).await?;
-    let (mut created, mut present) = (0, 0);
+    if force && !force_offline {
+        let mut live = Vec::new();
+        for s in 0..shards {
+            if let Some(e) = live_owner_of(&mut store, s).await? {
+                live.push((s, e));
+            }
+        }
+        if !live.is_empty() {
+            return Ok(InitOutcome::LiveOwners(live));
+        }
+    }
+    let mut report = InitReport::default();
     for s in 0..shards {
-        match store.init_watermark(s, layout, epoch, 0, force).await {
-            Ok(()) => created += 1,
-            Err(Error::AlreadyExists { .. }) => present += 1,
+        match store.init_watermark_epoch(s, layout, epoch, 0, force).await {
+            Ok(written) => {
+                report.created += 1;
+                if written != epoch {
+                    report.raised.push((s, written));
+                }
+            }
+            Err(Error::AlreadyExists { .. }) => report.present += 1,
             Err(e) => return Err(e),
         }
     }
-    Ok((created, present))
+    Ok(InitOutcome::Done(report))
+}
+
+/// The epoch of a live owner of `shard` that can still write it: its `owner:{s}` mark
+/// (refreshed by every running materializer, gone [`OWNER_MARK_TTL_MS`] after it stopped
+/// refreshing, removed on a clean stop), unless the watermark's epoch is above it (the owner
+/// is fenced). A mark beside a missing or unreadable watermark counts.
+pub async fn live_owner_of(store: &mut MailboxStore, shard: u32) -> Result<Option<u64>> {
+    let Some(e) = store.live_owner(shard).await? else {
+        return Ok(None);
+    };
+    Ok(match store.read_watermark(shard).await {
+        Ok(wm) if wm.epoch > e => None,
+        _ => Some(e),
+    })
 }
 
 /// Why `wm:{shard}` is missing on `url`, in words an operator can act on (from the
@@ -272,17 +329,52 @@ pub async fn verify(urls: &[String]) -> Result<(usize, Vec<VerifyFinding>)> {
             }
         }
         for chunk in shards.chunks(256) {
-            for (s, r) in chunk.iter().zip(store.read_watermarks(chunk).await?) {
+            let read = match store.read_watermarks(chunk).await {
+                Ok(read) => read,
+                // a `wm:{s}` that is not a hash fails the whole read: shard by shard, that one
+                // a corrupt finding
+                Err(e) if is_wrong_type(&e) => {
+                    let mut read = Vec::with_capacity(chunk.len());
+                    for &s in chunk {
+                        read.push(match store.read_watermarks(&[s]).await {
+                            Ok(mut one) => one.pop().expect("one shard asked, one answer"),
+                            Err(e) if is_wrong_type(&e) => Err(e),
+                            Err(e) => return Err(e),
+                        });
+                    }
+                    read
+                }
+                Err(e) => return Err(e),
+            };
+            for (s, r) in chunk.iter().zip(read) {
                 checked += 1;
-                if let Err(problem) = r {
+                if let Err(e) = r {
                     findings.push(VerifyFinding {
                         url: redact_url(url),
                         shard: Some(*s),
-                        problem: problem.to_string(),
+                        problem: if is_wrong_type(&e) {
+                            wrong_type_problem(*s)
+                        } else {
+                            e.to_string()
+                        },
                     });
                 }
             }
         }
     }
     Ok((checked, findings))
+}
+
+/// Whether `e` is Redis's `WRONGTYPE`: a `wm:{s}` key that is not a hash, which the read
+/// script (`HGETALL`) cannot read. A corrupt watermark, not a failure of the tool.
+pub fn is_wrong_type(e: &Error) -> bool {
+    matches!(e, Error::Redis(re) if re.to_string().contains("WRONGTYPE"))
+}
+
+/// What `wm verify` and `wm inspect` say of a `wm:{shard}` that is not a hash.
+pub fn wrong_type_problem(shard: u32) -> String {
+    format!(
+        "shard {shard}: corrupt: wm:{{{shard}}} is not a hash (WRONGTYPE): a watermark is a hash \
+         of wm_layout, wm_epoch and wm_blob"
+    )
 }

@@ -6,7 +6,7 @@
 //! | 0 | done |
 //! | 1 | failed (Redis, I/O, …: `error: …` on stderr); `wm downgrade` skipped a shard |
 //! | 2 | [`EXIT_REFUSED`]: refused, nothing was started or written (like clap's usage errors) |
-//! | 3 | [`EXIT_CORRUPT`]: a corrupt watermark (`wm verify`: any problem) |
+//! | 3 | [`EXIT_CORRUPT`]: a corrupt watermark (`wm verify`, `status`: any shard whose watermark cannot be read; a `wm:{s}` that is not a hash) |
 //! | 4 | [`EXIT_MISSING`]: a missing watermark |
 //! | 5 | [`EXIT_PROBLEMS`]: `trace` found an inconsistency; `upgrade` raised the version but a process appeared meanwhile |
 

@@ -20,3 +20,7 @@ pub mod status;
 pub mod trace;
 pub mod upgrade;
 pub mod wm;
+
+// ADR-0110: exit statuses of `wm init --force`, `status`, `wm verify`/`inspect` (real Redis)
+#[cfg(test)]
+mod ops_exit_tests;

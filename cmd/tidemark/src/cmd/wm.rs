@@ -7,7 +7,7 @@ use clap::Subcommand;
 use tidemark_ops as ops;
 use tidemark_store::redis::watermark::Layout;
 
-use super::exit::{missing_or_store_exit, store_exit, EXIT_CORRUPT, EXIT_REFUSED};
+use super::exit::{missing_or_store_exit, refuse, store_exit, EXIT_CORRUPT, EXIT_REFUSED};
 
 #[derive(Subcommand)]
 pub enum WmCmd {
@@ -22,13 +22,19 @@ pub enum WmCmd {
         /// Layout written: packed-v2 (default) or packed-v1.
         #[arg(long, default_value = "packed-v2", value_parser = ops::parse_layout)]
         layout: Layout,
-        /// Epoch of the new watermarks (an owner raises it when it claims the shard).
+        /// Epoch of the new watermarks (an owner raises it when it claims the shard). An
+        /// overwritten watermark gets at least its old epoch + 1 (an epoch never goes back).
         #[arg(long, default_value_t = 1)]
         epoch: u64,
         /// Overwrite existing watermarks (DANGEROUS: W goes back to 0, so records above it in
         /// a trimmed log are never delivered). Only for a deployment that holds no data.
+        /// Refused (nothing written) while a shard's owner is live.
         #[arg(long)]
         force: bool,
+        /// With --force: overwrite even shards whose owner looks live (its owner mark is at
+        /// most 30 s old): only when you know every owner is stopped.
+        #[arg(long, requires = "force")]
+        force_offline: bool,
     },
     /// Show one shard's watermark (read through read_log_watermarks.lua).
     Inspect {
@@ -105,13 +111,34 @@ pub async fn run(cmd: WmCmd) -> anyhow::Result<ExitCode> {
             layout,
             epoch,
             force,
-        } => match ops::wm::init(&redis, shards, layout, epoch, force).await {
-            Ok((created, present)) => {
+            force_offline,
+        } => match ops::wm::init(&redis, shards, layout, epoch, force, force_offline).await {
+            Ok(ops::wm::InitOutcome::Done(r)) => {
+                for (s, e) in &r.raised {
+                    println!(
+                        "shard {s}: epoch {e} (one above the overwritten watermark's; an epoch \
+                         never goes back)"
+                    );
+                }
                 println!(
-                    "initialised {created} shard(s) on {redis}: layout {layout}, epoch {epoch}; \
-                     {present} already had a watermark and were left as they are"
+                    "initialised {} shard(s) on {}: layout {layout}, epoch {epoch}; {} already \
+                     had a watermark and were left as they are",
+                    r.created,
+                    tidemark_store::redact_url(&redis),
+                    r.present
                 );
                 Ok(ExitCode::SUCCESS)
+            }
+            Ok(ops::wm::InitOutcome::LiveOwners(live)) => {
+                for (s, e) in &live {
+                    eprintln!("shard {s}: a live owner holds epoch {e}");
+                }
+                Ok(refuse(format!(
+                    "--force would reset W to 0 under {} live owner(s) (owner marks seen within \
+                     30 s); nothing was written: stop every owner first, or add --force-offline \
+                     when you know they are stopped",
+                    live.len()
+                )))
             }
             Err(e) => Ok(store_exit(&e)),
         },
@@ -123,6 +150,10 @@ pub async fn run(cmd: WmCmd) -> anyhow::Result<ExitCode> {
                     print!("{}", ops::wm::inspect_human(shard, &wm));
                 }
                 Ok(ExitCode::SUCCESS)
+            }
+            Err(e) if ops::wm::is_wrong_type(&e) => {
+                eprintln!("corrupt: {}", ops::wm::wrong_type_problem(shard));
+                Ok(ExitCode::from(EXIT_CORRUPT))
             }
             Err(e) => Ok(missing_or_store_exit(&redis, shard, &e).await),
         },

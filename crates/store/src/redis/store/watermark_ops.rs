@@ -55,7 +55,7 @@ impl MailboxStore {
     // ---- initialisation, fencing, downgrade ----
 
     /// Creates `wm:{s}` with all 64 lanes present at `w` (floor `w`), uniform, in `layout`.
-    /// Refuses an existing watermark unless `force`.
+    /// Refuses an existing watermark unless `force` ([`MailboxStore::init_watermark_epoch`]).
     pub async fn init_watermark(
         &mut self,
         shard: u32,
@@ -64,6 +64,23 @@ impl MailboxStore {
         w: u64,
         force: bool,
     ) -> Result<()> {
+        self.init_watermark_epoch(shard, layout, epoch, w, force)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`MailboxStore::init_watermark`], returning the epoch written: `epoch`, or with `force`
+    /// over an existing watermark the larger of `epoch` and its epoch + 1, so that an
+    /// overwrite never moves a shard's epoch back and fences every owner of the old one
+    /// (ADR-0110).
+    pub async fn init_watermark_epoch(
+        &mut self,
+        shard: u32,
+        layout: Layout,
+        epoch: u64,
+        w: u64,
+        force: bool,
+    ) -> Result<u64> {
         check_u48("w", w)?;
         let lanes = LaneWatermarks::uniform(LaneRecord::at(w, w));
         let blob = encode_blob(layout, &lanes);
@@ -77,7 +94,7 @@ impl MailboxStore {
                     include_str!("../lua/common/init_watermark.lua").to_string(),
                 )
             });
-        let created: i64 = INIT
+        let written: redis::Value = INIT
             .key(&key)
             .arg(layout.as_str())
             .arg(epoch.to_string())
@@ -85,10 +102,20 @@ impl MailboxStore {
             .arg(if force { "1" } else { "0" })
             .invoke(&mut self.conn)
             .await?;
-        if created == 0 {
-            return Err(Error::AlreadyExists { shard });
+        match &written {
+            redis::Value::Int(0) => Err(Error::AlreadyExists { shard }),
+            redis::Value::BulkString(b) => std::str::from_utf8(b)
+                .ok()
+                .and_then(|e| e.parse().ok())
+                .ok_or_else(|| Error::UnexpectedReply {
+                    script: "init_watermark",
+                    detail: format!("{written:?}"),
+                }),
+            _ => Err(Error::UnexpectedReply {
+                script: "init_watermark",
+                detail: format!("{written:?}"),
+            }),
         }
-        Ok(())
     }
 
     /// Compare-and-set of the epoch (`fence_epoch.lua`).

@@ -696,3 +696,78 @@ async fn dev_auth_refuses_a_page_of_another_site() {
     assert_eq!(status, 200, "{body}");
     d.shutdown().await;
 }
+
+/// ADR-0115: DNS rebinding. A page of `evil.example` whose name is re-pointed at 127.0.0.1
+/// after it loaded is same-origin with the `Host` it sends, so ADR-0104's `Origin` check let
+/// it act as any user (read a mailbox, send, read the admin status). Without
+/// `--dev-auth-public`, dev auth now answers only for a loopback `Host`; with it, as before.
+#[tokio::test]
+async fn dev_auth_answers_only_for_a_loopback_host() {
+    use gateway_support::request_on;
+    let d = start().await;
+    let port = d.addr.port();
+    let evil = format!("evil.example:{port}");
+    let evil_origin = format!("http://{evil}");
+    for (method, path, body) in [
+        ("GET", "/v1/mailbox?user=alice", None),
+        (
+            "POST",
+            "/v1/mailbox/ack?user=alice",
+            Some(&br#"{"seq":1}"#[..]),
+        ),
+        ("GET", "/v1/admin/status", None),
+    ] {
+        let tcp = TcpStream::connect(d.addr).await.unwrap();
+        let (status, text) = request_on(
+            tcp,
+            &evil,
+            method,
+            path,
+            &[("Origin", evil_origin.as_str())],
+            body,
+        )
+        .await;
+        assert_eq!(status, 403, "{method} {path} for Host {evil}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], "forbidden", "{v}");
+    }
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let tcp = TcpStream::connect(d.addr).await.unwrap();
+        let (status, head, text) = gateway_support::request_on_full(
+            tcp,
+            &host,
+            "GET",
+            "/v1/mailbox?user=alice",
+            &[],
+            None,
+        )
+        .await;
+        assert_eq!(status, 200, "Host {host}: {text}");
+        // and a data answer is neither cached nor sniffed
+        assert_eq!(
+            gateway_support::header_value(&head, "cache-control"),
+            Some("no-store"),
+            "{head}"
+        );
+        assert_eq!(
+            gateway_support::header_value(&head, "x-content-type-options"),
+            Some("nosniff"),
+            "{head}"
+        );
+    }
+    d.shutdown().await;
+    // --dev-auth-public: reached from other machines by any name
+    let d = start_with(|o| o.dev_auth_public = true).await;
+    let tcp = TcpStream::connect(d.addr).await.unwrap();
+    let (status, text) = request_on(
+        tcp,
+        &format!("gateway.lan:{}", d.addr.port()),
+        "GET",
+        "/v1/mailbox?user=alice",
+        &[],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{text}");
+    d.shutdown().await;
+}

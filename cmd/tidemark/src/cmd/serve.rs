@@ -330,6 +330,14 @@ fn preflight(
         Ok(Some(warning)) => eprintln!("{warning}"),
         Ok(None) => {}
     }
+    if listeners.admin_listen.is_none() && !listen.ip().is_loopback() {
+        // ADR-0027 serves them there when no admin listener is given; ADR-0115: said aloud
+        eprintln!(
+            "warning: /metrics and /healthz answer on {listen}, the client listener, to anyone \
+             who reaches it (shard heads, lag, node names); give them their own listener with \
+             --admin-listen 127.0.0.1:PORT"
+        );
+    }
     listeners.tls()
 }
 
@@ -337,12 +345,13 @@ fn preflight(
 fn gateway_options(
     listeners: &ListenerArgs,
     limits: &GatewayLimitArgs,
-    dev_auth: bool,
+    (dev_auth, dev_auth_public): (bool, bool),
     token_secret: Option<Vec<u8>>,
     tls: Option<TlsConfig>,
 ) -> GatewayOptions {
     GatewayOptions {
         dev_auth,
+        dev_auth_public,
         token_secret,
         tls,
         admin_listen: listeners.admin_listen,
@@ -449,7 +458,7 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
                 ..gateway_options(
                     &a.listeners,
                     &a.limits,
-                    a.dev_auth,
+                    (a.dev_auth, a.dev_auth_public),
                     Some(secret.into_bytes()),
                     tls,
                 )
@@ -684,7 +693,13 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 commit_feed: !a.materializer.no_commit_feed,
                 commit_linger: std::time::Duration::from_micros(a.materializer.commit_linger_us),
                 ack_interval: std::time::Duration::from_millis(a.materializer.ack_interval_ms),
-                ..gateway_options(&a.listeners, &a.limits, a.dev_auth, secret, tls)
+                ..gateway_options(
+                    &a.listeners,
+                    &a.limits,
+                    (a.dev_auth, a.dev_auth_public),
+                    secret,
+                    tls,
+                )
             },
             materializer: MaterializerOptions {
                 mailbox_wait: a.replication.mailbox_policy(),

@@ -49,11 +49,29 @@ fn unauthorized(msg: impl Into<String>) -> Refusal {
 /// (its host and port, compared with the request's `Host`) is refused. Requests without an
 /// `Origin` (command-line clients, the load generator, same-origin `GET`s) pass, and so do
 /// this gateway's own pages (the console).
-fn same_origin(headers: &HeaderMap) -> Result<(), Refusal> {
+///
+/// And unless `public` (`--dev-auth-public`), the `Host` must be a loopback one (ADR-0115):
+/// a page of `evil.example` whose name is re-pointed at 127.0.0.1 after it loaded (DNS
+/// rebinding) is same-origin with the `Host` it sends, `evil.example`, which no one uses to
+/// reach a gateway listening on loopback.
+fn dev_auth_allowed(headers: &HeaderMap, public: bool) -> Result<(), Refusal> {
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    if let Some(host) = host.filter(|h| !public && !is_loopback_host(h)) {
+        tracing::info!(
+            host,
+            "dev auth: request for a host that is not loopback refused"
+        );
+        return Err((
+            ErrorCode::Forbidden,
+            "with dev auth (?user=) this gateway answers only for localhost, 127.0.0.1 or \
+             [::1] (--dev-auth-public serves other names)"
+                .into(),
+        ));
+    }
     let Some(origin) = headers.get(header::ORIGIN) else {
         return Ok(());
     };
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+    let Some(host) = host else {
         // no `Host` to compare with (HTTP/2 names it in the URI): nothing to refuse on
         return Ok(());
     };
@@ -126,7 +144,7 @@ pub(crate) fn authenticate(
     }
     if opts.dev_auth {
         if let Some(user) = query_param(query, "user")? {
-            same_origin(headers)?;
+            dev_auth_allowed(headers, opts.dev_auth_public)?;
             if !is_valid_user_id(&user) {
                 return Err(unauthorized(
                     "`user` must be 1..=128 bytes without control characters",
@@ -152,7 +170,7 @@ pub(crate) fn authorize_admin(
     query: Option<&str>,
 ) -> Result<Option<Caller>, Refusal> {
     if opts.dev_auth && !headers.contains_key(header::AUTHORIZATION) {
-        same_origin(headers)?;
+        dev_auth_allowed(headers, opts.dev_auth_public)?;
         return Ok(None);
     }
     let caller = authenticate(opts, headers, query, Endpoint::Http)?;
@@ -169,6 +187,34 @@ pub(crate) fn authorize_admin(
             "this endpoint needs an admin token (tidemark token --admin)".into(),
         ))
     }
+}
+
+/// Whether a `Host` header names this machine's loopback: `localhost` (and its subdomains,
+/// which browsers resolve to loopback themselves), an address of `127.0.0.0/8`, or `[::1]`;
+/// with or without a port.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // [v6] or [v6]:port
+        match rest.split_once(']') {
+            Some((v6, _)) => {
+                return v6
+                    .parse::<std::net::Ipv6Addr>()
+                    .is_ok_and(|a| a.is_loopback())
+            }
+            None => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        }
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost"
+        || name.ends_with(".localhost")
+        || name
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|a| a.is_loopback())
 }
 
 fn now_unix() -> u64 {
@@ -245,6 +291,36 @@ mod tests {
             HeaderValue::from_str(&format!("Bearer {t}")).unwrap(),
         );
         h
+    }
+
+    /// ADR-0115: the `Host`s dev auth answers for without `--dev-auth-public`.
+    #[test]
+    fn loopback_hosts() {
+        for ok in [
+            "localhost",
+            "localhost:7400",
+            "LOCALHOST.:7400",
+            "app.localhost:80",
+            "127.0.0.1",
+            "127.0.0.1:7400",
+            "127.5.6.7:1",
+            "[::1]",
+            "[::1]:7400",
+        ] {
+            assert!(is_loopback_host(ok), "{ok}");
+        }
+        for bad in [
+            "evil.example:7400",
+            "localhost.evil.example",
+            "127.0.0.1.evil.example:7400",
+            "10.0.0.1:7400",
+            "0.0.0.0:7400",
+            "[::2]:7400",
+            "[::1",
+            "",
+        ] {
+            assert!(!is_loopback_host(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub(crate) fn router(shared: Arc<Shared>, routes: Routes) -> Router {
             .route("/v1/mailbox/ack", post(ack_mailbox))
             .route("/v1/admin/status", get(admin::status))
             .route("/v1/admin/status/stream", get(admin::stream))
+            // the routes above answer with data: never cached, never sniffed (ADR-0115; a
+            // mailbox page holds bodies its senders chose)
+            .layer(axum::middleware::map_response(data_headers))
             // static, open: they hold no data (ADR-0034)
             .route("/", get(web::index))
             .route("/ops", get(web::ops))
@@ -74,6 +77,22 @@ pub(crate) fn router(shared: Arc<Shared>, routes: Routes) -> Router {
             .method_not_allowed_fallback(method_not_allowed_authenticated)
             .with_state(shared)
     }
+}
+
+/// `Cache-Control: no-store` and `X-Content-Type-Options: nosniff` on a response of the data
+/// endpoints: a browser or a proxy keeps no copy of a mailbox page or an admin snapshot, and
+/// never reads JSON of attacker-chosen bodies as anything but JSON.
+async fn data_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        axum::http::header::CACHE_CONTROL,
+        axum::http::HeaderValue::from_static("no-store"),
+    );
+    h.insert(
+        axum::http::header::X_CONTENT_TYPE_OPTIONS,
+        axum::http::HeaderValue::from_static("nosniff"),
+    );
+    r
 }
 
 /// An error response: `{"error":{"code":…,"message":…}}` with the code's status.

@@ -127,6 +127,11 @@ pub struct GatewayOptions {
     pub token_secret: Option<Vec<u8>>,
     /// Accept `?user=NAME` without a token (development only).
     pub dev_auth: bool,
+    /// With dev auth: accept requests for any `Host` (`--dev-auth-public`: the gateway is
+    /// reached from other machines by name or address). Otherwise dev auth serves only a
+    /// loopback `Host` (`localhost`, `127.0.0.0/8`, `[::1]`), so that a page whose name an
+    /// attacker re-points at 127.0.0.1 (DNS rebinding) cannot act as a user (ADR-0115).
+    pub dev_auth_public: bool,
     /// Most commits in flight before `send` is refused with `overloaded`.
     pub max_inflight_commits: usize,
     /// Most commits in flight (or queued on its connections) for one user; 0: an eighth of
@@ -228,6 +233,7 @@ impl Default for GatewayOptions {
             limits: Limits::default(),
             token_secret: None,
             dev_auth: false,
+            dev_auth_public: false,
             max_inflight_commits: 4096,
             max_inflight_commits_per_user: 0,
             max_connections_per_user: 16,

@@ -1108,6 +1108,12 @@ enum ReaderInner {
 /// normal operation).
 pub const CLUSTER_SWEEP: Duration = Duration::from_secs(5);
 
+/// Longest wait for one shard's read on a cluster (ADR-0117): a read of the records there is
+/// answers in milliseconds; one that takes this long is on a node that is gone or hung (the
+/// cluster client retries a refused connection for about 10 s, and a hung node's answer never
+/// comes), and it must not hold up the shards of the other nodes.
+const SHARD_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
 struct ClusterReader {
     endpoint: String,
     conn: Conn,
@@ -1141,6 +1147,13 @@ struct ClusterReader {
     /// its own shards' records, where before they failed every read, and with it every other
     /// node's records, for as long as they lasted.
     confirm_backoff: HashMap<u32, (tokio::time::Instant, Duration)>,
+    /// Shards whose last read failed or took [`SHARD_READ_TIMEOUT`] (ADR-0117), with when
+    /// they may be read again and the wait that led there (doubling from
+    /// [`CONFIRM_RETRY_MIN`] to [`CONFIRM_RETRY_MAX`]). Before, the reads of every shard were
+    /// joined and one failure failed them all: a primary's death stopped the delivery of every
+    /// shard of the cluster until its failover ended, and the reader made again to recover
+    /// subscribed to the dead node's channels too, and failed the same way.
+    read_backoff: HashMap<u32, (tokio::time::Instant, Duration)>,
     /// Confirmations that ended in an error reply since [`LogReader::take_confirm_errors`]
     /// last took them: the worker counts them in its metrics (the warning alone is easy to
     /// miss).
@@ -1168,6 +1181,7 @@ impl LogReader {
                     confirm_conn,
                     done: Default::default(),
                     confirm_backoff: HashMap::new(),
+                    read_backoff: HashMap::new(),
                     confirm_errors: 0,
                 })),
             });
@@ -1626,9 +1640,11 @@ impl ClusterReader {
             let confirming = &self.confirming;
             let now = tokio::time::Instant::now();
             let backoff = &self.confirm_backoff;
+            let read_backoff = &self.read_backoff;
             let running = |s: &u32| {
                 confirming.get(s).is_some_and(|t| !t.is_finished())
                     || backoff.get(s).is_some_and(|(until, _)| *until > now)
+                    || read_backoff.get(s).is_some_and(|(until, _)| *until > now)
             };
             let targets: Vec<(u32, u64)> = positions
                 .iter()
@@ -1648,15 +1664,49 @@ impl ClusterReader {
                 let reads = targets.iter().map(|&(s, after)| {
                     let mut conn = self.conn.clone();
                     async move {
-                        let v: Value = xread(&[(s, after)], count, Duration::ZERO)
-                            .query_async(&mut conn)
-                            .await?;
-                        Ok::<_, Error>((s, after, parse_xread(&v)?))
+                        let read = async {
+                            let v: Value = xread(&[(s, after)], count, Duration::ZERO)
+                                .query_async(&mut conn)
+                                .await?;
+                            parse_xread(&v)
+                        };
+                        let got = match tokio::time::timeout(SHARD_READ_TIMEOUT, read).await {
+                            Ok(r) => r,
+                            Err(_) => {
+                                Err(Error::Redis(redis::RedisError::from(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "the shard's node did not answer the read in time",
+                                ))))
+                            }
+                        };
+                        (s, after, got)
                     }
                 });
                 let mut out = Vec::new();
-                for r in futures::future::join_all(reads).await {
-                    let (s, after, got) = r?;
+                let (mut failed, mut first_error) = (0, None);
+                let n_targets = targets.len();
+                for (s, after, got) in futures::future::join_all(reads).await {
+                    let got = match got {
+                        Ok(got) => {
+                            self.read_backoff.remove(&s);
+                            got
+                        }
+                        Err(e) => {
+                            // this shard waits; the others are handed on (ADR-0117)
+                            let next = match self.read_backoff.get(&s) {
+                                Some((until, d)) if now <= *until + CONFIRM_RETRY_MAX => {
+                                    (*d * 2).min(CONFIRM_RETRY_MAX)
+                                }
+                                _ => CONFIRM_RETRY_MIN,
+                            };
+                            self.read_backoff.insert(s, (now + next, next));
+                            self.expect.remove(&s);
+                            tracing::warn!(shard = s, error = %e, retry_in = ?next, "log read of a shard failed; the other shards go on");
+                            failed += 1;
+                            first_error.get_or_insert(e);
+                            continue;
+                        }
+                    };
                     let recs: Vec<DispatchRecord> =
                         got.into_iter().flat_map(|(_, recs)| recs).collect();
                     let end = recs.last().map(|r| r.offset).unwrap_or(after);
@@ -1673,15 +1723,21 @@ impl ClusterReader {
                         out.push((s, recs));
                     }
                 }
+                if failed == n_targets {
+                    // every read failed: the cluster (or this process's way to it) is down,
+                    // and the reader is made again, as before
+                    return Err(first_error.expect("a failure"));
+                }
                 if !out.is_empty() {
                     return Ok(out);
                 }
             }
             // nothing to read: wait for a hint, a confirmation's end, the block time, the
-            // next sweep, or the end of a failed confirmation's wait
+            // next sweep, or the end of a failed confirmation's or read's wait
             let sweep_at = self
                 .confirm_backoff
                 .values()
+                .chain(self.read_backoff.values())
                 .map(|(until, _)| *until)
                 .filter(|until| *until > now)
                 .fold(self.last_sweep + CLUSTER_SWEEP, |a, b| a.min(b));

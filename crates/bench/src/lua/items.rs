@@ -114,6 +114,24 @@ impl Item {
         }
     }
 
+    /// The shard's watermark made afresh at [`BASE`] in [`EPOCH`]: deleted first, since a
+    /// forced init over an existing one raises its epoch (ADR-0110) and the item's calls
+    /// name [`EPOCH`].
+    async fn reset_watermark(
+        &self,
+        store: &mut MailboxStore,
+        conn: &mut MultiplexedConnection,
+    ) -> Result<(), Error> {
+        redis::cmd("DEL")
+            .arg(&self.wm)
+            .query_async::<()>(conn)
+            .await?;
+        store
+            .init_watermark(self.shard, self.layout, EPOCH, BASE, false)
+            .await?;
+        Ok(())
+    }
+
     /// Puts the server in this item's start state (not measured).
     pub(super) async fn prepare(
         &self,
@@ -123,23 +141,17 @@ impl Item {
         match self.kind {
             Kind::Noop | Kind::Uniform { .. } => {}
             Kind::Materialize => {
-                store
-                    .init_watermark(self.shard, self.layout, EPOCH, BASE, true)
-                    .await?;
+                self.reset_watermark(store, conn).await?;
                 redis::cmd("DEL")
                     .arg(&self.mailboxes)
                     .query_async::<()>(conn)
                     .await?;
             }
             Kind::Advance | Kind::AdvanceMany | Kind::Read => {
-                store
-                    .init_watermark(self.shard, self.layout, EPOCH, BASE, true)
-                    .await?;
+                self.reset_watermark(store, conn).await?;
             }
             Kind::Gc => {
-                store
-                    .init_watermark(self.shard, self.layout, EPOCH, BASE, true)
-                    .await?;
+                self.reset_watermark(store, conn).await?;
                 redis::cmd("DEL")
                     .arg(keys::staging_index(self.shard))
                     .query_async::<()>(conn)

@@ -54,7 +54,8 @@
 //!   listed in `unread`. A pool figure needs every instance of the pool.
 //! - **Errors** by code: `error` frames and failed sends (the server's code, e.g.
 //!   `overloaded`), acks not received in the window (`timeout`), closed connections
-//!   (`closed`), bodies not produced by this run (`foreign_body`).
+//!   (`closed`), bodies not produced by this run (`foreign_body`), a message delivered to a
+//!   client again under another seq (`duplicate`: not counted as delivered).
 
 mod driver;
 mod info;

@@ -105,6 +105,10 @@ pub(super) async fn receive(
 ) {
     let handle = client.handle();
     let mut highest = client.ready_after();
+    // the messages this client got, by index: one delivered again under another seq (an
+    // exactly-once failure) is an error, not a second delivery that could make up for a
+    // lost one in the delivered share
+    let mut got = std::collections::HashSet::new();
     let mut unacked: Option<u64> = None;
     let mut last_ack = Instant::now();
     // One timer, set when something is first left unacked (not one per event).
@@ -139,6 +143,7 @@ pub(super) async fn receive(
                     .and_then(|n| n.parse::<u64>().ok())
                     .filter(|&n| n < shared.total)
                 {
+                    Some(i) if !got.insert(i) => shared.error("duplicate"),
                     Some(i) if now <= shared.deadline => {
                         shared.record_e2e(i, now.saturating_duration_since(shared.intended(i)));
                         shared.delivered.fetch_add(1, Ordering::Relaxed);

@@ -222,7 +222,7 @@ async fn half_sent_requests_are_closed_after_the_header_read_timeout() {
     // A body that trickles is refused once the same time has passed.
     let mut slow = TcpStream::connect(d.addr).await.unwrap();
     slow.write_all(
-        b"POST /v1/messages?user=a HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"id\"",
+        b"POST /v1/messages?user=a HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"id\"",
     )
     .await
     .unwrap();
@@ -414,7 +414,7 @@ async fn mailbox_pages_are_capped_in_bytes_and_unread_responses_are_dropped() {
     .await;
     fill_mailbox(&d, "dave", 300, 16_000).await;
     let mut s = small_window(d.addr).await;
-    s.write_all(b"GET /v1/mailbox?user=dave&limit=1000 HTTP/1.1\r\nHost: x\r\n\r\n")
+    s.write_all(b"GET /v1/mailbox?user=dave&limit=1000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     metric_reaches(&d, "tidemark_write_stalls_total", 1.0).await;

@@ -42,8 +42,8 @@ curl -s "http://127.0.0.1:$PORT/metrics" | awk '
   END { for (n in v) if (n ~ /,count$/) { b = substr(n, 1, length(n) - 6);
           if (v[n] > 0) printf "%s: %.2f messages on average\n", b "_size", v[b ",sum"] / v[n] } }' \
   | sort | tee -a "$OUT.txt"
-# the commit feed's counters (ADR-0049), if the binary has them
-curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^tidemark_commit_feed' | tee -a "$OUT.txt" || true
+# the commit feed's counters (ADR-0049) and the local runs dropped (ADR-0111), if the binary has them
+curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^tidemark_commit_feed|^tidemark_local_runs_dropped_total' | tee -a "$OUT.txt" || true
 HZ=$(getconf CLK_TCK)
 awk -v t0="$T0" -v t1="$T1" -v u0="$U0" -v u1="$U1" -v c0="$C0" -v c1="$C1" -v w0="$W0" -v w1="$W1" -v hz="$HZ" 'BEGIN {
   cpu = (t1 - t0) / hz; usr = (u1 - u0) / hz; n = c1 - c0;

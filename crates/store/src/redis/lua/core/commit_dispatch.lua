@@ -165,7 +165,7 @@ local deferred = nil
 -- the part being committed, where its error handler can see it (ADR-0099): its head key,
 -- its wake channel, its head before the part and as it stands (committed records)
 local p_head_key, p_wake, p_first, p_head, p_head_s = nil, nil, 0, 0, nil
--- and whether it answered a duplicate (ADR-0116)
+-- and whether it answered a duplicate (ADR-0116; set where a message is answered {1, …})
 local p_dup = false
 
 -- Commits the part whose first key is KEYS[kb] and first argument ARGV[ab] (n messages),
@@ -187,8 +187,6 @@ local function commit_part(kb, ab, n)
   local failed = nil
   -- the first key of the next message
   local next_key = kb + 2
-  -- a message of this part was answered as a duplicate
-  local dup_seen = false
   for i = 1, n do
     local a = ab + 2 + w * (i - 1)
     local digest = ARGV[a + di]
@@ -228,7 +226,7 @@ local function commit_part(kb, ab, n)
       st, v = 7, 0
     elseif off then
       -- a one-key claim (ADR-0040) answers the message
-      if d == digest then st, v = 1, tonumber(off) else st, v = 3, tonumber(off) end
+      if d == digest then st, v, p_dup = 1, tonumber(off), true else st, v = 3, tonumber(off) end
     elseif claimed and claimed ~= digest then
       st, v = 3, 0
     elseif flag == '2' and not claimed then
@@ -243,12 +241,12 @@ local function commit_part(kb, ab, n)
       local dup = redis.call('GET', KEYS[k])
       if dup then
         off, d = string.match(dup, '^(%d+):(.*)$')
-        if not off then st, v = 1, tonumber(dup)
+        if not off then st, v, p_dup = 1, tonumber(dup), true
         elseif d ~= digest then st, v = 3, tonumber(off)
-        else st, v = 1, tonumber(off) end
+        else st, v, p_dup = 1, tonumber(off), true end
       else
         dup = redis.call('GET', KEYS[k + 1])
-        if dup then st, v = 1, tonumber(dup) else record = KEYS[k] end
+        if dup then st, v, p_dup = 1, tonumber(dup), true else record = KEYS[k] end
       end
     end
     if record then
@@ -280,12 +278,11 @@ local function commit_part(kb, ab, n)
     end
     out[nout + 1], out[nout + 2] = st, v
     nout = nout + 2
-    if st == 1 then dup_seen, p_dup = true, true end
   end
   if head ~= first then
     redis.call('SET', head_key, head_s)
     if wake ~= '' then redis.call('SPUBLISH', wake, head_s) end
-  elseif dup_seen and waited then
+  elseif p_dup and waited then
     -- A duplicate writes nothing, and `WAIT` confirms only what its connection wrote: a
     -- resend answered on another connection than its first commit's (another gateway, a
     -- reconnect) was confirmed at once, though no replica might have the record (ADR-0116).

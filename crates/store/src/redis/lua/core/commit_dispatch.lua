@@ -150,9 +150,11 @@
 local ttl = ARGV[1]
 local m = tonumber(ARGV[2])
 -- packed records (ADR-0055): 3 arguments per message, else 7
-local packed = string.byte(ARGV[3], 1) == 109 -- 'm'
+-- (short strings are interned: each comparison is a pointer's)
+local form = ARGV[3]
+local packed = form == 'm' or form == 'mw'
 -- the caller waits for replicas after the call (ADR-0116)
-local waited = string.byte(ARGV[3], 2) == 119 -- 'w'
+local waited = form == 'mw' or form == 'fw'
 local w = packed and 3 or 7
 -- a message's digest and claim flag, relative to its first argument
 local di, fi = w - 2, w - 1

@@ -294,25 +294,27 @@ impl LeaseLoop {
                 }
             }
             // 1b. which instances answer (ADR-0113): one PING each (instance 0 answers the
-            //     heartbeat); a node that does not reach one for a lease TTL says so below
+            //     heartbeat), all at once, so that the probe costs at most one call's wait
+            //     however many instances hang; a node that does not reach one for a lease TTL
+            //     says so below
+            let pings = (1..cores.len()).filter_map(|i| {
+                let mut c = cores[i].clone()?;
+                Some(async move { (i, tokio::time::timeout(call, c.ping()).await) })
+            });
+            let mut answered = vec![false; cores.len()];
+            for (i, r) in futures::future::join_all(pings).await {
+                match r {
+                    Ok(Ok(())) => answered[i] = true,
+                    Ok(Err(e)) => {
+                        if matches!(e, tidemark_store::Error::Redis(_)) {
+                            cores[i] = None;
+                        }
+                    }
+                    Err(_) => stalled[i] = true,
+                }
+            }
             for i in 1..cores.len() {
-                let answered = match cores[i].as_mut() {
-                    Some(c) => match tokio::time::timeout(call, c.ping()).await {
-                        Ok(Ok(())) => true,
-                        Ok(Err(e)) => {
-                            if matches!(e, tidemark_store::Error::Redis(_)) {
-                                cores[i] = None;
-                            }
-                            false
-                        }
-                        Err(_) => {
-                            stalled[i] = true;
-                            false
-                        }
-                    },
-                    None => false,
-                };
-                if answered {
+                if answered[i] {
                     failing_since[i] = None;
                 } else {
                     failing_since[i].get_or_insert_with(Instant::now);

@@ -1409,13 +1409,7 @@ impl LogReader {
                             // the others' go on (ADR-0069); the wait doubles while the
                             // errors follow one another, and starts over after a pause
                             let now = tokio::time::Instant::now();
-                            let next = match r.confirm_backoff.get(&s) {
-                                Some((until, d)) if now <= *until + CONFIRM_RETRY_MAX => {
-                                    (*d * 2).min(CONFIRM_RETRY_MAX)
-                                }
-                                _ => CONFIRM_RETRY_MIN,
-                            };
-                            r.confirm_backoff.insert(s, (now + next, next));
+                            let next = back_off(&mut r.confirm_backoff, s, now);
                             r.confirm_errors += 1;
                             r.expect.remove(&s);
                             tracing::warn!(
@@ -1693,13 +1687,7 @@ impl ClusterReader {
                         }
                         Err(e) => {
                             // this shard waits; the others are handed on (ADR-0117)
-                            let next = match self.read_backoff.get(&s) {
-                                Some((until, d)) if now <= *until + CONFIRM_RETRY_MAX => {
-                                    (*d * 2).min(CONFIRM_RETRY_MAX)
-                                }
-                                _ => CONFIRM_RETRY_MIN,
-                            };
-                            self.read_backoff.insert(s, (now + next, next));
+                            let next = back_off(&mut self.read_backoff, s, now);
                             self.expect.remove(&s);
                             tracing::warn!(shard = s, error = %e, retry_in = ?next, "log read of a shard failed; the other shards go on");
                             failed += 1;
@@ -1766,6 +1754,23 @@ impl ClusterReader {
             }
         }
     }
+}
+
+/// Records another failure of `shard` in `backoff` (a cluster reader's confirmations,
+/// ADR-0069, or reads, ADR-0117): the shard waits a delay that doubles while failures follow
+/// one another ([`CONFIRM_RETRY_MIN`] to [`CONFIRM_RETRY_MAX`]) and starts over after a pause.
+/// Returns the delay.
+fn back_off(
+    backoff: &mut HashMap<u32, (tokio::time::Instant, Duration)>,
+    shard: u32,
+    now: tokio::time::Instant,
+) -> Duration {
+    let next = match backoff.get(&shard) {
+        Some((until, d)) if now <= *until + CONFIRM_RETRY_MAX => (*d * 2).min(CONFIRM_RETRY_MAX),
+        _ => CONFIRM_RETRY_MIN,
+    };
+    backoff.insert(shard, (now + next, next));
+    next
 }
 
 /// Notes a push in `dirty`; `true` when it reports a dropped connection.

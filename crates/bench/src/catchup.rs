@@ -37,8 +37,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine::{
-    bar, bound_per_s, load_avg, round3, sample_all, thousands, Error, InstanceUse, LocalRedis,
-    ProcessMark,
+    bar, bound_per_s, load_avg, or_dash, per_unit, round3, sample_all, thousands, Error,
+    InstanceUse, LocalRedis, ProcessMark,
 };
 
 /// Distinct recipients per shard the records are addressed to.
@@ -114,8 +114,8 @@ pub struct MailboxCatchup {
     /// Its Redis use over those seconds, per record.
     pub redis: InstanceUse,
     /// Records/s this instance would take at 100 % of one core (`1e6 / redis.cpu_us_per_unit`):
-    /// its ceiling when nothing else is short.
-    pub redis_bound_per_s: f64,
+    /// its ceiling when nothing else is short (missing when nothing was measured).
+    pub redis_bound_per_s: Option<f64>,
 }
 
 /// The result of one catch-up run.
@@ -163,9 +163,10 @@ pub struct CatchupReport {
     /// Its CPU % of one core.
     pub process_cpu_pct: f64,
     /// Its CPU µs per record.
-    pub process_cpu_us_per_record: f64,
-    /// The 1-minute load average of the machine at the start and at the end of the catch-up.
-    pub load_avg: [f64; 2],
+    pub process_cpu_us_per_record: Option<f64>,
+    /// The 1-minute load average of the machine at the start and at the end of the catch-up
+    /// (missing when `/proc/loadavg` could not be read).
+    pub load_avg: [Option<f64>; 2],
 }
 
 /// The users of each shard the records go to: `USERS_PER_SHARD` per shard, `u<i>` in order.
@@ -459,7 +460,7 @@ pub async fn run_catchup(opts: &CatchupOptions) -> Result<CatchupReport, Error> 
         per_core,
         process_cpu_s: round3(cpu_s),
         process_cpu_pct: round3(cpu_s / wall_s * 100.0),
-        process_cpu_us_per_record: round3(cpu_s * 1e6 / opts.records as f64),
+        process_cpu_us_per_record: per_unit(cpu_s * 1e6, opts.records),
         load_avg: [load0, load_avg()],
     })
 }
@@ -468,8 +469,8 @@ pub async fn run_catchup(opts: &CatchupOptions) -> Result<CatchupReport, Error> 
 pub fn render(r: &CatchupReport) -> String {
     let mut out = format!(
         "catch-up of {} records ({} recipient(s) each) on {} mailbox + {} core, {} shards, {}: \
-         {:.2} s, {} records/s; tidemark process {:.0}% CPU, {:.2} µs/record; load average \
-         {:.1} → {:.1}\n",
+         {:.2} s, {} records/s; tidemark process {:.0}% CPU, {} µs/record; load average \
+         {} → {}\n",
         thousands(r.records as f64),
         r.recipients,
         r.mailbox,
@@ -479,28 +480,30 @@ pub fn render(r: &CatchupReport) -> String {
         r.catchup_s,
         thousands(r.records_per_s),
         r.process_cpu_pct,
-        r.process_cpu_us_per_record,
-        r.load_avg[0],
-        r.load_avg[1],
+        or_dash(r.process_cpu_us_per_record, |x| format!("{x:.2}")),
+        or_dash(r.load_avg[0], |x| format!("{x:.1}")),
+        or_dash(r.load_avg[1], |x| format!("{x:.1}")),
     );
     for m in &r.per_mailbox {
         out += &format!(
-            "  mailbox {}: {} records in {:.2} s = {} records/s; Redis CPU {:.0}%, {:.2} µs/record \
+            "  mailbox {}: {} records in {:.2} s = {} records/s; Redis CPU {}%, {} µs/record \
              (at 100% of a core: {} records/s)\n",
             m.index,
             thousands(m.records as f64),
             m.seconds,
             thousands(m.records_per_s),
-            m.redis.cpu_pct,
-            m.redis.cpu_us_per_unit,
-            thousands(m.redis_bound_per_s),
+            or_dash(m.redis.cpu_pct, |x| format!("{x:.0}")),
+            or_dash(m.redis.cpu_us_per_unit, |x| format!("{x:.2}")),
+            or_dash(m.redis_bound_per_s, thousands),
         );
         out += &commands_line(&m.redis);
     }
     for c in &r.per_core {
         out += &format!(
-            "  core {}: Redis CPU {:.0}%, {:.2} µs/record\n",
-            c.index, c.cpu_pct, c.cpu_us_per_unit
+            "  core {}: Redis CPU {}%, {} µs/record\n",
+            c.index,
+            or_dash(c.cpu_pct, |x| format!("{x:.0}")),
+            or_dash(c.cpu_us_per_unit, |x| format!("{x:.2}")),
         );
         out += &commands_line(c);
     }
@@ -510,10 +513,13 @@ pub fn render(r: &CatchupReport) -> String {
 /// `    commands/unit: evalsha 1.00 × 7.1 µs, …`
 pub(crate) fn commands_line(u: &InstanceUse) -> String {
     let mut parts: Vec<(&String, &crate::engine::CommandUse)> = u.commands.iter().collect();
-    parts.sort_by(|a, b| b.1.calls_per_unit.total_cmp(&a.1.calls_per_unit));
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1.calls));
     let parts: Vec<String> = parts
         .iter()
-        .map(|(n, c)| format!("{n} {:.4} × {:.2} µs", c.calls_per_unit, c.us_per_call))
+        .map(|(n, c)| {
+            let per = or_dash(c.calls_per_unit, |x| format!("{x:.4}"));
+            format!("{n} {per} × {:.2} µs", c.us_per_call)
+        })
         .collect();
     format!("    per unit: {}\n", parts.join(", "))
 }
@@ -531,15 +537,15 @@ pub fn markdown_table(runs: &[CatchupReport]) -> String {
             continue;
         };
         out += &format!(
-            "| {} | {} | {:.0}% | {:.2}µs | {} | {:.2}µs | {:.0}% | {:.1} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.0}% | {} |\n",
             r.label.as_deref().unwrap_or("—"),
             thousands(m.records_per_s),
-            m.redis.cpu_pct,
-            m.redis.cpu_us_per_unit,
-            thousands(m.redis_bound_per_s),
-            r.process_cpu_us_per_record,
+            or_dash(m.redis.cpu_pct, |x| format!("{x:.0}%")),
+            or_dash(m.redis.cpu_us_per_unit, |x| format!("{x:.2}µs")),
+            or_dash(m.redis_bound_per_s, thousands),
+            or_dash(r.process_cpu_us_per_record, |x| format!("{x:.2}µs")),
             r.process_cpu_pct,
-            r.load_avg[0],
+            or_dash(r.load_avg[0], |x| format!("{x:.1}")),
         );
     }
     out

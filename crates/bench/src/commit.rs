@@ -33,8 +33,8 @@ use tokio::time::Instant;
 
 use crate::catchup::commands_line;
 use crate::engine::{
-    bar, bound_per_s, load_avg, round3, sample_all, thousands, Error, InstanceUse, LocalRedis,
-    ProcessMark,
+    bar, bound_per_s, load_avg, or_dash, per_unit, round3, sample_all, thousands, Error,
+    InstanceUse, LocalRedis, ProcessMark,
 };
 
 /// Users the recipients are drawn from.
@@ -100,8 +100,9 @@ pub struct CoreCommits {
     /// Its Redis use over the window, per shard commit.
     pub redis: InstanceUse,
     /// Commits/s this instance would take at 100 % of one core (`1e6 /
-    /// redis.cpu_us_per_unit`): its ceiling when nothing else is short.
-    pub redis_bound_per_s: f64,
+    /// redis.cpu_us_per_unit`): its ceiling when nothing else is short (missing when nothing
+    /// was measured).
+    pub redis_bound_per_s: Option<f64>,
 }
 
 /// The result of one commit run.
@@ -136,7 +137,10 @@ pub struct CommitReport {
     pub commits: u64,
     /// Per second.
     pub commits_per_s: f64,
-    /// Commit latency of a send (its claim and every shard's commit), ms.
+    /// Commit latency of a send (its claim and every shard's commit), ms: `p50`, `p99`,
+    /// `p999`, `max`; from the send's intended time when paced (`--rate N`: a sender that
+    /// fell behind is charged its wait), from its start at `--rate max`. Empty when nothing
+    /// was committed in the window.
     pub latency_ms: BTreeMap<String, f64>,
     /// Failed sends by code (whole run).
     pub errors: BTreeMap<String, u64>,
@@ -148,13 +152,51 @@ pub struct CommitReport {
     pub process_cpu_s: f64,
     /// Its CPU % of one core.
     pub process_cpu_pct: f64,
-    /// Its CPU µs per send.
-    pub process_cpu_us_per_send: f64,
+    /// Its CPU µs per send (missing when nothing was sent).
+    pub process_cpu_us_per_send: Option<f64>,
     /// Shard commits per `commit_dispatch` call (group commit): commits / `EVALSHA` calls of
-    /// the core pool.
-    pub commits_per_call: f64,
-    /// The 1-minute load average of the machine at the start and at the end of the window.
-    pub load_avg: [f64; 2],
+    /// the core pool (missing when there was no call).
+    pub commits_per_call: Option<f64>,
+    /// The 1-minute load average of the machine at the start and at the end of the window
+    /// (missing when `/proc/loadavg` could not be read).
+    pub load_avg: [Option<f64>; 2],
+}
+
+/// One sender's schedule. Paced (`--rate N`), each sender's share of the rate is a fixed
+/// interval, the senders offset from one another; a send's latency counts from its intended
+/// time, so that a sender held up by a slow commit is charged the wait (no coordinated
+/// omission), and it then sends at once until it is back on schedule. At `--rate max` a send
+/// goes as soon as the last one is answered, and its latency counts from then.
+struct Pacer {
+    /// The next send's intended time (paced).
+    next: Instant,
+    /// Between one sender's sends (paced); `None` at `--rate max`.
+    interval: Option<Duration>,
+}
+
+impl Pacer {
+    /// Sender `i` of `senders` sharing `rate` sends/s, from `start`.
+    fn new(start: Instant, rate: Option<f64>, i: usize, senders: usize) -> Pacer {
+        let interval = rate.map(|r| Duration::from_secs_f64(senders as f64 / r));
+        let offset = interval.map_or(Duration::ZERO, |iv| iv.mul_f64(i as f64 / senders as f64));
+        Pacer {
+            next: start + offset,
+            interval,
+        }
+    }
+
+    /// Waits for the next send's turn and returns the time its latency counts from.
+    async fn turn(&mut self) -> Instant {
+        match self.interval {
+            Some(iv) => {
+                let intended = self.next;
+                tokio::time::sleep_until(intended).await;
+                self.next += iv;
+                intended
+            }
+            None => Instant::now(),
+        }
+    }
 }
 
 struct Counters {
@@ -218,20 +260,11 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
             let mut rng = StdRng::seed_from_u64(opts.seed.wrapping_mul(1_000_003) + i as u64);
             let mut hist = hdrhistogram::Histogram::<u64>::new(3).expect("valid");
             let mut errors: BTreeMap<String, u64> = BTreeMap::new();
-            let interval = opts
-                .rate
-                .map(|r| Duration::from_secs_f64(opts.senders as f64 / r));
-            let mut next = start
-                + interval.map_or(Duration::ZERO, |iv| {
-                    iv.mul_f64(i as f64 / opts.senders as f64)
-                });
+            let mut pacer = Pacer::new(start, opts.rate, i, opts.senders);
             let mut n = 0u64;
             tokio::time::sleep_until(start).await;
             while !counters.stop.load(Ordering::Relaxed) {
-                if let Some(iv) = interval {
-                    tokio::time::sleep_until(next).await;
-                    next += iv;
-                }
+                let t = pacer.turn().await;
                 let mut to: Vec<String> = Vec::with_capacity(opts.recipients);
                 while to.len() < opts.recipients {
                     let u = &users[rng.random_range(0..users.len())];
@@ -242,7 +275,6 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
                 let id = format!("m{n}");
                 let body = format!("{sender}:{n:06}:{body_tail}");
                 n += 1;
-                let t = Instant::now();
                 let r = path.commit(&sender, &id, to, body).await;
                 let measuring = counters.measuring.load(Ordering::Relaxed);
                 counters.all_sends.fetch_add(1, Ordering::Relaxed);
@@ -320,15 +352,12 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
     let commits: u64 = per_core_commits.iter().sum();
     let mut per_core = Vec::new();
     let mut per_mailbox = Vec::new();
-    let mut evalsha = 0.0;
+    let mut evalsha = 0u64;
     for (k, w) in watched.iter().enumerate() {
         if w.pool == "core" {
             let n = per_core_commits[w.index];
             let redis = InstanceUse::between(w, &a[k], &b[k], wall_s, n);
-            evalsha += redis
-                .commands
-                .get("evalsha")
-                .map_or(0.0, |c| c.calls_per_unit * n as f64);
+            evalsha += redis.commands.get("evalsha").map_or(0, |c| c.calls);
             per_core.push(CoreCommits {
                 index: w.index,
                 commits: n,
@@ -340,13 +369,7 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
             per_mailbox.push(InstanceUse::between(w, &a[k], &b[k], wall_s, sends));
         }
     }
-    let q = |p: f64| round3(hist.value_at_quantile(p) as f64 / 1000.0);
-    let latency_ms = BTreeMap::from([
-        ("p50".to_string(), q(0.5)),
-        ("p99".to_string(), q(0.99)),
-        ("p999".to_string(), q(0.999)),
-        ("max".to_string(), round3(hist.max() as f64 / 1000.0)),
-    ]);
+    let latency_ms = latency_ms(&hist);
     drop(local);
     Ok(CommitReport {
         bench: "commit".into(),
@@ -369,18 +392,30 @@ pub async fn run_commit(opts: &CommitOptions) -> Result<CommitReport, Error> {
         per_mailbox,
         process_cpu_s: round3(cpu_s),
         process_cpu_pct: round3(cpu_s / wall_s * 100.0),
-        process_cpu_us_per_send: round3(if sends > 0 {
-            cpu_s * 1e6 / sends as f64
-        } else {
-            0.0
-        }),
-        commits_per_call: round3(if evalsha > 0.0 {
-            commits as f64 / evalsha
-        } else {
-            0.0
-        }),
+        process_cpu_us_per_send: per_unit(cpu_s * 1e6, sends),
+        commits_per_call: per_unit(commits as f64, evalsha),
         load_avg: [load0, load_avg()],
     })
+}
+
+/// The percentiles of `hist` in ms; none when it is empty (an empty histogram reads 0, which
+/// is not a latency).
+fn latency_ms(hist: &hdrhistogram::Histogram<u64>) -> BTreeMap<String, f64> {
+    if hist.is_empty() {
+        return BTreeMap::new();
+    }
+    let q = |p: f64| round3(hist.value_at_quantile(p) as f64 / 1000.0);
+    BTreeMap::from([
+        ("p50".to_string(), q(0.5)),
+        ("p99".to_string(), q(0.99)),
+        ("p999".to_string(), q(0.999)),
+        ("max".to_string(), round3(hist.max() as f64 / 1000.0)),
+    ])
+}
+
+/// A latency percentile of `r` in ms as text, `—` when missing.
+fn latency(r: &CommitReport, p: &str) -> String {
+    or_dash(r.latency_ms.get(p).copied(), |x| format!("{x:.2}"))
 }
 
 /// The report as text.
@@ -388,33 +423,33 @@ pub fn render(r: &CommitReport) -> String {
     let rate = r.rate.map_or("max".to_string(), thousands);
     let mut out = format!(
         "commits at rate {rate}, {} senders, {} core, {} shards: {} sends/s, {} shard commits/s; \
-         {:.1} commits per call; latency P50 {:.2} ms, P99 {:.2} ms; tidemark process {:.0}% \
-         CPU, {:.2} µs/send; load average {:.1} → {:.1}\n",
+         {} commits per call; latency P50 {} ms, P99 {} ms; tidemark process {:.0}% \
+         CPU, {} µs/send; load average {} → {}\n",
         r.senders,
         r.core,
         r.shards,
         thousands(r.sends_per_s),
         thousands(r.commits_per_s),
-        r.commits_per_call,
-        r.latency_ms.get("p50").copied().unwrap_or(0.0),
-        r.latency_ms.get("p99").copied().unwrap_or(0.0),
+        or_dash(r.commits_per_call, |x| format!("{x:.1}")),
+        latency(r, "p50"),
+        latency(r, "p99"),
         r.process_cpu_pct,
-        r.process_cpu_us_per_send,
-        r.load_avg[0],
-        r.load_avg[1],
+        or_dash(r.process_cpu_us_per_send, |x| format!("{x:.2}")),
+        or_dash(r.load_avg[0], |x| format!("{x:.1}")),
+        or_dash(r.load_avg[1], |x| format!("{x:.1}")),
     );
     if !r.errors.is_empty() {
         out += &format!("  errors: {:?}\n", r.errors);
     }
     for c in &r.per_core {
         out += &format!(
-            "  core {}: {} commits/s; Redis CPU {:.0}%, {:.2} µs/commit (at 100% of a core: {} \
+            "  core {}: {} commits/s; Redis CPU {}%, {} µs/commit (at 100% of a core: {} \
              commits/s)\n",
             c.index,
             thousands(c.commits_per_s),
-            c.redis.cpu_pct,
-            c.redis.cpu_us_per_unit,
-            thousands(c.redis_bound_per_s),
+            or_dash(c.redis.cpu_pct, |x| format!("{x:.0}")),
+            or_dash(c.redis.cpu_us_per_unit, |x| format!("{x:.2}")),
+            or_dash(c.redis_bound_per_s, thousands),
         );
         out += &commands_line(&c.redis);
     }
@@ -443,19 +478,118 @@ pub fn markdown_table(runs: &[CommitReport]) -> String {
                 .join(", ")
         };
         out += &format!(
-            "| {} | {} | {:.1} | {:.0}% | {:.2}µs | {} | {:.2}µs | {:.1} / {:.1} ms | {} | {:.1} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} ms | {} | {} |\n",
             r.label.as_deref().unwrap_or("—"),
             thousands(c.commits_per_s),
-            r.commits_per_call,
-            c.redis.cpu_pct,
-            c.redis.cpu_us_per_unit,
-            thousands(c.redis_bound_per_s),
-            r.process_cpu_us_per_send,
-            r.latency_ms.get("p50").copied().unwrap_or(0.0),
-            r.latency_ms.get("p99").copied().unwrap_or(0.0),
+            or_dash(r.commits_per_call, |x| format!("{x:.1}")),
+            or_dash(c.redis.cpu_pct, |x| format!("{x:.0}%")),
+            or_dash(c.redis.cpu_us_per_unit, |x| format!("{x:.2}µs")),
+            or_dash(c.redis_bound_per_s, thousands),
+            or_dash(r.process_cpu_us_per_send, |x| format!("{x:.2}µs")),
+            or_dash(r.latency_ms.get("p50").copied(), |x| format!("{x:.1}")),
+            or_dash(r.latency_ms.get("p99").copied(), |x| format!("{x:.1}")),
             errors,
-            r.load_avg[0],
+            or_dash(r.load_avg[0], |x| format!("{x:.1}")),
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A paced sender held up by a slow commit is charged from the send's intended time:
+    /// with sends due every 10 ms and a commit that took 35 ms, the next send's latency counts
+    /// from 10 ms, not from when the sender got round to it.
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_send_counts_from_its_intended_time() {
+        let start = Instant::now();
+        let mut pacer = Pacer::new(start, Some(100.0), 0, 1);
+        assert_eq!(pacer.turn().await, start);
+        tokio::time::sleep(Duration::from_millis(35)).await; // a slow commit
+        let t = pacer.turn().await;
+        assert_eq!(t, start + Duration::from_millis(10));
+        assert_eq!(Instant::now() - t, Duration::from_millis(25));
+        // behind schedule: the next ones go at once, each from its own intended time
+        assert_eq!(pacer.turn().await, start + Duration::from_millis(20));
+        assert_eq!(pacer.turn().await, start + Duration::from_millis(30));
+        assert_eq!(Instant::now(), start + Duration::from_millis(35));
+        // back on schedule: it waits again
+        assert_eq!(pacer.turn().await, start + Duration::from_millis(40));
+        assert_eq!(Instant::now(), start + Duration::from_millis(40));
+        // unpaced: from the moment of the send
+        let mut max = Pacer::new(start, None, 3, 8);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        assert_eq!(max.turn().await, Instant::now());
+    }
+
+    /// A run that committed nothing shows its per-send figures as missing, not as 0.
+    #[test]
+    fn figures_with_nothing_to_divide_are_missing_not_zero() {
+        let hist = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+        assert!(latency_ms(&hist).is_empty());
+        let a = crate::engine::Sample::default();
+        let b = crate::engine::Sample {
+            cpu_s: 0.5,
+            commands: 10,
+            ..Default::default()
+        };
+        let redis = InstanceUse::of("core", 0, &a, &b, 10.0, 0);
+        assert_eq!(redis.cpu_us_per_unit, None);
+        assert_eq!(redis.commands_per_unit, None);
+        assert_eq!(redis.cpu_pct, Some(5.0));
+        let r = CommitReport {
+            bench: "commit".into(),
+            label: None,
+            rate: Some(10.0),
+            duration_s: 10.0,
+            senders: 1,
+            recipients: 1,
+            core: 1,
+            shards: 1,
+            appendfsync: "everysec".into(),
+            body_bytes: 10,
+            sends: 0,
+            sends_per_s: 0.0,
+            commits: 0,
+            commits_per_s: 0.0,
+            latency_ms: latency_ms(&hist),
+            errors: BTreeMap::from([("internal".to_string(), 3)]),
+            per_core: vec![CoreCommits {
+                index: 0,
+                commits: 0,
+                commits_per_s: 0.0,
+                redis_bound_per_s: bound_per_s(redis.cpu_us_per_unit),
+                redis,
+            }],
+            per_mailbox: vec![],
+            process_cpu_s: 0.1,
+            process_cpu_pct: 1.0,
+            process_cpu_us_per_send: per_unit(0.1 * 1e6, 0),
+            commits_per_call: per_unit(0.0, 0),
+            load_avg: [None, Some(1.5)],
+        };
+        let text = render(&r);
+        assert!(
+            text.contains("— commits per call; latency P50 — ms, P99 — ms"),
+            "{text}"
+        );
+        assert!(text.contains("— µs/send; load average — → 1.5"), "{text}");
+        assert!(
+            text.contains("Redis CPU 5%, — µs/commit (at 100% of a core: — commits/s)"),
+            "{text}"
+        );
+        let table = markdown_table(std::slice::from_ref(&r));
+        assert!(
+            table.contains("| — | 0 | — | 5% | — | — | — | — / — ms | internal 3 | — |"),
+            "{table}"
+        );
+        // and the JSON says null, which reads back as missing
+        let json = serde_json::to_value(&r).unwrap();
+        assert!(json["commits_per_call"].is_null(), "{json}");
+        assert!(json["per_core"][0]["redis"]["cpu_us_per_unit"].is_null());
+        let back: CommitReport = serde_json::from_value(json).unwrap();
+        assert_eq!(back, r);
+    }
 }

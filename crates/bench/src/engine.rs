@@ -244,12 +244,12 @@ pub struct InstanceUse {
     pub wall_s: f64,
     /// CPU seconds (`used_cpu_sys + used_cpu_user`).
     pub cpu_s: f64,
-    /// CPU % of one core over the interval.
-    pub cpu_pct: f64,
-    /// CPU µs per unit.
-    pub cpu_us_per_unit: f64,
-    /// Commands processed per unit.
-    pub commands_per_unit: f64,
+    /// CPU % of one core over the interval (missing when the samples were not apart).
+    pub cpu_pct: Option<f64>,
+    /// CPU µs per unit (missing when there was no unit to charge it to).
+    pub cpu_us_per_unit: Option<f64>,
+    /// Commands processed per unit (missing when there was no unit).
+    pub commands_per_unit: Option<f64>,
     /// Per command: calls per unit and server-side µs per call (`commandstats`).
     pub commands: BTreeMap<String, CommandUse>,
 }
@@ -257,8 +257,11 @@ pub struct InstanceUse {
 /// One command's share of an interval.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CommandUse {
-    /// Calls per unit (6 decimals).
-    pub calls_per_unit: f64,
+    /// Calls in the interval.
+    #[serde(default)]
+    pub calls: u64,
+    /// Calls per unit (6 decimals; missing when there was no unit).
+    pub calls_per_unit: Option<f64>,
     /// Server-side µs per call.
     pub us_per_call: f64,
 }
@@ -266,7 +269,21 @@ pub struct CommandUse {
 impl InstanceUse {
     /// The use of `w` from `a` to `b` (`wall_s` apart), charged to `units`.
     pub fn between(w: &Watched, a: &Sample, b: &Sample, wall_s: f64, units: u64) -> InstanceUse {
-        let per = |x: f64| if units > 0 { x / units as f64 } else { 0.0 };
+        InstanceUse::of(w.pool, w.index, a, b, wall_s, units)
+    }
+
+    /// The use of instance `index` of `pool` from `a` to `b` (`wall_s` apart), charged to
+    /// `units`; a figure per unit is missing when `units` is 0.
+    pub fn of(
+        pool: &str,
+        index: usize,
+        a: &Sample,
+        b: &Sample,
+        wall_s: f64,
+        units: u64,
+    ) -> InstanceUse {
+        // a figure per unit is missing, not 0, when there was nothing to charge it to
+        let per = |x: f64| (units > 0).then(|| x / units as f64);
         let cpu_s = (b.cpu_s - a.cpu_s).max(0.0);
         let mut commands = BTreeMap::new();
         for (name, &(calls, usec)) in &b.by_command {
@@ -278,23 +295,20 @@ impl InstanceUse {
             commands.insert(
                 name.clone(),
                 CommandUse {
-                    calls_per_unit: (per(dc as f64) * 1e6).round() / 1e6,
+                    calls: dc,
+                    calls_per_unit: per(dc as f64).map(|x| (x * 1e6).round() / 1e6),
                     us_per_call: round3(du as f64 / dc as f64),
                 },
             );
         }
         InstanceUse {
-            pool: w.pool.to_string(),
-            index: w.index,
+            pool: pool.to_string(),
+            index,
             wall_s: round3(wall_s),
             cpu_s: round3(cpu_s),
-            cpu_pct: round3(if wall_s > 0.0 {
-                cpu_s / wall_s * 100.0
-            } else {
-                0.0
-            }),
-            cpu_us_per_unit: round3(per(cpu_s * 1e6)),
-            commands_per_unit: round3(per(b.commands.saturating_sub(a.commands) as f64)),
+            cpu_pct: (wall_s > 0.0).then(|| round3(cpu_s / wall_s * 100.0)),
+            cpu_us_per_unit: per(cpu_s * 1e6).map(round3),
+            commands_per_unit: per(b.commands.saturating_sub(a.commands) as f64).map(round3),
             commands,
         }
     }
@@ -338,23 +352,30 @@ impl ProcessMark {
     }
 }
 
-/// The 1-minute load average (`/proc/loadavg`), 0 when unreadable: the engine benchmarks
-/// share the machine with whatever else runs, and record how busy it was.
-pub fn load_avg() -> f64 {
+/// The 1-minute load average (`/proc/loadavg`), missing when unreadable: the engine
+/// benchmarks share the machine with whatever else runs, and record how busy it was.
+pub fn load_avg() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|t| t.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0)
 }
 
 /// Units per second one instance would reach at 100 % of one core, at the CPU per unit
-/// measured (`1e6 / cpu_us_per_unit`; 0 when nothing was measured).
-pub fn bound_per_s(cpu_us_per_unit: f64) -> f64 {
-    if cpu_us_per_unit > 0.0 {
-        round3(1e6 / cpu_us_per_unit)
-    } else {
-        0.0
-    }
+/// measured (`1e6 / cpu_us_per_unit`; missing when nothing was measured).
+pub fn bound_per_s(cpu_us_per_unit: Option<f64>) -> Option<f64> {
+    cpu_us_per_unit
+        .filter(|&us| us > 0.0)
+        .map(|us| round3(1e6 / us))
+}
+
+/// `x / n`, missing when `n` is 0 (a figure per unit with no unit is not 0).
+pub fn per_unit(x: f64, n: u64) -> Option<f64> {
+    (n > 0).then(|| round3(x / n as f64))
+}
+
+/// A figure that may be missing, as text: `fmt` of it, or `—`.
+pub fn or_dash(x: Option<f64>, fmt: impl Fn(f64) -> String) -> String {
+    x.map_or_else(|| "—".to_owned(), fmt)
 }
 
 /// `x` rounded to 3 decimals (the JSON files stay readable).

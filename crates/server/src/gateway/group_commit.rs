@@ -11,7 +11,9 @@
 //! a part larger than a call is split over calls that run one after another, [`pack`]). On
 //! a Redis Cluster a call holds one shard (one slot): each shard's part is committed in one
 //! script call (a larger part takes several, one after another), all shards of the round
-//! concurrently, each to the node of its slot. The calls that can run at once are queued on
+//! concurrently, each to the node of its slot, each shard in a task of its own that the round
+//! waits for at most [`CLUSTER_ROUND_WAIT`] (ADR-0128: a hung node holds up only its own
+//! shards' commits, not every round). The calls that can run at once are queued on
 //! the instance's connection together, so redis-rs writes them together and core Redis reads
 //! and runs them in one pass of its event loop: one `fdatasync`, one read and one reply write
 //! for the whole round (measured: about one Redis read per round,
@@ -71,6 +73,14 @@ pub const MAX_ROUND: usize = 1024;
 
 /// Flush tasks (rounds in flight) per core instance.
 pub const FLUSHERS: usize = 2;
+
+/// On a Redis Cluster, how long a flush task waits for its round's calls before it takes the
+/// next round and leaves the slower calls to finish on their own (ADR-0128). A round's calls
+/// answer in milliseconds; one that takes longer is a node that is hung, dead before its
+/// failover, or waiting out a `WAIT` for replicas it lost, and before this bound both flush
+/// tasks waited for it (up to the client's 30 s response timeout), so every shard's commits
+/// stopped with it. Each send is still bounded by the commit path's own timeout.
+pub const CLUSTER_ROUND_WAIT: Duration = Duration::from_millis(250);
 
 /// One message waiting in an instance's queue: an owned copy of what the script needs.
 pub(crate) struct Pending {
@@ -329,17 +339,22 @@ async fn flush(inner: Arc<Inner>, instance: usize) {
         }
         let core = &inner.cores[instance];
         if core.is_cluster() {
-            // one slot per call: a call per shard, to the node of its slot
-            let calls = by_shard.into_iter().map(|(shard, part)| {
-                commit_shard(
-                    core.clone(),
-                    shard,
-                    part,
-                    inner.dedupe_ttl_s,
-                    inner.feed.as_ref(),
-                )
-            });
-            futures::future::join_all(calls).await;
+            // one slot per call: a call per shard, to the node of its slot, each shard's
+            // calls a task of their own; the round waits for them at most
+            // [`CLUSTER_ROUND_WAIT`], and what is still running then goes on without it
+            // (ADR-0128): a node that does not answer holds up its own shards only
+            let calls: Vec<_> = by_shard
+                .into_iter()
+                .map(|(shard, part)| {
+                    let (task, core) = (inner.clone(), core.clone());
+                    inner.tracker.spawn(async move {
+                        let feed = task.feed.as_ref();
+                        commit_shard(core, shard, part, task.dedupe_ttl_s, feed).await
+                    })
+                })
+                .collect();
+            let _ =
+                tokio::time::timeout(CLUSTER_ROUND_WAIT, futures::future::join_all(calls)).await;
         } else {
             // one instance: the round's shards together, at most [`MAX_GROUP`] messages per
             // call (ADR-0051); the calls of a chain one after another, the chains

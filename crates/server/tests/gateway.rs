@@ -1941,3 +1941,61 @@ async fn the_feed_is_not_used_where_the_gateway_waited_for_fewer_replicas_than_t
         .expect("service did not stop in time")
         .expect("service stopped with an error");
 }
+
+/// ADR-0119, the busy path of ADR-0112: as in
+/// `a_lane_chunk_the_instance_lost_is_written_again`, bob's chunk of a message to bob and his
+/// neighbour (same shard, another lane) is lost right after its write; then alice keeps
+/// sending to the neighbour, one message every 200 ms for 4 s. Each of those goes to the
+/// chunked path (a record is pending) and moves the neighbour's lane. Before, every round
+/// that moved a lane restarted the rewrite's one-second wait, so bob's chunk was never
+/// written again while the sends went on: bob got nothing until they stopped.
+#[tokio::test]
+async fn a_lost_lane_chunk_is_written_again_while_its_shard_keeps_receiving() {
+    let fault = Arc::new(LoseChunk {
+        user: "bob".into(),
+        mailbox_url: std::sync::OnceLock::new(),
+        lost: AtomicU32::new(0),
+    });
+    let opts = MaterializerOptions {
+        fault: Some(fault.clone()),
+        // a message of two recipients takes the chunked path
+        hot_recipients: 1,
+        ..MaterializerOptions::default()
+    };
+    let d = start_full(|o| o.recheck_interval = None, opts).await;
+    fault.mailbox_url.set(d.mailbox_url.clone()).unwrap();
+    let other = neighbour_of("bob");
+    let (mut bob, mut alice) = d.pair("bob", "alice").await;
+    let mut them = d.ready(&other).await;
+    let o = alice
+        .send_ok("c1", &["bob", &other], "one chunk lost")
+        .await;
+    let seq = offset_of(&o, "bob");
+    them.expect_seqs(&[seq]).await;
+    assert_eq!(
+        fault.lost.load(Ordering::SeqCst),
+        1,
+        "bob's chunk was lost once"
+    );
+    let sending = AtomicBool::new(true);
+    let traffic = async {
+        for i in 0..20 {
+            alice
+                .send_ok(&format!("t{i}"), &[other.as_str()], "traffic")
+                .await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        sending.store(false, Ordering::SeqCst);
+    };
+    let wait = async {
+        let got = tokio::time::timeout(Duration::from_secs(3), bob.deliver()).await;
+        (got, sending.load(Ordering::SeqCst))
+    };
+    let ((), (got, still_sending)) = tokio::join!(traffic, wait);
+    let m = got.expect("bob got nothing within 3 s while his shard kept receiving");
+    assert!(still_sending, "the sends were still going on");
+    assert_eq!(m["seq"].as_u64(), Some(seq), "{m}");
+    assert_eq!(m["body"], "one chunk lost");
+    assert!(lane_w(&d, "bob").await >= seq, "bob's lane moved");
+    d.shutdown().await;
+}

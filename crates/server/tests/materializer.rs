@@ -1659,3 +1659,92 @@ async fn a_watermark_gone_back_in_its_epoch_is_re_fenced_and_hinted_at_once() {
     assert_eq!(mailbox(&e, u).await, want);
     w.stop().await;
 }
+
+/// Loses the reply of the first re-fence (ADR-0100) after its script ran.
+#[derive(Default)]
+struct LoseFenceReply {
+    /// Re-fences asked about (the first one's reply is lost).
+    asked: AtomicU32,
+}
+
+impl ChunkFault for LoseFenceReply {
+    fn fail(&self, _shard: u32, _offset: u64, _lane: usize, _attempt: u32) -> bool {
+        false
+    }
+    fn lose_fence_reply(&self, _shard: u32, _epoch: u64) -> bool {
+        self.asked.fetch_add(1, Ordering::SeqCst) == 0
+    }
+}
+
+/// ADR-0120: as in `a_watermark_gone_back_in_its_epoch_is_re_fenced_and_hinted_at_once`, the
+/// watermark goes back in its epoch and the owner re-fences it, but the re-fence's reply is
+/// lost after its script raised the epoch (the connection cut by the same failover). The next
+/// resync finds the epoch it asked for, which may be its own: it fences past it and
+/// re-materialises. Before, it took that epoch for another owner's and stopped the shard as
+/// fenced, for good (static ownership restarts nothing).
+#[tokio::test]
+async fn a_re_fence_whose_reply_was_lost_does_not_stop_the_shard() {
+    use tidemark_store::redis::watermark::LaneRecord;
+    let mut e = env().await;
+    let u = "regressed";
+    let s = route(u).shard;
+    let fault = Arc::new(LoseFenceReply::default());
+    let opts = MaterializerOptions {
+        mailbox_wait: tidemark_store::redis::dlog::WaitPolicy {
+            replicas: Some(1),
+            timeout: Duration::from_millis(20),
+        },
+        gc_idle_interval: Duration::from_millis(300),
+        fault: Some(fault.clone()),
+        ..fast_opts()
+    };
+    let w = start_worker(&e, opts).await;
+    for i in 1..=3 {
+        send(&mut e, "a", &format!("r{i}"), &[u], &format!("n{i}")).await;
+    }
+    wait_until("three delivered", || async {
+        mailbox(&e, u).await.len() == 3
+    })
+    .await;
+    let epoch = w.health.snapshot()[&s].epoch;
+    // the mailbox side back at W = 1 in the same epoch, entries 2 and 3 gone
+    put_lanes(&e, s, &LaneWatermarks::uniform(LaneRecord::at(1, 0))).await;
+    let mut c = e.mb_store.connection();
+    let _: () = c
+        .zrembyscore(keys::mailbox(s, u), "(1", "+inf")
+        .await
+        .unwrap();
+    until_within(
+        "the shard re-materialised after its re-fence's reply was lost",
+        Duration::from_secs(10),
+        || async {
+            let status = w.status(s);
+            assert!(
+                !matches!(status, Some(ShardStatus::Fenced { .. })),
+                "the shard stopped as fenced: {status:?}"
+            );
+            mailbox(&e, u).await.len() == 3 && min_w(&e, s).await == 3
+        },
+    )
+    .await;
+    assert!(
+        fault.asked.load(Ordering::SeqCst) >= 2,
+        "a re-fence's reply was lost, and another re-fence followed"
+    );
+    assert_eq!(w.status(s), Some(ShardStatus::Running));
+    let mut st = e.mb_store.clone();
+    let stored = st.read_watermark(s).await.unwrap().epoch;
+    assert_eq!(
+        stored,
+        epoch + 2,
+        "fenced past the epoch of the unanswered re-fence"
+    );
+    assert_eq!(
+        w.health.snapshot()[&s].epoch,
+        stored,
+        "the owner writes in it"
+    );
+    let want: Vec<(u64, String)> = (1..=3).map(|i| (i, format!("n{i}"))).collect();
+    assert_eq!(mailbox(&e, u).await, want);
+    w.stop().await;
+}

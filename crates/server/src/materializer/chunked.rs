@@ -266,15 +266,23 @@ impl Worker {
             self.clear_held(s);
         }
         let sh = self.shard_mut(s);
-        if adv.moved || !adv.held {
-            sh.held_since = None;
-        } else {
+        // The hold's clock starts over only when the shard's lowest W rises (or nothing is
+        // held), never because some lane moved (ADR-0119): while the shard keeps receiving,
+        // each new record is pending behind the held one and moves the other lanes on every
+        // round, and a clock reset by any move never reached `REWRITE_HELD_AFTER`. The
+        // lowest W cannot rise past a held lane, so it stops rising within a few rounds.
+        let since = match sh.held_since {
+            _ if !adv.held => None,
+            Some((since, w)) if min_w <= w => Some(since),
+            _ => Some(Instant::now()),
+        };
+        sh.held_since = since.map(|t| (t, min_w));
+        if let Some(since) = since {
             // A lane held by a chunk marked written: its write failed this round (it is
             // retried anyway), or the instance no longer has it (a failover to a replica that
             // had not received it). Before, such a chunk was never written again and the lane
             // stayed held for ever. Written again once the hold has lasted
             // `REWRITE_HELD_AFTER` (the writes are idempotent; lanes W covers are skipped).
-            let since = *sh.held_since.get_or_insert_with(Instant::now);
             if since.elapsed() >= REWRITE_HELD_AFTER {
                 let mut cleared = 0;
                 for p in &mut sh.pending {

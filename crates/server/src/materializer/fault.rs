@@ -30,6 +30,14 @@ pub trait ChunkFault: Send + Sync {
     fn lose_replies(&self, _shard: u32, _offset: u64) -> bool {
         false
     }
+
+    /// True: the reply of the re-fence of `shard` to `epoch` (a watermark gone back,
+    /// ADR-0100) is lost after its script ran, as when the connection drops during the same
+    /// failover: the resync fails, and the epoch stored may or may not be the one it asked
+    /// for (tests of ADR-0120).
+    fn lose_fence_reply(&self, _shard: u32, _epoch: u64) -> bool {
+        false
+    }
 }
 
 /// Fails a given percentage of lane chunk writes, decided by a hash of (shard, offset, lane,

@@ -72,11 +72,20 @@ pub(super) struct OwnedShard {
     /// health is not updated again (ADR-0077).
     pub(super) shown_w: Option<u64>,
     pub(super) deferred: bool,
-    /// Since when the chunked path's rounds have moved nothing while a lane was held
-    /// (ADR-0112): past [`super::chunked::REWRITE_HELD_AFTER`], the chunks marked written are
-    /// written again, in case the instance lost them (a failover to a replica that had not
-    /// received them), and this starts over.
-    pub(super) held_since: Option<Instant>,
+    /// Since when the chunked path's rounds have held a lane without the shard's lowest W
+    /// rising, and that W (ADR-0112, ADR-0119): past [`super::chunked::REWRITE_HELD_AFTER`],
+    /// the chunks marked written are written again, in case the instance lost them (a
+    /// failover to a replica that had not received them), and this starts over. Moves of
+    /// other lanes do not restart it: while the shard keeps receiving, some lane moves on
+    /// nearly every round.
+    pub(super) held_since: Option<(Instant, u64)>,
+    /// The epoch a re-fence of a watermark gone back asked for (ADR-0100) while no answer has
+    /// said it is ours (its reply lost, the connection cut by the same failover): the stored
+    /// epoch may be it, written by us, and is then no sign of another owner (ADR-0120).
+    /// [`Worker::stop`] waits for the resync instead of stopping the shard as fenced by it,
+    /// and the resync fences past it. Cleared once a re-fence is answered or our own epoch
+    /// is read back.
+    pub(super) refencing: Option<u64>,
 }
 
 impl OwnedShard {
@@ -104,6 +113,7 @@ impl OwnedShard {
             shown_w: None,
             deferred: false,
             held_since: None,
+            refencing: None,
         }
     }
 }
@@ -135,6 +145,18 @@ impl Worker {
                 // not a newer owner: the stored epoch went backwards (see `resync`)
                 self.schedule_retry(shard, &format!("watermark epoch went back to {e}"));
                 return;
+            }
+            if let Some(sh) = self.owned.get(&shard) {
+                if sh.refencing == Some(e) {
+                    // maybe our own re-fence, whose answer was lost (ADR-0120): the resync
+                    // finds out and fences past it. A retry already waiting is left to run
+                    // when due (GC meets this on every interval: scheduled again each time,
+                    // the retry would be pushed back for ever).
+                    if sh.retry.is_none() {
+                        self.schedule_retry(shard, &format!("re-fence to epoch {e} unanswered"));
+                    }
+                    return;
+                }
             }
         }
         if let Some(sh) = self.owned.get_mut(&shard) {

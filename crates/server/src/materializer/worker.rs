@@ -257,6 +257,7 @@ impl Worker {
                     shown_w: None,
                     deferred: false,
                     held_since: None,
+                    refencing: None,
                 },
             );
             w.health.update(s, |h| {
@@ -721,15 +722,44 @@ impl Worker {
                 // below the old W as read before they are re-materialised.
                 let regressed = wm.epoch == epoch
                     && wm.lanes.min_present_w().unwrap_or(0) < self.owned[&s].min_w;
-                if wm.epoch < epoch || regressed {
+                // ADR-0120: the last re-fence got no answer (its connection was cut, often by
+                // the same failover), and the epoch stored is the one it asked for. It is
+                // ours if the script ran, or another claimer's that raised the same epoch
+                // from the one we found: taken as neither, but fenced past it below, as a
+                // claim would (only an epoch our own compare-and-set answered is used). Before,
+                // it was taken for another owner's and the shard stopped, for good in static
+                // mode. In leases mode only while the lease is ours, as a claim.
+                let unconfirmed = self.owned[&s]
+                    .refencing
+                    .is_some_and(|t| t > epoch && wm.epoch == t);
+                if unconfirmed
+                    && self
+                        .opts
+                        .lease_gate
+                        .as_ref()
+                        .is_some_and(|g| !g.may_write(s))
+                {
+                    return Err(Error::LeaseLapsed { shard: s });
+                }
+                if wm.epoch < epoch || regressed || unconfirmed {
                     // W and the epoch went backwards: the mailbox side lost writes it had
                     // acknowledged to us (a promoted replica, a restore). No other owner can
                     // have written an epoch below ours: raise it past ours again and resume
                     // from the W it has; the log above it is still there (trimmed only below
                     // a W confirmed on the replicas) and replays are no-ops (ADR-0032).
-                    let raised = self.mailboxes[mb]
-                        .fence_epoch(s, wm.epoch, epoch + 1)
-                        .await?;
+                    // (`unconfirmed`: past the epoch our unanswered re-fence asked for.)
+                    let target = wm.epoch.max(epoch) + 1;
+                    // kept until an answer says the epoch is ours: a failure on the way leaves
+                    // the stored epoch unknown (ADR-0120)
+                    self.shard_mut(s).refencing = Some(target);
+                    let raised = self.mailboxes[mb].fence_epoch(s, wm.epoch, target).await?;
+                    if let Some(f) = &self.opts.fault {
+                        if f.lose_fence_reply(s, target) {
+                            return Err(Error::Store(tidemark_store::Error::InvalidArgument(
+                                "injected fault: the re-fence's reply was lost".into(),
+                            )));
+                        }
+                    }
                     let Fence::Raised { epoch: new } = raised else {
                         return Err(Error::Store(tidemark_store::Error::InvalidArgument(
                             format!(
@@ -737,6 +767,7 @@ impl Worker {
                             ),
                         )));
                     };
+                    self.shard_mut(s).refencing = None;
                     tracing::warn!(
                         shard = s,
                         stored_epoch = wm.epoch,
@@ -754,12 +785,15 @@ impl Worker {
                         },
                     );
                     return Ok(());
+                } else {
+                    // our epoch is stored: a re-fence that got no answer did not run
+                    self.shard_mut(s).refencing = None;
                 }
                 let sh = self.shard_mut(s);
                 sh.pending.clear();
                 let was = sh.min_w;
                 sh.min_w = wm.lanes.min_present_w().unwrap_or(0);
-                if sh.min_w < was || wm.epoch < epoch {
+                if sh.min_w < was || wm.epoch < epoch || unconfirmed {
                     // W never moves back by itself: the mailbox side lost writes (a promoted
                     // replica, a restore); resuming from the stored W re-materialises them.
                     // The one place a regression is logged and counted (GC and the scripts'

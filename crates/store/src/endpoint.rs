@@ -36,6 +36,40 @@ use crate::error::Result;
 /// on the first while the rest are encoded.
 pub const PIPELINE_CHUNK: usize = 512;
 
+/// Longest wait for one shard's commands on a Redis Cluster where a caller bounds it
+/// ([`Conn::exec_each_within`], [`Conn::shard_bound`]; the mailbox store does, ADR-0124).
+/// They answer in milliseconds; a group that takes this long is on a node that hangs or is
+/// gone (the client retries a refused connection for about 10 s, and a hung node's answer
+/// never comes before the 30 s response timeout), and it must not hold up the shards of the
+/// other nodes. Its commands are then answered an error ([`unanswered`]): their outcome is
+/// unknown (a write may have been applied), never a success.
+pub const SHARD_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The error of a command whose shard's node did not answer within `bound`: a timeout
+/// ([`::redis::RedisError::is_timeout`]), whose outcome is unknown.
+pub fn unanswered(bound: Duration) -> ::redis::RedisError {
+    ::redis::RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!(
+            "the shard's node did not answer within {bound:?}: the outcome of the command is \
+             unknown"
+        ),
+    ))
+}
+
+/// `fut` given at most `bound` (none: as long as it takes); past it, [`unanswered`].
+pub async fn within<T>(
+    bound: Option<Duration>,
+    fut: impl std::future::Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    match bound {
+        None => fut.await,
+        Some(t) => tokio::time::timeout(t, fut)
+            .await
+            .unwrap_or_else(|_| Err(unanswered(t))),
+    }
+}
+
 /// The prefix that marks a cluster endpoint.
 pub const CLUSTER_PREFIX: &str = "cluster:";
 
@@ -191,6 +225,13 @@ impl Conn {
         matches!(self, Conn::Cluster(_))
     }
 
+    /// The bound of one shard's call for a caller that keeps a node's failure to that node's
+    /// shards (ADR-0124): [`SHARD_CALL_TIMEOUT`] on a cluster; `None` on one instance, where
+    /// every shard is on the one server and the connection's response timeout applies.
+    pub fn shard_bound(&self) -> Option<Duration> {
+        self.is_cluster().then_some(SHARD_CALL_TIMEOUT)
+    }
+
     /// `SCRIPT LOAD` of each of `sources` where `cmd` (a script call) runs; their SHA-1s, in
     /// order. One instance: there. A cluster: on the primary that serves the slot of `cmd`'s
     /// first key only (on every node when it has none, or for `None`), not on every node as redis-rs routes
@@ -237,10 +278,30 @@ impl Conn {
 
     /// Runs `cmds`, each tagged with the shard whose keys it touches, and returns one result
     /// per command in the given order. One instance: one pipeline, or for more than
-    /// [`PIPELINE_CHUNK`] commands several, handed to the connection in order. A cluster:
-    /// one pipeline per shard (one slot each), run concurrently; the commands of one shard
-    /// keep their order, which is the only order the callers rely on.
+    /// [`PIPELINE_CHUNK`] commands several, handed to the connection in order; the outer
+    /// error is the connection failing. A cluster: one pipeline per shard (one slot each),
+    /// run concurrently; the commands of one shard keep their order, which is the only order
+    /// the callers rely on. A shard's pipeline that fails as a whole (its node refuses the
+    /// connection, the response timeout) is an error for each of its commands alone
+    /// (ADR-0124): the other shards' results are returned as they came, and there is no
+    /// outer error. (Before, the first such failure failed the whole call, though the other
+    /// nodes had run their commands.) [`Self::exec_each_within`] also bounds the wait.
     pub async fn exec_each(&mut self, cmds: &[(u32, Cmd)]) -> RedisResult<Vec<RedisResult<Value>>> {
+        self.exec_each_within(cmds, None).await
+    }
+
+    /// [`Self::exec_each`], each shard's pipeline on a cluster given at most `bound`: past
+    /// it, each of that shard's commands is answered [`unanswered`] (outcome unknown: a
+    /// write may have been applied; never a success), while the other shards' results are
+    /// returned. A node that hangs (SIGSTOP, a host gone without a reset) or is gone then
+    /// holds the call up `bound` at most, where it held it up for the client's response
+    /// timeout (30 s) or its reconnection retries (about 10 s), and failed it as a whole
+    /// (ADR-0124). `bound` is ignored on one instance (all shards are on that server).
+    pub async fn exec_each_within(
+        &mut self,
+        cmds: &[(u32, Cmd)],
+        bound: Option<Duration>,
+    ) -> RedisResult<Vec<RedisResult<Value>>> {
         match self {
             Conn::Single(c) => {
                 if cmds.len() <= PIPELINE_CHUNK {
@@ -290,7 +351,7 @@ impl Conn {
                 }
                 let runs = groups.iter().map(|(_, idx)| {
                     let mut conn = c.clone();
-                    async move {
+                    within(bound, async move {
                         let mut pipe = ::redis::pipe();
                         pipe.ignore_errors();
                         for &i in idx {
@@ -315,20 +376,37 @@ impl Conn {
                             out.push(cmds[i].1.query_async::<Value>(&mut conn).await);
                         }
                         Ok::<_, ::redis::RedisError>(out)
-                    }
+                    })
                 });
                 let replies = futures::future::join_all(runs).await;
                 let mut out: Vec<Option<RedisResult<Value>>> =
                     (0..cmds.len()).map(|_| None).collect();
                 for ((_, idx), reply) in groups.iter().zip(replies) {
-                    let reply = reply?;
-                    for (&i, r) in idx.iter().zip(reply) {
-                        out[i] = Some(r);
+                    match reply {
+                        Ok(reply) => {
+                            for (&i, r) in idx.iter().zip(reply) {
+                                out[i] = Some(r);
+                            }
+                        }
+                        // this shard's node failed or did not answer: its commands alone
+                        Err(e) => {
+                            for &i in idx {
+                                out[i] = Some(Err(e.clone()));
+                            }
+                        }
                     }
                 }
+                // a command left without a reply is an error, never taken for a success
                 Ok(out
                     .into_iter()
-                    .map(|r| r.unwrap_or(Ok(Value::Nil)))
+                    .map(|r| {
+                        r.unwrap_or_else(|| {
+                            Err(::redis::RedisError::from((
+                                ::redis::ErrorKind::Client,
+                                "no reply for the command in its shard's pipeline",
+                            )))
+                        })
+                    })
                     .collect())
             }
         }

@@ -163,7 +163,9 @@ pub async fn publish_wake(store: &MailboxStore, hints: &[(u32, WakeHint)]) -> Re
         })
         .collect();
     let mut most = 0;
-    for r in conn.exec_each(&cmds).await? {
+    // on a cluster, a node that hangs holds the publisher up a bounded time (ADR-0124)
+    let bound = conn.shard_bound();
+    for r in conn.exec_each_within(&cmds, bound).await? {
         if let redis::Value::Int(n) = r? {
             most = most.max(u64::try_from(n).unwrap_or(0));
         }

@@ -1082,3 +1082,44 @@ async fn a_stale_epoch_is_refused_where_the_w_check_alone_would_pass() {
     let mb: Vec<Vec<u8>> = e.raw.zrange(keys::mailbox(1, "zed"), 0, -1).await.unwrap();
     assert_eq!(mb, vec![b"6:zed".to_vec()]);
 }
+
+/// ADR-0123: a `wm:{s}` that is not a hash is that shard's corrupt watermark alone. Before,
+/// the read script's `HGETALL` raised `WRONGTYPE`, which aborted the script and failed the
+/// read of every shard asked (the gateway's wake sweep read none of its instance's shards
+/// while one key was broken).
+#[tokio::test]
+async fn a_watermark_key_of_another_type_fails_only_its_own_shard() {
+    let mut e = env().await;
+    for s in [0, 1, 2] {
+        e.v2.init_watermark(s, Layout::PackedV2, 1, 7, false)
+            .await
+            .unwrap();
+    }
+    let _: () = e.raw.del(keys::wm(1)).await.unwrap();
+    let _: () = e.raw.set(keys::wm(1), "x").await.unwrap();
+    let _: () = e.raw.del(keys::wm(2)).await.unwrap();
+    let _: () = e.raw.rpush(keys::wm(2), "x").await.unwrap();
+    let Stores { v2, v1 } = &mut *e;
+    for store in [v2, v1] {
+        let read = store
+            .read_watermarks(&[0, 1, 2, 3])
+            .await
+            .expect("one key of another type fails its own shard only");
+        assert_eq!(read.len(), 4);
+        assert_eq!(read[0].as_ref().unwrap().lanes, uni(7, 7));
+        for (i, found) in [(1, "string"), (2, "list")] {
+            let err = read[i].as_ref().unwrap_err();
+            assert!(err.is_corrupt(), "shard {i}: {err}");
+            assert_eq!(
+                err.corrupt_verdict(),
+                Some(("wrong_type".to_string(), None)),
+                "shard {i}: {err}"
+            );
+            assert!(err.to_string().contains(found), "shard {i}: {err}");
+        }
+        assert_eq!(read[3].as_ref().unwrap_err().code(), "no_watermark");
+        // one shard alone: the same typed verdict, not a Redis error
+        let one = store.read_watermark(1).await.unwrap_err();
+        assert_eq!(one.corrupt_verdict(), Some(("wrong_type".into(), None)));
+    }
+}

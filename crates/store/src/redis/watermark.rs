@@ -32,7 +32,8 @@
 //! `lua/v{1,2}/materialize_fresh_single_recipient.lua` repeats them), so that Rust and Lua give
 //! identical verdicts on identical bytes (tested with one table of vectors).
 //!
-//! Check order (first failure wins): field count, missing field (layout, epoch, blob),
+//! Check order (first failure wins): the key's type (a hash; checked by the read script,
+//! ADR-0123), field count, missing field (layout, epoch, blob),
 //! unknown layout, blob length for the layout, epoch syntax, then lanes 0..63, and within a
 //! lane: presence, non-zero empty lane, `W != W_recomputed`, `W < W_floor`.
 //!
@@ -244,6 +245,11 @@ pub struct ShardWatermark {
 /// Why a watermark is corrupt. `code()` is stable and shared with the Lua scripts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CorruptCause {
+    /// `wm:{s}` is not a hash (ADR-0123): `read_log_watermarks.lua` names its Redis type
+    /// (`string`, `list`, …) instead of failing the whole read with `WRONGTYPE`, so that the
+    /// other shards of the read are still read. Found by the read script, never by
+    /// [`decode_lane_watermarks`] (it is given fields, so a hash).
+    WrongType { found: String },
     /// `HLEN != 3`.
     FieldCount { got: usize },
     /// One of `wm_layout`, `wm_epoch`, `wm_blob` is absent (another field took its place).
@@ -273,6 +279,7 @@ impl CorruptCause {
     /// Stable code; the Lua scripts return the same strings (see [`CorruptCode`]).
     pub fn code(&self) -> CorruptCode {
         match self {
+            CorruptCause::WrongType { .. } => CorruptCode::WrongType,
             CorruptCause::FieldCount { .. } => CorruptCode::FieldCount,
             CorruptCause::MissingField { .. } => CorruptCode::MissingField,
             CorruptCause::UnknownLayout { .. } => CorruptCode::UnknownLayout,
@@ -307,6 +314,9 @@ impl CorruptCause {
 /// `CorruptCause` variant; the strings are checked against the Lua sources by a test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CorruptCode {
+    /// `wrong_type`: `wm:{s}` is not a hash (returned by `read_log_watermarks.lua` only; the
+    /// other scripts fail that one call with Redis's `WRONGTYPE`, ADR-0123).
+    WrongType,
     /// `field_count`: `HLEN != 3`.
     FieldCount,
     /// `missing_field`: `wm_layout`, `wm_epoch` or `wm_blob` is absent.
@@ -329,7 +339,8 @@ pub enum CorruptCode {
 
 impl CorruptCode {
     /// Every code, in check order.
-    pub const ALL: [CorruptCode; 9] = [
+    pub const ALL: [CorruptCode; 10] = [
+        CorruptCode::WrongType,
         CorruptCode::FieldCount,
         CorruptCode::MissingField,
         CorruptCode::UnknownLayout,
@@ -344,6 +355,7 @@ impl CorruptCode {
     /// The stable string, as the Lua scripts return it.
     pub fn as_str(self) -> &'static str {
         match self {
+            CorruptCode::WrongType => "wrong_type",
             CorruptCode::FieldCount => "field_count",
             CorruptCode::MissingField => "missing_field",
             CorruptCode::UnknownLayout => "unknown_layout",
@@ -370,6 +382,7 @@ impl CorruptCode {
     /// A human sentence for the code, used when only the code is known (Lua verdicts).
     pub fn describe(self) -> &'static str {
         match self {
+            CorruptCode::WrongType => "wm:{s} is not a hash",
             CorruptCode::FieldCount => "wm:{s} does not have exactly 3 fields",
             CorruptCode::MissingField => "wm_layout, wm_epoch or wm_blob is missing",
             CorruptCode::UnknownLayout => "wm_layout is not packed-v1 or packed-v2",
@@ -415,6 +428,11 @@ impl std::str::FromStr for CorruptCode {
 impl fmt::Display for CorruptCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            CorruptCause::WrongType { found } => write!(
+                f,
+                "wrong_type: wm is a {found}, not a hash (a watermark is a hash of wm_layout, \
+                 wm_epoch and wm_blob)"
+            ),
             CorruptCause::FieldCount { got } => {
                 write!(f, "field_count: wm has {got} fields, expected exactly 3")
             }

@@ -3,10 +3,15 @@
 //! cluster, on that shard's primary alone — and repeat the call as `EVAL`, ADR-0059; for a
 //! pipeline, repeat the whole pipeline in its original order, the calls that answered
 //! NOSCRIPT as `EVAL`). No reply is decoded here: the values go to [`super::reply`].
+//!
+//! On a Redis Cluster every call waits for its shard's node at most
+//! [`crate::endpoint::SHARD_CALL_TIMEOUT`] (ADR-0124): a node that hangs or is gone fails
+//! its own shards' calls (outcome unknown), promptly, and no other shard's.
 
 use redis::{Cmd, Value};
 
 use super::MailboxStore;
+use crate::endpoint::within;
 use crate::error::{Error, Result};
 use crate::redis::scripts::{as_eval, evalsha_sha, Script};
 
@@ -75,14 +80,16 @@ impl MailboxStore {
         Ok(())
     }
 
+    /// One script call (on a cluster, bounded by [`crate::endpoint::SHARD_CALL_TIMEOUT`]:
+    /// the shard's node that hangs holds up its caller that long at most, ADR-0124).
     pub(super) async fn invoke(&mut self, cmd: &Cmd) -> Result<Value> {
-        match cmd.query_async::<Value>(&mut self.conn).await {
+        let bound = self.conn.shard_bound();
+        let first = within(bound, cmd.query_async::<Value>(&mut self.conn)).await;
+        match first {
             Err(e) if is_noscript(&e) => {
                 self.load_scripts_for(cmd).await?;
-                Ok(self
-                    .eval_form(cmd)
-                    .query_async::<Value>(&mut self.conn)
-                    .await?)
+                let again = self.eval_form(cmd);
+                Ok(within(bound, again.query_async::<Value>(&mut self.conn)).await?)
             }
             other => Ok(other?),
         }
@@ -105,15 +112,18 @@ impl MailboxStore {
     }
 
     /// Runs `cmds` (each tagged with its shard) as one pipeline — on a cluster, one per
-    /// shard ([`crate::endpoint::Conn::exec_each`]) — and returns each command's result. On
-    /// NOSCRIPT anywhere, loads the set where those calls ran and repeats the whole pipeline
-    /// in order, the calls that answered NOSCRIPT as `EVAL` (safe: every command is a CAS or
-    /// idempotent).
+    /// shard, each bounded by [`crate::endpoint::SHARD_CALL_TIMEOUT`]
+    /// ([`crate::endpoint::Conn::exec_each_within`]: a shard whose node fails or does not
+    /// answer is an error for its commands alone, ADR-0124) — and returns each command's
+    /// result. On NOSCRIPT anywhere, loads the set where those calls ran and repeats the
+    /// whole pipeline in order, the calls that answered NOSCRIPT as `EVAL` (safe: every
+    /// command is a CAS or idempotent).
     pub(super) async fn exec_reloading(
         &mut self,
         cmds: &[(u32, Cmd)],
     ) -> Result<Vec<redis::RedisResult<Value>>> {
-        let replies = self.conn.exec_each(cmds).await?;
+        let bound = self.conn.shard_bound();
+        let replies = self.conn.exec_each_within(cmds, bound).await?;
         let failed: Vec<bool> = replies
             .iter()
             .map(|r| matches!(r, Err(e) if is_noscript(e)))
@@ -133,7 +143,7 @@ impl MailboxStore {
             .zip(&failed)
             .map(|((s, c), f)| (*s, if *f { self.eval_form(c) } else { c.clone() }))
             .collect();
-        Ok(self.conn.exec_each(&again).await?)
+        Ok(self.conn.exec_each_within(&again, bound).await?)
     }
 
     /// [`Self::exec_reloading`], every command's reply or the first error.

@@ -83,8 +83,10 @@ impl MailboxStore {
     /// answer per ack, in order. Each ack stands alone: one that fails (a seq above u48, a
     /// key of another type) fails only itself; a call that fails as a whole fails its acks.
     /// NOSCRIPT anywhere reloads the scripts and repeats the pipeline, those calls as `EVAL`
-    /// (an ack is a max, so repeating one is harmless). The outer `Err` is the pipeline itself failing
-    /// (connection).
+    /// (an ack is a max, so repeating one is harmless). On a Redis Cluster a shard whose node
+    /// fails or does not answer within [`crate::endpoint::SHARD_CALL_TIMEOUT`] fails that
+    /// shard's acks alone (ADR-0124). The outer `Err` is the pipeline itself failing (one
+    /// instance's connection).
     pub async fn ack_mailboxes(&mut self, acks: &[(u32, &str, u64)]) -> Result<Vec<Result<u64>>> {
         let mut out: Vec<Option<Result<u64>>> = Vec::with_capacity(acks.len());
         // the acks of each call (their indices in `acks`), tagged with a shard of theirs

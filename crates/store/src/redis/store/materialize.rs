@@ -245,7 +245,10 @@ impl MailboxStore {
     /// error: a script that fails on one shard (a mailbox key of another type, say) fails
     /// that shard alone, while the others' outcomes, already written, are still reported
     /// (before, the first error failed the whole batch and every other shard's moves went
-    /// unreported: written, never hinted). The outer error: the pipeline itself failed.
+    /// unreported: written, never hinted). On a Redis Cluster a shard whose node fails or
+    /// does not answer within [`crate::endpoint::SHARD_CALL_TIMEOUT`] is that shard's error
+    /// alone (its outcome unknown: a run may have been applied, and its re-read of W finds
+    /// it), ADR-0124. The outer error: the pipeline itself failed (one instance).
     pub async fn materialize_batches(
         &mut self,
         batches: &[(u32, u64, Vec<SingleItem>)],

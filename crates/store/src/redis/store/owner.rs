@@ -16,7 +16,10 @@ const CLEAR_MARK_LUA: &str =
 
 impl MailboxStore {
     /// Sets `owner:{s}` to the epoch, expiring after [`OWNER_MARK_TTL_MS`], for every
-    /// `(shard, epoch)` of `marks`, in one pipeline.
+    /// `(shard, epoch)` of `marks`, in one pipeline (on a cluster, one per shard, each
+    /// bounded by [`crate::endpoint::SHARD_CALL_TIMEOUT`]: a hung node holds the caller, the
+    /// materializer's loop, that long at most, ADR-0124). The first failed mark is the error;
+    /// the others are set.
     pub async fn refresh_owner_marks(&self, marks: &[(u32, u64)]) -> Result<()> {
         let cmds: Vec<(u32, redis::Cmd)> = marks
             .iter()
@@ -29,7 +32,9 @@ impl MailboxStore {
                 (shard, c)
             })
             .collect();
-        for r in self.connection().exec_each(&cmds).await? {
+        let mut conn = self.connection();
+        let bound = conn.shard_bound();
+        for r in conn.exec_each_within(&cmds, bound).await? {
             r?;
         }
         Ok(())

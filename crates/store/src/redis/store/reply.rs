@@ -5,12 +5,13 @@
 //! [`Error::UnexpectedReply`], never accepted as some other outcome. One `parse_*` per script
 //! turns the reply into its outcome type ([`Materialized`], [`Advance`], [`ChunkWritten`],
 //! [`Gc`], [`Fence`]); `read_log_watermarks.lua`'s raw fields go to
-//! [`super::decode_watermark`]. `init_watermark.lua`'s 0/1 is typed by redis-rs at its call.
+//! [`super::decode_watermark`], its marker of a key that is not a hash becomes that shard's
+//! [`CorruptCause::WrongType`]. `init_watermark.lua`'s 0/1 is typed by redis-rs at its call.
 
 use redis::Value;
 
 use crate::error::{Error, Result};
-use crate::redis::watermark::{parse_epoch, CorruptCode, ShardWatermark};
+use crate::redis::watermark::{parse_epoch, CorruptCause, CorruptCode, ShardWatermark};
 
 /// The status of a script reply `{status, ...}`: the reply convention shared by the watermark
 /// scripts, documented in the header of `lua/common/_lanes.lua` (the hot path's bare integer
@@ -290,6 +291,19 @@ pub(super) fn decode_read_reply(shards: &[u32], v: &Value) -> Result<Vec<Result<
         };
         if flat.is_empty() {
             out.push(Err(Error::NoWatermark { shard }));
+            continue;
+        }
+        // `{-1, 'wrong_type', TYPE}`: the key is not a hash (ADR-0123); this shard alone is
+        // corrupt (a flat HGETALL reply holds strings only, never a number)
+        if let [Value::Int(-1), code, found] = flat.as_slice() {
+            if as_string(code).as_deref() != Some(CorruptCode::WrongType.as_str()) {
+                return Err(bad());
+            }
+            let found = as_string(found).ok_or_else(bad)?;
+            out.push(Err(Error::Corrupt {
+                shard,
+                cause: CorruptCause::WrongType { found },
+            }));
             continue;
         }
         let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(flat.len() / 2);

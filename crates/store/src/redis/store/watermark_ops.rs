@@ -18,20 +18,29 @@ impl MailboxStore {
     // ---- read_log_watermarks.lua ----
 
     /// Reads and decodes the watermarks of `shards` through `read_log_watermarks.lua`.
-    /// Each entry is the shard's decoded watermark or its error (missing / corrupt).
+    /// Each entry is the shard's decoded watermark or its error: missing, corrupt (a
+    /// `wm:{s}` that is not a hash too: [`CorruptCause::WrongType`], ADR-0123), and on a
+    /// Redis Cluster a node that failed or did not answer within
+    /// [`crate::endpoint::SHARD_CALL_TIMEOUT`] (ADR-0124). The outer error: the call failed
+    /// as a whole (one instance that did not answer).
     pub async fn read_watermarks(&mut self, shards: &[u32]) -> Result<Vec<Result<ShardWatermark>>> {
         if self.conn.is_cluster() && shards.len() > 1 {
-            // one script call cannot read keys of several slots: one per shard
+            // one script call cannot read keys of several slots: one per shard, and a shard
+            // whose node fails is that shard's error alone
             let cmds: Vec<(u32, Cmd)> = shards
                 .iter()
                 .map(|&s| (s, self.read_watermarks_cmd(&[s])))
                 .collect();
-            let replies = self.invoke_pipeline(&cmds).await?;
-            let mut out = Vec::with_capacity(shards.len());
-            for (&s, v) in shards.iter().zip(&replies) {
-                out.push(decode_read_reply(&[s], v)?.pop().expect("one shard"));
-            }
-            return Ok(out);
+            let replies = self.exec_reloading(&cmds).await?;
+            return Ok(shards
+                .iter()
+                .zip(replies)
+                .map(|(&s, v)| {
+                    v.map_err(Error::from)
+                        .and_then(|v| decode_read_reply(&[s], &v))
+                        .and_then(|mut one| one.pop().expect("one shard"))
+                })
+                .collect());
         }
         let cmd = self.read_watermarks_cmd(shards);
         let v = self.invoke(&cmd).await?;

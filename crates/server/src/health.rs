@@ -79,11 +79,21 @@ pub struct HealthBoard {
     /// Leases mode: another live process registered this node's id (ADR-0114), and since
     /// when: this node holds no lease meanwhile.
     id_in_use: Mutex<Option<Instant>>,
+    /// The gateway's wake subscribers that are not subscribed now, by mailbox instance (its
+    /// URL without password): since when, and why (the last failure). A subscriber handles
+    /// its failures itself and retries for ever, so without this `/healthz` said "ok" while
+    /// no hint of the instance woke a connection and its sweep did not run (ADR-0126).
+    wake_down: Mutex<BTreeMap<String, (Instant, String)>>,
     /// The supervised tasks ([`crate::supervise::supervise`]), by the id
     /// [`HealthBoard::register_task`] gave: a task that keeps failing is restarted for ever,
     /// and without this `/healthz` would say "ok" while it does no work.
     tasks: Mutex<Vec<TaskRuns>>,
 }
+
+/// A wake subscriber not subscribed for this long is reported by `/healthz` (ADR-0126): a
+/// reconnection takes well under a second (a retry every 500 ms), and a mailbox instance that
+/// fails over takes a few seconds.
+pub const WAKE_DOWN_AFTER: Duration = Duration::from_secs(10);
 
 /// Restarts in a row after which a supervised task that has not stayed up for
 /// [`crate::supervise::HEALTHY_RUN`] is reported by `/healthz`: one restart is a hiccup
@@ -266,6 +276,24 @@ impl HealthBoard {
         }
     }
 
+    /// The wake subscriber of mailbox instance `instance` is not subscribed, because of `why`
+    /// (kept since when it was first not subscribed; `why` is the latest reason).
+    pub(crate) fn wake_unsubscribed(&self, instance: &str, why: &str) {
+        let mut m = self.wake_down.lock().expect("health lock");
+        match m.get_mut(instance) {
+            Some((_, last)) => why.clone_into(last),
+            None => {
+                m.insert(instance.to_string(), (Instant::now(), why.to_string()));
+            }
+        }
+    }
+
+    /// The wake subscriber of `instance` is subscribed (or stopped on purpose): no longer
+    /// reported.
+    pub(crate) fn wake_subscribed(&self, instance: &str) {
+        self.wake_down.lock().expect("health lock").remove(instance);
+    }
+
     /// Leases mode: the shards whose lease this node holds now (kept since when they were
     /// first given).
     pub(crate) fn set_leased(&self, shards: impl IntoIterator<Item = u32>) {
@@ -349,7 +377,7 @@ impl HealthBoard {
     }
 
     /// Problems that make the service unhealthy: a supervised task in a restart loop
-    /// ([`RESTART_LOOP`]), a shard not running, one with a lag that has not moved for
+    /// ([`RESTART_LOOP`]), a wake subscriber not subscribed for [`WAKE_DOWN_AFTER`], a shard not running, one with a lag that has not moved for
     /// `stuck_after`, one its worker has not gone through for [`NOT_SERVED_AFTER`], and one
     /// leased here that no worker runs.
     pub fn problems(&self, stuck_after: Duration) -> Vec<String> {
@@ -367,6 +395,16 @@ impl HealthBoard {
                         "waiting to restart"
                     },
                     t.last
+                ));
+            }
+        }
+        for (instance, (since, why)) in self.wake_down.lock().expect("health lock").iter() {
+            if since.elapsed() > WAKE_DOWN_AFTER {
+                out.push(format!(
+                    "wake subscriber of {instance}: not subscribed for {:?}: no hint of its \
+                     shards wakes a connection here, and its sweep does not run; last failure: \
+                     {why}",
+                    since.elapsed()
                 ));
             }
         }
@@ -573,6 +611,32 @@ mod tests {
         assert!(b.problems(STUCK).is_empty());
         // a run that stayed up starts a new streak when it ends
         b.task_ended(t, "exited: returned");
+        assert!(b.problems(STUCK).is_empty());
+    }
+
+    /// ADR-0126: a wake subscriber that is not subscribed is reported once it has not been
+    /// for [`WAKE_DOWN_AFTER`], with its latest failure, until it subscribes again.
+    #[test]
+    fn a_wake_subscriber_not_subscribed_is_reported_until_it_is() {
+        let b = HealthBoard::default();
+        let url = "redis://127.0.0.1:6379";
+        b.wake_unsubscribed(url, "starting");
+        assert!(b.problems(STUCK).is_empty(), "not for a moment");
+        b.wake_unsubscribed(url, "NOPERM this user has no permissions");
+        let since = Instant::now()
+            .checked_sub(WAKE_DOWN_AFTER + Duration::from_secs(1))
+            .unwrap();
+        b.wake_down.lock().unwrap().get_mut(url).unwrap().0 = since;
+        // a further failure keeps when it began
+        b.wake_unsubscribed(url, "NOPERM again");
+        let p = b.problems(STUCK);
+        assert_eq!(p.len(), 1, "{p:?}");
+        assert!(
+            p[0].starts_with(&format!("wake subscriber of {url}: not subscribed for ")),
+            "{p:?}"
+        );
+        assert!(p[0].ends_with("last failure: NOPERM again"), "{p:?}");
+        b.wake_subscribed(url);
         assert!(b.problems(STUCK).is_empty());
     }
 

@@ -771,3 +771,206 @@ async fn dev_auth_answers_only_for_a_loopback_host() {
     assert_eq!(status, 200, "{text}");
     d.shutdown().await;
 }
+
+/// Sends `head` (raw bytes) on a new connection and returns the status and body of the answer.
+async fn raw_request(addr: SocketAddr, head: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    // the server may answer and close before it has read everything
+    let _ = s.write_all(head).await;
+    let (resp, closed) = read_until_closed(&mut s, WAIT).await;
+    assert!(closed, "not closed: {:?}", String::from_utf8_lossy(&resp));
+    status_and_body(&resp)
+}
+
+/// ADR-0125: a connection buffers at most 32 KiB, for a request head above all. Before,
+/// hyper's default of about 400 KiB applied: any socket, before any login, could hold that
+/// much with one long header line (4 GiB at the default cap of 10 000 connections). A head
+/// over the bound is answered 431; a head with too many lines too; a usual one is served.
+#[tokio::test]
+async fn a_request_head_above_32_kib_gets_431() {
+    let d = start().await;
+    let pad = "p".repeat(64 * 1024);
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {pad}\r\nConnection: close\r\n\r\n"
+    );
+    let (status, body) = raw_request(d.addr, head.as_bytes()).await;
+    assert_eq!(status, 431, "a 64 KiB header: {body}");
+    let many: String = (0..150).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let head =
+        format!("GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{many}Connection: close\r\n\r\n");
+    let (status, body) = raw_request(d.addr, head.as_bytes()).await;
+    assert_eq!(status, 431, "150 header lines: {body}");
+    // a head of a usual size with a token-sized header is served
+    let pad = "p".repeat(2 * 1024);
+    let head = format!(
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {pad}\r\nConnection: close\r\n\r\n"
+    );
+    let (status, body) = raw_request(d.addr, head.as_bytes()).await;
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    d.shutdown().await;
+}
+
+/// ADR-0125: every failure has the JSON body with a stable code, a path segment that does
+/// not decode included. Before, `GET /console/%FF` (not UTF-8) got axum's plain-text 400.
+#[tokio::test]
+async fn a_console_file_name_that_does_not_decode_is_not_found_with_the_json_body() {
+    let d = start().await;
+    for path in ["/console/%FF", "/console/%C3%28.js", "/console/nope.js"] {
+        let (status, body) = d.get_text(path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        let v: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{path}: not the JSON error body ({e}): {body:?}"));
+        assert_eq!(v["error"]["code"], "not_found", "{path}: {v}");
+    }
+    assert_eq!(d.get_text("/console/console.js").await.0, 200);
+    d.shutdown().await;
+}
+
+/// ADR-0125: under dev auth, a `Host` (or an `Origin`) that is there but not visible ASCII,
+/// or given twice, is refused 403 `forbidden`. Before, an unreadable `Host` counted as
+/// absent: both the loopback check (ADR-0115) and the `Origin` check (ADR-0104) were
+/// skipped, and the request was served.
+#[tokio::test]
+async fn dev_auth_refuses_an_unreadable_or_repeated_host() {
+    let d = start().await;
+    let port = d.addr.port();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "a Host with a byte above 0x7f",
+            [
+                b"Host: evil.ex\xe4mple:".as_slice(),
+                port.to_string().as_bytes(),
+            ]
+            .concat(),
+        ),
+        (
+            "the same, with another site's Origin",
+            [
+                b"Host: 127.0.0.1\xff:".as_slice(),
+                port.to_string().as_bytes(),
+                b"\r\nOrigin: http://evil.example",
+            ]
+            .concat(),
+        ),
+        (
+            "two Hosts",
+            format!("Host: 127.0.0.1:{port}\r\nHost: evil.example:{port}").into_bytes(),
+        ),
+        (
+            "an Origin with a byte above 0x7f",
+            format!("Host: 127.0.0.1:{port}\r\nOrigin: http://127.0.0.1:{port}\u{e9}").into_bytes(),
+        ),
+    ];
+    for (what, host) in cases {
+        let mut head = b"GET /v1/mailbox?user=alice HTTP/1.1\r\n".to_vec();
+        head.extend_from_slice(&host);
+        head.extend_from_slice(b"\r\nConnection: close\r\n\r\n");
+        let (status, body) = raw_request(d.addr, &head).await;
+        assert_eq!(status, 403, "{what}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["code"], "forbidden", "{what}: {v}");
+    }
+    // a readable loopback Host is served
+    let head = format!(
+        "GET /v1/mailbox?user=alice HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    );
+    let (status, body) = raw_request(d.addr, head.as_bytes()).await;
+    assert_eq!(status, 200, "{body}");
+    d.shutdown().await;
+}
+
+/// ADR-0126: a wake subscriber that cannot subscribe is a `/healthz` problem after 10 s. Here
+/// the mailbox Redis's user may still publish hints (`&wake:{*`) but no longer subscribe to
+/// the pattern `wake:*` (Redis 7 gives a new ACL user no channel at all, and checks a
+/// pattern literally): Redis closes the subscription, and every attempt after it is refused
+/// `NOPERM`. Before, the subscriber retried every 500 ms for ever, its sweep never ran, no
+/// hint woke a connection, and `/healthz` stayed 200.
+#[tokio::test]
+async fn healthz_reports_a_wake_subscriber_that_cannot_subscribe() {
+    let d = start().await;
+    until("healthy at the start", || async {
+        d.get_text("/healthz").await.0 == 200
+    })
+    .await;
+    let mut mailbox = gateway_support::redis_at(&d.mailbox_url).await;
+    let acl = |rules: &'static [&'static str]| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg("SETUSER").arg("default").arg(rules);
+        cmd
+    };
+    let _: () = acl(&["resetchannels", "&wake:{*"])
+        .query_async(&mut mailbox)
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let body = gateway_support::poll_within(
+        "/healthz never reported the wake subscriber",
+        Duration::from_secs(16),
+        || async {
+            let (status, body) = d.get_text("/healthz").await;
+            (status == 503 && body.contains("wake subscriber of ")).then_some(body)
+        },
+    )
+    .await;
+    eprintln!("reported {:?} after the ACL change:\n{body}", t0.elapsed());
+    assert!(body.contains("no permissions"), "{body}");
+    // allowed again: it subscribes, and /healthz is 200 again
+    let _: () = acl(&["allchannels"])
+        .query_async(&mut mailbox)
+        .await
+        .unwrap();
+    until("healthy again", || async {
+        d.get_text("/healthz").await.0 == 200
+    })
+    .await;
+    d.shutdown().await;
+}
+
+/// ADR-0127: a send to more shards than its user's share of commit permits takes the whole
+/// share, so it goes only when the user has nothing else in flight, and one gateway permit per
+/// shard, so the gateway's bound on commits in flight holds. Here, with a share of 2 and 8
+/// permits in all, alice's send to 4 shards is admitted alone: her next send, from another
+/// connection, is refused `overloaded` while it is in flight, and bob still gets his share.
+#[tokio::test]
+async fn a_send_wider_than_the_users_share_goes_alone() {
+    let d = start_with(|o| {
+        o.max_inflight_commits = 8;
+        o.max_inflight_commits_per_user = 2;
+    })
+    .await;
+    let wide = gateway_support::users_in_distinct_shards("wide", 4);
+    let wide: Vec<&str> = wide.iter().map(String::as_str).collect();
+    let mut alice = d.ready_all(["alice"; 2]).await;
+    let mut bob = d.ready("bob").await;
+    // the core paused: every admitted send holds its permits until it resumes
+    d.pause_core(1500).await;
+    alice[0].send_only("wide", &wide, "to four shards").await;
+    alice[0].barrier().await; // read, and admitted or queued for permits
+    alice[1]
+        .send_refused("next", &["carol"], "x", "overloaded")
+        .await;
+    bob.send_only("b-1", &["carol"], "x").await;
+    bob.send_only("b-2", &["dave"], "x").await;
+    bob.barrier().await;
+    assert!(bob.try_pending(|v| v["type"] == "error").is_none());
+    let a = alice[0]
+        .recv_where(|v| v["type"] == "send_ack" || v["type"] == "error")
+        .await;
+    assert_eq!(
+        (&a["type"], &a["id"]),
+        (&"send_ack".into(), &"wide".into()),
+        "{a}"
+    );
+    assert_eq!(a["offsets"].as_object().unwrap().len(), 4, "{a}");
+    for id in ["b-1", "b-2"] {
+        let b = bob
+            .recv_where(|v| v["type"] == "send_ack" || v["type"] == "error")
+            .await;
+        assert_eq!(
+            (&b["type"], &b["id"]),
+            (&"send_ack".into(), &id.into()),
+            "{b}"
+        );
+    }
+    d.shutdown().await;
+}

@@ -54,8 +54,12 @@ fn unauthorized(msg: impl Into<String>) -> Refusal {
 /// a page of `evil.example` whose name is re-pointed at 127.0.0.1 after it loaded (DNS
 /// rebinding) is same-origin with the `Host` it sends, `evil.example`, which no one uses to
 /// reach a gateway listening on loopback.
+///
+/// A `Host` or an `Origin` that is there but cannot be read (not visible ASCII), or given more
+/// than once, is refused too (ADR-0125): before, an unreadable one counted as absent, and
+/// both checks were skipped. Whoever sends such a header is no browser we serve.
 fn dev_auth_allowed(headers: &HeaderMap, public: bool) -> Result<(), Refusal> {
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let host = readable(headers, header::HOST)?;
     if let Some(host) = host.filter(|h| !public && !is_loopback_host(h)) {
         tracing::info!(
             host,
@@ -68,7 +72,7 @@ fn dev_auth_allowed(headers: &HeaderMap, public: bool) -> Result<(), Refusal> {
                 .into(),
         ));
     }
-    let Some(origin) = headers.get(header::ORIGIN) else {
+    let Some(origin) = readable(headers, header::ORIGIN)? else {
         return Ok(());
     };
     let Some(host) = host else {
@@ -76,20 +80,46 @@ fn dev_auth_allowed(headers: &HeaderMap, public: bool) -> Result<(), Refusal> {
         return Ok(());
     };
     let authority = origin
-        .to_str()
-        .ok()
-        .and_then(|o| o.split_once("://"))
+        .split_once("://")
         .map(|(_, a)| a.trim_end_matches('/'));
     if authority.is_some_and(|a| a.eq_ignore_ascii_case(host)) {
         return Ok(());
     }
-    tracing::info!(origin = ?origin, host, "dev auth: cross-origin request refused");
+    tracing::info!(origin, host, "dev auth: cross-origin request refused");
     Err((
         ErrorCode::Forbidden,
         "cross-origin request refused: with dev auth (?user=) only this gateway's own pages \
          may act as a user"
             .into(),
     ))
+}
+
+/// The value of header `name` for the dev-auth checks: `None` when absent; refused (403
+/// `forbidden`) when given more than once or not visible ASCII, which the checks could not
+/// compare (fail closed, ADR-0125).
+fn readable(headers: &HeaderMap, name: header::HeaderName) -> Result<Option<&str>, Refusal> {
+    let mut values = headers.get_all(&name).iter();
+    let value = match (values.next(), values.next()) {
+        (None, _) => return Ok(None),
+        (Some(v), None) => v,
+        (Some(_), Some(_)) => {
+            tracing::info!(header = %name, "dev auth: header given more than once refused");
+            return Err((
+                ErrorCode::Forbidden,
+                format!("with dev auth (?user=) the {name} header may be given only once"),
+            ));
+        }
+    };
+    match value.to_str() {
+        Ok(v) => Ok(Some(v)),
+        Err(_) => {
+            tracing::info!(header = %name, value = ?value, "dev auth: unreadable header refused");
+            Err((
+                ErrorCode::Forbidden,
+                format!("with dev auth (?user=) the {name} header must be visible ASCII"),
+            ))
+        }
+    }
 }
 
 /// The authenticated caller of a request.
@@ -321,6 +351,62 @@ mod tests {
         ] {
             assert!(!is_loopback_host(bad), "{bad}");
         }
+    }
+
+    /// ADR-0125: an unreadable or repeated `Host` or `Origin` is refused under dev auth, with
+    /// or without `--dev-auth-public`; a request with a token is not concerned.
+    #[test]
+    fn dev_auth_refuses_unreadable_or_repeated_host_and_origin() {
+        let header = |h: &mut HeaderMap, name, v: &[u8]| {
+            h.append(name, HeaderValue::from_bytes(v).unwrap());
+        };
+        let mut bad_host = HeaderMap::new();
+        header(&mut bad_host, header::HOST, b"127.0.0.1\xff:7400");
+        let mut two_hosts = HeaderMap::new();
+        header(&mut two_hosts, header::HOST, b"127.0.0.1:7400");
+        header(&mut two_hosts, header::HOST, b"evil.example:7400");
+        let mut bad_origin = HeaderMap::new();
+        header(&mut bad_origin, header::HOST, b"127.0.0.1:7400");
+        header(
+            &mut bad_origin,
+            header::ORIGIN,
+            b"http://127.0.0.1:7400\x80",
+        );
+        let mut two_origins = HeaderMap::new();
+        header(&mut two_origins, header::HOST, b"127.0.0.1:7400");
+        header(&mut two_origins, header::ORIGIN, b"http://127.0.0.1:7400");
+        header(&mut two_origins, header::ORIGIN, b"http://evil.example");
+        for public in [false, true] {
+            let mut o = opts(true);
+            o.dev_auth_public = public;
+            for (what, h) in [
+                ("unreadable Host", &bad_host),
+                ("two Hosts", &two_hosts),
+                ("unreadable Origin", &bad_origin),
+                ("two Origins", &two_origins),
+            ] {
+                let refused = authenticate(&o, h, Some("user=alice"), Endpoint::Http);
+                assert_eq!(
+                    refused.unwrap_err().0,
+                    ErrorCode::Forbidden,
+                    "{what}, public {public}"
+                );
+                assert_eq!(
+                    authorize_admin(&o, h, None).unwrap_err().0,
+                    ErrorCode::Forbidden,
+                    "{what}, public {public}"
+                );
+            }
+        }
+        // a token does not go through the dev-auth checks
+        let mut h = bearer(&token::sign(SECRET, "alice", now_unix() + 60));
+        header(&mut h, header::HOST, b"127.0.0.1\xff:7400");
+        assert!(authenticate(&opts(true), &h, None, Endpoint::Http).is_ok());
+        // one readable loopback Host and its own Origin pass
+        let mut ok = HeaderMap::new();
+        header(&mut ok, header::HOST, b"127.0.0.1:7400");
+        header(&mut ok, header::ORIGIN, b"http://127.0.0.1:7400");
+        assert!(authenticate(&opts(true), &ok, Some("user=alice"), Endpoint::Http).is_ok());
     }
 
     #[test]

@@ -17,7 +17,9 @@
 //! response nobody reads) fails and is closed: a WebSocket sets a longer limit, as it closes
 //! a client that does not read by itself. The reserve keeps `/healthz` answering while the
 //! cap is reached. The header-read timeout covers a request's head and an idle keep-alive
-//! connection alike: a socket that sends no complete request head within it is closed.
+//! connection alike: a socket that sends no complete request head within it is closed. A
+//! connection buffers at most [`MAX_CONNECTION_BUFFER`] bytes: a request head above it (or
+//! with more than [`MAX_HEADERS`] lines) is answered 431 and the connection closed.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -52,6 +54,15 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_REFUSING: usize = 256;
 /// How long a refusal waits for the response to be written and the peer to finish.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+/// Most bytes a connection buffers, for a request head above all (ADR-0125): hyper's default
+/// (about 400 KiB) let every socket that had not logged in hold that much with one long
+/// header line, 4 GiB at 10 000 connections. A head of ours is well under it: a bearer token
+/// is about 1 KiB, a WebSocket upgrade a few hundred bytes. A head that does not fit is
+/// answered 431 and the connection closed.
+const MAX_CONNECTION_BUFFER: usize = 32 * 1024;
+/// Most header lines in a request head (hyper's default, stated here: a browser sends about
+/// 20, and each is bounded by [`MAX_CONNECTION_BUFFER`] anyway); more are answered 431.
+const MAX_HEADERS: usize = 100;
 
 /// One open connection; the count drops when the last clone is dropped (for a WebSocket: when
 /// the socket closes).
@@ -293,6 +304,8 @@ async fn serve_connection<I>(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
+        .max_buf_size(MAX_CONNECTION_BUFFER)
+        .max_headers(MAX_HEADERS)
         .keep_alive(!overflow);
     let conn = builder
         .serve_connection(TokioIo::new(io), service)

@@ -337,6 +337,8 @@ pub async fn serve_listeners(
     } else {
         Vec::new()
     };
+    // a subscriber that cannot subscribe for long is a `/healthz` problem (ADR-0126)
+    shared.hub.report_to(shared.health.clone());
     for (index, url) in wake_urls.into_iter().enumerate() {
         // supervised: a panic restarts the subscriber, which wakes every connection again
         let (hub, stop2) = (shared.hub.clone(), stop.clone());

@@ -6,6 +6,13 @@
 //! [`PERMIT_WAIT`] (`overloaded`). A user's waiters queue on the user's own semaphore, so the
 //! gateway's FIFO queue holds at most a share's worth of one user: a user who floods does
 //! not push the others back.
+//!
+//! A send to more shards than the share (possible only with a share set below the number of
+//! recipients a send may have) takes the whole share, so it goes only when its user has
+//! nothing else in flight, and one gateway permit per shard, so the gateway's bound on commits
+//! in flight holds (ADR-0127). While it waits or is in flight, its user holds (or queues for)
+//! more gateway permits than the share: at most one per recipient a send may have. Committing
+//! its shards a share at a time would keep both bounds; that is the commit path's to do.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

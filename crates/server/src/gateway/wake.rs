@@ -33,7 +33,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::extract::ws::Utf8Bytes;
@@ -45,8 +45,33 @@ use tidemark_store::wake::{HintSeq, WakeHint, WakeSubscriber};
 use tokio::sync::{mpsc, Notify};
 use tokio_util::sync::CancellationToken;
 
+use crate::health::HealthBoard;
+
 /// Wait before a failed or ended subscription is made again.
 const RECONNECT_AFTER: Duration = Duration::from_millis(500);
+
+/// How long connecting and subscribing may take in all: the store's connect bound (four of
+/// them on a cluster, one per node it may try) and a ping's bound for the answer to
+/// `PSUBSCRIBE`, which a Pub/Sub connection of redis-rs does not bound itself (ADR-0126).
+fn subscribe_within(url: &str) -> Duration {
+    let connects = if tidemark_store::endpoint::is_cluster(url) {
+        4
+    } else {
+        1
+    };
+    tidemark_store::wake::CONNECT_TIMEOUT * connects + tidemark_store::wake::PING_TIMEOUT
+}
+
+/// Why a subscription could not be made or ended.
+#[derive(Debug, thiserror::Error)]
+enum SubscribeError {
+    /// Connecting, subscribing or the subscription failed.
+    #[error(transparent)]
+    Store(#[from] tidemark_store::Error),
+    /// Connecting and subscribing took longer than [`subscribe_within`].
+    #[error("connecting and subscribing took more than {0:?}")]
+    TimedOut(Duration),
+}
 
 /// How often the subscriber sweeps its instance's watermarks for moves no hint announced.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -253,6 +278,9 @@ pub(crate) struct WakeHub {
     /// How many times every connection was woken ([`WakeHub::resubscribed`]): a connection
     /// that sees it change reads its mailbox whatever its local runs covered.
     woke_all: AtomicU64,
+    /// Where the subscribers report whether they are subscribed ([`WakeHub::report_to`]),
+    /// so `/healthz` names one that has not been for a while (ADR-0126).
+    health: OnceLock<Arc<HealthBoard>>,
 }
 
 /// A connection's registration; unregisters when dropped.
@@ -275,6 +303,27 @@ impl Drop for Registration {
 }
 
 impl WakeHub {
+    /// Has this hub's subscribers ([`run_subscriber`]) report on `board` whether they are
+    /// subscribed: one that has not been for [`crate::health::WAKE_DOWN_AFTER`] is a
+    /// `/healthz` problem (ADR-0126). The first board given is kept.
+    pub(crate) fn report_to(&self, board: Arc<HealthBoard>) {
+        let _ = self.health.set(board);
+    }
+
+    /// Tells the board, if any, that the subscriber of `instance` is not subscribed (`why`).
+    fn unsubscribed(&self, instance: &str, why: &str) {
+        if let Some(b) = self.health.get() {
+            b.wake_unsubscribed(instance, why);
+        }
+    }
+
+    /// Tells the board, if any, that the subscriber of `instance` is subscribed.
+    fn subscribed(&self, instance: &str) {
+        if let Some(b) = self.health.get() {
+            b.wake_subscribed(instance);
+        }
+    }
+
     /// Registers `notify` to be woken by hints naming `user`, whose mailbox is on `shard`.
     #[cfg(test)]
     pub(crate) fn register(
@@ -641,7 +690,9 @@ fn wake_where(
 
 /// Subscribes to `wake:*` on the mailbox instance `url` until `cancel`, reconnecting on
 /// failure; sweeps the watermarks of `owned` (the shards of this instance) every
-/// [`SWEEP_EVERY`].
+/// [`SWEEP_EVERY`]. Whether it is subscribed goes to the hub's health board, if any
+/// ([`WakeHub::report_to`]): from its start until its first subscription, and from each
+/// failure until the next, it is not (ADR-0126).
 pub(crate) async fn run_subscriber(
     hub: Arc<WakeHub>,
     url: String,
@@ -651,26 +702,33 @@ pub(crate) async fn run_subscriber(
 ) {
     let shown = tidemark_store::redact_url(&url);
     let mut sweep = sweep;
+    hub.unsubscribed(&shown, "not subscribed yet");
     loop {
         let res = tokio::select! {
-            _ = cancel.cancelled() => return,
-            r = subscribe_once(&hub, &url, shards.clone(), &mut sweep, &cancel) => r,
+            _ = cancel.cancelled() => break,
+            r = subscribe_once(&hub, &url, &shown, shards.clone(), &mut sweep, &cancel) => r,
         };
         if cancel.is_cancelled() {
-            return;
+            break;
         }
         match res {
-            Ok(()) => tracing::warn!(url = %shown, "wake subscription ended; reconnecting"),
+            Ok(()) => {
+                hub.unsubscribed(&shown, "the subscription ended");
+                tracing::warn!(url = %shown, "wake subscription ended; reconnecting")
+            }
             Err(e) => {
+                hub.unsubscribed(&shown, &e.to_string());
                 tracing::warn!(url = %shown, error = %e, "wake subscription failed; reconnecting")
             }
         }
         metrics::counter!("tidemark_wake_reconnects_total").increment(1);
         tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = cancel.cancelled() => break,
             _ = tokio::time::sleep(RECONNECT_AFTER) => {}
         }
     }
+    // stopped on purpose: nothing to report
+    hub.subscribed(&shown);
 }
 
 /// The slow safety sweep of one mailbox instance: its shards and their watermarks as last
@@ -728,15 +786,21 @@ impl Sweep {
     }
 }
 
+/// One subscription, until it fails or ends; `shown`: `url` without its password.
 async fn subscribe_once(
     hub: &WakeHub,
     url: &str,
+    shown: &str,
     shards: std::ops::Range<u32>,
     sweep: &mut Sweep,
     cancel: &CancellationToken,
-) -> Result<(), tidemark_store::Error> {
-    let mut sub = WakeSubscriber::connect(url, shards.clone()).await?;
-    tracing::debug!(url = %tidemark_store::redact_url(url), "wake subscription up");
+) -> Result<(), SubscribeError> {
+    let within = subscribe_within(url);
+    let mut sub = tokio::time::timeout(within, WakeSubscriber::connect(url, shards.clone()))
+        .await
+        .map_err(|_| SubscribeError::TimedOut(within))??;
+    tracing::debug!(url = %shown, "wake subscription up");
+    hub.subscribed(shown);
     // Anything published while we were away is lost: let every connection of the instance's
     // shards re-read once. Only this instance's (the sweep's): before, every subscriber
     // forgot every shard's place in its hint sequence, so a number another instance's hint
@@ -1097,6 +1161,75 @@ mod tests {
         );
         cancel.cancel();
         task.await.unwrap();
+    }
+
+    /// ADR-0126: a subscriber that cannot subscribe (here: its Redis user may publish hints
+    /// but not subscribe to the pattern; Redis 7 gives a new ACL user no channel at all) is
+    /// reported on the health board once it has not been subscribed for
+    /// [`crate::health::WAKE_DOWN_AFTER`], with the failure, and no longer once it has
+    /// subscribed again. Before, it retried every 500 ms for ever and nothing reported it.
+    #[tokio::test]
+    async fn a_subscriber_that_cannot_subscribe_is_reported_until_it_does() {
+        use crate::health::WAKE_DOWN_AFTER;
+        let redis = tidemark_redis_proc::RedisProcess::start().unwrap();
+        let client = redis::Client::open(redis.url()).unwrap();
+        let mut admin = client.get_multiplexed_async_connection().await.unwrap();
+        let acl = |rules: &'static [&'static str]| {
+            let mut cmd = redis::cmd("ACL");
+            cmd.arg("SETUSER").arg("default").arg(rules);
+            cmd
+        };
+        // a PSUBSCRIBE pattern must be allowed literally: `wake:{*` lets PUBLISH through only
+        let _: () = acl(&["resetchannels", "&wake:{*"])
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let board = Arc::new(HealthBoard::default());
+        let hub = Arc::new(WakeHub::default());
+        hub.report_to(board.clone());
+        let store = MailboxStore::connect(
+            &redis.url(),
+            tidemark_store::redis::watermark::Layout::PackedV2,
+        )
+        .await
+        .unwrap();
+        let sweep = Sweep::new(store, vec![0, 1], Duration::from_secs(60));
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run_subscriber(
+            hub.clone(),
+            redis.url(),
+            0..2,
+            sweep,
+            cancel.clone(),
+        ));
+        let t0 = std::time::Instant::now();
+        let problem = loop {
+            let p = board.problems(Duration::from_secs(60));
+            if let Some(p) = p.into_iter().find(|p| p.starts_with("wake subscriber of ")) {
+                break p;
+            }
+            assert!(
+                t0.elapsed() < WAKE_DOWN_AFTER + Duration::from_secs(5),
+                "a subscriber that cannot subscribe was never reported"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            t0.elapsed() >= WAKE_DOWN_AFTER,
+            "reported at once: {problem}"
+        );
+        assert!(problem.contains("no permissions"), "{problem}");
+        assert_eq!(hub.woke_all_times(), 0, "subscribed?");
+        // allowed again: it subscribes, and is no longer reported
+        let _: () = acl(&["allchannels"]).query_async(&mut admin).await.unwrap();
+        let t1 = std::time::Instant::now();
+        while hub.woke_all_times() == 0 || !board.problems(Duration::from_secs(60)).is_empty() {
+            assert!(t1.elapsed() < Duration::from_secs(5), "never subscribed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.cancel();
+        task.await.unwrap();
+        assert!(board.problems(Duration::from_secs(60)).is_empty());
     }
 
     /// ADR-0100: a hint of another epoch lets the hinted W go back also right after a

@@ -15,6 +15,7 @@
 //! Pages carry a Content-Security-Policy that allows only this origin (scripts, styles,
 //! fetches and the WebSocket), no inline script, and no framing.
 
+use axum::extract::rejection::PathRejection;
 use axum::extract::Path;
 use axum::http::{header, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -115,8 +116,13 @@ pub(crate) async fn frames_schema() -> Response {
     file("application/schema+json", FRAMES_SCHEMA)
 }
 
-pub(crate) async fn asset(Path(name): Path<String>) -> Response {
-    match ASSETS.iter().find(|(n, _, _)| *n == name) {
+/// `/console/{file}`. A name that does not decode (`%FF`: not UTF-8) names no file either: it
+/// is 404 `not_found` with the JSON body like any other, not axum's plain-text 400 (ADR-0125).
+pub(crate) async fn asset(name: Result<Path<String>, PathRejection>) -> Response {
+    let found = name
+        .ok()
+        .and_then(|Path(name)| ASSETS.iter().find(|(n, _, _)| *n == name));
+    match found {
         Some((_, ty, body)) => file(ty, body),
         None => error_response(ErrorCode::NotFound, "no such file"),
     }

@@ -186,6 +186,21 @@ struct RunningWorker {
     done: tokio::task::JoinHandle<()>,
 }
 
+/// A worker asked to stop that had not ended within a call's wait (ADR-0121): its call to a
+/// mailbox instance that does not answer is under way. The lease loop goes on without it;
+/// it ends by itself within [`crate::run::WorkerSpec::STOP_GRACE`]. Until then no new worker is
+/// started for its core instance (the two would report the same shards to the health board),
+/// and the shards it ran that this node gives away are not released.
+struct Draining {
+    core: usize,
+    done: tokio::task::JoinHandle<()>,
+}
+
+/// True while a worker of core instance `core` is still stopping.
+fn draining_on(draining: &[Draining], core: usize) -> bool {
+    draining.iter().any(|d| d.core == core)
+}
+
 /// Which winning of a shard's lease a worker runs the shard under: a number that grows with
 /// every lease this node wins. A lease lost and won back — even within one tick — is a new
 /// `Won`, so the worker that ran the shard before is restarted and claims it again: while the
@@ -197,8 +212,9 @@ type Won = u64;
 
 impl LeaseLoop {
     /// Runs until `cancel`: heartbeats, converges on the balanced assignment, renews. On
-    /// `cancel`: stops every worker (in-flight writes finish), releases every lease and
-    /// deregisters, so the other nodes take the shards at once.
+    /// `cancel`: stops every worker (in-flight writes finish, or are dropped after the
+    /// worker's grace: ADR-0121), releases every lease and deregisters, so the other nodes
+    /// take the shards at once. No tick waits for a worker to stop longer than one call.
     pub(crate) async fn run(self, cancel: CancellationToken) {
         let ttl = self.node.lease_ttl;
         let ttl_ms = ttl.as_millis() as u64;
@@ -222,6 +238,12 @@ impl LeaseLoop {
         let mut held: BTreeMap<u32, Won> = BTreeMap::new();
         let mut wins: Won = 0;
         let mut workers: BTreeMap<usize, RunningWorker> = BTreeMap::new();
+        // workers stopped that had not ended within a call's wait (ADR-0121)
+        let mut draining: Vec<Draining> = Vec::new();
+        // shards no longer held whose worker may still be stopping: forgotten by the health
+        // board, and released when `true` (given away; `false`: the lease was lost), once no
+        // worker of their core instance is draining (ADR-0121)
+        let mut handing: BTreeMap<u32, bool> = BTreeMap::new();
         let mut first = true;
         // shards this code may not own (old code on newer data): not retried for a while
         let mut refused: HashMap<u32, Instant> = HashMap::new();
@@ -615,21 +637,37 @@ impl LeaseLoop {
             self.health.set_unrenewed(&unrenewed);
             tracing::debug!(?held, ?target, ?give, live = live.is_some(), "lease tick");
             // 7. workers follow `held` (each core's worker restarted when its set changed, or
-            //    when one of its shards was lost and won again)
-            self.apply(&held, &mut workers, &cancel).await;
-            for s in lost_for_good {
-                // its worker no longer runs it: /healthz no longer reports it
-                self.health.forget(s);
-            }
-            for s in give {
-                let ci = self.map.core_of(s);
-                // a lease of this id may be the other process's by now: not released
-                if let Some(c) = cores[ci].as_mut().filter(|_| !replaced) {
-                    // not released in time: it expires after the TTL
-                    let _ = tokio::time::timeout(call, c.release_lease(s, &self.node.id)).await;
+            //    when one of its shards was lost and won again); one that does not stop within
+            //    a call's wait is left draining, never waited for here (ADR-0121)
+            self.apply(&held, &mut workers, &mut draining, &cancel)
+                .await;
+            // 8. what is no longer held, once its worker is done: forgotten by /healthz (its
+            //    worker no longer runs it), and released if given away
+            handing.extend(lost_for_good.into_iter().map(|s| (s, false)));
+            handing.extend(give.into_iter().map(|s| (s, true)));
+            handing.retain(|s, _| !held.contains_key(s));
+            let done: Vec<(u32, bool)> = handing
+                .iter()
+                .filter(|(&s, _)| !draining_on(&draining, self.map.core_of(s)))
+                .map(|(&s, &r)| (s, r))
+                .collect();
+            for (s, release) in done {
+                handing.remove(&s);
+                if release {
+                    let ci = self.map.core_of(s);
+                    // a lease of this id may be the other process's by now: not released
+                    if let Some(c) = cores[ci].as_mut().filter(|_| !replaced && !stalled[ci]) {
+                        // not released in time: it expires after the TTL
+                        if tokio::time::timeout(call, c.release_lease(s, &self.node.id))
+                            .await
+                            .is_err()
+                        {
+                            stalled[ci] = true;
+                        }
+                    }
+                    tracing::info!(shard = s, "shard handed over");
                 }
                 self.health.forget(s);
-                tracing::info!(shard = s, "shard handed over");
             }
             // /healthz reports a shard leased here that no worker runs
             self.health.set_leased(held.keys().copied());
@@ -645,12 +683,22 @@ impl LeaseLoop {
         for s in held.keys() {
             self.gate.close(*s);
         }
-        self.apply(&BTreeMap::new(), &mut workers, &cancel).await;
+        self.apply(&BTreeMap::new(), &mut workers, &mut draining, &cancel)
+            .await;
+        // each ends within its grace (ADR-0121): a worker whose call hangs is dropped then
+        for d in draining {
+            let _ = d.done.await;
+        }
+        // shards given away whose worker was still stopping: released with the others
+        let given: Vec<u32> = handing
+            .into_iter()
+            .filter_map(|(s, release)| release.then_some(s))
+            .collect();
         // bounded: core Redis may be gone already (Ctrl-C on `up` reaches its redis-servers
         // too), and each call to a dead server retries; leases not released expire by TTL
         let (map, id) = (&self.map, &self.node.id);
         let release = async {
-            for &s in held.keys() {
+            for &s in held.keys().chain(&given) {
                 if let Some(c) = cores[map.core_of(s)].as_mut() {
                     let _ = c.release_lease(s, id).await;
                 }
@@ -669,30 +717,62 @@ impl LeaseLoop {
 
     /// Makes each core instance's worker own exactly `held`'s shards of that instance, each
     /// under the winning of its lease given in `held`: a worker whose set changed, or one of
-    /// whose shards was won again since it started, is stopped (and joined) and a new one
-    /// started (it claims its shards).
+    /// whose shards was won again since it started, is stopped and a new one started (it
+    /// claims its shards).
+    ///
+    /// ADR-0121: the workers stopped are waited for together, at most one call's wait of the
+    /// lease loop (a sixth of the TTL). One still running then (its call to a mailbox
+    /// instance that does not answer waits for the response timeout) goes to `draining`, and
+    /// its core instance gets its new worker at a later tick, once it has ended (within
+    /// [`crate::run::WorkerSpec::STOP_GRACE`]). Before, the loop joined it: no lease of the node
+    /// was renewed meanwhile, and all of them lapsed.
     async fn apply(
         &self,
         held: &BTreeMap<u32, Won>,
         workers: &mut BTreeMap<usize, RunningWorker>,
+        draining: &mut Vec<Draining>,
         cancel: &CancellationToken,
     ) {
-        for core in 0..self.map.core_urls().len() {
-            let want: Vec<(u32, Won)> = held
-                .iter()
+        draining.retain(|d| !d.done.is_finished());
+        let want_of = |core: usize| -> Vec<(u32, Won)> {
+            held.iter()
                 .map(|(&s, &won)| (s, won))
                 .filter(|&(s, _)| self.map.core_of(s) == core)
-                .collect();
-            if workers.get(&core).map(|w| &w.shards) == Some(&want)
-                || (want.is_empty() && !workers.contains_key(&core))
-            {
+                .collect()
+        };
+        // 1. stop every worker whose set changed, all at once
+        let mut stopping: Vec<(usize, tokio::task::JoinHandle<()>)> = Vec::new();
+        for core in 0..self.map.core_urls().len() {
+            let want = want_of(core);
+            if workers.get(&core).is_some_and(|w| w.shards != want) {
+                let old = workers.remove(&core).expect("checked");
+                old.stop.cancel();
+                stopping.push((core, old.done));
+            }
+        }
+        if !stopping.is_empty() {
+            let call = self.node.lease_ttl / 6;
+            let all = futures::future::join_all(stopping.iter_mut().map(|(_, done)| done));
+            let _ = tokio::time::timeout(call, all).await;
+            for (core, done) in stopping {
+                if !done.is_finished() {
+                    tracing::warn!(
+                        core,
+                        "materializer worker not stopped yet (a mailbox instance not \
+                         answering?): its core instance's new worker waits for it"
+                    );
+                    draining.push(Draining { core, done });
+                }
+            }
+        }
+        // 2. start the missing ones
+        for core in 0..self.map.core_urls().len() {
+            let want = want_of(core);
+            if want.is_empty() || workers.contains_key(&core) || cancel.is_cancelled() {
                 continue;
             }
-            if let Some(old) = workers.remove(&core) {
-                old.stop.cancel();
-                let _ = old.done.await;
-            }
-            if want.is_empty() || cancel.is_cancelled() {
+            if draining_on(draining, core) {
+                tracing::debug!(core, "new worker waits for the old one to end");
                 continue;
             }
             // what the old worker reported (fenced, …) is not the new one's: starting until it
@@ -710,6 +790,7 @@ impl LeaseLoop {
                     mailboxes: self.mailboxes.clone(),
                     shards: want.iter().map(|&(s, _)| s).collect(),
                     opts: self.materializer.clone(),
+                    stop_grace: crate::run::WorkerSpec::STOP_GRACE,
                 },
                 self.health.clone(),
                 stop.clone(),

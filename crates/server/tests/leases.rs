@@ -844,3 +844,169 @@ async fn a_node_whose_id_another_process_registered_holds_no_lease() {
         .await;
     node.stop().await;
 }
+
+/// 9. ADR-0121: one core instance's worker is stuck on a mailbox instance that does not answer
+/// (SIGSTOP, a record in flight), and the node's shard set changes (a lease of that core
+/// instance lost behind its back), so the lease loop stops that worker. It must not wait for
+/// it: the node's other leases (core 1's shards, on a healthy mailbox instance) stay held —
+/// their worker is never restarted, so the shard's epoch does not move — and are materialised
+/// throughout. Before, the loop joined the worker, whose call waited for the response
+/// timeout: nothing was renewed meanwhile and every lease of the node lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stuck_on_a_hung_mailbox_does_not_hold_up_the_lease_loop() {
+    use tidemark_store::topology::Topology;
+    let cores = [
+        RedisProcess::start().expect("core redis-server"),
+        RedisProcess::start().expect("core redis-server"),
+    ];
+    let mailboxes = [
+        RedisProcess::start().expect("mailbox redis-server"),
+        RedisProcess::start().expect("mailbox redis-server"),
+    ];
+    let mut opts = serve_options(
+        cores[0].url(),
+        mailboxes[0].url(),
+        GatewayOptions {
+            dev_auth: true,
+            ..Default::default()
+        },
+        MaterializerOptions {
+            block: Duration::from_millis(50),
+            ..Default::default()
+        },
+    );
+    // core i's shards are on mailbox i
+    let topology = Topology::new(
+        SHARDS,
+        Layout::PackedV2,
+        vec![cores[0].url(), cores[1].url()],
+        vec![mailboxes[0].url(), mailboxes[1].url()],
+    );
+    let map = topology.validate().unwrap();
+    assert!(map
+        .all_shards()
+        .all(|s| map.core_of(s) == map.mailbox_of(s)));
+    opts.topology = topology;
+    opts.node = Some(NodeOptions {
+        id: NODE.into(),
+        advertise: "ws://127.0.0.1:1/v1/ws".into(),
+        role: Role::All,
+        lease_ttl: TTL,
+        leases: true,
+    });
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    let running = run::serve(opts, cancel.clone()).await.expect("serve");
+    let mut logs = Vec::new();
+    let mut mbs = Vec::new();
+    for (c, m) in cores.iter().zip(&mailboxes) {
+        logs.push(LogStore::connect(&c.url()).await.unwrap());
+        mbs.push(
+            MailboxStore::connect(&m.url(), Layout::PackedV2)
+                .await
+                .unwrap(),
+        );
+    }
+    let start = Instant::now();
+    for s in 0..SHARDS {
+        let log = &mut logs[map.core_of(s)];
+        while log.lease_holder(s).await.unwrap().map(|h| h.0) != Some(NODE.into()) {
+            assert!(start.elapsed() < RECOVER, "shard {s}: lease not taken");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // a recipient on each core instance
+    let user = |core: usize| {
+        (0..)
+            .map(|n| format!("u{n}"))
+            .find(|u| map.core_of(route(u).shard) == core)
+            .unwrap()
+    };
+    let users = [user(0), user(1)];
+    let mut n = 0;
+    let mut send = async |logs: &mut Vec<LogStore>, core: usize| {
+        n += 1;
+        logs[core]
+            .commit(
+                route(&users[core]).shard,
+                "alice",
+                &format!("h{n}"),
+                &[users[core].as_str()],
+                "body",
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap()
+            .offset
+    };
+    let w = async |mbs: &mut Vec<MailboxStore>, core: usize| {
+        let to = route(&users[core]);
+        let wm = mbs[core].read_watermark(to.shard).await.unwrap();
+        (wm.lanes.lane(to.lane).w, wm.epoch)
+    };
+    // both workers materialise, and core 1's has claimed its shards for good
+    for core in [0, 1] {
+        let offset = send(&mut logs, core).await;
+        let start = Instant::now();
+        while w(&mut mbs, core).await.0 < offset {
+            assert!(start.elapsed() < RECOVER, "core {core}: first message");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let epoch = w(&mut mbs, 1).await.1;
+    let pid = mailboxes[0].pid().expect("mailbox 0 runs").to_string();
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    // core 0's worker takes this record and waits on the hung instance
+    send(&mut logs, 0).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // the node's shard set changes: it loses a lease of core 0 (and cannot win it back: the
+    // ownership check of the hung instance times out), so core 0's worker is stopped
+    let mut core0 = redis_at(&cores[0].url()).await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(tidemark_store::keys::lease(route(&users[0]).shard))
+        .query_async(&mut core0)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the node held the lease");
+    let changed = Instant::now();
+    // five lease TTLs: core 1's shard takes a message every half second
+    while changed.elapsed() < TTL * 5 {
+        let offset = send(&mut logs, 1).await;
+        let sent = Instant::now();
+        loop {
+            let (got, now_epoch) = w(&mut mbs, 1).await;
+            assert_eq!(
+                now_epoch,
+                epoch,
+                "core 1's shard was claimed again {:?} after the change: its lease lapsed",
+                changed.elapsed()
+            );
+            if got >= offset {
+                break;
+            }
+            assert!(
+                sent.elapsed() < TTL * 2,
+                "a message to core 1's shard not materialised within {:?}, {:?} after the \
+                 change",
+                TTL * 2,
+                changed.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    signal("-CONT");
+    tokio::time::timeout(Duration::from_secs(20), running.shutdown())
+        .await
+        .expect("node did not stop in time")
+        .expect("node stopped with an error");
+}

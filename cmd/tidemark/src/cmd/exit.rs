@@ -4,7 +4,7 @@
 //! | status | meaning |
 //! | --- | --- |
 //! | 0 | done |
-//! | 1 | failed (Redis, I/O, …: `error: …` on stderr); `wm downgrade` skipped a shard |
+//! | 1 | failed (Redis, I/O, …: `error: …` on stderr); `wm downgrade` skipped a shard; `serve`/`up` whose stop was cut short (a second Ctrl-C or SIGTERM, or `--shutdown-timeout`, ADR-0122) |
 //! | 2 | [`EXIT_REFUSED`]: refused, nothing was started or written (like clap's usage errors) |
 //! | 3 | [`EXIT_CORRUPT`]: a corrupt watermark (`wm verify`, `status`: any shard whose watermark cannot be read; a `wm:{s}` that is not a hash) |
 //! | 4 | [`EXIT_MISSING`]: a missing watermark |

@@ -68,6 +68,8 @@ pub struct UpArgs {
     listeners: ListenerArgs,
     #[command(flatten)]
     limits: GatewayLimitArgs,
+    #[command(flatten)]
+    stop: StopArgs,
 }
 
 #[derive(Args)]
@@ -125,6 +127,18 @@ pub struct ServeArgs {
     listeners: ListenerArgs,
     #[command(flatten)]
     limits: GatewayLimitArgs,
+    #[command(flatten)]
+    stop: StopArgs,
+}
+
+/// How `serve` and `up` stop (ADR-0122).
+#[derive(Args)]
+struct StopArgs {
+    /// How long a stop (the first Ctrl-C or SIGTERM) may take before the process exits anyway,
+    /// with status 1 (leases it did not release expire after their TTL); a second Ctrl-C or
+    /// SIGTERM exits at once.
+    #[arg(long, default_value = "30s", value_parser = tidemark_client::parse_ttl)]
+    shutdown_timeout: std::time::Duration,
 }
 
 /// What must be on replicas before it counts (ADR-0032; docs/cluster.md).
@@ -359,21 +373,70 @@ fn gateway_options(
     }
 }
 
-/// Cancelled on Ctrl-C or SIGTERM (after a `stopping...` notice).
-fn shutdown_token() -> CancellationToken {
-    let cancel = CancellationToken::new();
-    let c = cancel.clone();
+/// How long the command has to end by itself once its stop is cut short ([`Shutdown::force`])
+/// before the process is ended from a thread of its own (the runtime's shutdown could wait on
+/// a task that does not end).
+const FORCED_EXIT_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The stop of `serve` and `up` on signals (ADR-0122).
+///
+/// The first Ctrl-C or SIGTERM cancels `stop`: the service stops in order (workers, leases,
+/// the registry record). A second one, or `--shutdown-timeout` after the first, cancels
+/// `force`: the command gives up the stop and exits with status 1 (a third signal, or
+/// [`FORCED_EXIT_WITHIN`], ends the process at once). Before, the signal task ended after
+/// the first signal, and since tokio keeps its handlers installed for good, every later
+/// Ctrl-C or SIGTERM was swallowed: a stuck stop could only be ended with `kill -9`.
+struct Shutdown {
+    /// Cancelled on the first Ctrl-C or SIGTERM.
+    stop: CancellationToken,
+    /// Cancelled when the stop is cut short.
+    force: CancellationToken,
+}
+
+/// Listens for Ctrl-C and SIGTERM for as long as the process runs (see [`Shutdown`]).
+fn shutdown_signals(timeout: std::time::Duration) -> Shutdown {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (stop, force) = (CancellationToken::new(), CancellationToken::new());
+    let (s, f) = (stop.clone(), force.clone());
+    // installed now, so that no signal between here and the task's first poll is missed
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
-        notice("stopping...");
-        c.cancel();
+        notice(&format!(
+            "stopping... (Ctrl-C or SIGTERM again exits at once; the stop is given up after \
+             {}s)",
+            timeout.as_secs()
+        ));
+        s.cancel();
+        let why = tokio::select! {
+            _ = int.recv() => "a second signal (SIGINT)".to_string(),
+            _ = term.recv() => "a second signal (SIGTERM)".to_string(),
+            _ = tokio::time::sleep(timeout) => {
+                format!("--shutdown-timeout {}s passed", timeout.as_secs())
+            }
+        };
+        super::logs::fatal(&anyhow::anyhow!(
+            "stop not finished: {why}; exiting without it (leases not released expire after \
+             their TTL)"
+        ));
+        f.cancel();
+        // the command returns at once; should anything hold it (or the runtime's shutdown),
+        // the process ends anyway
+        std::thread::spawn(|| {
+            std::thread::sleep(FORCED_EXIT_WITHIN);
+            std::process::exit(1);
+        });
+        tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        }
+        std::process::exit(1);
     });
-    cancel
+    Shutdown { stop, force }
 }
 
 /// Runs `tidemark up`.
@@ -430,7 +493,8 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         lease_ttl: tidemark_server::ownership::DEFAULT_LEASE_TTL,
         leases: true,
     });
-    let cancel = shutdown_token();
+    let shutdown = shutdown_signals(a.stop.shutdown_timeout);
+    let cancel = shutdown.stop.clone();
     // from Ctrl-C (or SIGTERM) on, a child node's exit is expected: the terminal's SIGINT
     // reaches the children too (same process group), and they may stop before this node
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -567,19 +631,37 @@ pub async fn up(a: UpArgs) -> anyhow::Result<ExitCode> {
         running,
         ..
     } = up;
-    let res = running.wait().await;
-    // the other nodes stop first (SIGTERM: they release their leases), then the Redis servers
+    // ADR-0122: a stop cut short (a second signal, --shutdown-timeout) does not wait for
+    // the service; the nodes and the Redis servers are still stopped, in that order
+    let force = shutdown.force;
+    let res = tokio::select! {
+        r = running.wait() => Some(r),
+        _ = force.cancelled() => None,
+    };
+    // the other nodes stop first (SIGTERM: they release their leases; SIGKILL when the stop
+    // is cut short), then the Redis servers
     stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sig = if res.is_some() {
+        libc::SIGTERM
+    } else {
+        libc::SIGKILL
+    };
     for child in &children {
-        child.signal(libc::SIGTERM);
+        child.signal(sig);
     }
     for child in children {
-        let _ = tokio::task::spawn_blocking(move || child.stop()).await;
+        let force = force.clone();
+        let _ = tokio::task::spawn_blocking(move || child.stop(&force)).await;
     }
     drop(core);
     drop(mailbox);
-    res?;
-    Ok(ExitCode::SUCCESS)
+    match res {
+        Some(r) => {
+            r?;
+            Ok(ExitCode::SUCCESS)
+        }
+        None => Ok(ExitCode::FAILURE),
+    }
 }
 
 /// Node `i` of `up --nodes N`: the port `i` after `first`'s (checked by [`check_node_ports`]).
@@ -681,7 +763,8 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
         lease_ttl: a.lease_ttl,
         leases: ownership == "leases",
     };
-    let cancel = shutdown_token();
+    let shutdown = shutdown_signals(a.stop.shutdown_timeout);
+    let cancel = shutdown.stop.clone();
     let running = run::serve(
         run::ServeOptions {
             topology: topology.clone(),
@@ -733,7 +816,11 @@ pub async fn serve(a: ServeArgs) -> anyhow::Result<ExitCode> {
     for (i, u) in topology.mailbox.iter().enumerate() {
         println!("mailbox  {i} {}", tidemark_store::redact_url(u));
     }
-    running.wait().await?;
+    // ADR-0122: a stop cut short (a second signal, --shutdown-timeout) is not waited for
+    tokio::select! {
+        r = running.wait() => r?,
+        _ = shutdown.force.cancelled() => return Ok(ExitCode::FAILURE),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -824,14 +911,20 @@ impl NodeChild {
     }
 
     /// Waits for the process to end after a SIGTERM: [`NODE_STOP_GRACE`], then SIGKILL (a
-    /// node that hangs in its shutdown must not keep `up` from stopping).
-    fn stop(self) {
+    /// node that hangs in its shutdown must not keep `up` from stopping); SIGKILL at once
+    /// once `force` is cancelled (`up`'s own stop cut short, ADR-0122).
+    fn stop(self, force: &CancellationToken) {
         let until = std::time::Instant::now() + NODE_STOP_GRACE;
-        while !self.waiter.is_finished() && std::time::Instant::now() < until {
+        while !self.waiter.is_finished()
+            && std::time::Instant::now() < until
+            && !force.is_cancelled()
+        {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         if !self.waiter.is_finished() {
-            tracing::warn!(pid = self.pid, "node did not stop after SIGTERM; SIGKILL");
+            if !force.is_cancelled() {
+                tracing::warn!(pid = self.pid, "node did not stop after SIGTERM; SIGKILL");
+            }
             self.signal(libc::SIGKILL);
         }
         let _ = self.waiter.join();

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tidemark_protocol::secret::TokenSecret;
 use tidemark_store::redis::dlog::LogStore;
@@ -397,6 +398,7 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
                 mailboxes: mailboxes.clone(),
                 shards,
                 opts: opts.materializer.clone(),
+                stop_grace: WorkerSpec::STOP_GRACE,
             },
             health.clone(),
             cancel.clone(),
@@ -512,10 +514,31 @@ pub(crate) struct WorkerSpec {
     /// The owned shards of that core instance.
     pub(crate) shards: Vec<u32>,
     pub(crate) opts: MaterializerOptions,
+    /// How long a running worker asked to stop may take before it is dropped
+    /// ([`WorkerSpec::STOP_GRACE`]; shorter in tests).
+    pub(crate) stop_grace: Duration,
+}
+
+impl WorkerSpec {
+    /// How long a materializer worker asked to stop may take to end by itself (the step in
+    /// flight finishing, its owner marks cleared) before it is dropped where it stands
+    /// (ADR-0121). A healthy worker ends within milliseconds; one whose call waits on a
+    /// mailbox instance that does not answer would wait for the connection's 30 s response
+    /// timeout.
+    pub(crate) const STOP_GRACE: Duration = Duration::from_secs(2);
+}
+
+/// Returns `grace` after `cancel` is cancelled (never before).
+async fn after_stop(cancel: &CancellationToken, grace: Duration) {
+    cancel.cancelled().await;
+    tokio::time::sleep(grace).await;
 }
 
 /// Runs `first` and, whenever a worker panics or returns before `cancel`, reports its shards
-/// down and starts a new one from `spec` (which re-claims the shards).
+/// down and starts a new one from `spec` (which re-claims the shards). Once `cancel` fires,
+/// the running worker has `spec.stop_grace` ([`WorkerSpec::STOP_GRACE`]) to end, then it is
+/// dropped: the returned future ends within that grace (a start under way is dropped at once,
+/// ADR-0106).
 pub(crate) async fn supervise_worker(
     first: Option<Worker>,
     spec: WorkerSpec,
@@ -574,7 +597,28 @@ pub(crate) async fn supervise_worker(
                         }
                     }
                 };
-                worker.run(cancel).await
+                // ADR-0121: nor is a running worker, once a short grace after the stop has
+                // passed. It looks at its token only between calls, and a call to a mailbox
+                // instance that does not answer waits for the connection's response timeout
+                // (30 s): a shutdown, or the lease loop's handover, waited that long. Dropped
+                // where it stands, it is like a call that timed out, or a panic: every write
+                // it may have sent is fenced by its shard's epoch (or deletes only what a W
+                // already covers), and a call already sent may still land, as after a timeout.
+                let run = worker.run(cancel.clone());
+                tokio::pin!(run);
+                tokio::select! {
+                    biased;
+                    r = &mut run => r,
+                    _ = after_stop(&cancel, spec.stop_grace) => {
+                        tracing::warn!(
+                            shards = ?spec.shards,
+                            grace = ?spec.stop_grace,
+                            "materializer worker still busy after its stop (a mailbox instance \
+                             not answering?): dropped; its writes are fenced by epoch"
+                        );
+                        Ok(())
+                    }
+                }
             }
         },
         move |ended| {
@@ -625,6 +669,7 @@ mod tests {
             mailboxes: vec![mb],
             shards: vec![0, 1],
             opts: MaterializerOptions::default(),
+            stop_grace: WorkerSpec::STOP_GRACE,
         };
         let cancel = CancellationToken::new();
         let task = tokio::spawn(supervise_worker(
@@ -644,5 +689,110 @@ mod tests {
             "the supervisor still waited for the start 5 s after the stop was asked"
         );
         assert!(asked.elapsed() < Duration::from_secs(5));
+    }
+
+    /// ADR-0121: a running worker whose step waits on a mailbox instance that does not answer
+    /// (SIGSTOP) is dropped once its grace after the stop has passed. Before, the supervisor
+    /// awaited the run, which looks at its token only between calls: the step's call waited
+    /// for the connection's response timeout (30 s; the worker's own bound on a step's
+    /// writes, where there is one, is still longer than the grace here).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_running_worker_stuck_on_a_hung_mailbox_stops_within_its_grace() {
+        use tidemark_store::redis::dlog::DEFAULT_DEDUPE_TTL_S;
+        let core = RedisProcess::start().unwrap();
+        let mailbox = RedisProcess::start().unwrap();
+        let map = Topology::new(2, Layout::PackedV2, vec![core.url()], vec![mailbox.url()])
+            .validate()
+            .unwrap();
+        let mut mb = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
+            .await
+            .unwrap();
+        for s in 0..2 {
+            mb.init_watermark(s, Layout::PackedV2, 1, 0, false)
+                .await
+                .unwrap();
+        }
+        let health = Arc::new(HealthBoard::default());
+        let opts = MaterializerOptions {
+            block: Duration::from_millis(50),
+            ..Default::default()
+        };
+        let worker = Worker::start(
+            map.clone(),
+            0,
+            vec![mb.clone()],
+            &[0, 1],
+            opts.clone(),
+            health.clone(),
+        )
+        .await
+        .unwrap();
+        let spec = WorkerSpec {
+            map: map.clone(),
+            core: 0,
+            mailboxes: vec![mb.clone()],
+            shards: vec![0, 1],
+            opts,
+            stop_grace: Duration::from_millis(100),
+        };
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(supervise_worker(Some(worker), spec, health, cancel.clone()));
+        let bob = map.route("bob");
+        let mut log = LogStore::connect(&core.url()).await.unwrap();
+        let mut commit = async |n: u32| {
+            log.commit(
+                bob.shard,
+                "alice",
+                &format!("m{n}"),
+                &["bob"],
+                "body",
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap()
+            .offset
+        };
+        // the worker runs: a first record is materialised
+        let first = commit(1).await;
+        let start = std::time::Instant::now();
+        while mb
+            .read_watermark(bob.shard)
+            .await
+            .unwrap()
+            .lanes
+            .lane(bob.lane)
+            .w
+            < first
+        {
+            assert!(start.elapsed() < Duration::from_secs(10), "record 1");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let pid = mailbox.pid().unwrap().to_string();
+        let kill = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, pid.as_str()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig}");
+        };
+        kill("-STOP");
+        commit(2).await;
+        // the worker's step for record 2 is under way, waiting on the hung instance
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let asked = std::time::Instant::now();
+        cancel.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(10), task).await;
+        let took = asked.elapsed();
+        kill("-CONT");
+        assert!(
+            stopped.is_ok(),
+            "the worker had not stopped 10 s after the stop was asked"
+        );
+        assert!(
+            took < Duration::from_millis(1500),
+            "the worker stopped {took:?} after the stop was asked (its grace: 100 ms)"
+        );
     }
 }

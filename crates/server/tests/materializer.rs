@@ -18,7 +18,7 @@ use tidemark_server::materializer::{
 };
 use tidemark_store::keys;
 use tidemark_store::redis::dlog::{DispatchRecord, LogStore, DEFAULT_DEDUPE_TTL_S};
-use tidemark_store::redis::store::MailboxStore;
+use tidemark_store::redis::store::{Fence, MailboxStore};
 use tidemark_store::redis::watermark::{encode_blob, LaneWatermarks, Layout};
 use tidemark_store::topology::Topology;
 use tidemark_store::wake::WakeHint;
@@ -1746,5 +1746,218 @@ async fn a_re_fence_whose_reply_was_lost_does_not_stop_the_shard() {
     );
     let want: Vec<(u64, String)> = (1..=3).map(|i| (i, format!("n{i}"))).collect();
     assert_eq!(mailbox(&e, u).await, want);
+    w.stop().await;
+}
+
+/// Sends `sig` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// Sends SIGCONT to a SIGSTOPped redis-server when dropped (a failed assertion included), so
+/// that it is torn down as a running process.
+struct Resume(u32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+/// ADR-0129: one worker, two mailbox instances, and B hangs (SIGSTOP: its connection stays
+/// open, nothing answers). A record for B comes at once, B's quiet shards are due for GC every
+/// 200 ms, and the owner marks come due ten seconds after the worker's start. Meanwhile a
+/// record for a recipient on A is committed every half second, and each must be in A's
+/// mailbox within 3 s; B's shards, the quiet ones too, are reported on the health board. Once
+/// B resumes, its record arrives and its shards are healthy again. Before, each call of the
+/// loop to B (the record's pipeline, its GC, the marks) waited for the connection's 30 s
+/// response timeout: A's shards were stepped about once every 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_mailbox_instance_does_not_hold_up_the_shards_of_the_other() {
+    let core = RedisProcess::start().unwrap();
+    let a = RedisProcess::start().unwrap();
+    let b = RedisProcess::start().unwrap();
+    let map = Topology::new(
+        SHARDS,
+        Layout::PackedV2,
+        vec![core.url()],
+        vec![a.url(), b.url()],
+    )
+    .validate()
+    .unwrap();
+    let mut stores = Vec::new();
+    for url in [a.url(), b.url()] {
+        stores.push(MailboxStore::connect(&url, Layout::PackedV2).await.unwrap());
+    }
+    for s in 0..SHARDS {
+        stores[map.mailbox_of(s)]
+            .init_watermark(s, Layout::PackedV2, 1, 0, false)
+            .await
+            .unwrap();
+    }
+    let on = |i: usize| {
+        (0..)
+            .map(|n| format!("user-{n}"))
+            .find(|u| map.mailbox_of(route(u).shard) == i)
+            .unwrap()
+    };
+    let (ua, ub) = (on(0), on(1));
+    let mut commits = LogStore::connect(&core.url()).await.unwrap();
+    let mut commit = async |id: String, to: &str| {
+        commits
+            .commit(
+                route(to).shard,
+                "s",
+                &id,
+                &[to],
+                &id,
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap()
+            .offset
+    };
+    // the reads of the test's own: A's, and B's once it resumes
+    let (mut read_a, read_b) = (stores[0].clone(), stores[1].clone());
+    let health = Arc::new(HealthBoard::default());
+    let shards: Vec<u32> = (0..SHARDS).collect();
+    let w = Worker::start(
+        map.clone(),
+        0,
+        stores,
+        &shards,
+        MaterializerOptions {
+            // a quiet shard is collected every 200 ms: B's GC is due as soon as it hangs
+            gc_idle_interval: Duration::from_millis(200),
+            ..fast_opts()
+        },
+        health.clone(),
+    )
+    .await
+    .unwrap();
+    // the owner marks were refreshed at the loop's first pass, and are due again 10 s later
+    let started = Instant::now();
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    let task = tokio::spawn(async move { w.run(c).await.unwrap() });
+    let ra = route(&ua);
+    let first = commit("a0".into(), &ua).await;
+    until_within("the worker serves A", Duration::from_secs(5), || {
+        let mut st = read_a.clone();
+        async move {
+            st.read_watermark(ra.shard)
+                .await
+                .unwrap()
+                .lanes
+                .lane(ra.lane)
+                .w
+                >= first
+        }
+    })
+    .await;
+
+    let pid = b.pid().expect("B runs");
+    signal(pid, "-STOP");
+    let hung = Instant::now();
+    let resume = Resume(pid);
+    let to_b = commit("b1".into(), &ub).await;
+    let mut n = 0;
+    while started.elapsed() < Duration::from_secs(11) {
+        n += 1;
+        let tick = Instant::now();
+        let offset = commit(format!("a{n}"), &ua).await;
+        loop {
+            let wm = read_a.read_watermark(ra.shard).await.unwrap();
+            if wm.lanes.lane(ra.lane).w >= offset {
+                break;
+            }
+            assert!(
+                tick.elapsed() < Duration::from_secs(3),
+                "message {n} for A not materialised within 3 s, {:?} into B's hang",
+                hung.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep_until((tick + Duration::from_millis(500)).into()).await;
+    }
+    // B's shards are reported, the quiet ones too
+    let board = health.snapshot();
+    for s in (0..SHARDS).filter(|&s| map.mailbox_of(s) == 1) {
+        let why = board[&s].retrying.as_ref().map(|r| r.0.as_str());
+        assert!(
+            why.is_some_and(|w| w.contains("does not answer")),
+            "shard {s} of the hung instance: {why:?}"
+        );
+    }
+    drop(resume);
+    let rb = route(&ub);
+    until_within(
+        "B's record materialised once B answers",
+        Duration::from_secs(10),
+        || {
+            let mut st = read_b.clone();
+            async move {
+                st.read_watermark(rb.shard)
+                    .await
+                    .is_ok_and(|wm| wm.lanes.lane(rb.lane).w >= to_b)
+            }
+        },
+    )
+    .await;
+    // once B is probed again: at most STALL_MAX (5 s) after its last timeout
+    until_within("B's shards healthy again", Duration::from_secs(10), || {
+        let board = health.snapshot();
+        async move { board.values().all(|h| h.retrying.is_none()) }
+    })
+    .await;
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+/// ADR-0130: in leases mode a worker started while a shard's lease gate is closed (a worker
+/// started again after a panic, after the node's lease lapsed and before the lease loop's next
+/// tick) does not claim it: another node may hold the lease and have claimed the shard, and a
+/// claim would fence it. Here another owner's claim stored epoch 7 and every gate is closed:
+/// the start, and the worker's retries after it, leave the epoch at 7. Before, the start raised
+/// it to 8.
+#[tokio::test]
+async fn a_worker_started_with_its_lease_gates_closed_claims_nothing() {
+    let e = env().await;
+    let mut st = e.mb_store.clone();
+    for s in 0..SHARDS {
+        let f = st.fence_epoch(s, 1, 7).await.unwrap();
+        assert!(matches!(f, Fence::Raised { epoch: 7 }), "{f:?}");
+    }
+    let gate = Arc::new(tidemark_server::ownership::LeaseGate::default());
+    let w = start_worker(
+        &e,
+        MaterializerOptions {
+            lease_gate: Some(gate),
+            ..fast_opts()
+        },
+    )
+    .await;
+    for s in 0..SHARDS {
+        let epoch = st.read_watermark(s).await.unwrap().epoch;
+        assert_eq!(
+            epoch, 7,
+            "shard {s}: the start claimed a shard whose lease gate is closed"
+        );
+    }
+    // nor once it runs: its retries wait for the gate (ADR-0097)
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for s in 0..SHARDS {
+        let epoch = st.read_watermark(s).await.unwrap().epoch;
+        assert_eq!(
+            epoch, 7,
+            "shard {s}: claimed while its lease gate is closed"
+        );
+    }
     w.stop().await;
 }

@@ -10,6 +10,7 @@ use tidemark_store::redis::store::Gc;
 use tidemark_store::redis::watermark::U48_MAX;
 use tidemark_store::wake::{publish_wake, HintSeq, WakeHint};
 
+use super::stall::MAILBOX_CALL_TIMEOUT;
 use super::worker::Worker;
 use super::{Error, GC_SHARDS_PER_LOOP};
 use crate::health::ShardStatus;
@@ -105,7 +106,10 @@ impl Worker {
             } else {
                 busy_cut
             };
-            if ours && cut.is_some_and(|cut| sh.last_gc <= cut) {
+            // not on an instance left alone for not answering (ADR-0129): its shards stay due,
+            // and are collected once it answers, without taking the others' turns meanwhile
+            if ours && cut.is_some_and(|cut| sh.last_gc <= cut) && !self.stalls.stalled(sh.mb, now)
+            {
                 gc_due.push((sh.last_gc, sh.shard));
             }
         }
@@ -132,17 +136,21 @@ impl Worker {
             if hints.is_empty() {
                 continue;
             }
-            let published = publish_wake(&self.mailboxes[mb], &hints).await;
-            if let Ok(reached) = published {
+            // bounded (ADR-0129); an instance left alone for not answering keeps its hints
+            let call = publish_wake(&self.mailboxes[mb], &hints);
+            let published = self.stalls.within(mb, MAILBOX_CALL_TIMEOUT, call).await;
+            if let Some(Ok(reached)) = published {
                 // more than this process's own gateway (one subscription per instance)
                 self.hint_pace[mb].others = reached > u64::from(local);
-            }
-            if let Err(e) = published {
+            } else {
                 // not published: merged into the next hint of each shard (its recipients are
                 // kept, the next loop publishes again), so no recipient goes unnamed; the
                 // numbers already spent show the gateways a gap, which is safe either way
-                tracing::debug!(error = %e, "wake hints not published; merged into the next");
-                metrics::counter!("tidemark_errors_total", "code" => "wake_publish").increment(1);
+                if let Some(Err(e)) = published {
+                    tracing::debug!(error = %e, "wake hints not published; merged into the next");
+                    metrics::counter!("tidemark_errors_total", "code" => "wake_publish")
+                        .increment(1);
+                }
                 for (s, hint) in hints {
                     if let Some(sh) = self.owned.get_mut(&s) {
                         sh.moved = true;
@@ -230,7 +238,11 @@ impl Worker {
             // watermark is not another owner's, and nothing of it is trimmed before it is ours
             return Ok(None);
         }
-        let gc = match self.mailboxes[mb].gc_completed(s, 1000).await {
+        // each mailbox call bounded (ADR-0129): one on an instance that does not answer fails
+        // the shard's GC within a second, and the instance is left alone for a while
+        let call = self.mailboxes[mb].gc_completed(s, 1000);
+        let gc = self.stalls.within(mb, MAILBOX_CALL_TIMEOUT, call).await;
+        let gc = match gc.ok_or_else(|| self.stalls.error(mb))? {
             Err(e) if e.code() == "no_watermark" => {
                 // the watermark is gone (the mailbox instance lost the shard's keys): the
                 // resync creates it again and re-materialises (the quiet path: no record may
@@ -283,7 +295,9 @@ impl Worker {
                 // the log below W goes only once W is on the replicas asked for: a replica
                 // promoted after a mailbox primary's loss re-materialises from the log
                 if min_w > 0 {
-                    if let Some(w) = self.mailboxes[mb].confirm_replicated(s, min_w).await? {
+                    let call = self.mailboxes[mb].confirm_replicated(s, min_w);
+                    let confirmed = self.stalls.within(mb, MAILBOX_CALL_TIMEOUT, call).await;
+                    if let Some(w) = confirmed.ok_or_else(|| self.stalls.error(mb))?? {
                         if w > 0 {
                             trim = Some(w);
                         }
@@ -301,9 +315,10 @@ impl Worker {
                     // the core instance lost commits the mailbox side already holds (restored
                     // to an earlier point, or an AOF that lost writes): the next commit would
                     // get an offset at or below W and be taken for a replay. Raise the head.
-                    let max_w = self.mailboxes[mb]
-                        .read_watermark(s)
-                        .await?
+                    let call = self.mailboxes[mb].read_watermark(s);
+                    let read = self.stalls.within(mb, MAILBOX_CALL_TIMEOUT, call).await;
+                    let max_w = read
+                        .ok_or_else(|| self.stalls.error(mb))??
                         .lanes
                         .max_present_w()
                         .unwrap_or(min_w);

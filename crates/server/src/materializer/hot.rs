@@ -8,6 +8,7 @@ use tidemark_store::redis::store::{Materialized, SingleItem, MAX_HOT_RECIPIENTS}
 use tidemark_store::redis::watermark::Layout;
 
 use super::chunked::Pending;
+use super::stall::{bounded, step_bound};
 use super::worker::Worker;
 use super::Error;
 use crate::health::ShardStatus;
@@ -108,15 +109,82 @@ impl Worker {
         Routed { hot }
     }
 
-    /// Applies a routed batch: the hot items (one pipeline per mailbox instance), then the
-    /// pending records, then the wake hints and a little GC.
+    /// Applies a routed batch: the hot items (one pipeline per mailbox instance, all at once),
+    /// then the pending records, then the wake hints and a little GC.
+    ///
+    /// ADR-0129: the instances' pipelines run at once, each bounded ([`step_bound`]), so the
+    /// step waits for the slowest at most its bound, not for the sum. An instance that is left
+    /// alone for not answering is not written, and one whose pipeline fails or does not answer
+    /// in time puts only its own shards of the step in retry (a write given up has an unknown
+    /// outcome: the retry re-reads W). The shards of the instances that answered are handled
+    /// as usual. Each shard's chunked round is bounded the same way.
     pub(super) async fn apply(&mut self, routed: Routed) -> Result<(), Error> {
         let gate = self.opts.lease_gate.clone();
-        for (mb, MailboxRun { batches, recs }) in routed.hot.into_iter().enumerate() {
-            if batches.is_empty() {
+        let mut hot = routed.hot;
+        // per instance: how long its pipeline may take (`None`: not sent: nothing for it, or
+        // it is left alone; `Some(None)`: not bounded here, a cluster)
+        let mut limits: Vec<Option<Option<std::time::Duration>>> = Vec::with_capacity(hot.len());
+        for (mb, run) in hot.iter().enumerate() {
+            if run.batches.is_empty() {
+                limits.push(None);
+            } else if self.stalls.ready(mb).await {
+                let entries = run
+                    .batches
+                    .iter()
+                    .flat_map(|(_, _, items)| items)
+                    .map(|it| it.recipients.len())
+                    .sum();
+                limits.push(Some(self.stalls.limit(mb, step_bound(entries))));
+            } else {
+                limits.push(None);
+                let why = self.stalls.error(mb).to_string();
+                for (s, _, _) in &run.batches {
+                    self.schedule_retry(*s, &why);
+                }
+            }
+        }
+        let calls =
+            self.mailboxes
+                .iter_mut()
+                .zip(&hot)
+                .zip(&limits)
+                .filter_map(|((store, run), limit)| {
+                    let limit = (*limit)?;
+                    Some(bounded(limit, store.materialize_batches(&run.batches)))
+                });
+        let mut answers = futures::future::join_all(calls).await.into_iter();
+        for (mb, MailboxRun { batches, recs }) in hot.drain(..).enumerate() {
+            if limits[mb].is_none() {
                 continue;
             }
-            let outcomes = self.mailboxes[mb].materialize_batches(&batches).await?;
+            let outcomes = match answers.next().expect("one answer per pipeline sent") {
+                Some(Ok(o)) => {
+                    self.stalls.answered(mb);
+                    o
+                }
+                answer => {
+                    // this instance's shards of the step alone re-read from their W after the
+                    // backoff; what it may have written is found there
+                    let why = match answer {
+                        Some(Err(e)) => {
+                            self.stalls.answered(mb);
+                            tracing::warn!(error = %e, mailbox = mb,
+                                "materialize step failed on a mailbox instance; its shards retry from W");
+                            metrics::counter!("tidemark_errors_total", "code" => e.code())
+                                .increment(1);
+                            e.to_string()
+                        }
+                        _ => {
+                            self.stalls.timed_out(mb);
+                            self.stalls.error(mb).to_string()
+                        }
+                    };
+                    for (s, _, _) in &batches {
+                        self.schedule_retry(*s, &why);
+                    }
+                    continue;
+                }
+            };
             if let Some(f) = &self.opts.fault {
                 if batches
                     .iter()
@@ -148,7 +216,31 @@ impl Worker {
             .map(|sh| sh.shard)
             .collect();
         for s in with_pending {
-            self.process_pending(s).await?;
+            let mb = self.owned[&s].mb;
+            if !self.stalls.ready(mb).await {
+                let why = self.stalls.error(mb).to_string();
+                self.schedule_retry(s, &why);
+                continue;
+            }
+            let entries = self.owned[&s]
+                .pending
+                .iter()
+                .map(|p| p.rec.recipients.len())
+                .sum();
+            let limit = self.stalls.limit(mb, step_bound(entries));
+            match bounded(limit, self.process_pending(s)).await {
+                Some(r) => {
+                    self.stalls.answered(mb);
+                    r?;
+                }
+                None => {
+                    // given up where it stood: the retry drops the shard's records and
+                    // re-reads from W, whatever of the round landed
+                    self.stalls.timed_out(mb);
+                    let why = self.stalls.error(mb).to_string();
+                    self.schedule_retry(s, &why);
+                }
+            }
         }
         self.publish_and_gc().await
     }

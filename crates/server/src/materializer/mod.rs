@@ -37,13 +37,18 @@
 //! waits for an unrelated send to notice a gap). A lost log connection (XREAD) is replaced
 //! with the same backoff. `/healthz` names every shard in retry.
 //!
+//! **A mailbox instance that does not answer holds up only its own shards** (ADR-0129): every
+//! call of the loop to a mailbox instance is bounded, one that timed out leaves the instance
+//! alone for a while (its shards in retry, its hints kept, its marks and GC skipped), and the
+//! step's pipelines to the instances run at once ([`stall`]).
+//!
 //! A panic is not handled here: [`crate::run`] supervises each worker, logs and counts the
 //! panic and starts the worker again (it re-claims its shards: replays are no-ops).
 //!
 //! Files: [`worker`] (the loop, log reads, claims, owner marks), [`hot`] (routing a read
 //! batch; the pipelined hot path), [`chunked`] (pending records: lane chunks, then advance),
 //! [`shard`] (per-shard state: retry, holds, stop), [`gc`] (wake hints, GC, trimming),
-//! [`fault`] (fault injection).
+//! [`stall`] (which mailbox instances answer), [`fault`] (fault injection).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,6 +60,7 @@ mod gc;
 mod hot;
 mod owned;
 mod shard;
+mod stall;
 mod worker;
 
 pub use fault::{ChunkFault, RandomChunkFault};
@@ -183,6 +189,12 @@ pub enum Error {
     /// is not claimed (that would fence the node that holds the lease now).
     #[error("shard {shard}: its lease lapsed before it was claimed")]
     LeaseLapsed { shard: u32 },
+    /// A call to a mailbox instance was skipped or given up (ADR-0129): the instance did not
+    /// answer within the worker's bound, and is left alone for a while so that the shards of
+    /// the other instances go on. A write given up has an unknown outcome: its shards retry
+    /// from W.
+    #[error("mailbox instance {mailbox} does not answer; its shards retry once it does")]
+    MailboxStalled { mailbox: String },
 }
 
 impl Error {
@@ -191,6 +203,7 @@ impl Error {
         match self {
             Error::Store(e) => e.code(),
             Error::LeaseLapsed { .. } => "lease_lapsed",
+            Error::MailboxStalled { .. } => "mailbox_stalled",
         }
     }
 }

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::feed::{FeedRead, FeedState};
 use super::owned::OwnedShards;
 use super::shard::{OwnedShard, StepScan};
+use super::stall::{bounded, Stalls, MAILBOX_CALL_TIMEOUT};
 use super::{
     Error, MaterializerOptions, GATE_RECHECK, OWNER_MARK_REFRESH, READ_GRACE, RETRY_MAX, RETRY_MIN,
 };
@@ -57,6 +58,10 @@ pub struct Worker {
     /// for many shards' trims, not one each.
     pub(super) trims: Vec<(u32, u64)>,
     pub(super) trims_since: Option<Instant>,
+    /// Which mailbox instances answer (ADR-0129): every call of the loop to one is bounded,
+    /// and one that did not answer in time is left alone for a while, so that it holds up
+    /// only its own shards.
+    pub(super) stalls: Stalls,
 }
 
 /// How one mailbox instance's wake hints are paced (ADR-0047). A hint that only announces
@@ -138,6 +143,7 @@ impl Worker {
         // over (log mode reads what came before anyway)
         let needs = read_wait.map_or(0, |w| w.replicas);
         let feed = opts.feed.as_ref().map(|f| FeedState::new(f, shards, needs));
+        let stalls = Stalls::new(&mailboxes, map.mailbox_urls());
         let mut w = Worker {
             map,
             core,
@@ -157,28 +163,68 @@ impl Worker {
             feed,
             trims: Vec::new(),
             trims_since: None,
+            stalls,
         };
         w.hint_pace = w.mailboxes.iter().map(|_| HintPace::new()).collect();
         let mut corrupt = Vec::new();
         for &s in shards {
             let mb = w.map.mailbox_of(s);
             w.health.update(s, |h| h.status = ShardStatus::Starting);
+            // ADR-0130: in leases mode a shard whose lease gate is closed is not this node's to
+            // claim now (the lease lapsed, and another node may hold it and have claimed it: a
+            // claim would fence that node). Owned unclaimed, as a shard whose instance did not
+            // answer (ADR-0097): `resync` claims it once the gate is open, and the lease loop
+            // stops this worker if the lease is lost. Before, a worker started again after a
+            // panic, between the lease's lapse and the lease loop's next tick, claimed it.
+            if w.opts.lease_gate.as_ref().is_some_and(|g| !g.may_write(s)) {
+                tracing::info!(
+                    shard = s,
+                    "shard not claimed at the start: its lease gate is closed"
+                );
+                w.own_unclaimed(
+                    s,
+                    mb,
+                    "its lease is not this node's now; claimed once it is",
+                );
+                continue;
+            }
             let store = &mut w.mailboxes[mb];
-            let claim = match prior.get(&s).copied().filter(|&e| e > 0) {
-                Some(was) => claim_from(store, s, was).await,
-                None => store.claim(s).await.map(|epoch| Fence::Raised { epoch }),
+            // the claim and the read after it, bounded (ADR-0129): a hung instance costs the
+            // start one short wait, not the connection's response timeout for each shard
+            let claiming = async {
+                let claim = match prior.get(&s).copied().filter(|&e| e > 0) {
+                    Some(was) => claim_from(store, s, was).await,
+                    None => store.claim(s).await.map(|epoch| Fence::Raised { epoch }),
+                };
+                match claim {
+                    Ok(Fence::Raised { epoch }) => {
+                        store.read_watermark(s).await.map(|wm| Ok((epoch, wm)))
+                    }
+                    Ok(Fence::Lost { current_epoch }) => Ok(Err(current_epoch)),
+                    Err(e) => Err(e),
+                }
             };
-            let claimed = match claim {
-                Ok(Fence::Raised { epoch }) => store.read_watermark(s).await.map(|wm| (epoch, wm)),
-                Ok(Fence::Lost { current_epoch }) => {
+            let claimed = match w.stalls.within(mb, MAILBOX_CALL_TIMEOUT, claiming).await {
+                Some(Ok(Err(current_epoch))) => {
                     // another owner claimed it since the ended worker held it (ADR-0105): not
                     // taken back
                     w.owned.insert(s, OwnedShard::stopped(s, mb));
                     w.stop(s, ShardStatus::Fenced { current_epoch });
                     continue;
                 }
-                Err(e) => Err(e),
+                Some(Ok(Ok(c))) => Ok(c),
+                Some(Err(e)) => Err(e),
+                None => {
+                    // no answer in time: its outcome is unknown (ADR-0097's claim made twice
+                    // at worst, the second fencing the first, which wrote nothing)
+                    let why = w.stalls.error(mb).to_string();
+                    tracing::warn!(shard = s, error = %why,
+                        "shard not claimed at the start; claimed once its instance answers");
+                    w.own_unclaimed(s, mb, &why);
+                    continue;
+                }
             };
+            let store = &w.mailboxes[mb];
             let (epoch, wm) = match claimed {
                 Ok(c) => c,
                 // new code: only this shard stops (fail closed); the others run. Old
@@ -204,21 +250,17 @@ impl Worker {
                 //   answered an error: the shards of the instances that answer run meanwhile.
                 // A corrupt watermark is refused as before (packed-v1 code).
                 Err(e) if !e.is_corrupt() => {
-                    let mut sh = OwnedShard::stopped(s, mb);
-                    sh.stopped = false;
-                    sh.moved = true;
-                    sh.unhanded = true;
                     if e.code() == "no_watermark" {
                         tracing::warn!(shard = s, error = %e,
                             "no watermark at the claim; created again if it stays missing");
-                        sh.missing_since = Some(Instant::now());
                     } else {
                         tracing::warn!(shard = s, error = %e,
                             "shard not claimed at the start; claimed once its instance answers");
                     }
-                    w.owned.insert(s, sh);
-                    w.health.update(s, |h| h.status = ShardStatus::Running);
-                    w.schedule_retry(s, &e.to_string());
+                    w.own_unclaimed(s, mb, &e.to_string());
+                    if e.code() == "no_watermark" {
+                        w.shard_mut(s).missing_since = Some(Instant::now());
+                    }
                     continue;
                 }
                 Err(e) => return Err(e.into()),
@@ -282,6 +324,19 @@ impl Worker {
             "claimed shards"
         );
         Ok(w)
+    }
+
+    /// Owns shard `s` (on mailbox instance `mb`) unclaimed: epoch 0, running, in retry for
+    /// `why`; `resync` claims it once its watermark can be read and, in leases mode, its lease
+    /// gate is open (ADR-0060, ADR-0097, ADR-0130). Its claim's hint (seq 0) goes out at once.
+    fn own_unclaimed(&mut self, s: u32, mb: usize, why: &str) {
+        let mut sh = OwnedShard::stopped(s, mb);
+        sh.stopped = false;
+        sh.moved = true;
+        sh.unhanded = true;
+        self.owned.insert(s, sh);
+        self.health.update(s, |h| h.status = ShardStatus::Running);
+        self.schedule_retry(s, why);
     }
 
     /// The shards this worker owns.
@@ -363,9 +418,31 @@ impl Worker {
         for sh in self.owned.values().filter(|sh| !sh.stopped) {
             marks.entry(sh.mb).or_default().push((sh.shard, sh.epoch));
         }
+        // each instance's bounded (ADR-0129): one that does not answer is skipped, and holds
+        // up the others' shards at most one short wait
         for (mb, marks) in marks {
-            if let Err(e) = self.mailboxes[mb].refresh_owner_marks(&marks).await {
-                tracing::debug!(error = %e, "owner marks not refreshed");
+            let call = self.mailboxes[mb].refresh_owner_marks(&marks);
+            match self.stalls.within(mb, MAILBOX_CALL_TIMEOUT, call).await {
+                Some(Ok(())) => {}
+                Some(Err(e)) => tracing::debug!(error = %e, "owner marks not refreshed"),
+                None => tracing::debug!(mailbox = mb, "owner marks not refreshed: no answer"),
+            }
+        }
+    }
+
+    /// Shows on the health board the mailbox instances that stopped or started answering
+    /// (ADR-0129): every running shard of one that stopped is reported retrying, and the
+    /// report is taken back from those not in retry once it answers again (a shard in retry
+    /// clears its own once its resync succeeds).
+    fn show_stalls(&mut self) {
+        for (mb, answers) in self.stalls.changes() {
+            let why = self.stalls.error(mb).to_string();
+            for sh in self.owned.values().filter(|sh| sh.mb == mb && !sh.stopped) {
+                if !answers {
+                    self.health.set_retrying(sh.shard, &why);
+                } else if sh.retry.is_none() {
+                    self.health.update(sh.shard, |h| h.retrying = None);
+                }
             }
         }
     }
@@ -385,9 +462,14 @@ impl Worker {
         self.health.mark_served(shards);
     }
 
-    /// Removes this owner's marks (only where they still hold its epoch).
+    /// Removes this owner's marks (only where they still hold its epoch); not on an instance
+    /// that does not answer (ADR-0129: they expire there).
     pub(super) async fn clear_marks(&mut self) {
+        let now = Instant::now();
         for sh in self.owned.values().filter(|sh| !sh.stopped) {
+            if self.stalls.stalled(sh.mb, now) {
+                continue;
+            }
             let _ = self.mailboxes[sh.mb]
                 .clear_owner_mark(sh.shard, sh.epoch)
                 .await;
@@ -404,6 +486,7 @@ impl Worker {
                 return Ok(());
             }
             self.refresh_marks().await;
+            self.show_stalls();
             // one pass over the owned shards (ADR-0077); the shards whose retry is due are
             // resynced first, and the pass is made again after them
             // (one clock read for the step's head, again only after resyncs)
@@ -626,8 +709,37 @@ impl Worker {
         (!keep.is_empty()).then_some(keep)
     }
 
-    /// Re-reads a shard's watermark and restarts reading from its lowest W.
+    /// Re-reads a shard's watermark and restarts reading from its lowest W; bounded by
+    /// [`MAILBOX_CALL_TIMEOUT`] (ADR-0129): on an instance that does not answer (or is left
+    /// alone for not answering) it fails at once or within that, and the shard retries later.
+    /// One given up has an unknown outcome (a claim or re-fence may have landed): the next
+    /// resync reads what is stored and goes on from it (ADR-0097, ADR-0120).
     pub(super) async fn resync(&mut self, s: u32) -> Result<(), Error> {
+        let Some(sh) = self.owned.get(&s) else {
+            return Ok(());
+        };
+        if sh.stopped {
+            return Ok(());
+        }
+        let mb = sh.mb;
+        if !self.stalls.ready(mb).await {
+            return Err(self.stalls.error(mb));
+        }
+        let limit = self.stalls.limit(mb, MAILBOX_CALL_TIMEOUT);
+        match bounded(limit, self.resync_now(s)).await {
+            Some(r) => {
+                self.stalls.answered(mb);
+                r
+            }
+            None => {
+                self.stalls.timed_out(mb);
+                Err(self.stalls.error(mb))
+            }
+        }
+    }
+
+    /// [`Worker::resync`], unbounded.
+    async fn resync_now(&mut self, s: u32) -> Result<(), Error> {
         let Some(sh) = self.owned.get(&s) else {
             return Ok(());
         };
@@ -652,6 +764,17 @@ impl Worker {
                     .get_or_insert_with(Instant::now);
                 if since.elapsed() < super::WATERMARK_LOST_AFTER {
                     return Err(e.into());
+                }
+                // a shard owned unclaimed is created and claimed only while its lease is ours
+                // (ADR-0130, as below)
+                if epoch == 0
+                    && self
+                        .opts
+                        .lease_gate
+                        .as_ref()
+                        .is_some_and(|g| !g.may_write(s))
+                {
+                    return Err(Error::LeaseLapsed { shard: s });
                 }
                 let layout = self.mailboxes[mb].layout();
                 // a shard never claimed (no watermark at the worker's start, ADR-0060) is

@@ -75,7 +75,7 @@ impl ScriptStatus {
 }
 
 /// A corrupt verdict returned by a Lua script: the cause code of
-/// [`CorruptCause`](crate::redis::watermark::CorruptCause) and the lane, when lane-level.
+/// [`CorruptCause`] and the lane, when lane-level.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
     /// Stable cause code (`field_count`, `bad_length`, …).

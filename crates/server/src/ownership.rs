@@ -11,7 +11,7 @@
 //!
 //! ```text
 //!  every tick (lease TTL / 3):
-//!   heartbeat ──▶ live nodes ──▶ target = balanced(S, live)
+//!   heartbeat ──▶ live nodes ──▶ target = balanced(S, live leases nodes) − static owners' shards
 //!   renew held leases      (lost or past the deadline ──▶ stop writing at once: gate closed)
 //!   held but not target    ──▶ restart that core's worker without it, then release
 //!   target but not held    ──▶ acquire; won ──▶ gate opened, worker restarted with it (claims)
@@ -22,6 +22,18 @@
 //! (ADR-0033): during a rolling upgrade (packed-v1 → packed-v2) a node of the old layout hands
 //! all its shards over as soon as an upgraded node is live, so converted data is never
 //! assigned to code that cannot own it.
+//!
+//! Only leases nodes share the assignment (ADR-0131): every heartbeat says how its node owns
+//! shards, and a static owner which ones. A static owner's shards are left to it while it is
+//! live and taken once it stops; a node whose heartbeat does not say (a build before) is not
+//! counted, and keeps the leases it holds. So no shard is left without an owner in a mixed
+//! deployment (a migration from static owners to leases, a rolling upgrade).
+//!
+//! The loop ticks on a fixed interval, and each tick's lease calls go as one pipeline per core
+//! instance, all instances at once (ADR-0132): the time between two renewals of a lease is a
+//! tick, whatever the number of shards, where one call per shard made it a tick plus a round
+//! trip per shard (longer than the TTL at a few hundred shards over a slow core instance).
+//!
 //! A worker runs each shard under one winning of its lease: a lease lost and won back, even
 //! within one tick, restarts the worker, which claims the shard again (another node may have
 //! claimed it in between). `/healthz` names a leased shard that no worker materialises.
@@ -38,7 +50,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tidemark_store::redis::dlog::LogStore;
-use tidemark_store::redis::lease::Lease;
+use tidemark_store::redis::lease::{Beat, Lease, LeaseOp, Ownership};
 use tidemark_store::redis::store::MailboxStore;
 use tidemark_store::topology::ShardMap;
 use tokio_util::sync::CancellationToken;
@@ -244,7 +256,12 @@ impl LeaseLoop {
         // board, and released when `true` (given away; `false`: the lease was lost), once no
         // worker of their core instance is draining (ADR-0121)
         let mut handing: BTreeMap<u32, bool> = BTreeMap::new();
-        let mut first = true;
+        // ADR-0132: ticks on a fixed interval. Before, the loop slept a tick *after* its
+        // work, so the time between two renewals of a shard was a tick plus the whole tick's
+        // work; a tick that overruns (a slow core instance) is followed at once by the next,
+        // and the interval counts on from there.
+        let mut ticks = tokio::time::interval(tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // shards this code may not own (old code on newer data): not retried for a while
         let mut refused: HashMap<u32, Instant> = HashMap::new();
         // a node of a newer layout is live: this one owns nothing (logged when it changes)
@@ -269,14 +286,14 @@ impl LeaseLoop {
         );
         // the heartbeat was refused: another live process has this id; hold nothing
         let mut replaced = false;
+        // the live nodes beside this one that are not leases nodes, as last logged (ADR-0131):
+        // static owners, and nodes that do not say (a build before)
+        let mut beside: (Vec<String>, Vec<String>) = Default::default();
         loop {
-            if !first {
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(tick) => {}
-                }
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = ticks.tick() => {}
             }
-            first = false;
             stalled.iter_mut().for_each(|x| *x = false);
             // 1. connections (re-made after a failure), each in its own task: waited for up to
             //    `call` when started, then taken at a later tick once done (ADR-0102)
@@ -362,15 +379,17 @@ impl LeaseLoop {
                 Some(c0) => {
                     let beat = tokio::time::timeout(
                         call,
-                        c0.heartbeat_reaching(
-                            &self.node.id,
+                        c0.beat(&Beat {
+                            id: &self.node.id,
                             ttl_ms,
-                            &self.node.advertise,
-                            self.node.role.as_str(),
-                            self.map.layout(),
-                            &unreached,
-                            &incarnation,
-                        ),
+                            url: &self.node.advertise,
+                            role: self.node.role.as_str(),
+                            layout: self.map.layout(),
+                            unreached: &unreached,
+                            incarnation: &incarnation,
+                            // ADR-0131: the other leases nodes count this one in
+                            ownership: Some(&Ownership::Leases),
+                        }),
                     )
                     .await;
                     let in_use = matches!(beat, Ok(Err(tidemark_store::Error::NodeIdInUse { .. })));
@@ -409,33 +428,27 @@ impl LeaseLoop {
                 }
                 None => None,
             };
-            // 3. renew what is held; a lease lost or past its deadline closes its gate now
+            // 3. renew what is held: one pipeline per core instance, all at once (ADR-0132;
+            //    one renewal after another took longer than the TTL at a few hundred shards
+            //    over a slow core). A lease lost or past its deadline closes its gate now. The
+            //    deadline counts from before the pipelines are sent (ADR-0030, ADR-0102).
+            let sent = Instant::now();
+            let mut renewed = self
+                .lease_calls(LeaseOp::Renew, held.keys(), &mut cores, &mut stalled, call)
+                .await;
             let mut lost = Vec::new();
             for &s in held.keys() {
                 let ci = self.map.core_of(s);
-                let sent = Instant::now();
-                let renewed = match cores[ci].as_mut() {
-                    Some(_) if stalled[ci] => Err(tidemark_store::Error::InvalidArgument(
-                        "core instance not answering this tick".into(),
-                    )),
-                    Some(c) => {
-                        match tokio::time::timeout(call, c.renew_lease(s, &self.node.id, ttl_ms))
-                            .await
-                        {
-                            Ok(r) => r,
-                            Err(_) => {
-                                // the instance hangs: its other shards are not tried this tick
-                                stalled[ci] = true;
-                                Err(tidemark_store::Error::InvalidArgument(
-                                    "renewal timed out".into(),
-                                ))
-                            }
+                let renewed = renewed.remove(&s).unwrap_or_else(|| {
+                    Err(tidemark_store::Error::InvalidArgument(
+                        if cores[ci].is_none() {
+                            "no connection"
+                        } else {
+                            "core instance not answering this tick"
                         }
-                    }
-                    None => Err(tidemark_store::Error::InvalidArgument(
-                        "no connection".into(),
-                    )),
-                };
+                        .into(),
+                    ))
+                });
                 match renewed {
                     Ok(Lease::Held { .. }) => self.gate.open_until(s, sent + ttl - ttl / 3),
                     Ok(other) => {
@@ -445,9 +458,6 @@ impl LeaseLoop {
                         lost.push(s);
                     }
                     Err(e) => {
-                        if matches!(e, tidemark_store::Error::Redis(_)) {
-                            cores[ci] = None;
-                        }
                         if self.gate.deadline(s).is_none_or(|d| Instant::now() >= d) {
                             tracing::warn!(shard = s, error = %e, "lease not renewed in time; shard stopped");
                             metrics::counter!("tidemark_lease_losses_total").increment(1);
@@ -469,10 +479,36 @@ impl LeaseLoop {
                 // another process has this id: its leases are keyed by it too; hold none
                 _ if replaced => BTreeSet::new(),
                 Some(nodes) => {
-                    let others = || {
+                    // ADR-0131: the assignment is over the leases nodes only. A static owner
+                    // never takes a lease: a share given to it stayed unowned. Its shards are
+                    // left to it while it is live (below); a node that does not say how it
+                    // owns (a build before) is not counted either, and keeps what it holds.
+                    let materializing = || {
                         nodes
                             .iter()
                             .filter(|n| n.role != Role::Gateway.as_str() && n.id != self.node.id)
+                    };
+                    let others =
+                        || materializing().filter(|n| n.ownership == Some(Ownership::Leases));
+                    let now_beside = (
+                        materializing()
+                            .filter(|n| matches!(n.ownership, Some(Ownership::Static { .. })))
+                            .map(|n| n.id.clone())
+                            .collect::<Vec<_>>(),
+                        materializing()
+                            .filter(|n| n.ownership.is_none())
+                            .map(|n| n.id.clone())
+                            .collect::<Vec<_>>(),
+                    );
+                    if now_beside != beside {
+                        log_beside(&now_beside);
+                        beside = now_beside;
+                    }
+                    let statically = |s: u32| {
+                        nodes.iter().any(|n| {
+                            n.id != self.node.id
+                                && n.ownership.as_ref().is_some_and(|o| o.owns_statically(s))
+                        })
                     };
                     let mut all: Vec<(String, Option<String>)> =
                         others().map(|n| (n.id.clone(), n.layout.clone())).collect();
@@ -513,7 +549,7 @@ impl LeaseLoop {
                         });
                         self.map
                             .all_shards()
-                            .filter(|&s| ids[owner[s as usize]] == self.node.id)
+                            .filter(|&s| ids[owner[s as usize]] == self.node.id && !statically(s))
                             .collect()
                     }
                 }
@@ -530,75 +566,92 @@ impl LeaseLoop {
                 self.gate.close(s);
                 held.remove(&s);
             }
-            // 6. take what is assigned here and free
+            // 6. take what is assigned here and free: the acquisitions in one pipeline per
+            //    core instance, all at once, then the ownership check of every shard won, all
+            //    at once (ADR-0132)
             let free: Vec<u32> = target
                 .iter()
                 .filter(|s| !held.contains_key(s))
+                .filter(|s| {
+                    refused
+                        .get(s)
+                        .is_none_or(|t| t.elapsed() >= REFUSED_RECHECK)
+                })
                 .copied()
                 .collect();
-            for s in free {
-                let ci = self.map.core_of(s);
-                let Some(c) = cores[ci].as_mut() else {
-                    continue;
-                };
-                let sent = Instant::now();
-                if refused
-                    .get(&s)
-                    .is_some_and(|t| t.elapsed() < REFUSED_RECHECK)
-                {
-                    continue;
-                }
-                if stalled[ci] {
-                    continue;
-                }
-                let acquired =
-                    tokio::time::timeout(call, c.acquire_lease(s, &self.node.id, ttl_ms)).await;
-                let Ok(acquired) = acquired else {
-                    tracing::warn!(shard = s, "lease acquire timed out");
-                    stalled[ci] = true;
-                    continue;
-                };
-                match acquired {
-                    Ok(Lease::Held { .. }) => {
-                        let mut mb = self.mailboxes[self.map.mailbox_of(s)].clone();
-                        let layout = self.map.layout();
-                        let checked = tokio::time::timeout(
-                            call,
-                            crate::run::check_ownable(layout, &mut mb, c, s),
-                        )
-                        .await
-                        .unwrap_or_else(|_| {
-                            Err(crate::run::Error::Store(
-                                tidemark_store::Error::InvalidArgument(
-                                    "the ownership check timed out".into(),
-                                ),
-                            ))
-                        });
-                        if let Err(e) = checked {
-                            // leave it, write nothing
-                            let _ =
-                                tokio::time::timeout(call, c.release_lease(s, &self.node.id)).await;
-                            if may_not_own(&e) {
-                                // old code on newer data: not retried for a while
-                                tracing::error!(shard = s, error = %e, "shard not taken: this code may not own it");
-                                refused.insert(s, Instant::now());
-                            } else {
-                                // Redis trouble (a failover, a script cache to fill): the
-                                // next tick tries again (ADR-0059; refused for 30 s, a
-                                // NOSCRIPT after a failover left the shard unowned that long)
-                                tracing::warn!(shard = s, error = %e, "shard not taken yet: its check failed; trying again");
-                            }
-                            continue;
-                        }
-                        refused.remove(&s);
-                        self.gate.open_until(s, sent + ttl - ttl / 3);
-                        wins += 1;
-                        held.insert(s, wins);
+            let sent = Instant::now();
+            let acquired = self
+                .lease_calls(
+                    LeaseOp::Acquire,
+                    free.iter(),
+                    &mut cores,
+                    &mut stalled,
+                    call,
+                )
+                .await;
+            let won: Vec<(u32, LogStore)> = acquired
+                .into_iter()
+                .filter_map(|(s, r)| match r {
+                    Ok(Lease::Held { .. }) => Some(s),
+                    Ok(_) => None, // still held by its previous owner: next tick
+                    Err(e) => {
+                        tracing::debug!(shard = s, error = %e, "lease not acquired");
+                        None
                     }
-                    Ok(_) => {} // still held by its previous owner: next tick
-                    Err(e) => tracing::debug!(shard = s, error = %e, "lease not acquired"),
+                })
+                .filter_map(|s| Some((s, cores[self.map.core_of(s)].clone()?)))
+                .collect();
+            let layout = self.map.layout();
+            let checks = won.into_iter().map(|(s, mut c)| {
+                let mut mb = self.mailboxes[self.map.mailbox_of(s)].clone();
+                async move {
+                    let checked = tokio::time::timeout(
+                        call,
+                        crate::run::check_ownable(layout, &mut mb, &mut c, s),
+                    )
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(crate::run::Error::Store(
+                            tidemark_store::Error::InvalidArgument(
+                                "the ownership check timed out".into(),
+                            ),
+                        ))
+                    });
+                    (s, checked)
                 }
+            });
+            let mut unchecked = Vec::new();
+            for (s, checked) in futures::future::join_all(checks).await {
+                if let Err(e) = checked {
+                    // leave it, write nothing
+                    unchecked.push(s);
+                    if may_not_own(&e) {
+                        // old code on newer data: not retried for a while
+                        tracing::error!(shard = s, error = %e, "shard not taken: this code may not own it");
+                        refused.insert(s, Instant::now());
+                    } else {
+                        // Redis trouble (a failover, a script cache to fill): the next tick
+                        // tries again (ADR-0059; refused for 30 s, a NOSCRIPT after a failover
+                        // left the shard unowned that long)
+                        tracing::warn!(shard = s, error = %e, "shard not taken yet: its check failed; trying again");
+                    }
+                    continue;
+                }
+                refused.remove(&s);
+                self.gate.open_until(s, sent + ttl - ttl / 3);
+                wins += 1;
+                held.insert(s, wins);
             }
+            // not released in time: it expires after the TTL
+            let _ = self
+                .lease_calls(
+                    LeaseOp::Release,
+                    unchecked.iter(),
+                    &mut cores,
+                    &mut stalled,
+                    call,
+                )
+                .await;
             let lost_for_good: Vec<u32> =
                 lost.into_iter().filter(|s| !held.contains_key(s)).collect();
             // 6b. a shard held here whose worker was fenced: someone claimed it although the
@@ -651,23 +704,22 @@ impl LeaseLoop {
                 .filter(|(&s, _)| !draining_on(&draining, self.map.core_of(s)))
                 .map(|(&s, &r)| (s, r))
                 .collect();
+            let mut releases = Vec::new();
             for (s, release) in done {
                 handing.remove(&s);
                 if release {
-                    let ci = self.map.core_of(s);
-                    // a lease of this id may be the other process's by now: not released
-                    if let Some(c) = cores[ci].as_mut().filter(|_| !replaced && !stalled[ci]) {
-                        // not released in time: it expires after the TTL
-                        if tokio::time::timeout(call, c.release_lease(s, &self.node.id))
-                            .await
-                            .is_err()
-                        {
-                            stalled[ci] = true;
-                        }
-                    }
+                    releases.push(s);
                     tracing::info!(shard = s, "shard handed over");
                 }
                 self.health.forget(s);
+            }
+            // a lease of this id may be the other process's by now: not released (ADR-0114);
+            // one not released in time expires after the TTL. One pipeline per core instance
+            // (ADR-0132): a rebalance hands over many shards at once.
+            if !replaced {
+                let _ = self
+                    .lease_calls(LeaseOp::Release, &releases, &mut cores, &mut stalled, call)
+                    .await;
             }
             // /healthz reports a shard leased here that no worker runs
             self.health.set_leased(held.keys().copied());
@@ -696,13 +748,20 @@ impl LeaseLoop {
             .collect();
         // bounded: core Redis may be gone already (Ctrl-C on `up` reaches its redis-servers
         // too), and each call to a dead server retries; leases not released expire by TTL
-        let (map, id) = (&self.map, &self.node.id);
+        let id = &self.node.id;
         let release = async {
-            for &s in held.keys().chain(&given) {
-                if let Some(c) = cores[map.core_of(s)].as_mut() {
-                    let _ = c.release_lease(s, id).await;
-                }
-            }
+            // one pipeline per core instance (ADR-0132)
+            let shards: Vec<u32> = held.keys().chain(&given).copied().collect();
+            let mut stalled = vec![false; cores.len()];
+            let _ = self
+                .lease_calls(
+                    LeaseOp::Release,
+                    &shards,
+                    &mut cores,
+                    &mut stalled,
+                    RELEASE_WITHIN,
+                )
+                .await;
             // the record of this id is the other process's (ADR-0114)
             if let Some(c0) = cores[0].as_mut().filter(|_| !replaced) {
                 let _ = c0.deregister(id).await;
@@ -713,6 +772,67 @@ impl LeaseLoop {
             return;
         }
         tracing::info!(node = %id, released = held.len(), "node stopped; leases released");
+    }
+
+    /// `op` of the leases of `shards`: one pipeline per core instance
+    /// ([`LogStore::lease_many`]), all sent at once, each waited for at most `call`
+    /// (ADR-0102). Each shard's result, its failure its own. ADR-0132: one call per shard, one
+    /// after another, made the renewals of a few hundred shards over a slow core instance
+    /// (or one with `appendfsync always`) longer than the TTL, and the leases lapsed.
+    ///
+    /// A shard of an instance without a connection, or not answering this tick (`stalled`),
+    /// has no result: it is not called. A pipeline not answered within `call` stalls its
+    /// instance for the rest of the tick (its connection is kept: ADR-0102), and each of its
+    /// shards is answered that. One whose connection failed drops the connection (made again
+    /// at the next tick), and each of its shards is answered that error.
+    async fn lease_calls<'a>(
+        &self,
+        op: LeaseOp,
+        shards: impl IntoIterator<Item = &'a u32>,
+        cores: &mut [Option<LogStore>],
+        stalled: &mut [bool],
+        call: Duration,
+    ) -> BTreeMap<u32, Result<Lease, tidemark_store::Error>> {
+        let mut by_core: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
+        for &s in shards {
+            let ci = self.map.core_of(s);
+            if cores[ci].is_some() && !stalled[ci] {
+                by_core.entry(ci).or_default().push(s);
+            }
+        }
+        let (node, ttl_ms) = (&self.node.id, self.node.lease_ttl.as_millis() as u64);
+        // on a Redis Cluster each shard's pipeline is cut off before the whole call is: a node
+        // that hangs costs its own shards, not the instance's others
+        let within = Some(call * 3 / 4);
+        let calls = by_core.iter().filter_map(|(&ci, shards)| {
+            let mut c = cores[ci].clone()?;
+            Some(async move {
+                let many = c.lease_many(op, shards, node, ttl_ms, within);
+                (ci, shards, tokio::time::timeout(call, many).await)
+            })
+        });
+        let mut out = BTreeMap::new();
+        for (ci, shards, r) in futures::future::join_all(calls).await {
+            match r {
+                Ok(Ok(each)) => out.extend(shards.iter().copied().zip(each)),
+                Ok(Err(e)) => {
+                    tracing::warn!(core = ci, ?op, error = %e, "lease calls failed");
+                    if matches!(e, tidemark_store::Error::Redis(_)) {
+                        cores[ci] = None;
+                    }
+                    out.extend(shards.iter().map(|&s| (s, Err(e.clone()))));
+                }
+                Err(_) => {
+                    tracing::warn!(core = ci, ?op, "lease calls timed out");
+                    stalled[ci] = true;
+                    let e = tidemark_store::Error::InvalidArgument(format!(
+                        "core instance {ci} did not answer within {call:?}"
+                    ));
+                    out.extend(shards.iter().map(|&s| (s, Err(e.clone()))));
+                }
+            }
+        }
+        out
     }
 
     /// Makes each core instance's worker own exactly `held`'s shards of that instance, each
@@ -807,19 +927,68 @@ impl LeaseLoop {
     }
 }
 
-/// The registry heartbeat of a node in static mode (leases mode beats in [`LeaseLoop`]):
-/// every second until `cancel`, then the record is removed. Failures are logged and retried.
-pub(crate) async fn heartbeat_loop(node: NodeOptions, map: ShardMap, cancel: CancellationToken) {
+/// Logs which live nodes beside a leases node are not leases nodes (ADR-0131), when that
+/// changes: `beside` is (static owners, nodes that do not say how they own shards).
+fn log_beside(beside: &(Vec<String>, Vec<String>)) {
+    let (statics, unsaid) = beside;
+    if !statics.is_empty() {
+        tracing::warn!(
+            nodes = ?statics,
+            "static owners are live beside this leases node: the shards they own are left to \
+             them, the others shared by the leases nodes; their shards are taken once they \
+             stop (a mixed deployment is meant for a migration only)"
+        );
+    }
+    if !unsaid.is_empty() {
+        tracing::warn!(
+            nodes = ?unsaid,
+            "live nodes that do not say whether they own shards by leases or statically (a \
+             build before ADR-0131) are not counted as leases nodes: the leases they hold stay \
+             theirs, and no shard is left to them"
+        );
+    }
+    if statics.is_empty() && unsaid.is_empty() {
+        tracing::info!("every live materializing node is a leases node");
+    }
+}
+
+/// The registry heartbeat of a node that does not run the lease loop (leases mode beats in
+/// [`LeaseLoop`]): a static owner of `owns` (empty for a node that materialises nothing), or
+/// a leases-mode gateway. Every third of the lease TTL until `cancel`, then the record is
+/// removed. Failures are logged and retried.
+///
+/// ADR-0131: the heartbeat says how the node owns shards, and which it owns. Before, a static
+/// owner's record looked like a leases node's, and the leases nodes gave it a share of the
+/// shards that it never took.
+pub(crate) async fn heartbeat_loop(
+    node: NodeOptions,
+    map: ShardMap,
+    owns: Vec<u32>,
+    cancel: CancellationToken,
+) {
     let ttl_ms = node.lease_ttl.as_millis() as u64;
+    let ownership = if node.leases {
+        Ownership::Leases
+    } else {
+        Ownership::owning(&owns)
+    };
     let mut core0: Option<LogStore> = None;
     loop {
         if core0.is_none() {
             core0 = LogStore::connect(&map.core_urls()[0]).await.ok();
         }
         if let Some(c) = core0.as_mut() {
-            let role = node.role.as_str();
-            let beat = c.heartbeat(&node.id, ttl_ms, &node.advertise, role, map.layout());
-            if let Err(e) = beat.await {
+            let beat = Beat {
+                id: &node.id,
+                ttl_ms,
+                url: &node.advertise,
+                role: node.role.as_str(),
+                layout: map.layout(),
+                unreached: &[],
+                incarnation: "",
+                ownership: Some(&ownership),
+            };
+            if let Err(e) = c.beat(&beat).await {
                 tracing::debug!(error = %e, "heartbeat failed");
                 core0 = None;
             }

@@ -26,6 +26,11 @@
 //!    instance's shards go to the node that reaches it (ADR-0113).
 //! 8. Another process registers the node's id (a replacement started while the node was
 //!    paused): the node holds no lease until that process's record is gone (ADR-0114).
+//! 9. A worker stuck on a hung mailbox does not hold up the lease loop (ADR-0121).
+//! 10. A static owner beside a leases node: every shard has an owner, and the static owner's
+//!     shard stays its own until it stops (ADR-0131).
+//! 11. Many shards over a slow core Redis: the renewals go as one pipeline on a fixed tick, and
+//!     no lease lapses (ADR-0132).
 
 mod gateway_support;
 
@@ -1005,6 +1010,354 @@ async fn a_worker_stuck_on_a_hung_mailbox_does_not_hold_up_the_lease_loop() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     signal("-CONT");
+    tokio::time::timeout(Duration::from_secs(20), running.shutdown())
+        .await
+        .expect("node did not stop in time")
+        .expect("node stopped with an error");
+}
+
+/// Starts `run::serve` for node `id` over `core_url` and `mailbox_url` (`SHARDS` shards):
+/// a leases node (`owned: None`) or a static owner of `owned`.
+async fn start_node(
+    id: &str,
+    core_url: &str,
+    mailbox_url: &str,
+    owned: Option<Vec<u32>>,
+) -> (DropGuard, Running) {
+    let mut opts = serve_options(
+        core_url.to_string(),
+        mailbox_url.to_string(),
+        GatewayOptions {
+            dev_auth: true,
+            ..Default::default()
+        },
+        MaterializerOptions {
+            block: Duration::from_millis(50),
+            ..Default::default()
+        },
+    );
+    opts.node = Some(NodeOptions {
+        id: id.into(),
+        advertise: "ws://127.0.0.1:1/v1/ws".into(),
+        role: Role::All,
+        lease_ttl: TTL,
+        leases: owned.is_none(),
+    });
+    opts.owned_shards = owned;
+    let cancel = CancellationToken::new();
+    let running = run::serve(opts, cancel.clone()).await.expect("serve");
+    (cancel.drop_guard(), running)
+}
+
+/// A user of shard `shard` (`SHARDS` shards).
+fn user_of(shard: u32) -> String {
+    (0..)
+        .map(|n| format!("u{n}"))
+        .find(|u| route(u).shard == shard)
+        .unwrap()
+}
+
+/// 10. ADR-0131: a static owner of shard 0 (`--own-shards 0`, as during a migration from
+/// static owners to leases) runs beside a leases node on the same core Redis. Every other
+/// shard must be materialised by the leases node, shard 0 left to its static owner (its
+/// epoch does not move, its lease is not taken); once the static node stops, the leases node
+/// takes shard 0 too. Before, the static node's record looked like a leases node's: the
+/// balanced assignment gave it about half of the shards, which it never takes, and which the
+/// leases node left alone — owned by nobody while the static node ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_static_owner_beside_a_leases_node_leaves_no_shard_unowned() {
+    let core = RedisProcess::start().expect("core redis-server");
+    let mailbox = RedisProcess::start().expect("mailbox redis-server");
+    let mut log = LogStore::connect(&core.url()).await.unwrap();
+    let mut mb = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    let (stop_s, static_node) = start_node("s", &core.url(), &mailbox.url(), Some(vec![0])).await;
+    let start = Instant::now();
+    while !log.live_nodes().await.unwrap().iter().any(|n| n.id == "s") {
+        assert!(
+            start.elapsed() < RECOVER,
+            "the static node never registered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let epoch0 = mb.read_watermark(0).await.unwrap().epoch;
+    let (_stop_a, leases_node) = start_node("a", &core.url(), &mailbox.url(), None).await;
+    let mut n = 0;
+    let mut send = async |log: &mut LogStore, shard: u32| {
+        n += 1;
+        let user = user_of(shard);
+        let offset = log
+            .commit(
+                shard,
+                "alice",
+                &format!("m{n}"),
+                &[user.as_str()],
+                "body",
+                1,
+                DEFAULT_DEDUPE_TTL_S,
+            )
+            .await
+            .unwrap()
+            .offset;
+        (route(&user), offset)
+    };
+    async fn until_materialized(
+        mb: &mut MailboxStore,
+        log: &mut LogStore,
+        to: &Route,
+        offset: u64,
+        what: &str,
+    ) {
+        let start = Instant::now();
+        loop {
+            let wm = mb.read_watermark(to.shard).await.unwrap();
+            if wm.lanes.lane(to.lane).w >= offset {
+                return;
+            }
+            let holder = log.lease_holder(to.shard).await.unwrap();
+            assert!(
+                start.elapsed() < RECOVER,
+                "{what}: shard {} not materialised within {RECOVER:?} (W {}, epoch {}, lease \
+                 {holder:?})",
+                to.shard,
+                wm.lanes.lane(to.lane).w,
+                wm.epoch
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for shard in 0..SHARDS {
+        let (to, offset) = send(&mut log, shard).await;
+        until_materialized(&mut mb, &mut log, &to, offset, "beside the static owner").await;
+    }
+    // shard 0 stayed its static owner's
+    assert_eq!(
+        mb.read_watermark(0).await.unwrap().epoch,
+        epoch0,
+        "shard 0 was claimed away from its static owner"
+    );
+    assert_eq!(log.lease_holder(0).await.unwrap(), None, "shard 0's lease");
+    // the static node stops (its record goes): the leases node takes shard 0 too
+    drop(stop_s);
+    tokio::time::timeout(Duration::from_secs(20), static_node.shutdown())
+        .await
+        .expect("static node did not stop in time")
+        .expect("static node stopped with an error");
+    let (to, offset) = send(&mut log, 0).await;
+    until_materialized(
+        &mut mb,
+        &mut log,
+        &to,
+        offset,
+        "after the static node stopped",
+    )
+    .await;
+    assert_eq!(
+        log.lease_holder(0).await.unwrap().map(|h| h.0).as_deref(),
+        Some("a")
+    );
+    tokio::time::timeout(Duration::from_secs(20), leases_node.shutdown())
+        .await
+        .expect("node did not stop in time")
+        .expect("node stopped with an error");
+}
+
+/// A TCP proxy to `upstream` on loopback whose replies (upstream to client) are held back
+/// by a delay that the test sets (0 at first): a core Redis far away, or slowed by its disk.
+/// Only latency is added: bytes read together are forwarded together, and what arrives
+/// while earlier bytes wait is not held up further.
+struct SlowProxy {
+    addr: std::net::SocketAddr,
+    delay_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl SlowProxy {
+    async fn start(upstream: std::net::SocketAddr) -> SlowProxy {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let delay_ms = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let tasks = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (d, t) = (delay_ms.clone(), tasks.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                    continue;
+                };
+                let (mut down_r, mut down_w) = down.into_split();
+                let (mut up_r, mut up_w) = up.into_split();
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+                let d = d.clone();
+                let requests = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut down_r, &mut up_w).await;
+                });
+                let replies = tokio::spawn(async move {
+                    let mut buf = vec![0u8; 64 * 1024];
+                    while let Ok(n) = up_r.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let due = Instant::now() + Duration::from_millis(d.load(Ordering::SeqCst));
+                        if tx.send((due, buf[..n].to_vec())).is_err() {
+                            break;
+                        }
+                    }
+                });
+                let forward = tokio::spawn(async move {
+                    while let Some((due, bytes)) = rx.recv().await {
+                        tokio::time::sleep_until(due.into()).await;
+                        if down_w.write_all(&bytes).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                t.lock().unwrap().extend([requests, replies, forward]);
+            }
+        });
+        tasks.lock().unwrap().push(accept);
+        SlowProxy {
+            addr,
+            delay_ms,
+            tasks,
+        }
+    }
+
+    fn set_delay(&self, delay: Duration) {
+        self.delay_ms.store(
+            delay.as_millis() as u64,
+            std::sync::atomic::Ordering::SeqCst,
+        );
+    }
+}
+
+impl Drop for SlowProxy {
+    fn drop(&mut self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// 11. ADR-0132: one leases node with many shards on a core Redis whose every reply comes
+/// 120 ms late (far below the lease loop's bound of one call, half a tick: 500 ms with a 3 s
+/// TTL). Every lease must stay the node's, and no worker be restarted (a lease lost and won
+/// back restarts its worker, which claims the shard: its epoch rises). Before, the lease loop
+/// renewed one shard after the other, a round trip each: 48 renewals took about 6 s, twice
+/// the TTL, so every lease lapsed between two of its renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leases_of_many_shards_are_kept_over_a_slow_core() {
+    use tidemark_store::topology::Topology;
+    const SHARDS_HERE: u32 = 48;
+    const TTL_HERE: Duration = Duration::from_secs(3);
+    const DELAY: Duration = Duration::from_millis(120);
+    const WATCH: Duration = Duration::from_secs(10);
+    let core = RedisProcess::start().expect("core redis-server");
+    let mailbox = RedisProcess::start().expect("mailbox redis-server");
+    let proxy = SlowProxy::start(core.addr()).await;
+    let mut opts = serve_options(
+        core.url(),
+        mailbox.url(),
+        GatewayOptions {
+            dev_auth: true,
+            ..Default::default()
+        },
+        MaterializerOptions {
+            block: Duration::from_millis(50),
+            ..Default::default()
+        },
+    );
+    opts.topology = Topology::new(
+        SHARDS_HERE,
+        Layout::PackedV2,
+        vec![format!("redis://{}/", proxy.addr)],
+        vec![mailbox.url()],
+    );
+    opts.node = Some(NodeOptions {
+        id: NODE.into(),
+        advertise: "ws://127.0.0.1:1/v1/ws".into(),
+        role: Role::All,
+        lease_ttl: TTL_HERE,
+        leases: true,
+    });
+    let cancel = CancellationToken::new();
+    let _stop = cancel.clone().drop_guard();
+    let running = run::serve(opts, cancel.clone()).await.expect("serve");
+    // read directly, not through the proxy
+    let mut log = LogStore::connect(&core.url()).await.unwrap();
+    let mut mb = MailboxStore::connect(&mailbox.url(), Layout::PackedV2)
+        .await
+        .unwrap();
+    let shards: Vec<u32> = (0..SHARDS_HERE).collect();
+    let start = Instant::now();
+    loop {
+        let holders = log.heads_and_holders(&shards).await.unwrap();
+        if holders.iter().all(|(_, h)| h.as_deref() == Some(NODE)) {
+            break;
+        }
+        assert!(
+            start.elapsed() < RECOVER,
+            "not every lease taken: {holders:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // the worker has claimed every shard (raised its epoch past the 1 it was created with)
+    let mut epochs = async || {
+        let mut out = Vec::new();
+        for &s in &shards {
+            out.push(mb.read_watermark(s).await.unwrap().epoch);
+        }
+        out
+    };
+    let start = Instant::now();
+    let before = loop {
+        let e = epochs().await;
+        let (status, body) =
+            gateway_support::http_at(running.addr, "GET", "/healthz", &[], None).await;
+        if status == 200 && e.iter().all(|&e| e > 1) {
+            break e;
+        }
+        assert!(
+            start.elapsed() < RECOVER,
+            "not every shard claimed: epochs {e:?}; /healthz {status}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    proxy.set_delay(DELAY);
+    // the delay is in effect
+    let mut slow = LogStore::connect(&format!("redis://{}/", proxy.addr))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    slow.ping().await.unwrap();
+    assert!(t.elapsed() >= DELAY, "the proxy did not delay a reply");
+    let slowed = Instant::now();
+    while slowed.elapsed() < WATCH {
+        let holders = log.heads_and_holders(&shards).await.unwrap();
+        for (s, (_, h)) in holders.iter().enumerate() {
+            assert_eq!(
+                h.as_deref(),
+                Some(NODE),
+                "shard {s}: its lease lapsed {:?} after core's replies were slowed by {DELAY:?}",
+                slowed.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = epochs().await;
+    let claimed: Vec<(u32, u64, u64)> = shards
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| b != a)
+        .map(|(&s, (&b, &a))| (s, b, a))
+        .collect();
+    assert!(
+        claimed.is_empty(),
+        "shards claimed again (shard, epoch before, after): {claimed:?}"
+    );
+    proxy.set_delay(Duration::ZERO);
     tokio::time::timeout(Duration::from_secs(20), running.shutdown())
         .await
         .expect("node did not stop in time")

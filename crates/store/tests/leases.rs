@@ -174,3 +174,112 @@ async fn a_heartbeat_says_what_it_does_not_reach_and_whose_id_it_is() {
         "node_id_in_use"
     );
 }
+
+/// ADR-0131: a heartbeat says how the node owns shards, and a static owner which ones;
+/// `node_list` returns it. A record whose last heartbeat did not say (a build before, or a
+/// tool) lists `None` — also when an earlier heartbeat of the id did say (a downgrade under
+/// the same id must not leave the old claim to shards standing).
+#[tokio::test]
+async fn a_heartbeat_says_how_the_node_owns_shards() {
+    use tidemark_store::redis::lease::{Beat, Ownership};
+    let (_server, mut c) = core().await;
+    let beat = |id: &'static str, ownership: Option<&'static Ownership>| Beat {
+        id,
+        ttl_ms: 5_000,
+        url: "ws://x/v1/ws",
+        role: "all",
+        layout: PackedV2,
+        unreached: &[],
+        incarnation: "",
+        ownership,
+    };
+    static LEASES: Ownership = Ownership::Leases;
+    static STATIC: std::sync::LazyLock<Ownership> =
+        std::sync::LazyLock::new(|| Ownership::owning(&[0, 1, 2, 5]));
+    c.beat(&beat("l", Some(&LEASES))).await.unwrap();
+    c.beat(&beat("s", Some(&STATIC))).await.unwrap();
+    c.beat(&beat("t", None)).await.unwrap();
+    let nodes = c.live_nodes().await.unwrap();
+    let got: Vec<(&str, Option<&Ownership>)> = nodes
+        .iter()
+        .map(|n| (n.id.as_str(), n.ownership.as_ref()))
+        .collect();
+    assert_eq!(
+        got,
+        [("l", Some(&LEASES)), ("s", Some(&*STATIC)), ("t", None)]
+    );
+    let s = nodes[1].ownership.as_ref().unwrap();
+    assert!([0, 1, 2, 5].iter().all(|&x| s.owns_statically(x)));
+    assert!(!s.owns_statically(3));
+    // the same id beats again without saying (a build before ADR-0131): not static any more
+    c.heartbeat("s", 5_000, "ws://x/v1/ws", "all", PackedV2)
+        .await
+        .unwrap();
+    let nodes = c.live_nodes().await.unwrap();
+    assert_eq!(nodes[1].id, "s");
+    assert_eq!(nodes[1].ownership, None);
+}
+
+/// ADR-0132: `lease_many` runs one operation over many shards in one pipeline, each shard's
+/// answer its own (the same answers as one call each), and a flushed script cache is
+/// reloaded for the calls that met it.
+#[tokio::test]
+async fn many_leases_in_one_pipeline() {
+    use tidemark_store::redis::lease::LeaseOp;
+    let (redis, mut c) = core().await;
+    assert_eq!(
+        lease(&mut c, Op::Acquire, 1, "b").await,
+        Lease::Held { fresh: true }
+    );
+    let shards = [0, 1, 2];
+    let got: Vec<Lease> = c
+        .lease_many(LeaseOp::Acquire, &shards, "a", 400, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        matches!(&got[1], Lease::Other { owner, .. } if owner == "b"),
+        "{got:?}"
+    );
+    assert_eq!(got[0], Lease::Held { fresh: true });
+    assert_eq!(got[2], Lease::Held { fresh: true });
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut raw = client.get_multiplexed_async_connection().await.unwrap();
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let renewed: Vec<Lease> = c
+        .lease_many(LeaseOp::Renew, &[0, 2, 7], "a", 400, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        renewed,
+        [
+            Lease::Held { fresh: false },
+            Lease::Held { fresh: false },
+            Lease::Absent
+        ]
+    );
+    let released: Vec<Lease> = c
+        .lease_many(LeaseOp::Release, &[0, 1], "a", 0, None)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(released[0], Lease::Released);
+    assert!(matches!(released[1], Lease::Other { .. }));
+    assert_eq!(c.lease_holder(0).await.unwrap(), None);
+    assert!(c
+        .lease_many(LeaseOp::Renew, &[], "a", 400, None)
+        .await
+        .unwrap()
+        .is_empty());
+}

@@ -432,16 +432,19 @@ pub async fn serve(opts: ServeOptions, cancel: CancellationToken) -> Result<Runn
             ));
         } else {
             // supervised: a panic restarts it (a node that stopped beating would vanish
-            // from `tidemark status` while it runs)
+            // from `tidemark status` while it runs). A static owner names its shards: the
+            // leases nodes leave them to it, and share only the others (ADR-0131).
             let (node, map, c) = (node.clone(), map.clone(), cancel.clone());
+            let owns = owned.clone();
             tracker.spawn(crate::supervise::supervise(
                 "node_heartbeat",
                 cancel.clone(),
                 Some(health.clone()),
                 move || {
                     let (node, map, c) = (node.clone(), map.clone(), c.clone());
+                    let owns = owns.clone();
                     async move {
-                        crate::ownership::heartbeat_loop(node, map, c).await;
+                        crate::ownership::heartbeat_loop(node, map, owns, c).await;
                         Ok::<(), std::convert::Infallible>(())
                     }
                 },

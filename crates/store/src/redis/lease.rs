@@ -39,6 +39,28 @@ static NODE_LIST: LazyLock<Script> = LazyLock::new(|| {
 /// Longest node id (bytes).
 pub const MAX_NODE_ID: usize = 128;
 
+/// A lease operation of [`LogStore::lease_many`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseOp {
+    /// [`LogStore::acquire_lease`].
+    Acquire,
+    /// [`LogStore::renew_lease`].
+    Renew,
+    /// [`LogStore::release_lease`] (the TTL is ignored).
+    Release,
+}
+
+impl LeaseOp {
+    /// `shard_lease.lua`'s `ARGV[1]`.
+    fn as_str(self) -> &'static str {
+        match self {
+            LeaseOp::Acquire => "acquire",
+            LeaseOp::Renew => "renew",
+            LeaseOp::Release => "release",
+        }
+    }
+}
+
 /// What a lease call found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lease {
@@ -74,8 +96,120 @@ pub struct NodeInfo {
     /// shards of those instances are assigned to the nodes that reach them
     /// ([`crate::assign::around_unreached`]). Empty for a build before ADR-0113.
     pub unreached: Vec<usize>,
+    /// How it obtains its shards (ADR-0131): only leases nodes share the balanced assignment,
+    /// and the shards a static node owns are left to it. `None` for a record whose last
+    /// heartbeat did not say (a build before ADR-0131, or a tool's heartbeat). Not in the
+    /// admin status's JSON (its schema lists the fields it has).
+    #[serde(skip)]
+    pub ownership: Option<Ownership>,
     /// Milliseconds since its last heartbeat (Redis time).
     pub age_ms: u64,
+}
+
+/// How a node obtains its shards, as its heartbeat says (ADR-0131). Before, a registry record
+/// did not say, and a leases node counted a static node as one of its own kind: the balanced
+/// assignment gave the static node a share of the shards, which it never took, and no leases
+/// node took them either.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    /// Leases mode (ADR-0030): it takes the shards the balanced assignment over the live
+    /// leases nodes gives it, by winning their leases.
+    Leases,
+    /// Static mode (ADR-0015): it owns these shards (its `--own-shards`, its row of the owner
+    /// table, or every shard), without leases; none for a static node that materialises
+    /// nothing (a gateway). Kept as inclusive ranges: a record never makes the reader
+    /// allocate one entry per shard it names.
+    Static {
+        /// The shards it owns, as inclusive ranges in the order written.
+        shards: Vec<std::ops::RangeInclusive<u32>>,
+    },
+}
+
+impl Ownership {
+    /// A static owner of `shards` (in any order, duplicates allowed).
+    pub fn owning(shards: &[u32]) -> Ownership {
+        let mut sorted = shards.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut ranges: Vec<std::ops::RangeInclusive<u32>> = Vec::new();
+        for s in sorted {
+            match ranges.last_mut() {
+                Some(r) if r.end().checked_add(1) == Some(s) => *r = *r.start()..=s,
+                _ => ranges.push(s..=s),
+            }
+        }
+        Ownership::Static { shards: ranges }
+    }
+
+    /// True when this is a static owner of `shard`.
+    pub fn owns_statically(&self, shard: u32) -> bool {
+        match self {
+            Ownership::Leases => false,
+            Ownership::Static { shards } => shards.iter().any(|r| r.contains(&shard)),
+        }
+    }
+
+    /// The heartbeat's `ownership` and `owns` arguments (`node_heartbeat.lua` `ARGV[9]`, `ARGV[10]`).
+    fn to_args(&self) -> (&'static str, String) {
+        match self {
+            Ownership::Leases => ("leases", String::new()),
+            Ownership::Static { shards } => {
+                let owns: Vec<String> = shards
+                    .iter()
+                    .map(|r| {
+                        if r.start() == r.end() {
+                            r.start().to_string()
+                        } else {
+                            format!("{}-{}", r.start(), r.end())
+                        }
+                    })
+                    .collect();
+                ("static", owns.join(","))
+            }
+        }
+    }
+
+    /// Reads what `node_list.lua` returns for a record: `None` when the record does not say,
+    /// or says a mode this code does not know. A range that does not parse is left out: the
+    /// leases nodes then take that shard (possibly fencing the static owner) rather than leave
+    /// it to an owner that may not be there.
+    fn from_fields(ownership: &str, owns: &str) -> Option<Ownership> {
+        match ownership {
+            "leases" => Some(Ownership::Leases),
+            "static" => Some(Ownership::Static {
+                shards: owns
+                    .split(',')
+                    .filter_map(|r| {
+                        let (a, b) = r.split_once('-').unwrap_or((r, r));
+                        let (a, b): (u32, u32) = (a.parse().ok()?, b.parse().ok()?);
+                        (a <= b).then_some(a..=b)
+                    })
+                    .collect(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// What a node's heartbeat says about it ([`LogStore::beat`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Beat<'a> {
+    /// Node id.
+    pub id: &'a str,
+    /// How long the record lives without another heartbeat.
+    pub ttl_ms: u64,
+    /// Advertised client URL.
+    pub url: &'a str,
+    /// `all`, `gateway` or `materializer`.
+    pub role: &'a str,
+    /// The watermark layout it writes.
+    pub layout: Layout,
+    /// The core instances it has not reached for a lease TTL (ADR-0113).
+    pub unreached: &'a [usize],
+    /// A random string per process; "" is not checked (ADR-0114).
+    pub incarnation: &'a str,
+    /// How it obtains its shards (ADR-0131); `None` writes nothing said (as a build before).
+    pub ownership: Option<&'a Ownership>,
 }
 
 /// Checks a node id: 1..=[`MAX_NODE_ID`] bytes of `A-Z a-z 0-9 - _ .` (it appears in keys,
@@ -159,6 +293,75 @@ impl LogStore {
         self.lease_op("release", shard, node, 0).await
     }
 
+    /// `op` of the lease of each of `shards` (all on this instance) for `node`, in one
+    /// pipeline, one result per shard in the given order: a shard's failure is its own. On a
+    /// Redis Cluster, one pipeline per shard ([`crate::endpoint::Conn::exec_each_within`]),
+    /// each waited for at most `within` (and at most
+    /// [`crate::endpoint::SHARD_CALL_TIMEOUT`]): a node that hangs costs only its own shards,
+    /// which are answered an error; `within` is ignored on one instance. A call answered
+    /// NOSCRIPT is sent again as `EVAL`. The outer error is the connection failing.
+    ///
+    /// Why (ADR-0132): the lease loop renewed one lease after another, a round trip each.
+    /// At 512 shards with `appendfsync always` (an `fsync` per round trip) that took longer
+    /// than the TTL, and the leases lapsed between two of their renewals. One pipeline costs
+    /// about one round trip and one `fsync` however many shards it holds.
+    pub async fn lease_many(
+        &mut self,
+        op: LeaseOp,
+        shards: &[u32],
+        node: &str,
+        ttl_ms: u64,
+        within: Option<std::time::Duration>,
+    ) -> Result<Vec<Result<Lease>>> {
+        if shards.is_empty() {
+            // (an empty pipeline is an error of redis-rs, not an empty answer)
+            return Ok(Vec::new());
+        }
+        let name = op.as_str();
+        let cmds: Vec<(u32, redis::Cmd)> = shards
+            .iter()
+            .map(|&s| {
+                let mut c = redis::cmd("EVALSHA");
+                c.arg(&SHARD_LEASE.sha)
+                    .arg(1)
+                    .arg(keys::lease(s))
+                    .arg(name)
+                    .arg(node)
+                    .arg(ttl_ms);
+                (s, c)
+            })
+            .collect();
+        let bound = self
+            .conn
+            .shard_bound()
+            .map(|b| within.map_or(b, |w| w.min(b)));
+        let mut replies = self.conn.exec_each_within(&cmds, bound).await?;
+        let again: Vec<usize> = replies
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Err(e) if e.code() == Some("NOSCRIPT")))
+            .map(|(i, _)| i)
+            .collect();
+        if !again.is_empty() {
+            // EVAL runs the source wherever the key is served, and leaves it in that cache
+            let evals: Vec<(u32, redis::Cmd)> = again
+                .iter()
+                .map(|&i| {
+                    let (s, c) = &cmds[i];
+                    (*s, super::scripts::as_eval(c, &SHARD_LEASE.source))
+                })
+                .collect();
+            let evaled = self.conn.exec_each_within(&evals, bound).await?;
+            for (i, r) in again.into_iter().zip(evaled) {
+                replies[i] = r;
+            }
+        }
+        Ok(replies
+            .into_iter()
+            .map(|r| parse_lease(name, &r?))
+            .collect())
+    }
+
     /// The holder of `shard`'s lease and its remaining ms, if any (for `tidemark status`).
     pub async fn lease_holder(&mut self, shard: u32) -> Result<Option<(String, i64)>> {
         let (owner, pttl): (Option<String>, i64) = redis::pipe()
@@ -204,7 +407,8 @@ impl LogStore {
     }
 
     /// Records that node `id` (advertising `url`, running `role`, writing watermarks in
-    /// `layout`) is alive for `ttl_ms` (call on core instance 0).
+    /// `layout`) is alive for `ttl_ms` (call on core instance 0). It does not say how the node
+    /// owns shards (a tool's heartbeat; the service's say it: [`LogStore::beat`], ADR-0131).
     pub async fn heartbeat(
         &mut self,
         id: &str,
@@ -220,7 +424,8 @@ impl LogStore {
     /// [`LogStore::heartbeat`] of a node that has not reached the core instances `unreached`
     /// (indices) for a lease TTL (ADR-0113), from the process `incarnation` (a random string
     /// per process; "" is not checked): while a live record of `id` has another incarnation,
-    /// [`Error::NodeIdInUse`] and nothing written (ADR-0114).
+    /// [`Error::NodeIdInUse`] and nothing written (ADR-0114). It does not say how the node
+    /// obtains its shards ([`LogStore::beat`] does).
     #[allow(clippy::too_many_arguments)]
     pub async fn heartbeat_reaching(
         &mut self,
@@ -232,19 +437,40 @@ impl LogStore {
         unreached: &[usize],
         incarnation: &str,
     ) -> Result<u64> {
-        check_node_id(id)?;
-        let unreached: Vec<String> = unreached.iter().map(usize::to_string).collect();
+        self.beat(&Beat {
+            id,
+            ttl_ms,
+            url,
+            role,
+            layout,
+            unreached,
+            incarnation,
+            ownership: None,
+        })
+        .await
+    }
+
+    /// Records that node `b.id` is alive for `b.ttl_ms`, with everything `b` says about it;
+    /// Redis time of the heartbeat (call on core instance 0). While a live record of the id
+    /// has another incarnation: [`Error::NodeIdInUse`], nothing written (ADR-0114).
+    pub async fn beat(&mut self, b: &Beat<'_>) -> Result<u64> {
+        check_node_id(b.id)?;
+        let unreached: Vec<String> = b.unreached.iter().map(usize::to_string).collect();
+        let (ownership, owns) = b.ownership.map_or(("", String::new()), Ownership::to_args);
+        let id = b.id;
         let now: u64 = NODE_HEARTBEAT
             .key(keys::NODES)
             .key(format!("{}{id}", keys::NODE_PREFIX))
             .arg(id)
-            .arg(ttl_ms)
-            .arg(url)
-            .arg(role)
-            .arg(layout.as_str())
+            .arg(b.ttl_ms)
+            .arg(b.url)
+            .arg(b.role)
+            .arg(b.layout.as_str())
             .arg(crate::deployment::VERSION_CURRENT)
             .arg(unreached.join(","))
-            .arg(incarnation)
+            .arg(b.incarnation)
+            .arg(ownership)
+            .arg(owns)
             .invoke(&mut self.conn)
             .await
             .map_err(|e| {
@@ -299,8 +525,9 @@ impl LogStore {
             _ => Err(nbad("not a string")),
         };
         let mut out = Vec::new();
-        for rec in v[1..].chunks(7) {
-            let [id, url, role, Value::Int(beat), layout, reads, unreached] = rec else {
+        for rec in v[1..].chunks(9) {
+            let [id, url, role, Value::Int(beat), layout, reads, unreached, ownership, owns] = rec
+            else {
                 return Err(nbad("bad record"));
             };
             out.push(NodeInfo {
@@ -316,6 +543,7 @@ impl LogStore {
                     .split(',')
                     .filter_map(|i| i.parse().ok())
                     .collect(),
+                ownership: Ownership::from_fields(&text(ownership)?, &text(owns)?),
                 age_ms: u64::try_from(now - beat).unwrap_or(0),
             });
         }
@@ -335,6 +563,40 @@ mod tests {
         for bad in ["", "a b", "a:b", "é", &"x".repeat(MAX_NODE_ID + 1), "a\n"] {
             assert!(check_node_id(bad).is_err(), "{bad:?}");
         }
+    }
+
+    /// ADR-0131: a static owner's shards go to the registry as ranges and come back as the
+    /// same set; what does not parse is left out; a mode not said (or unknown) is `None`.
+    #[test]
+    fn ownership_round_trips_as_ranges() {
+        let o = Ownership::owning(&[7, 0, 1, 2, 3, 9, 8, 2, u32::MAX]);
+        let (mode, owns) = o.to_args();
+        assert_eq!((mode, owns.as_str()), ("static", "0-3,7-9,4294967295"));
+        assert_eq!(Ownership::from_fields(mode, &owns), Some(o.clone()));
+        for s in [0, 3, 8, u32::MAX] {
+            assert!(o.owns_statically(s), "{s}");
+        }
+        for s in [4, 6, 10] {
+            assert!(!o.owns_statically(s), "{s}");
+        }
+        assert_eq!(
+            Ownership::from_fields("static", "x,5-3,2,4-"),
+            Some(Ownership::Static {
+                shards: vec![2..=2]
+            })
+        );
+        assert_eq!(
+            Ownership::from_fields("static", ""),
+            Some(Ownership::owning(&[]))
+        );
+        assert_eq!(Ownership::Leases.to_args(), ("leases", String::new()));
+        assert_eq!(
+            Ownership::from_fields("leases", ""),
+            Some(Ownership::Leases)
+        );
+        assert!(!Ownership::Leases.owns_statically(0));
+        assert_eq!(Ownership::from_fields("", ""), None);
+        assert_eq!(Ownership::from_fields("elected", "1"), None);
     }
 
     #[test]

@@ -98,6 +98,15 @@ pub(super) struct Ahead {
 const SERVED_EVERY: Duration = Duration::from_millis(250);
 
 impl Worker {
+    /// In leases mode, whether `s`'s lease gate is closed: the shard is not this node's to
+    /// claim or write now (ADR-0030; ADR-0120 and ADR-0130 check it before their claims).
+    fn gate_closed(&self, s: u32) -> bool {
+        self.opts
+            .lease_gate
+            .as_ref()
+            .is_some_and(|g| !g.may_write(s))
+    }
+
     /// Connects to core instance `core` of `map` and to the mailbox instances (`mailboxes`,
     /// one per instance of the map), claims every shard in `shards` (all on that core
     /// instance), and resumes each from its lowest W.
@@ -176,7 +185,7 @@ impl Worker {
             // answer (ADR-0097): `resync` claims it once the gate is open, and the lease loop
             // stops this worker if the lease is lost. Before, a worker started again after a
             // panic, between the lease's lapse and the lease loop's next tick, claimed it.
-            if w.opts.lease_gate.as_ref().is_some_and(|g| !g.may_write(s)) {
+            if w.gate_closed(s) {
                 tracing::info!(
                     shard = s,
                     "shard not claimed at the start: its lease gate is closed"
@@ -767,13 +776,7 @@ impl Worker {
                 }
                 // a shard owned unclaimed is created and claimed only while its lease is ours
                 // (ADR-0130, as below)
-                if epoch == 0
-                    && self
-                        .opts
-                        .lease_gate
-                        .as_ref()
-                        .is_some_and(|g| !g.may_write(s))
-                {
+                if epoch == 0 && self.gate_closed(s) {
                     return Err(Error::LeaseLapsed { shard: s });
                 }
                 let layout = self.mailboxes[mb].layout();
@@ -812,12 +815,7 @@ impl Worker {
         // stopped the shard as fenced, for good.
         let read = match read {
             Ok(_) if epoch == 0 => {
-                if self
-                    .opts
-                    .lease_gate
-                    .as_ref()
-                    .is_some_and(|g| !g.may_write(s))
-                {
+                if self.gate_closed(s) {
                     // not ours to claim now (leases mode): the lease loop stops this worker
                     return Err(Error::LeaseLapsed { shard: s });
                 }
@@ -855,13 +853,7 @@ impl Worker {
                 let unconfirmed = self.owned[&s]
                     .refencing
                     .is_some_and(|t| t > epoch && wm.epoch == t);
-                if unconfirmed
-                    && self
-                        .opts
-                        .lease_gate
-                        .as_ref()
-                        .is_some_and(|g| !g.may_write(s))
-                {
+                if unconfirmed && self.gate_closed(s) {
                     return Err(Error::LeaseLapsed { shard: s });
                 }
                 if wm.epoch < epoch || regressed || unconfirmed {

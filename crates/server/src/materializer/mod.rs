@@ -185,9 +185,12 @@ pub enum Error {
     /// Storage failure.
     #[error(transparent)]
     Store(#[from] tidemark_store::Error),
-    /// A shard owned unclaimed (ADR-0097) whose lease lapsed before it could be claimed: it
-    /// is not claimed (that would fence the node that holds the lease now).
-    #[error("shard {shard}: its lease lapsed before it was claimed")]
+    /// A claim or a fence this worker was about to make while the shard's lease gate is
+    /// closed: a shard owned unclaimed (ADR-0097, ADR-0130) or a watermark to create again,
+    /// or a re-fence whose answer was lost (ADR-0120). Not made: that would fence the node
+    /// that may hold the lease now. The shard retries; the lease loop restarts or stops the
+    /// worker as the lease goes.
+    #[error("shard {shard}: its lease gate is closed, so it is not claimed or fenced now")]
     LeaseLapsed { shard: u32 },
     /// A call to a mailbox instance was skipped or given up (ADR-0129): the instance did not
     /// answer within the worker's bound, and is left alone for a while so that the shards of
